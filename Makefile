@@ -1,0 +1,31 @@
+# Two entry points: `make demo` (the main job) and `make test` (the whole suite).
+# Both create or reuse the project-local virtual environment in .venv.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: demo test typecheck bench clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	# The CPU wheel first, so that the `torch>=...` requirement below is already met and
+	# no multi-GB CUDA build is pulled onto a CPU machine. A machine with nvidia-smi keeps
+	# whatever CUDA torch pip chooses.
+	if command -v nvidia-smi >/dev/null 2>&1; then $(PY) -m pip install -q torch; \
+	else $(PY) -m pip install -q torch==2.13.0 || $(PY) -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu; fi
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m orchestrator demo
+
+test: $(STAMP)
+	$(PY) -m mypy orchestrator cloud actors
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) benchmarks/planners.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

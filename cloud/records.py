@@ -1,0 +1,167 @@
+"""The price record schema and the static facts about GPU instance types.
+
+Everything above the price sources (store, policies, migration, replay) speaks one schema, so a
+policy never needs to know which cloud or which file a price came from. The instance table is
+data, not code: a source that cannot tell the GPU model of an instance type (an AWS spot-price
+trace, an Azure daily CSV) looks it up here.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from orchestrator.errors import UserError
+
+CLOUDS: tuple[str, ...] = ("aws", "gcp", "azure")
+CLOUD_ALIASES: dict[str, str] = {
+    "aws": "aws", "amazon": "aws", "ec2": "aws",
+    "gcp": "gcp", "google": "gcp", "gce": "gcp",
+    "azure": "azure", "az": "azure", "microsoft": "azure",
+}
+
+#: Columns of every price frame, in order. ``spot`` is a bool; ``timestamp`` is tz-aware UTC.
+SCHEMA: tuple[str, ...] = (
+    "timestamp", "cloud", "region", "zone", "instance_type", "gpu_type", "gpu_count",
+    "spot", "usd_per_hour", "source",
+)
+#: A price series is identified by these columns; a row is one observation of that series.
+OFFER_KEY: tuple[str, ...] = ("cloud", "region", "zone", "instance_type", "spot")
+
+# instance type -> (gpu model, gpu count). Public spec sheets of each cloud.
+INSTANCE_GPUS: dict[str, dict[str, tuple[str, int]]] = {
+    "aws": {
+        "p2.xlarge": ("K80", 1), "p2.8xlarge": ("K80", 8), "p2.16xlarge": ("K80", 16),
+        "p3.2xlarge": ("V100", 1), "p3.8xlarge": ("V100", 4), "p3.16xlarge": ("V100", 8),
+        "p3dn.24xlarge": ("V100", 8), "p4d.24xlarge": ("A100", 8), "p5.48xlarge": ("H100", 8),
+        "g4dn.xlarge": ("T4", 1), "g4dn.2xlarge": ("T4", 1), "g4dn.12xlarge": ("T4", 4),
+        "g4dn.metal": ("T4", 8), "g5.xlarge": ("A10G", 1), "g5.2xlarge": ("A10G", 1),
+        "g5.12xlarge": ("A10G", 4), "g5.48xlarge": ("A10G", 8),
+    },
+    "azure": {
+        "NC6": ("K80", 1), "NC12": ("K80", 2), "NC24": ("K80", 4), "NC24r": ("K80", 4),
+        "NC6s_v2": ("P100", 1), "NC12s_v2": ("P100", 2), "NC24s_v2": ("P100", 4),
+        "NC24rs_v2": ("P100", 4), "NC6s_v3": ("V100", 1), "NC12s_v3": ("V100", 2),
+        "NC24s_v3": ("V100", 4), "NC24rs_v3": ("V100", 4), "NC4as_T4_v3": ("T4", 1),
+        "NC64as_T4_v3": ("T4", 4), "ND96asr_v4": ("A100", 8), "NC24ads_A100_v4": ("A100", 1),
+    },
+    "gcp": {
+        "a2-highgpu-1g": ("A100", 1), "a2-highgpu-2g": ("A100", 2), "a2-highgpu-4g": ("A100", 4),
+        "a2-highgpu-8g": ("A100", 8), "a2-megagpu-16g": ("A100", 16),
+        "a2-ultragpu-1g": ("A100-80GB", 1), "a2-ultragpu-8g": ("A100-80GB", 8),
+        "g2-standard-4": ("L4", 1), "a3-highgpu-8g": ("H100", 8),
+    },
+}
+
+_GPU_ALIASES = {"A10": "A10G", "A10G": "A10G", "A100-SXM4-40GB": "A100", "A100-40GB": "A100"}
+
+
+def normalize_gpu(name: str) -> str:
+    """Canonical GPU model name: ``nvidia-tesla-v100``, ``Tesla V100``, ``v100`` -> ``V100``.
+
+    Clouds spell the same part differently; policies compare GPU types across clouds, so they
+    must meet on one spelling.
+    """
+    text = str(name).strip().upper().replace("_", "-")
+    text = re.sub(r"^(NVIDIA[- ])?(TESLA[- ])?", "", text).strip(" -")
+    text = text.replace(" ", "-")
+    return _GPU_ALIASES.get(text, text)
+
+
+def normalize_azure_size(name: str) -> str:
+    """``Standard_NC6s_v3`` / ``NC6s v3`` -> ``NC6s_v3`` (the key of :data:`INSTANCE_GPUS`)."""
+    text = str(name).strip()
+    text = re.sub(r"^Standard_", "", text)
+    return text.replace(" ", "_")
+
+
+def canonical_cloud(name: str) -> str:
+    """Resolve a cloud name or alias, or fail with a "did you mean" suggestion."""
+    key = str(name).strip().lower()
+    if key in CLOUD_ALIASES:
+        return CLOUD_ALIASES[key]
+    raise UserError(f"unknown cloud {name!r}{did_you_mean(key, CLOUD_ALIASES)}")
+
+
+def did_you_mean(word: str, choices: object) -> str:
+    """``"; did you mean 'x'?"`` for the closest choice, or ``""`` when nothing is close."""
+    options = [str(c) for c in choices]  # type: ignore[attr-defined]
+    close = difflib.get_close_matches(word, options, n=1, cutoff=0.5)
+    return f"; did you mean {close[0]!r}?" if close else f" (known: {', '.join(sorted(options)[:12])})"
+
+
+def instance_gpus(cloud: str, instance_type: str) -> tuple[str, int]:
+    """GPU model and count of a known instance type; :class:`UserError` with a suggestion if unknown."""
+    table = INSTANCE_GPUS[canonical_cloud(cloud)]
+    key = normalize_azure_size(instance_type) if cloud == "azure" else instance_type
+    if key in table:
+        return table[key]
+    raise UserError(f"unknown {cloud} instance type {instance_type!r}{did_you_mean(key, table)}")
+
+
+def utc(value: datetime | str) -> datetime:
+    """Parse/convert to an aware UTC datetime; naive values are taken as UTC."""
+    stamp = datetime.fromisoformat(value.replace("Z", "+00:00")) if isinstance(value, str) else value
+    return stamp.replace(tzinfo=timezone.utc) if stamp.tzinfo is None else stamp.astimezone(timezone.utc)
+
+
+@dataclass(frozen=True, slots=True)
+class PriceRecord:
+    """One observed price of one offer (the unit every source yields)."""
+
+    timestamp: datetime
+    cloud: str
+    region: str
+    zone: str
+    instance_type: str
+    gpu_type: str
+    gpu_count: int
+    spot: bool
+    usd_per_hour: float
+    source: str
+
+    def __post_init__(self) -> None:
+        if self.cloud not in CLOUDS:
+            raise UserError(f"price record: unknown cloud {self.cloud!r}{did_you_mean(self.cloud, CLOUDS)}")
+        if not self.instance_type:
+            raise UserError("price record: empty instance_type")
+        if self.gpu_count < 0:
+            raise UserError(f"price record {self.instance_type}: negative gpu_count {self.gpu_count}")
+        if not math.isfinite(self.usd_per_hour) or self.usd_per_hour < 0:
+            raise UserError(f"price record {self.instance_type}: bad price {self.usd_per_hour!r}")
+        if self.timestamp.tzinfo is None:
+            object.__setattr__(self, "timestamp", utc(self.timestamp))
+
+    def as_row(self) -> dict[str, object]:
+        return {name: getattr(self, name) for name in SCHEMA}
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """A place a job can run: one instance type in one zone, spot or on-demand, at a price."""
+
+    cloud: str
+    region: str
+    zone: str
+    instance_type: str
+    gpu_type: str
+    gpu_count: int
+    spot: bool
+    usd_per_hour: float
+
+    def __post_init__(self) -> None:
+        if self.gpu_count <= 0:
+            raise UserError(f"offer {self.instance_type}: needs at least one GPU")
+        if not math.isfinite(self.usd_per_hour) or self.usd_per_hour <= 0:
+            raise UserError(f"offer {self.instance_type}: bad price {self.usd_per_hour!r}")
+
+    @property
+    def key(self) -> tuple[str, str, str, str, bool]:
+        return (self.cloud, self.region, self.zone, self.instance_type, self.spot)
+
+    def label(self) -> str:
+        kind = "spot" if self.spot else "on-demand"
+        return f"{self.cloud}/{self.zone or self.region}/{self.instance_type} ({kind})"

@@ -1,0 +1,192 @@
+"""The price store: every price any source ever gave us, as one pandas frame with one schema.
+
+Why a frame and not objects: policies and the replay simulator ask "latest price of every offer at
+time t" and "price of every offer on an hourly grid" - a groupby and a pivot+ffill, not loops.
+The store is immutable: ``merge``/``refresh`` return a new store, so a policy can never see a
+table change under it. The on-disk cache is the same CSV the importers read, written atomically.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+
+from orchestrator.errors import UserError
+
+from .records import OFFER_KEY, SCHEMA, Offer, PriceRecord, utc
+from .sources import PriceSource
+
+SERIES_KEY: list[str] = [*OFFER_KEY[:4], "gpu_type", "gpu_count", "spot"]
+
+
+def default_cache_path() -> Path:
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "raypipe" / "prices.csv.gz"
+
+
+def empty_frame() -> pd.DataFrame:
+    return normalize(pd.DataFrame({c: [] for c in SCHEMA}))
+
+
+def normalize(frame: pd.DataFrame, origin: str = "price table") -> pd.DataFrame:
+    """Coerce to the schema (column order, dtypes, UTC timestamps) or raise one-line UserError."""
+    missing = [c for c in SCHEMA if c not in frame.columns]
+    if missing:
+        raise UserError(f"{origin}: missing columns {', '.join(missing)}")
+    out = frame.loc[:, list(SCHEMA)].copy()
+    try:
+        out["timestamp"] = pd.to_datetime(out["timestamp"], utc=True, format="mixed")
+        out["usd_per_hour"] = pd.to_numeric(out["usd_per_hour"]).astype(float)
+        out["gpu_count"] = pd.to_numeric(out["gpu_count"]).astype(int)
+    except (ValueError, TypeError) as exc:
+        raise UserError(f"{origin}: bad value ({str(exc).splitlines()[0][:160]})") from None
+    if out["spot"].dtype != bool:
+        out["spot"] = out["spot"].map(_as_bool)
+    for col in ("cloud", "region", "zone", "instance_type", "gpu_type", "source"):
+        out[col] = out[col].fillna("").astype(str)
+    if (out.usd_per_hour < 0).any():
+        raise UserError(f"{origin}: negative price")
+    return out.reset_index(drop=True)
+
+
+def _as_bool(value: object) -> bool:
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes", "spot"):
+        return True
+    if text in ("false", "0", "no", "on-demand", "ondemand", ""):
+        return False
+    raise UserError(f"spot column: not a boolean: {value!r}")
+
+
+def write_frame_atomic(frame: pd.DataFrame, path: Path) -> None:
+    """CSV (gzip when the name ends .gz) under a temporary name, then rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        frame.to_csv(tmp, index=False, compression="gzip" if path.suffix == ".gz" else None)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@dataclass(frozen=True)
+class PriceStore:
+    """An immutable table of price observations (see :data:`cloud.records.SCHEMA`)."""
+
+    frame: pd.DataFrame
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "frame", normalize(self.frame))
+
+    @classmethod
+    def empty(cls) -> PriceStore:
+        return cls(empty_frame())
+
+    @classmethod
+    def from_records(cls, records: Iterable[PriceRecord]) -> PriceStore:
+        rows = [r.as_row() for r in records]
+        return cls(pd.DataFrame(rows) if rows else empty_frame())
+
+    @classmethod
+    def load(cls, path: Path | str) -> PriceStore:
+        """Read a cache/snapshot CSV; a missing file is an empty store."""
+        p = Path(path)
+        if not p.exists():
+            return cls.empty()
+        try:
+            return cls(pd.read_csv(p, keep_default_na=False, dtype={"zone": str, "region": str}))
+        except (pd.errors.ParserError, UnicodeDecodeError, EOFError, OSError) as exc:
+            raise UserError(f"{p}: unreadable price cache ({exc})") from None
+
+    def save(self, path: Path | str) -> None:
+        write_frame_atomic(self.frame, Path(path))
+
+    def __len__(self) -> int:
+        return len(self.frame)
+
+    def merge(self, other: pd.DataFrame | PriceStore) -> PriceStore:
+        """Union of both tables; an observation seen twice (overlapping traces) is kept once."""
+        more = other.frame if isinstance(other, PriceStore) else normalize(other)
+        parts = [f for f in (self.frame, more) if len(f)]
+        if not parts:
+            return self
+        both = pd.concat(parts, ignore_index=True)
+        both = both.drop_duplicates(subset=["timestamp", *SERIES_KEY], keep="last")
+        return PriceStore(both.sort_values(["timestamp", *SERIES_KEY], kind="stable"))
+
+    def refresh(
+        self,
+        source: PriceSource,
+        regions: Sequence[str] = (),
+        instance_types: Sequence[str] = (),
+        now: datetime | None = None,
+    ) -> PriceStore:
+        """Fetch only what is newer than what we hold for this cloud, and merge it in."""
+        now_t = utc(now) if now else datetime.now(timezone.utc)
+        mine = self.frame[self.frame.cloud == source.name]
+        start = mine.timestamp.max().to_pydatetime() if len(mine) else None
+        return self.merge(PriceStore.from_records(source.fetch(regions, instance_types, start, now_t)))
+
+    def select(
+        self,
+        gpu: str | None = None,
+        count: int | None = None,
+        spot: bool | None = None,
+        clouds: Sequence[str] = (),
+    ) -> PriceStore:
+        f = self.frame
+        mask = pd.Series(True, index=f.index)
+        if gpu is not None:
+            from .records import normalize_gpu
+
+            mask &= f.gpu_type == normalize_gpu(gpu)
+        if count is not None:
+            mask &= f.gpu_count == count
+        if spot is not None:
+            mask &= f.spot == spot
+        if clouds:
+            mask &= f.cloud.isin(list(clouds))
+        return PriceStore(f[mask])
+
+    def latest(self, at: datetime | pd.Timestamp | None = None) -> pd.DataFrame:
+        """Last known price of every offer at ``at`` (all time when None), sorted by price."""
+        f = self.frame
+        if at is not None:
+            f = f[f.timestamp <= pd.Timestamp(at)]
+        if f.empty:
+            return f
+        last = f.sort_values("timestamp", kind="stable").groupby(SERIES_KEY, sort=False).tail(1)
+        return last.sort_values(["usd_per_hour", *SERIES_KEY], kind="stable").reset_index(drop=True)
+
+    def offers(self, at: datetime | pd.Timestamp | None = None) -> list[Offer]:
+        """:func:`latest` as :class:`Offer` values (rows with no GPU or a zero price dropped)."""
+        rows = self.latest(at)
+        rows = rows[(rows.gpu_count > 0) & (rows.usd_per_hour > 0)]
+        return [
+            Offer(r.cloud, r.region, r.zone, r.instance_type, r.gpu_type, int(r.gpu_count), bool(r.spot), float(r.usd_per_hour))
+            for r in rows.itertuples(index=False)
+        ]
+
+    def grid(self, freq: str = "1h", start: datetime | None = None, end: datetime | None = None) -> pd.DataFrame:
+        """Price of every series on a regular time grid (rows: times, columns: series; NaN = unknown).
+
+        A spot price holds until its next change, so values are forward-filled from each series'
+        first observation; before it, the offer is treated as unavailable.
+        """
+        f = self.frame
+        if f.empty:
+            raise UserError("price store is empty")
+        lo = pd.Timestamp(start) if start is not None else f.timestamp.min()
+        hi = pd.Timestamp(end) if end is not None else f.timestamp.max()
+        index = pd.date_range(lo.floor(freq), hi.ceil(freq), freq=freq)
+        wide = f.pivot_table(index="timestamp", columns=SERIES_KEY, values="usd_per_hour", aggfunc="last")
+        merged = wide.reindex(wide.index.union(index)).sort_index().ffill()
+        return merged.reindex(index)

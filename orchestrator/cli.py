@@ -1,0 +1,214 @@
+"""Command line: ``orchestrator profile | plan | simulate | demo | prices | cost-sim``.
+
+Every user mistake becomes one line on stderr and exit code 2 (argparse's own errors included);
+only bugs show a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from orchestrator.errors import UserError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # one line, exit 2, as for every other user error
+        raise UserError(f"{self.prog}: {message}")
+
+
+def _add_cluster_args(p: argparse.ArgumentParser, required: bool) -> None:
+    g = p.add_argument_group("cluster (either --gpus ... or --cluster FILE)")
+    g.add_argument("--gpus", type=int, help="number of GPUs")
+    g.add_argument("--servers", type=int, help="servers the GPUs are spread over (two-level topology)")
+    g.add_argument("--intra-gbps", type=float, help="bandwidth between GPUs of one server, Gb/s")
+    g.add_argument("--inter-gbps", type=float, help="bandwidth between servers (or all pairs when flat), Gb/s")
+    g.add_argument("--memory-gib", type=float, default=32.0, help="memory per GPU, GiB (default 32)")
+    g.add_argument("--cluster", help="cluster JSON spec instead of the flags above")
+
+
+def build_cluster(args: argparse.Namespace, default_devices: int | None = None) -> Any:
+    from orchestrator import cluster as cl
+
+    if args.cluster:
+        return cl.load_cluster(args.cluster)
+    gpus = args.gpus or default_devices
+    if not gpus:
+        raise UserError("give the cluster: --gpus N --inter-gbps Y [--servers S --intra-gbps X], or --cluster FILE")
+    if gpus < 1:
+        raise UserError(f"--gpus must be >= 1, got {gpus}")
+    if args.inter_gbps is None:
+        raise UserError("--inter-gbps is required with --gpus")
+    memory = args.memory_gib * 2**30
+    if args.memory_gib <= 0:
+        raise UserError("--memory-gib must be positive")
+    if args.servers:
+        if gpus % args.servers:
+            raise UserError(f"--gpus {gpus} is not divisible by --servers {args.servers}")
+        intra = args.intra_gbps if args.intra_gbps is not None else args.inter_gbps
+        return cl.two_level(args.servers, gpus // args.servers, intra, args.inter_gbps, memory)
+    return cl.flat(gpus, args.inter_gbps, memory)
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from orchestrator import profiler
+
+    if args.factory:
+        shape = [int(x) for x in args.input_shape.split(",")] if args.input_shape else None
+        prof = profiler.profile_factory(args.factory, microbatch_size=args.microbatch_size, input_shape=shape, repeats=args.repeats)
+    else:
+        prof = profiler.profile_example(args.model, microbatch_size=args.microbatch_size, repeats=args.repeats)
+    prof.save(args.out)
+    print(f"wrote {args.out}: {prof.num_blocks} blocks, {prof.total_compute_s * 1e3:.2f} ms fwd+bwd per micro-batch of {prof.microbatch_size}")
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from orchestrator.plan import ScheduleKind
+    from orchestrator.planners.base import PlannerOptions, run_planner
+    from orchestrator.profile import load_profile, write_json_atomic
+
+    profile = load_profile(args.profile)
+    cluster = build_cluster(args)
+    if args.microbatches < 1:
+        raise UserError("--microbatches must be >= 1")
+    options = PlannerOptions(
+        num_microbatches=args.microbatches,
+        schedule=ScheduleKind.parse(args.schedule),
+        straight=args.straight,
+        max_stages=args.max_stages,
+        check_memory=not args.ignore_memory,
+    )
+    result = run_planner(args.algorithm, profile, cluster, options)
+    payload = result.to_json()
+    if args.out:
+        write_json_atomic(Path(args.out), dict(payload, cluster=cluster.to_dict()))
+    _write_timelines(result.sim, args.trace, args.png, f"{result.algorithm}: {result.plan.describe()}")
+    if args.json:
+        print(json.dumps(payload))
+    else:
+        print(f"algorithm      {result.algorithm}")
+        print(f"plan           {result.plan.describe()}")
+        print(f"iteration      {result.iteration_time_s * 1e3:.3f} ms (lower bound {result.lower_bound_s * 1e3:.3f} ms, ratio {result.iteration_time_s / result.lower_bound_s:.3f})")
+        if result.objective_s is not None:
+            print(f"objective      {result.objective_s * 1e3:.3f} ms")
+        print(f"planning time  {result.planning_time_s * 1e3:.2f} ms")
+    return 0
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from orchestrator import cluster as cl
+    from orchestrator.plan import Plan
+    from orchestrator.profile import load_profile
+    from orchestrator.simulator import simulate
+
+    profile = load_profile(args.profile)
+    try:
+        data = json.loads(Path(args.plan).read_text())
+    except OSError as exc:
+        raise UserError(f"cannot read plan {args.plan}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"plan {args.plan}: invalid JSON ({exc.msg} at line {exc.lineno})") from None
+    plan = Plan.from_dict(data, origin=args.plan)
+    if args.cluster or args.gpus:
+        cluster = build_cluster(args)
+    elif isinstance(data, dict) and "cluster" in data:
+        cluster = cl.from_dict(data["cluster"], origin=f"{args.plan} (cluster)")
+    else:
+        raise UserError(f"{args.plan} has no cluster; give --gpus/--inter-gbps or --cluster")
+    sim = simulate(plan, profile, cluster)
+    _write_timelines(sim, args.trace, args.png, plan.describe())
+    summary = dict(sim.summary(), critical_path=sim.critical_path_labels()[:50])
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(f"iteration {sim.iteration_s * 1e3:.3f} ms, mean bubble {summary['mean_bubble_fraction']:.3f}")
+    return 0
+
+
+def _write_timelines(sim: Any, trace: str | None, png: str | None, title: str) -> None:
+    from orchestrator.timeline import spans_from_events, write_chrome_trace, write_gantt_png
+
+    spans = spans_from_events(sim.events)
+    if trace:
+        write_chrome_trace(spans, trace, "simulated")
+    if png:
+        write_gantt_png(spans, png, title)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from orchestrator.demo import run_demo
+
+    return run_demo(Path(args.out))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from orchestrator.planners.base import available
+
+    parser = _Parser(prog="orchestrator", description="Pipeline-parallel training planner and orchestrator on Ray")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("profile", help="measure a model's per-block times and sizes on this machine")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--model", default="tiny_transformer", help="built-in example model (default tiny_transformer)")
+    src.add_argument("--factory", help="a user's model as module:factory returning a list of blocks")
+    p.add_argument("--input-shape", help="with --factory: comma-separated input shape of one micro-batch")
+    p.add_argument("--microbatch-size", type=int, default=8)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--out", required=True, help="profile JSON to write")
+    p.set_defaults(func=cmd_profile)
+
+    p = sub.add_parser("plan", help="partition a profiled model over a cluster")
+    p.add_argument("--profile", required=True, help="profile JSON or PipeDream/DAPPLE graph.txt")
+    _add_cluster_args(p, required=True)
+    p.add_argument("--algorithm", default="pipedream", help=f"one of: {', '.join(available())}")
+    p.add_argument("--microbatches", type=int, required=True)
+    p.add_argument("--schedule", default="1f1b", help="gpipe, 1f1b or interleaved")
+    p.add_argument("--straight", action="store_true", help="no stage replication")
+    p.add_argument("--max-stages", type=int)
+    p.add_argument("--ignore-memory", action="store_true", help="do not reject plans that exceed device memory")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--out", help="write the plan (with its cluster) as JSON")
+    p.add_argument("--trace", help="write the simulated timeline as Chrome trace JSON")
+    p.add_argument("--png", help="write the simulated timeline as a PNG Gantt chart")
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("simulate", help="time a plan with the discrete-event simulator")
+    p.add_argument("--profile", required=True)
+    p.add_argument("--plan", required=True, help="plan JSON written by `orchestrator plan --out`")
+    _add_cluster_args(p, required=False)
+    p.add_argument("--trace")
+    p.add_argument("--png")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser("demo", help="the end-to-end demo on this machine")
+    p.add_argument("--out", default="out/demo", help="folder for timelines and plots")
+    p.set_defaults(func=cmd_demo)
+
+    try:
+        from cloud.cli import add_parsers
+    except ImportError:
+        pass
+    else:
+        add_parsers(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return int(args.func(args) or 0)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

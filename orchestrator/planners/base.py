@@ -1,0 +1,163 @@
+"""The one shape every planner has, and the registry that names them.
+
+A planner is a pure function ``(profile, cluster, options) -> Plan``: no Ray, no I/O, no hidden
+state. :func:`run_planner` is the single place that times it, scores the plan with the simulator,
+checks device memory and attaches the planner's own objective, so every planner is compared on
+the same footing (the simulator), whatever it optimizes internally.
+"""
+
+from __future__ import annotations
+
+import difflib
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+from orchestrator.cluster import Cluster
+from orchestrator.errors import UserError
+from orchestrator.plan import Plan, ScheduleKind
+from orchestrator.profile import Profile
+from orchestrator.simulator import DEFAULT_STATE_FACTOR, SimOptions, SimResult, lower_bound, memory_error, simulate
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlannerOptions:
+    num_microbatches: int
+    """Micro-batches per iteration (the gradient-accumulation count)."""
+    schedule: ScheduleKind = ScheduleKind.ONE_F_ONE_B
+    """Schedule the plan will run; planners that choose their own may override it."""
+    straight: bool = False
+    """Forbid stage replication: one device per stage (PipeDream's straight pipeline)."""
+    max_stages: int | None = None
+    """Upper bound on the pipeline depth (None: up to the device count)."""
+    state_factor: float = DEFAULT_STATE_FACTOR
+    """Bytes of memory per parameter byte (weights, gradients, optimizer state)."""
+    check_memory: bool = True
+    """Reject plans whose simulated peak memory exceeds a device's memory."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Planner-specific knobs (documented in each planner module)."""
+
+    def __post_init__(self) -> None:
+        if self.num_microbatches < 1:
+            raise UserError("the micro-batch count must be >= 1")
+        if self.max_stages is not None and self.max_stages < 1:
+            raise UserError("max_stages must be >= 1")
+
+    @property
+    def sim_options(self) -> SimOptions:
+        return SimOptions(state_factor=self.state_factor)
+
+
+PlannerFn = Callable[[Profile, Cluster, PlannerOptions], Plan]
+ObjectiveFn = Callable[[Plan, Profile, Cluster, PlannerOptions], float]
+
+
+@dataclass(frozen=True)
+class PlannerSpec:
+    name: str
+    fn: PlannerFn
+    description: str
+    objective: ObjectiveFn | None = None
+    aliases: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """A plan with everything a user compares planners by."""
+
+    algorithm: str
+    plan: Plan
+    sim: SimResult
+    lower_bound_s: float
+    planning_time_s: float
+    objective_s: float | None = None
+
+    @property
+    def iteration_time_s(self) -> float:
+        return self.sim.iteration_s
+
+    def to_json(self) -> dict[str, Any]:
+        out = self.plan.to_dict()
+        out.update(
+            {
+                "algorithm": self.algorithm,
+                "iteration_time_s": self.sim.iteration_s,
+                "bottleneck_s": self.objective_s,
+                "lower_bound_s": self.lower_bound_s,
+                "ratio_to_lower_bound": self.sim.iteration_s / self.lower_bound_s if self.lower_bound_s > 0 else None,
+                "planning_time_s": self.planning_time_s,
+                "peak_memory_bytes": {str(d): m for d, m in self.sim.peak_memory_bytes.items()},
+                "bubble_fraction": {str(d): b for d, b in self.sim.bubble_fraction.items()},
+            }
+        )
+        return out
+
+
+REGISTRY: dict[str, PlannerSpec] = {}
+
+
+def register(spec: PlannerSpec) -> PlannerSpec:
+    REGISTRY[spec.name] = spec
+    return spec
+
+
+def get_planner(name: str) -> PlannerSpec:
+    _load_builtin()
+    key = name.lower()
+    for spec in REGISTRY.values():
+        if key == spec.name or key in spec.aliases:
+            return spec
+    names = sorted(REGISTRY)
+    hint = difflib.get_close_matches(key, names, n=1)
+    suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
+    raise UserError(f"unknown algorithm {name!r}{suggestion} (available: {', '.join(names)})")
+
+
+def available() -> list[str]:
+    _load_builtin()
+    return sorted(REGISTRY)
+
+
+def evaluate(plan: Plan, profile: Profile, cluster: Cluster, options: PlannerOptions) -> SimResult:
+    """Simulate ``plan``; a plan that exceeds device memory is a user-facing error."""
+    result = simulate(plan, profile, cluster, options.sim_options)
+    if options.check_memory:
+        problem = memory_error(result, cluster)
+        if problem:
+            raise UserError(f"plan does not fit in device memory: {problem}")
+    return result
+
+
+def run_planner(name: str, profile: Profile, cluster: Cluster, options: PlannerOptions) -> PlanResult:
+    spec = get_planner(name)
+    if options.max_stages is not None and options.max_stages > cluster.size:
+        raise UserError(f"asked for up to {options.max_stages} stages but the cluster has {cluster.size} devices")
+    start = time.perf_counter()
+    plan = spec.fn(profile, cluster, options)
+    elapsed = time.perf_counter() - start
+    plan.check_against(profile.num_blocks, cluster.size)
+    sim = evaluate(plan, profile, cluster, options)
+    plan = replace(plan, algorithm=plan.algorithm or spec.name, predicted_iteration_s=sim.iteration_s)
+    objective = plan.objective_s
+    if objective is None and spec.objective is not None:
+        objective = spec.objective(plan, profile, cluster, options)
+    return PlanResult(spec.name, plan, sim, lower_bound(profile, cluster, options.num_microbatches), elapsed, objective)
+
+
+_LOADED = False
+
+
+def _load_builtin() -> None:
+    """Import the planner modules (each registers itself); deferred so importing base is cheap."""
+    global _LOADED
+    if _LOADED:
+        return
+    _LOADED = True
+    import importlib
+
+    for module in ("even", "params", "pipedream", "spp", "dapple", "autopipe", "twobw", "auto"):
+        try:
+            importlib.import_module(f"orchestrator.planners.{module}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"orchestrator.planners.{module}":
+                raise

@@ -1,0 +1,65 @@
+"""Shared partition helpers: contiguous min-max splits and device grouping.
+
+Several planners need "split this sequence of weights into k contiguous parts so the largest part
+is smallest". It is solved exactly here by a parametric search over the bound with a vectorized
+greedy feasibility check (``numpy.searchsorted`` on prefix sums), O(L log L · iterations).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from orchestrator.cluster import Cluster
+
+
+def greedy_parts(prefix: np.ndarray, bound: float) -> list[int] | None:
+    """Cut points of the fewest parts with sum <= bound each, or None if a single item exceeds it."""
+    n = len(prefix) - 1
+    cuts = [0]
+    i = 0
+    while i < n:
+        j = int(np.searchsorted(prefix, prefix[i] + bound * (1 + 1e-12) + 1e-300, side="right")) - 1
+        if j <= i:
+            return None
+        j = min(j, n)
+        cuts.append(j)
+        i = j
+    return cuts
+
+
+def min_max_partition(weights: np.ndarray, k: int) -> list[int]:
+    """Cut points ``[0, c1, ..., n]`` of exactly ``k`` non-empty parts minimizing the largest part sum."""
+    w = np.asarray(weights, dtype=np.float64)
+    n = len(w)
+    k = max(1, min(k, n))
+    prefix = np.concatenate([[0.0], np.cumsum(w)])
+    lo, hi = float(w.max(initial=0.0)), float(prefix[-1])
+    if hi <= 0:
+        return [round(i * n / k) for i in range(k + 1)]
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        cuts = greedy_parts(prefix, mid)
+        if cuts is not None and len(cuts) - 1 <= k:
+            hi = mid
+        else:
+            lo = mid
+        if hi - lo <= 1e-12 * hi:
+            break
+    cuts = greedy_parts(prefix, hi) or [0, n]
+    return _split_to_count(cuts, k)
+
+
+def _split_to_count(cuts: list[int], k: int) -> list[int]:
+    """Add cuts (splitting multi-item parts) until there are exactly ``k`` parts; never raises the max."""
+    cuts = list(cuts)
+    while len(cuts) - 1 < k:
+        for idx in range(len(cuts) - 1):
+            if cuts[idx + 1] - cuts[idx] > 1:
+                cuts.insert(idx + 1, cuts[idx] + 1)
+                break
+    return cuts
+
+
+def devices_by_speed_order(cluster: Cluster) -> list[int]:
+    """Devices grouped by node, nodes in order of first appearance (keeps neighbours on one node)."""
+    return [d for ids in cluster.nodes().values() for d in ids]

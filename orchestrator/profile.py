@@ -1,0 +1,228 @@
+"""A model as a chain of blocks, with what each block costs.
+
+Every planner, the simulator and the controller read the model only through a :class:`Profile`.
+A block is the unit a stage boundary may fall between: a layer, or a sub-layer such as the
+attention or FFN half of a transformer layer (AutoPipe-Liu profiles at that granularity so the
+planner can balance finer than whole layers).
+
+All times are seconds **per micro-batch** of ``microbatch_size`` samples on a device of relative
+speed 1.0; all sizes are bytes for one micro-batch. Prefix sums are precomputed once so planners
+can evaluate any contiguous range in O(1) with numpy.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from orchestrator.errors import UserError
+
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """One indivisible piece of the model.
+
+    ``stash_bytes`` is the memory a stage keeps per in-flight micro-batch for this block's
+    backward pass (saved activations); it defaults to the output activation size, which is what
+    PipeDream/DAPPLE profiles give.
+    """
+
+    name: str
+    forward_s: float
+    backward_s: float
+    activation_bytes: float
+    param_bytes: float
+    stash_bytes: float = -1.0
+
+    def __post_init__(self) -> None:
+        for attr in ("forward_s", "backward_s", "activation_bytes", "param_bytes"):
+            value = getattr(self, attr)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise UserError(f"block {self.name!r}: {attr} must be a finite number >= 0, got {value!r}")
+        if self.stash_bytes < 0:
+            object.__setattr__(self, "stash_bytes", float(self.activation_bytes))
+
+
+@dataclass(frozen=True)
+class Profile:
+    """The model as an ordered chain of blocks plus the input size to the first block."""
+
+    name: str
+    blocks: tuple[Block, ...]
+    microbatch_size: int = 1
+    input_bytes: float = 0.0
+    source: str = ""
+    # Derived prefix sums; not part of equality or the file format.
+    _prefix: dict[str, np.ndarray] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.blocks:
+            raise UserError(f"profile {self.name!r} has no blocks")
+        if self.microbatch_size < 1:
+            raise UserError(f"profile {self.name!r}: microbatch_size must be >= 1")
+        object.__setattr__(self, "blocks", tuple(self.blocks))
+        for key in ("forward_s", "backward_s", "param_bytes", "stash_bytes"):
+            values = np.array([getattr(b, key) for b in self.blocks], dtype=np.float64)
+            prefix = np.concatenate([[0.0], np.cumsum(values)])
+            prefix.flags.writeable = False
+            self._prefix[key] = prefix
+        acts = np.array([b.activation_bytes for b in self.blocks], dtype=np.float64)
+        acts.flags.writeable = False
+        self._prefix["activation"] = acts
+
+    # ----- sizes and range queries (O(1) each, vectorizable) -----
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    def prefix(self, key: str) -> np.ndarray:
+        """Prefix sums (length L+1) of ``forward_s``, ``backward_s``, ``param_bytes`` or ``stash_bytes``."""
+        return self._prefix[key]
+
+    @property
+    def activations(self) -> np.ndarray:
+        """Output activation bytes of each block (length L)."""
+        return self._prefix["activation"]
+
+    def forward_time(self, first: int, last: int) -> float:
+        p = self._prefix["forward_s"]
+        return float(p[last] - p[first])
+
+    def backward_time(self, first: int, last: int) -> float:
+        p = self._prefix["backward_s"]
+        return float(p[last] - p[first])
+
+    def compute_time(self, first: int, last: int) -> float:
+        return self.forward_time(first, last) + self.backward_time(first, last)
+
+    def param_bytes(self, first: int, last: int) -> float:
+        p = self._prefix["param_bytes"]
+        return float(p[last] - p[first])
+
+    def stash_bytes(self, first: int, last: int) -> float:
+        p = self._prefix["stash_bytes"]
+        return float(p[last] - p[first])
+
+    def boundary_bytes(self, cut: int) -> float:
+        """Bytes crossing a cut placed before block ``cut`` (the previous block's output)."""
+        if cut <= 0:
+            return float(self.input_bytes)
+        return float(self.activations[cut - 1])
+
+    @property
+    def total_compute_s(self) -> float:
+        return self.compute_time(0, self.num_blocks)
+
+    @property
+    def total_param_bytes(self) -> float:
+        return self.param_bytes(0, self.num_blocks)
+
+    # ----- transformations -----
+    def scaled(self, forward: float = 1.0, backward: float | None = None) -> "Profile":
+        """The same model with compute times multiplied (e.g. by a device's observed slowdown)."""
+        backward = forward if backward is None else backward
+        blocks = tuple(
+            Block(b.name, b.forward_s * forward, b.backward_s * backward, b.activation_bytes, b.param_bytes, b.stash_bytes)
+            for b in self.blocks
+        )
+        return Profile(self.name, blocks, self.microbatch_size, self.input_bytes, self.source)
+
+    def with_activation_scale(self, factor: float) -> "Profile":
+        """Activation and stash bytes multiplied by ``factor`` (SPP's activation-size sweep)."""
+        blocks = tuple(
+            Block(b.name, b.forward_s, b.backward_s, b.activation_bytes * factor, b.param_bytes, b.stash_bytes * factor)
+            for b in self.blocks
+        )
+        return Profile(self.name, blocks, self.microbatch_size, self.input_bytes * factor, self.source)
+
+    def coarsened(self, groups: Sequence[tuple[int, int]]) -> "Profile":
+        """Merge contiguous block ranges into single blocks (e.g. to cap planner input size)."""
+        blocks = []
+        for first, last in groups:
+            blocks.append(
+                Block(
+                    name="+".join(self.blocks[first].name.split("+")[:1]) + (f"..{last - 1}" if last - first > 1 else ""),
+                    forward_s=self.forward_time(first, last),
+                    backward_s=self.backward_time(first, last),
+                    activation_bytes=float(self.activations[last - 1]),
+                    param_bytes=self.param_bytes(first, last),
+                    stash_bytes=self.stash_bytes(first, last),
+                )
+            )
+        return Profile(self.name, tuple(blocks), self.microbatch_size, self.input_bytes, self.source)
+
+    # ----- JSON -----
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": "raypipe-profile",
+            "version": FORMAT_VERSION,
+            "name": self.name,
+            "microbatch_size": self.microbatch_size,
+            "input_bytes": self.input_bytes,
+            "source": self.source,
+            "blocks": [asdict(b) for b in self.blocks],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, origin: str = "profile") -> "Profile":
+        if not isinstance(data, dict) or data.get("format") != "raypipe-profile":
+            raise UserError(f"{origin}: not a raypipe profile JSON (missing \"format\": \"raypipe-profile\")")
+        try:
+            blocks = tuple(Block(**b) for b in data["blocks"])
+            return cls(
+                name=str(data.get("name", "model")),
+                blocks=blocks,
+                microbatch_size=int(data.get("microbatch_size", 1)),
+                input_bytes=float(data.get("input_bytes", 0.0)),
+                source=str(data.get("source", "")),
+            )
+        except UserError as exc:
+            raise UserError(f"{origin}: {exc}") from None
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UserError(f"{origin}: malformed profile ({type(exc).__name__}: {exc})") from None
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        write_json_atomic(Path(path), self.to_dict())
+
+
+def write_json_atomic(path: Path, payload: Any) -> None:
+    """Write JSON under a temporary name and rename, so a crash never leaves half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(payload, handle, indent=1)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_profile(path: str | os.PathLike[str]) -> Profile:
+    """Load a profile from our JSON or a PipeDream/DAPPLE ``graph.txt``, by content."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise UserError(f"cannot read profile {p}: {exc.strerror or exc}") from None
+    stripped = text.lstrip()
+    if stripped.startswith("{"):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"profile {p}: invalid JSON ({exc.msg} at line {exc.lineno})") from None
+        return Profile.from_dict(data, origin=str(p))
+    from orchestrator.graph_loader import parse_graph_txt
+
+    return parse_graph_txt(text, name=p.parent.name if p.name == "graph.txt" else p.stem, source=str(p))

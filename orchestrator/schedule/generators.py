@@ -1,0 +1,95 @@
+"""Compute orders for each schedule kind, as pure functions of (plan) -> per-group F/B lists.
+
+Each generator decides only the order of forward and backward units on each physical stage
+(device group); :mod:`orchestrator.schedule.lowering` then adds the communication, all-reduce
+and optimizer actions that follow from the plan. Adding a schedule means adding one function
+to ``GENERATORS``; the simulator and the actors pick it up unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from orchestrator.errors import UserError
+from orchestrator.plan import Plan, ScheduleKind
+from orchestrator.schedule.ir import Action, Kind
+
+Unit = tuple[int, int]
+ComputeOrder = list[Action]
+
+
+def _f(stage: int, unit: Unit) -> Action:
+    return Action(Kind.FORWARD, stage, unit[0], unit[1])
+
+
+def _b(stage: int, unit: Unit) -> Action:
+    return Action(Kind.BACKWARD, stage, unit[0], unit[1])
+
+
+def gpipe(plan: Plan, units: list[Unit]) -> list[ComputeOrder]:
+    """All forwards, then all backwards (GPipe): simplest, peak memory = all units in flight."""
+    return [[_f(r, u) for u in units] + [_b(r, u) for u in units] for r in range(plan.num_physical_stages)]
+
+
+def one_f_one_b(plan: Plan, units: list[Unit]) -> list[ComputeOrder]:
+    """PipeDream-flush / DAPPLE early backward: ``p-r-1`` warm-up forwards, then alternate.
+
+    Same iteration time as GPipe without communication, but stage r keeps at most ``p-r``
+    units' activations in flight instead of all of them.
+    """
+    p = plan.num_physical_stages
+    n = len(units)
+    orders: list[ComputeOrder] = []
+    for r in range(p):
+        warmup = min(p - r - 1, n)
+        order = [_f(r, units[k]) for k in range(warmup)]
+        for i in range(n - warmup):
+            order += [_f(r, units[warmup + i]), _b(r, units[i])]
+        order += [_b(r, units[i]) for i in range(n - warmup, n)]
+        orders.append(order)
+    return orders
+
+
+def interleaved(plan: Plan, units: list[Unit]) -> list[ComputeOrder]:
+    """Megatron PTD-P interleaved 1F1B over ``v`` virtual chunks per device group.
+
+    Units advance in rounds of ``p`` through all chunks, so the bubble shrinks to (p-1)/(v·M)
+    of the ideal time. Megatron requires the unit count to be a multiple of ``p``; so do we.
+    """
+    p, v = plan.num_physical_stages, plan.virtual_chunks
+    n = len(units)
+    if v > 1 and n % p:
+        raise UserError(f"interleaved schedule needs the micro-batch count ({n}) to be a multiple of the pipeline depth ({p})")
+    total = n * v
+
+    def unit_and_stage(k: int, r: int, forward: bool) -> tuple[Unit, int]:
+        group, within = divmod(k, p * v)
+        chunk = within // p
+        if not forward:
+            chunk = v - 1 - chunk
+        return units[group * p + within % p], chunk * p + r
+
+    orders: list[ComputeOrder] = []
+    for r in range(p):
+        warmup = min((p - r - 1) * 2 + (v - 1) * p, total) if v > 1 else min(p - r - 1, total)
+        order: ComputeOrder = []
+        for k in range(warmup):
+            u, s = unit_and_stage(k, r, True)
+            order.append(_f(s, u))
+        for i in range(total - warmup):
+            u, s = unit_and_stage(warmup + i, r, True)
+            order.append(_f(s, u))
+            u, s = unit_and_stage(i, r, False)
+            order.append(_b(s, u))
+        for i in range(total - warmup, total):
+            u, s = unit_and_stage(i, r, False)
+            order.append(_b(s, u))
+        orders.append(order)
+    return orders
+
+
+GENERATORS: dict[ScheduleKind, Callable[[Plan, list[Unit]], list[ComputeOrder]]] = {
+    ScheduleKind.GPIPE: gpipe,
+    ScheduleKind.ONE_F_ONE_B: one_f_one_b,
+    ScheduleKind.INTERLEAVED: interleaved,
+}
