@@ -230,32 +230,33 @@ class GcpPriceSource:
         hosts = self.machine_types()
         hosts["region"] = hosts.zone.str.rsplit("-", n=1).str[0]
         accels = self.accelerators()
-        for acc in accels.itertuples(index=False):
-            region = str(acc.zone).rsplit("-", 1)[0]
+        for acc in accels.to_dict("records"):
+            zone, gpu_type, max_cards = str(acc["zone"]), str(acc["gpu_type"]), int(acc["max_cards"])
+            region = zone.rsplit("-", 1)[0]
             if regions and region not in regions:
                 continue
             for spot in (True, False):
-                gpu_rate = rates.get(f"gpu:{acc.gpu_type}", region, spot)
+                gpu_rate = rates.get(f"gpu:{gpu_type}", region, spot)
                 if gpu_rate is None:
                     continue
-                zone_hosts = hosts[hosts.zone == acc.zone].copy()
+                zone_hosts = hosts[hosts.zone == zone].copy()
                 zone_hosts["price"] = [
-                    _host_price(str(h.instance_type), float(h.vcpus), float(h.memory_gb), region, spot, rates)
-                    for h in zone_hosts.itertuples(index=False)
+                    _host_price(str(h["instance_type"]), float(h["vcpus"]), float(h["memory_gb"]), region, spot, rates)
+                    for h in zone_hosts.to_dict("records")
                 ]
                 zone_hosts = zone_hosts.dropna(subset=["price"])
                 for count in self.counts:
-                    if count > int(acc.max_cards):
+                    if count > max_cards:
                         continue
-                    options = host_options(str(acc.gpu_type), count, zone_hosts, str(acc.zone))
+                    options = host_options(gpu_type, count, zone_hosts, zone)
                     if instance_types:
                         options = options[options.instance_type.isin(instance_types)]
                     if options.empty:
                         continue
-                    best = options.loc[options.price.idxmin()]
+                    best = options.iloc[int(options.price.to_numpy().argmin())]
                     yield PriceRecord(
-                        timestamp=when, cloud="gcp", region=region, zone=str(acc.zone),
-                        instance_type=str(best.instance_type), gpu_type=str(acc.gpu_type), gpu_count=count,
+                        timestamp=when, cloud="gcp", region=region, zone=zone,
+                        instance_type=str(best.instance_type), gpu_type=gpu_type, gpu_count=count,
                         spot=spot, usd_per_hour=round(float(best.price) + gpu_rate * count, 6),
                         source="gcp:cloudbilling+compute",
                     )

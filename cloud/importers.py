@@ -127,18 +127,19 @@ def load_skypilot(path: Path, cloud: str | None = None) -> pd.DataFrame:
         hosts = raw[(raw.InstanceType != "") & (raw.AcceleratorName == "")].rename(
             columns={"InstanceType": "instance_type", "vCPUs": "vcpus", "AvailabilityZone": "zone"})
         combined = []
-        for g in gpu_rows.itertuples(index=False):
-            gpu, count = normalize_gpu(str(g.AcceleratorName)), int(g.AcceleratorCount)
-            options = host_options(gpu, count, hosts, str(g.AvailabilityZone))
+        for g in gpu_rows.to_dict("records"):
+            gpu, count = normalize_gpu(str(g["AcceleratorName"])), int(g["AcceleratorCount"])
+            options = host_options(gpu, count, hosts, str(g["AvailabilityZone"]))
             for column in ("Price", "SpotPrice"):
                 priced = options.dropna(subset=[column])
-                if priced.empty or pd.isna(getattr(g, column)):
+                if priced.empty or pd.isna(g[column]):
                     continue
-                host = priced.loc[priced[column].idxmin()]
-                combined.append({**host.to_dict(), "AcceleratorName": gpu, "AcceleratorCount": count,
-                                 "InstanceType": host.instance_type, "AvailabilityZone": g.AvailabilityZone,
-                                 "Price": float(host[column]) + float(getattr(g, column)) if column == "Price" else float("nan"),
-                                 "SpotPrice": float(host[column]) + float(getattr(g, column)) if column == "SpotPrice" else float("nan")})
+                host = priced.iloc[int(priced[column].to_numpy().argmin())]
+                total = float(host[column]) + float(g[column])
+                combined.append({"Region": g["Region"], "AcceleratorName": gpu, "AcceleratorCount": count,
+                                 "InstanceType": host["instance_type"], "AvailabilityZone": g["AvailabilityZone"],
+                                 "Price": total if column == "Price" else float("nan"),
+                                 "SpotPrice": total if column == "SpotPrice" else float("nan")})
         raw = pd.concat([raw[(raw.InstanceType != "") & (raw.AcceleratorName != "")], pd.DataFrame(combined)],
                         ignore_index=True)
     raw = raw[(raw.AcceleratorName != "") & (raw.InstanceType != "")]

@@ -89,8 +89,9 @@ def min_cost_with_deadline(
     if fits.empty:
         raise UserError(f"job {job.name}: no offer finishes within {deadline_h:g} h (fastest needs {hours.min():.1f} h)")
     cost = hours[fits.index] * fits.usd_per_hour
-    best = fits.loc[cost.idxmin()]
-    return Placement(_to_offer(best), float(best.throughput), float(hours[best.name]), float(cost.min()))
+    pick = int(np.argmin(cost.to_numpy()))
+    best = fits.iloc[pick]
+    return Placement(_to_offer(best), float(best.throughput), float(hours[fits.index[pick]]), float(cost.iloc[pick]))
 
 
 def min_makespan_within_budget(
@@ -203,8 +204,8 @@ def min_cost_allocation(
 def _allocation(x: np.ndarray, usable: pd.DataFrame, tput: np.ndarray, jobs: Sequence[JobSpec]) -> Allocation:
     mat = x.reshape(len(jobs), len(usable))
     mat[mat < 1e-9] = 0.0
-    labels = [f"{r.cloud}/{r.zone or r.region}/{r.instance_type}/{r.gpu_count}x{r.gpu_type}/{'spot' if r.spot else 'od'}"
-              for r in usable.itertuples(index=False)]
+    labels = [f"{r['cloud']}/{r['zone'] or r['region']}/{r['instance_type']}/{r['gpu_count']}x{r['gpu_type']}/"
+              f"{'spot' if r['spot'] else 'od'}" for r in usable.to_dict("records")]
     frame = pd.DataFrame(mat, index=[j.name for j in jobs], columns=labels)
     rates = {j.name: float(mat[i] @ tput[i]) for i, j in enumerate(jobs)}
     return Allocation(frame, rates, float((mat * usable.usd_per_hour.to_numpy(float)).sum()))

@@ -171,8 +171,9 @@ class PriceStore:
         rows = self.latest(at)
         rows = rows[(rows.gpu_count > 0) & (rows.usd_per_hour > 0)]
         return [
-            Offer(r.cloud, r.region, r.zone, r.instance_type, r.gpu_type, int(r.gpu_count), bool(r.spot), float(r.usd_per_hour))
-            for r in rows.itertuples(index=False)
+            Offer(str(r["cloud"]), str(r["region"]), str(r["zone"]), str(r["instance_type"]), str(r["gpu_type"]),
+                  int(r["gpu_count"]), bool(r["spot"]), float(r["usd_per_hour"]))
+            for r in rows.to_dict("records")
         ]
 
     def grid(self, freq: str = "1h", start: datetime | None = None, end: datetime | None = None) -> pd.DataFrame:

@@ -1,0 +1,27 @@
+"""Small hand-made profiles and clusters shared by the unit tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from orchestrator.profile import Block, Profile
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+
+def uniform_profile(num_blocks: int, fwd: float = 1.0, bwd: float = 2.0, act: float = 0.0, params: float = 1.0) -> Profile:
+    return Profile("uniform", tuple(Block(f"b{i}", fwd, bwd, act, params) for i in range(num_blocks)))
+
+
+def random_profile(num_blocks: int, seed: int, act_scale: float = 5e8) -> Profile:
+    rng = np.random.default_rng(seed)
+    return Profile(
+        f"random{seed}",
+        tuple(
+            Block(f"b{i}", float(rng.uniform(0.1, 1.0)), float(rng.uniform(0.2, 2.0)), float(rng.uniform(1e6, act_scale)), float(rng.uniform(1e6, 2e8)))
+            for i in range(num_blocks)
+        ),
+        input_bytes=1e6,
+    )

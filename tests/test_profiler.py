@@ -1,0 +1,142 @@
+"""The real profiler on the built-in models (CPU, small), plus the model registry and factories."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from orchestrator.errors import UserError
+from orchestrator.models import EXAMPLE_MODELS, example_batch, load_factory, loss_fn, mlp, tiny_transformer
+from orchestrator.profile import load_profile
+from orchestrator.profiler import profile_blocks, profile_example, profile_factory
+
+FAST = {"warmup": 1, "repeats": 3, "device": "cpu"}
+
+
+def chain(blocks: list[nn.Module], x: torch.Tensor) -> list[torch.Tensor]:
+    outs = []
+    for block in blocks:
+        x = block(x)
+        outs.append(x)
+    return outs
+
+
+@pytest.mark.parametrize("name", ["tiny_transformer", "mlp"])
+def test_profile_matches_model_and_round_trips(name: str, tmp_path: Path) -> None:
+    prof = profile_example(name, microbatch_size=4, **FAST)
+    torch.manual_seed(0)
+    blocks = EXAMPLE_MODELS[name]()
+    inputs, targets = example_batch(name, 4, seed=0)
+    outs = chain(blocks, inputs)
+    assert prof.num_blocks == len(blocks) and prof.microbatch_size == 4
+    assert prof.input_bytes == inputs.numel() * inputs.element_size()
+    for block, out, measured in zip(blocks, outs, prof.blocks):
+        assert measured.forward_s > 0 and measured.backward_s > 0
+        assert measured.param_bytes == sum(p.numel() * 4 for p in block.parameters())
+        assert measured.activation_bytes == out.numel() * out.element_size()
+        assert measured.stash_bytes > 0
+    assert torch.isfinite(loss_fn(name)(outs[-1], targets))
+    prof.save(tmp_path / "p.json")
+    assert load_profile(tmp_path / "p.json") == prof
+
+
+def test_stash_counts_saved_activations_not_parameters() -> None:
+    block = nn.Sequential(nn.Linear(16, 16), nn.ReLU())
+    prof = profile_blocks([block], torch.randn(8, 16), "one", 8, **FAST)  # type: ignore[arg-type]
+    # Linear saves its input (8x16 floats); ReLU saves its output (8x16). The weight is excluded.
+    assert prof.blocks[0].stash_bytes == 2 * 8 * 16 * 4
+
+
+def test_sub_layer_variant_has_two_blocks_per_layer_and_same_function() -> None:
+    torch.manual_seed(3)
+    whole = tiny_transformer(n_layers=3)
+    torch.manual_seed(3)
+    split = tiny_transformer(n_layers=3, sub_layer_blocks=True)
+    assert len(whole) == 3 + 2 and len(split) == 2 * 3 + 2
+    tokens, _ = example_batch("tiny_transformer", 2, seed=1)
+    assert torch.equal(chain(whole, tokens)[-1], chain(split, tokens)[-1])
+    prof = profile_example("tiny_transformer_sublayer", 2, model_kwargs={"n_layers": 3}, **FAST)
+    assert prof.num_blocks == 8
+
+
+def test_models_are_deterministic_given_seed() -> None:
+    def params() -> list[torch.Tensor]:
+        torch.manual_seed(7)
+        return [p.detach().clone() for b in mlp() for p in b.parameters()]
+
+    assert all(torch.equal(a, b) for a, b in zip(params(), params()))
+    assert all(torch.equal(a, b) for a, b in zip(example_batch("mlp", 3, 5), example_batch("mlp", 3, 5)))
+    with pytest.raises(UserError, match="unknown example model"):
+        example_batch("nope", 1, 0)
+
+
+@pytest.fixture()
+def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    (tmp_path / "my_models.py").write_text(
+        textwrap.dedent(
+            """
+            import torch
+            from torch import nn
+
+            def good():
+                return [nn.Linear(4, 8), nn.Linear(8, 2)]
+
+            def seq():
+                return nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+
+            def bad():
+                return nn.Linear(4, 4)
+
+            def mixed():
+                return [nn.Linear(4, 4), "oops"]
+
+            NOT_CALLABLE = 3
+
+            def example_input(batch_size):
+                return torch.ones(batch_size, 4)
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "my_models"
+    sys.modules.pop("my_models", None)
+
+
+def test_load_factory_resolves_and_checks(user_module: str, tmp_path: Path) -> None:
+    assert len(load_factory(f"{user_module}:good")()) == 2
+    assert len(load_factory(f"{user_module}:seq")()) == 2
+    assert len(load_factory(f"{tmp_path / 'my_models.py'}:good")()) == 2
+    for attr in ("bad", "mixed"):
+        with pytest.raises(UserError, match="must return a non-empty list of torch.nn.Module"):
+            load_factory(f"{user_module}:{attr}")()
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("no_colon", "must look like 'module:function'"),
+        ("surely_missing_module_xyz:f", "cannot import"),
+        ("my_models:absent", "has no attribute 'absent'"),
+        ("my_models:NOT_CALLABLE", "is not callable"),
+        ("/nonexistent/m.py:f", "no such file"),
+    ],
+)
+def test_load_factory_errors_are_one_line(user_module: str, spec: str, message: str) -> None:
+    with pytest.raises(UserError, match=message) as info:
+        load_factory(spec)
+    assert "\n" not in str(info.value)
+
+
+def test_profile_factory_input_sources(user_module: str) -> None:
+    by_shape = profile_factory(f"{user_module}:good", 3, input_shape=[4], **FAST)
+    assert by_shape.input_bytes == 3 * 4 * 4 and by_shape.name == "good"
+    by_convention = profile_factory(f"{user_module}:good", 5, **FAST)
+    assert by_convention.input_bytes == 5 * 4 * 4
+    assert by_convention.blocks[-1].activation_bytes == 5 * 2 * 4
+    with pytest.raises(UserError, match="dtype"):
+        profile_factory(f"{user_module}:good", 3, input_shape=[4], dtype="int8", **FAST)
