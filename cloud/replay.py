@@ -98,7 +98,7 @@ def replay(
         live = np.isfinite(prices).any(axis=1)
         t0 = int(np.argmax(live)) if live.any() else len(prices)
     else:
-        t0 = int(trace.times.searchsorted(pd.Timestamp(start)))
+        t0 = int(trace.times.searchsorted(_utc(start)))
     if t0 >= len(trace.times):
         raise UserError(f"start {start} is after the end of the trace")
     costs = policy.costs
@@ -146,6 +146,26 @@ def replay(
     return ReplayResult(policy.name, cost, elapsed, migrations, step <= len(prices), tuple(path))
 
 
+def _utc(value: pd.Timestamp | str) -> pd.Timestamp:
+    try:
+        stamp = pd.Timestamp(value)
+    except ValueError:
+        raise UserError(f"bad start time {value!r}") from None
+    return stamp.tz_localize("UTC") if stamp.tzinfo is None else stamp.tz_convert("UTC")
+
+
+def common_start(trace: Trace, policies: Sequence[ReplayPolicy]) -> pd.Timestamp:
+    """The first grid time at which every policy has a candidate priced and the trace covers at
+    least 90% of the offers it ever prices (a trace often starts with only a few series)."""
+    priced = np.isfinite(trace.prices).sum(axis=1)
+    live = priced >= 0.9 * priced.max()
+    for policy in policies:
+        live &= np.isfinite(np.where(candidate_mask(trace.meta, policy), trace.prices, np.nan)).any(axis=1)
+    if not live.any():
+        raise UserError("the trace has no time at which every policy has an offer")
+    return pd.Timestamp(trace.times[int(np.argmax(live))])
+
+
 def _initial(row: np.ndarray, tput: np.ndarray, rule: str) -> int:
     ok = np.isfinite(row) & (tput > 0)
     if not ok.any():
@@ -172,3 +192,22 @@ def replay_many(
             rows.append({"policy": r.policy, "start": start, "cost_usd": r.cost_usd, "hours": r.hours,
                          "migrations": r.migrations, "finished": r.finished})
     return pd.DataFrame(rows)
+
+
+def standard_policies(checkpoint_gb: float = 1.0, clouds: tuple[str, ...] = ("aws", "azure", "gcp")) -> list[ReplayPolicy]:
+    """The thesis' ladder (fig. 6.5/6.6): each rung adds one freedom to the one before.
+
+    baseline (cheapest 1xV100 spot on AWS at start, kept) -> any GPU type by samples per dollar
+    -> multi-GPU instances -> other clouds -> re-choosing every hour for free -> the same with
+    migration costs charged (checkpoint transfer, restart, egress) and hysteresis.
+    """
+    every = ("aws",) + tuple(c for c in clouds if c != "aws")
+    return [
+        ReplayPolicy("baseline", gpu_types=("V100",), initial="cheapest_price"),
+        ReplayPolicy("gpu-type"),
+        ReplayPolicy("multi-gpu", max_gpus=16),
+        ReplayPolicy("multi-cloud", clouds=every, max_gpus=16),
+        ReplayPolicy("dynamic (free moves)", clouds=every, max_gpus=16, dynamic=True, costs=FREE_MOVES),
+        ReplayPolicy("ours (migration costs)", clouds=every, max_gpus=16, dynamic=True,
+                     costs=MigrationCosts(checkpoint_gb=checkpoint_gb)),
+    ]

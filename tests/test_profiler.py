@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any, Iterator
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from orchestrator.models import EXAMPLE_MODELS, example_batch, load_factory, los
 from orchestrator.profile import load_profile
 from orchestrator.profiler import profile_blocks, profile_example, profile_factory
 
-FAST = {"warmup": 1, "repeats": 3, "device": "cpu"}
+FAST: dict[str, Any] = {"warmup": 1, "repeats": 3, "device": "cpu"}
 
 
 def chain(blocks: list[nn.Module], x: torch.Tensor) -> list[torch.Tensor]:
@@ -47,7 +48,7 @@ def test_profile_matches_model_and_round_trips(name: str, tmp_path: Path) -> Non
 
 def test_stash_counts_saved_activations_not_parameters() -> None:
     block = nn.Sequential(nn.Linear(16, 16), nn.ReLU())
-    prof = profile_blocks([block], torch.randn(8, 16), "one", 8, **FAST)  # type: ignore[arg-type]
+    prof = profile_blocks([block], torch.randn(8, 16), "one", 8, **FAST)
     # Linear saves its input (8x16 floats); ReLU saves its output (8x16). The weight is excluded.
     assert prof.blocks[0].stash_bytes == 2 * 8 * 16 * 4
 
@@ -76,7 +77,7 @@ def test_models_are_deterministic_given_seed() -> None:
 
 
 @pytest.fixture()
-def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     (tmp_path / "my_models.py").write_text(
         textwrap.dedent(
             """
@@ -140,3 +141,10 @@ def test_profile_factory_input_sources(user_module: str) -> None:
     assert by_convention.blocks[-1].activation_bytes == 5 * 2 * 4
     with pytest.raises(UserError, match="dtype"):
         profile_factory(f"{user_module}:good", 3, input_shape=[4], dtype="int8", **FAST)
+
+
+def test_profile_factory_without_any_input_source_says_how(tmp_path: Path) -> None:
+    path = tmp_path / "plain.py"
+    path.write_text("from torch import nn\n\ndef build():\n    return [nn.Linear(2, 2)]\n")
+    with pytest.raises(UserError, match="pass --input-shape"):
+        profile_factory(f"{path}:build", 2, **FAST)

@@ -1,0 +1,185 @@
+"""``prices`` and ``cost-sim`` subcommands; registered on the orchestrator's CLI by ``add_parsers``.
+
+Also runnable alone (``python -m cloud.cli prices cheapest ...``) through :func:`main`, which
+turns a :class:`UserError` into one ``error: ...`` line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from orchestrator.errors import UserError
+
+from .records import CLOUDS, canonical_cloud, did_you_mean, normalize_gpu
+
+OUTPUT_COLUMNS = ["cloud", "region", "zone", "instance_type", "gpu_type", "gpu_count", "usd_per_hour", "spot"]
+THESIS_MODELS = ("ResNet-50 (batch size 64)", "Transformer (batch size 64)", "A3C", "CycleGAN", "ResNet-18 (batch size 64)")
+
+
+def add_parsers(subparsers: Any) -> None:
+    """Register ``prices`` and ``cost-sim`` on an argparse subparsers object."""
+    prices = subparsers.add_parser("prices", help="GPU prices across AWS, GCP and Azure")
+    actions = prices.add_subparsers(dest="prices_action", required=True)
+
+    refresh = actions.add_parser("refresh", help="fetch new prices from a cloud into the cache")
+    refresh.add_argument("--cloud", required=True, help="aws, gcp or azure")
+    refresh.add_argument("--region", action="append", default=[], help="repeatable; default: the cloud's GPU regions")
+    refresh.add_argument("--instance-type", action="append", default=[])
+    refresh.add_argument("--project", help="GCP project (default: google.auth.default())")
+    refresh.add_argument("--subscription", help="Azure subscription id (for resource_skus)")
+    refresh.add_argument("--cache", type=Path, help="price cache file (default: ~/.cache/raypipe/prices.csv.gz)")
+    refresh.set_defaults(func=cmd_refresh)
+
+    for name, helptext in (("show", "list latest prices"), ("cheapest", "cheapest offers for a GPU request")):
+        p = actions.add_parser(name, help=helptext)
+        p.add_argument("--catalog", type=Path, help="price file or folder (any importable format); default: cache, else bundled")
+        p.add_argument("--gpu", required=name == "cheapest", help="GPU model, e.g. V100, A100, T4")
+        p.add_argument("--count", type=int, required=name == "cheapest", help="GPUs per instance")
+        p.add_argument("--spot", action="store_true", help="spot/preemptible prices (default: on-demand)")
+        p.add_argument("--cloud", action="append", default=[], help="restrict to a cloud (repeatable)")
+        p.add_argument("--instance-type", help="restrict to one instance type")
+        p.add_argument("--limit", type=int, default=20)
+        p.add_argument("--json", action="store_true", help="print a JSON list")
+        p.set_defaults(func=cmd_show)
+
+    sim = subparsers.add_parser("cost-sim", help="replay cost policies over a price trace")
+    sim.add_argument("--trace", type=Path, required=True, help="price trace file or folder")
+    sim.add_argument("--throughputs", type=Path, required=True, help="oracle_throughputs.json or model,gpu_type,gpu_count,throughput CSV")
+    sim.add_argument("--model", action="append", default=[], help="model name (repeatable; default: the thesis' five)")
+    sim.add_argument("--days", type=float, default=4.0, help="job length on one V100 (default 4 days)")
+    sim.add_argument("--start", help="ISO start time (default: first time every policy has an offer)")
+    sim.add_argument("--checkpoint-gb", type=float, default=1.0)
+    sim.add_argument("--json", action="store_true")
+    sim.set_defaults(func=cmd_cost_sim)
+
+
+def load_catalog(path: Path | None) -> pd.DataFrame:
+    from .importers import load_any, load_snapshot
+    from .store import PriceStore, default_cache_path
+
+    if path is not None:
+        return load_any(path)
+    cache = default_cache_path()
+    return PriceStore.load(cache).frame if cache.exists() else load_snapshot()
+
+
+def cmd_refresh(args: argparse.Namespace) -> int:
+    from .sources import get_source
+    from .store import PriceStore, default_cache_path
+
+    cloud = canonical_cloud(args.cloud)
+    options: dict[str, Any] = {}
+    if cloud == "gcp" and args.project:
+        options["project"] = args.project
+    if cloud == "azure" and args.subscription:
+        options["subscription_id"] = args.subscription
+    cache = args.cache or default_cache_path()
+    store = PriceStore.load(cache)
+    updated = store.refresh(get_source(cloud, **options), args.region, args.instance_type)
+    updated.save(cache)
+    print(f"{cloud}: {len(updated) - len(store)} new price records; {len(updated)} in {cache}")
+    return 0
+
+
+def select_offers(frame: pd.DataFrame, args: argparse.Namespace) -> pd.DataFrame:
+    """Latest price per offer, filtered by the request; UserError with suggestions when nothing matches."""
+    from .store import PriceStore
+
+    store = PriceStore(frame)
+    latest = store.latest()
+    if args.cloud:
+        clouds = [canonical_cloud(c) for c in args.cloud]
+        latest = latest[latest.cloud.isin(clouds)]
+    if args.gpu:
+        gpu = normalize_gpu(args.gpu)
+        known = sorted(set(latest.gpu_type) - {""})
+        if gpu not in known:
+            raise UserError(f"no prices for GPU {args.gpu!r}{did_you_mean(gpu, known)}")
+        latest = latest[latest.gpu_type == gpu]
+    if args.count is not None:
+        if args.count <= 0:
+            raise UserError(f"--count must be positive, got {args.count}")
+        latest = latest[latest.gpu_count == args.count]
+    if args.instance_type:
+        known = sorted(set(latest.instance_type))
+        if args.instance_type not in known:
+            raise UserError(f"unknown instance type {args.instance_type!r}{did_you_mean(args.instance_type, known)}")
+        latest = latest[latest.instance_type == args.instance_type]
+    latest = latest[latest.spot == bool(args.spot)]
+    return latest.sort_values(["usd_per_hour", "cloud", "region", "zone", "instance_type"], kind="stable")
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    offers = select_offers(load_catalog(args.catalog), args)
+    if offers.empty:
+        kind = "spot" if args.spot else "on-demand"
+        raise UserError(f"no {kind} offer matches (gpu={args.gpu}, count={args.count}, clouds={args.cloud or list(CLOUDS)})")
+    shown = offers.head(args.limit) if args.limit > 0 else offers
+    if args.json:
+        rows = [{**{c: _plain(r[c]) for c in OUTPUT_COLUMNS}, "timestamp": r["timestamp"].isoformat(), "source": r["source"]}
+                for r in shown.to_dict("records")]
+        print(json.dumps(rows, indent=1))
+    else:
+        print(shown[OUTPUT_COLUMNS].to_string(index=False))
+    return 0
+
+
+def _plain(value: Any) -> Any:
+    return value.item() if hasattr(value, "item") else value
+
+
+def cmd_cost_sim(args: argparse.Namespace) -> int:
+    from .importers import load_any
+    from .replay import Trace, common_start, replay, standard_policies
+    from .store import PriceStore
+    from .throughput import ThroughputTable
+
+    table = ThroughputTable.load(args.throughputs)
+    models = args.model or [m for m in THESIS_MODELS if m in table.models] or list(table.models[:5])
+    for model in models:
+        table.check_model(model)
+    trace = Trace.from_store(PriceStore(load_any(args.trace)), "1h")
+    policies = standard_policies(checkpoint_gb=args.checkpoint_gb)
+    start = args.start or common_start(trace, policies)
+    rows = []
+    for model in models:
+        samples = args.days * 24 * 3600 * table.get(model, "V100", 1)
+        if samples <= 0:
+            raise UserError(f"{model!r} has no V100 throughput to size the job")
+        results = [replay(trace, p, table, model, samples, start) for p in policies]
+        base = results[0].cost_usd
+        for r in results:
+            rows.append({"model": model, "policy": r.policy, "cost_usd": round(r.cost_usd, 2),
+                         "reduction": round(base / r.cost_usd, 3), "hours": round(r.hours, 1), "migrations": r.migrations})
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        print(pd.DataFrame(rows).to_string(index=False))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m cloud.cli", description=__doc__)
+    add_parsers(parser.add_subparsers(dest="command", required=True))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+        return code
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
