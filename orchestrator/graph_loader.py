@@ -202,30 +202,26 @@ def _linearize(
             extra[hi] -= data[v, 2]
     extra = np.cumsum(extra)[:n]
 
-    ends = [k for k in range(n - 1) if blocked[k] <= 0] + [n - 1]
+    ends = np.flatnonzero(blocked[: n - 1] <= 0).tolist() + [n - 1]
     ordered = data[np.asarray(order)]
-    cum = np.vstack([np.zeros(4), np.cumsum(ordered, axis=0)])
-    # Fold blocks without backward work or parameters into their successor (the last one into
+    # Sum each piece directly (reduceat), not as prefix-sum differences, so an all-zero piece
+    # stays exactly zero and block values are as clean as the file's.
+    pieces = np.add.reduceat(ordered, np.asarray([0] + [e + 1 for e in ends[:-1]]), axis=0)
+    # Fold pieces without backward work or parameters into their successor (the last one into
     # its predecessor): a boundary there would only add a stage hop, never balance compute.
-    kept: list[int] = []
-    start = 0
-    for end in ends:
-        work = cum[end + 1] - cum[start]
-        if (work[1] > 0 or work[3] > 0) or end == n - 1:
-            kept.append(end)
-            start = end + 1
-    if len(kept) > 1:
-        last, prev = kept[-1], kept[-2]
-        tail = cum[last + 1] - cum[prev + 1]
-        if tail[1] == 0 and tail[3] == 0:
-            kept.pop(-2)
+    useful = (pieces[:, 1] > 0) | (pieces[:, 3] > 0)
+    kept = [end for end, ok in zip(ends[:-1], useful[:-1]) if ok] + [n - 1]
+    if len(kept) > 1 and not useful[-1]:
+        kept.pop(-2)
+    starts = [0] + [e + 1 for e in kept[:-1]]
+    works = np.add.reduceat(ordered, np.asarray(starts), axis=0)
 
     blocks: list[Block] = []
-    start = 0
-    for end in kept:
-        work = cum[end + 1] - cum[start]
+    for start, end, work in zip(starts, kept, works):
         members = order[start : end + 1]
         last_node = members[-1]
+        # The cut node's output crosses if something after it reads it (or it is the model output).
+        sends = float(end == n - 1 or last_use[last_node] > end)
         main = members[int(np.argmax(data[members, 0] + data[members, 1]))]  # name by heaviest node
         label = f"{ids[main]}:{ops[main].split('(')[0][:40]}"
         if end > start:
@@ -235,10 +231,9 @@ def _linearize(
                 name=label,
                 forward_s=float(work[0]) / 1000.0,
                 backward_s=float(work[1]) / 1000.0,
-                activation_bytes=float(data[last_node, 2] + extra[end]),
+                activation_bytes=float(data[last_node, 2] * sends + extra[end]),
                 param_bytes=float(work[3]),
                 stash_bytes=float(work[2]),
             )
         )
-        start = end + 1
     return blocks
