@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -244,7 +245,9 @@ def ray_down(config_path: Path, dry_run: bool = False) -> list[str]:
 
 
 def _ray_cli(args: list[str], dry_run: bool) -> list[str]:
-    exe = shutil.which("ray")
+    # The venv's own `ray` first: the driver may run from a venv that is not on PATH.
+    beside = Path(sys.executable).parent / "ray"
+    exe = str(beside) if beside.exists() else shutil.which("ray")
     if exe is None:
         raise UserError("the `ray` command is not on PATH; install ray[default] to launch clusters")
     cmd = [exe, *args]
