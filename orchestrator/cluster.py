@@ -211,7 +211,7 @@ def from_dict(data: Any, origin: str = "cluster") -> Cluster:
             return two_level(
                 int(data["servers"]),
                 int(data.get("gpus_per_server", 1)),
-                float(data.get("intra_gbps", data["inter_gbps"])),
+                float(data["intra_gbps"] if "intra_gbps" in data else data["inter_gbps"]),
                 float(data["inter_gbps"]),
                 float(data.get("memory_bytes", DEFAULT_MEMORY)),
             )
