@@ -155,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--model", default="tiny_transformer", help="built-in example model (default tiny_transformer)")
     src.add_argument("--factory", help="a user's model as module:factory returning a list of blocks")
-    p.add_argument("--input-shape", help="with --factory: comma-separated input shape of one micro-batch")
+    p.add_argument("--input-shape", help="with --factory: comma-separated shape of ONE sample (no batch dimension), e.g. 3,224,224")
     p.add_argument("--microbatch-size", type=int, default=8)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--out", required=True, help="profile JSON to write")
