@@ -94,31 +94,34 @@ def solve_level(compute: np.ndarray, params: np.ndarray, cut: np.ndarray, level:
     cut_cost = 2.0 * cut / level.bandwidth  # [L]
     # T(k+1 -> j, m') for the last stage, m' = 1..n.
     mprime = ms if not straight else ms[:1]
-    starts = range(L) if all_starts else range(1)
+    n_mp = len(mprime)
+    starts = np.arange(L) if all_starts else np.arange(1)
     m_idx = np.arange(n)[:, None]  # m-1
-    mp_idx = np.arange(len(mprime))[None, :]  # m'-1
+    mp_idx = np.arange(n_mp)[None, :]  # m'-1
     prev_idx = m_idx - (mp_idx + 1)  # (m - m') - 1, valid when >= 0
     valid = prev_idx >= 0
     prev_clip = np.where(valid, prev_idx, 0)
-    for i in starts:
-        for j in range(i + 1, L):
-            ks = np.arange(i, j)  # last cut after block k
-            head = best[i, ks, :]  # [K, n]
-            tail = _stage_time(compute[ks + 1, j][:, None], params[ks + 1, j][:, None], mprime[None, :], level)  # [K, m']
-            cand = np.maximum(np.maximum(head[:, prev_clip], cut_cost[ks][:, None, None]), tail[:, None, :])  # [K, n, m']
-            cand = np.where(valid[None, :, :], cand, INF)
-            flat = cand.reshape(len(ks), n * len(mprime))
-            # best over k for each (m, m')
-            kbest = np.argmin(flat, axis=0)
-            vals = flat[kbest, np.arange(flat.shape[1])].reshape(n, len(mprime))
-            mpbest = np.argmin(vals, axis=1)
-            v = vals[np.arange(n), mpbest]
-            better = v < best[i, j, :]
-            if better.any():
-                kk = kbest.reshape(n, len(mprime))[np.arange(n), mpbest]
-                best[i, j, better] = v[better]
-                split[i, j, better] = ks[kk[better]]
-                last_m[i, j, better] = mpbest[better] + 1
+    rows = np.arange(len(starts))[:, None]
+    # One vectorized step per end block j, over every start i, last cut k, units m and m'.
+    for j in range(1, L):
+        ks = np.arange(j)
+        tail = _stage_time(compute[ks + 1, j][:, None], params[ks + 1, j][:, None], mprime[None, :], level)  # [K, m']
+        head = best[starts][:, ks, :]  # [I, K, n]
+        cand = np.maximum(np.maximum(head[:, :, prev_clip], cut_cost[ks][None, :, None, None]), tail[None, :, None, :])
+        ok = valid[None, None, :, :] & (ks[None, :] >= starts[:, None])[:, :, None, None]
+        cand = np.where(ok, cand, INF)  # [I, K, n, m']
+        flat = cand.transpose(0, 2, 1, 3).reshape(len(starts), n, j * n_mp)
+        arg = np.argmin(flat, axis=2)  # [I, n]
+        val = np.take_along_axis(flat, arg[:, :, None], axis=2)[:, :, 0]
+        cur = best[starts, j, :]
+        better = val < cur
+        if better.any():
+            k_best = ks[arg // n_mp]
+            mp_best = arg % n_mp + 1
+            best[starts, j, :] = np.where(better, val, cur)
+            split[starts, j, :] = np.where(better, k_best, split[starts, j, :])
+            last_m[starts, j, :] = np.where(better, mp_best, last_m[starts, j, :])
+    del rows
     # "Use fewer units" when that is faster (PipeDream's use_fewer_machines).
     used = np.broadcast_to(np.arange(1, n + 1), best.shape).astype(np.int32).copy()
     for m in range(1, n):
