@@ -1,0 +1,97 @@
+"""Single-process training with the pipeline's exact micro-batching: the exactness oracle.
+
+It builds the model the way every stage worker does (``torch.manual_seed(seed)`` then the
+factory), keeps one optimizer per block, cuts each iteration batch into the same units with the
+same row rules (:mod:`actors.transport`), weights each unit's loss by its share of the batch rows
+and accumulates gradients before one optimizer step. Pipelined training of any plan must end up
+``allclose`` to this; the only differences allowed are floating-point summation order (replica
+shares and all-reduce add the same terms in another order).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import Tensor, nn
+
+from actors.transport import unit_range
+from orchestrator.plan import Plan, Stage
+from orchestrator.schedule.ir import units_of
+
+
+class ReferenceTrainer:
+    """Sequential gradient-accumulation training; ``state_dicts()`` is keyed by block like workers'."""
+
+    def __init__(
+        self,
+        model_factory: Callable[[], list[nn.Module]],
+        loss_fn: Callable[[Tensor, Tensor], Tensor],
+        optimizer_factory: Callable[[Any], torch.optim.Optimizer],
+        data_fn: Callable[[int], tuple[Tensor, Tensor]],
+        num_microbatches: int,
+        sliced_microbatches: int = 0,
+        seed: int = 0,
+    ) -> None:
+        torch.manual_seed(seed)
+        self.blocks = list(model_factory())
+        self.optimizers = {
+            b: optimizer_factory(m.parameters()) for b, m in enumerate(self.blocks) if any(True for _ in m.parameters())
+        }
+        self.loss_fn, self.data_fn = loss_fn, data_fn
+        self.num_microbatches, self.sliced = num_microbatches, sliced_microbatches
+        self.step = 0
+        self.losses: list[float] = []
+
+    @classmethod
+    def for_plan(cls, plan: Plan, *args: Any, **kwargs: Any) -> "ReferenceTrainer":
+        return cls(*args, num_microbatches=plan.num_microbatches, sliced_microbatches=plan.sliced_microbatches, **kwargs)
+
+    def train(self, steps: int) -> list[float]:
+        """Run ``steps`` iterations from the current step; returns their full-batch losses."""
+        out = []
+        for _ in range(steps):
+            out.append(self._iteration(self.step))
+            self.step += 1
+        self.losses += out
+        return out
+
+    def _iteration(self, step: int) -> float:
+        inputs, targets = self.data_fn(step)
+        rows = int(inputs.shape[0])
+        whole = Plan((Stage(0, len(self.blocks), (0,)),), self.num_microbatches, sliced_microbatches=self.sliced)
+        total = 0.0
+        for mb, part in units_of(whole):
+            lo, hi = unit_range(rows, self.num_microbatches, mb, part)
+            if hi <= lo:
+                continue
+            x = inputs[lo:hi]
+            for block in self.blocks:
+                x = block(x)
+            loss = self.loss_fn(x, targets[lo:hi]) * ((hi - lo) / rows)
+            loss.backward()
+            total += float(loss.detach())
+        for opt in self.optimizers.values():
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return total
+
+    def state_dicts(self) -> dict[int, dict[str, Tensor]]:
+        return {b: {k: v.detach().clone() for k, v in m.state_dict().items()} for b, m in enumerate(self.blocks)}
+
+
+def max_difference(a: dict[int, dict[str, Tensor]], b: dict[int, dict[str, Tensor]]) -> float:
+    """Largest absolute parameter difference between two block-keyed state dicts."""
+    if set(a) != set(b):
+        raise ValueError(f"different blocks: {sorted(a)} vs {sorted(b)}")
+    worst = 0.0
+    for block, state in a.items():
+        for name, value in state.items():
+            worst = max(worst, float((value.double() - b[block][name].double()).abs().max()) if value.numel() else 0.0)
+    return worst
+
+
+def allclose(a: dict[int, dict[str, Tensor]], b: dict[int, dict[str, Tensor]], rtol: float = 1e-5, atol: float = 1e-6) -> bool:
+    return set(a) == set(b) and all(
+        torch.allclose(v, b[blk][k], rtol=rtol, atol=atol) for blk, st in a.items() for k, v in st.items()
+    )
