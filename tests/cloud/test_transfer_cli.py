@@ -8,8 +8,12 @@ import pytest
 from botocore.response import StreamingBody
 from botocore.stub import ANY, Stubber
 
+from pathlib import Path
+
 from cloud.cli import main
 from cloud.transfer import MANIFEST, TransferError, copy_checkpoint
+
+SNAP = str(Path(__file__).resolve().parents[2] / "pricing_data")
 
 
 def make_ckpt(root):
@@ -66,21 +70,21 @@ def test_unknown_scheme_and_missing_folder(tmp_path):
 
 
 def test_cli_cheapest_json_sorted_and_filtered(capsys):
-    assert main(["prices", "cheapest", "--catalog", "pricing_data", "--gpu", "v100", "--count", "1", "--spot", "--json"]) == 0
+    assert main(["prices", "cheapest", "--catalog", SNAP, "--gpu", "v100", "--count", "1", "--spot", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     prices = [r["usd_per_hour"] for r in rows]
     assert prices == sorted(prices) and len({r["cloud"] for r in rows}) == 3
     assert all(r["gpu_type"] == "V100" and r["gpu_count"] == 1 and r["spot"] is True for r in rows)
-    assert main(["prices", "cheapest", "--catalog", "pricing_data", "--gpu", "V100", "--count", "4", "--cloud", "aws",
+    assert main(["prices", "cheapest", "--catalog", SNAP, "--gpu", "V100", "--count", "4", "--cloud", "aws",
                  "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert {(r["cloud"], r["instance_type"], r["spot"]) for r in rows} == {("aws", "p3.8xlarge", False)}
 
 
 @pytest.mark.parametrize("argv,match", [
-    (["prices", "cheapest", "--catalog", "pricing_data", "--gpu", "V10", "--count", "1"], "did you mean 'V100'"),
-    (["prices", "cheapest", "--catalog", "pricing_data", "--gpu", "V100", "--count", "1", "--cloud", "awz"], "unknown cloud 'awz'"),
-    (["prices", "show", "--catalog", "pricing_data", "--instance-type", "p3.2xlage"], "did you mean 'p3.2xlarge'"),
+    (["prices", "cheapest", "--catalog", SNAP, "--gpu", "V10", "--count", "1"], "did you mean 'V100'"),
+    (["prices", "cheapest", "--catalog", SNAP, "--gpu", "V100", "--count", "1", "--cloud", "awz"], "unknown cloud 'awz'"),
+    (["prices", "show", "--catalog", SNAP, "--instance-type", "p3.2xlage"], "did you mean 'p3.2xlarge'"),
     (["prices", "cheapest", "--catalog", "missing.csv", "--gpu", "V100", "--count", "1"], "no such price file"),
 ])
 def test_cli_errors_are_one_line_exit_2(capsys, argv, match):

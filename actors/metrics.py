@@ -1,0 +1,116 @@
+"""Turning the workers' per-iteration reports into one measured timeline and link statistics.
+
+Each worker times its actions against its own ``perf_counter`` origin and reports the wall-clock
+time of that origin (``t0_wall``); aligning origins puts every device on one time axis (exact on
+one node, NTP-accurate across nodes). A transfer is seen from both ends: the sender knows when it
+posted ``isend``, the receiver when it posted ``irecv`` and when the data was complete. The
+transfer span is ``[max(send posted, recv posted), recv complete]``, which is the time the bytes
+could have been moving; it upper-bounds the wire time, so the derived bandwidth is a lower bound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from orchestrator.schedule.ir import Kind, parse_action
+from orchestrator.timeline import Span
+
+
+@dataclass(frozen=True)
+class Transfer:
+    src: int
+    dst: int
+    label: str
+    bytes: int
+    start: float
+    end: float
+
+    @property
+    def seconds(self) -> float:
+        return max(0.0, self.end - self.start)
+
+
+@dataclass
+class IterationMetrics:
+    """One iteration as measured: per-device spans, transfers, bubbles and memory."""
+
+    step: int
+    iteration_s: float
+    loss: float
+    spans: list[Span] = field(default_factory=list)
+    transfers: list[Transfer] = field(default_factory=list)
+    busy_s: dict[int, float] = field(default_factory=dict)
+    bubble_s: dict[int, float] = field(default_factory=dict)
+    peak_memory_bytes: dict[int, int] = field(default_factory=dict)
+    memory_metric: str = ""
+    maxrss_bytes: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def bubble_fraction(self) -> dict[int, float]:
+        return {d: b / self.iteration_s if self.iteration_s > 0 else 0.0 for d, b in self.bubble_s.items()}
+
+    def link_bandwidth(self) -> dict[tuple[int, int], float]:
+        """Observed bytes/second per directed link (a lower bound, see module docstring)."""
+        acc: dict[tuple[int, int], list[float]] = {}
+        for t in self.transfers:
+            tot = acc.setdefault((t.src, t.dst), [0.0, 0.0])
+            tot[0] += t.bytes
+            tot[1] += t.seconds
+        return {link: (b / s if s > 0 else float("inf")) for link, (b, s) in acc.items()}
+
+    def timeline(self) -> list[Span]:
+        """Compute spans plus transfer spans on their links, for :mod:`orchestrator.timeline`."""
+        return self.spans + [Span(t.src, t.label, "transfer", t.start, t.end, (t.src, t.dst)) for t in self.transfers]
+
+    def summary(self) -> dict[str, Any]:
+        fr = self.bubble_fraction
+        return {
+            "step": self.step, "loss": self.loss, "iteration_s": self.iteration_s,
+            "mean_bubble_fraction": sum(fr.values()) / len(fr) if fr else 0.0,
+            "max_peak_memory_bytes": max(self.peak_memory_bytes.values(), default=0),
+            "bytes_sent": sum(t.bytes for t in self.transfers),
+        }
+
+
+def _transfer_key(label: str, device: int, sending: bool) -> tuple[str, int, int, int, int, int]:
+    a = parse_action(label)
+    forward = a.kind in (Kind.SEND_F, Kind.RECV_F)
+    if sending:
+        return ("F" if forward else "B", a.stage, a.microbatch, a.part, device, a.peer)
+    stage = a.stage - 1 if forward else a.stage + 1
+    return ("F" if forward else "B", stage, a.microbatch, a.part, a.peer, device)
+
+
+def combine(reports: Sequence[Mapping[str, Any]], wall_s: float | None = None) -> IterationMetrics:
+    """Merge the workers' reports of one iteration (see :meth:`actors.execution.Executor.run`)."""
+    origin = min(float(r["t0_wall"]) for r in reports)
+    offset = {int(r["device"]): float(r["t0_wall"]) - origin for r in reports}
+    spans: list[Span] = []
+    posted: dict[tuple[str, int, int, int, int, int], float] = {}
+    for r in reports:
+        d, off = int(r["device"]), offset[int(r["device"])]
+        spans += [Span(d, label, kind, s + off, e + off) for label, kind, s, e in r["spans"]]
+        for label, _peer, _nbytes, post in r["sends"]:
+            posted[_transfer_key(label, d, True)] = post + off
+    transfers = []
+    for r in reports:
+        d, off = int(r["device"]), offset[int(r["device"])]
+        for label, _peer, nbytes, post, _wait, done in r["recvs"]:
+            key = _transfer_key(label, d, False)
+            start = max(post + off, posted.get(key, post + off))
+            transfers.append(Transfer(key[4], d, label, int(nbytes), start, max(start, done + off)))
+    iteration = max(float(r["iteration_s"]) + offset[int(r["device"])] for r in reports)
+    losses = [float(r["loss"]) for r in reports if r.get("loss") is not None]
+    return IterationMetrics(
+        step=int(reports[0]["step"]),
+        iteration_s=wall_s if wall_s is not None else iteration,
+        loss=sum(losses),
+        spans=spans,
+        transfers=transfers,
+        busy_s={int(r["device"]): float(r["busy_s"]) for r in reports},
+        bubble_s={int(r["device"]): max(0.0, iteration - float(r["busy_s"])) for r in reports},
+        peak_memory_bytes={int(r["device"]): int(r["peak_memory_bytes"]) for r in reports},
+        memory_metric=str(reports[0]["memory_metric"]),
+        maxrss_bytes={int(r["device"]): int(r["maxrss_bytes"]) for r in reports},
+    )

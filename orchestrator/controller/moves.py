@@ -1,0 +1,171 @@
+"""Incremental moves: the candidate plans that differ from the current one in two workers.
+
+A *worker* here is a stage's device group (one device in a straight pipeline; the replicas of a
+stage otherwise); an idle live device is a worker of its own with no blocks. Every candidate
+changes the block set or replica set of exactly two workers, so a live switch touches two actors
+and everybody else keeps running (AutoPipe-Hu's design). The families:
+
+========== ============================================================== ==============
+kind       change                                                          count
+========== ============================================================== ==============
+SHIFT      move the boundary between stages i, i+1 to any block of theirs  O(L)
+SWAP       exchange the device groups of stages i and j                    O(S²)
+SWAP_SHIFT exchange adjacent groups and move their boundary                O(L)
+REPLICA    move one replica of stage i to stage j                          O(N·S)
+GROW       an idle device joins stage j as a replica, or takes the head   O(I·L)
+           or tail run of stage j's blocks as a new stage
+MERGE      stage i's blocks go to its neighbour; its devices become idle   O(S)
+========== ============================================================== ==============
+
+with L blocks, S stages, N devices and I idle devices — O(L²) in all, since S, N ≤ L.
+
+:func:`walk` repeats the best single move on the cost model (:class:`CostModel`), accepting a
+move when it lowers the estimate or keeps it and improves balance (lexicographic descent, so it
+terminates and crosses bottleneck plateaus). This is how the controller reaches — move by move,
+each one a cheap live switch — the partition a full re-plan would choose.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from orchestrator.plan import Plan
+from orchestrator.controller.estimate import CostModel, Layout
+
+
+class MoveKind(str, Enum):
+    SHIFT = "shift"
+    SWAP = "swap"
+    SWAP_SHIFT = "swap_shift"
+    REPLICA = "replica"
+    GROW = "grow"
+    MERGE = "merge"
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    kind: MoveKind
+    layout: Layout
+    note: str = ""
+
+
+def enumerate_moves(layout: Layout, alive: Iterable[int]) -> list[Move]:
+    """Every two-worker neighbour of ``layout`` that uses only ``alive`` devices."""
+    cuts, groups = list(layout.cuts), list(layout.groups)
+    S = len(groups)
+    idle = sorted(set(alive) - layout.devices)
+    out: list[Move] = []
+
+    def lay(c: Sequence[int], g: Sequence[tuple[int, ...]]) -> Layout:
+        return Layout(tuple(c), tuple(g))
+
+    for i in range(S - 1):
+        swapped = groups[:i] + [groups[i + 1], groups[i]] + groups[i + 2 :]
+        for c in range(cuts[i] + 1, cuts[i + 2]):
+            nc = cuts[:i + 1] + [c] + cuts[i + 2 :]
+            if c != cuts[i + 1]:
+                out.append(Move(MoveKind.SHIFT, lay(nc, groups), f"cut {i}: {cuts[i + 1]}->{c}"))
+                out.append(Move(MoveKind.SWAP_SHIFT, lay(nc, swapped), f"swap {i},{i + 1}; cut {cuts[i + 1]}->{c}"))
+    for i in range(S):
+        for j in range(i + 1, S):
+            g = list(groups)
+            g[i], g[j] = g[j], g[i]
+            out.append(Move(MoveKind.SWAP, lay(cuts, g), f"swap {i},{j}"))
+    for i in range(S):
+        if len(groups[i]) < 2:
+            continue
+        for d in groups[i]:
+            for j in range(S):
+                if j != i:
+                    g = list(groups)
+                    g[i] = tuple(x for x in groups[i] if x != d)
+                    g[j] = groups[j] + (d,)
+                    out.append(Move(MoveKind.REPLICA, lay(cuts, g), f"device {d}: stage {i}->{j}"))
+    for d in idle:
+        for j in range(S):
+            g = list(groups)
+            g[j] = groups[j] + (d,)
+            out.append(Move(MoveKind.GROW, lay(cuts, g), f"device {d} replicates stage {j}"))
+            for c in range(cuts[j] + 1, cuts[j + 1]):
+                nc = cuts[: j + 1] + [c] + cuts[j + 1 :]
+                out.append(Move(MoveKind.GROW, lay(nc, groups[:j] + [groups[j], (d,)] + groups[j + 1 :]), f"device {d} takes [{c},{cuts[j + 1]})"))
+                out.append(Move(MoveKind.GROW, lay(nc, groups[:j] + [(d,), groups[j]] + groups[j + 1 :]), f"device {d} takes [{cuts[j]},{c})"))
+    for i in range(S):
+        if S < 2:
+            break
+        if i + 1 < S:  # stage i's blocks join stage i+1
+            out.append(Move(MoveKind.MERGE, lay(cuts[:i + 1] + cuts[i + 2 :], groups[:i] + groups[i + 1 :]), f"stage {i} into {i + 1}"))
+        if i > 0:  # stage i's blocks join stage i-1
+            out.append(Move(MoveKind.MERGE, lay(cuts[:i] + cuts[i + 1 :], groups[:i] + groups[i + 1 :]), f"stage {i} into {i - 1}"))
+    return out
+
+
+def workers_touched(old: Layout, new: Layout, alive: Iterable[int]) -> set[tuple[int, ...]]:
+    """The old workers (device groups, idle devices as singletons) of which some device's block
+    range or replica group differs in ``new``. Candidates must touch exactly two."""
+
+    def assignment(lay: Layout) -> dict[int, tuple[int, int, tuple[int, ...]]]:
+        return {d: (lay.cuts[s], lay.cuts[s + 1], g) for s, g in enumerate(lay.groups) for d in g}
+
+    before, after = assignment(old), assignment(new)
+    worker_of = {d: g for g in old.groups for d in g}
+    for d in alive:
+        worker_of.setdefault(d, (d,))
+    return {worker_of[d] for d in set(before) | set(after) if before.get(d) != after.get(d)}
+
+
+@dataclass(frozen=True)
+class Walk:
+    """A sequence of moves from ``start`` and the cost-model estimate before and after each."""
+
+    start: Layout
+    moves: tuple[Move, ...]
+    estimates: tuple[float, ...]  # estimates[0] = start, estimates[k] = after k moves
+
+    @property
+    def end(self) -> Layout:
+        return self.moves[-1].layout if self.moves else self.start
+
+    def plans(self, template: Plan) -> list[Plan]:
+        return [m.layout.to_plan(template) for m in self.moves]
+
+
+def best_moves(layout: Layout, model: CostModel, alive: Iterable[int], count: int) -> list[tuple[Move, float]]:
+    """The ``count`` best single moves by estimate (feasible ones only), best first."""
+    moves = enumerate_moves(layout, alive)
+    if not moves:
+        return []
+    est = model.estimate([m.layout for m in moves])
+    order = np.lexsort((est.balance, est.time_s))
+    return [(moves[k], float(est.time_s[k])) for k in order[:count] if est.fits[k]]
+
+
+def walk(layout: Layout, model: CostModel, alive: Iterable[int], max_moves: int = 64, rel_tol: float = 1e-9) -> Walk:
+    """Greedy lexicographic descent on (estimate, balance) over two-worker moves."""
+    alive = tuple(alive)
+    here = model.estimate([layout])
+    t0, b0 = float(here.time_s[0]), float(here.balance[0])
+    moves: list[Move] = []
+    estimates = [t0]
+    current = layout
+    for _ in range(max_moves):
+        cands = enumerate_moves(current, alive)
+        if not cands:
+            break
+        est = model.estimate([m.layout for m in cands])
+        t, b = est.time_s, est.balance
+        better = t < t0 * (1 - rel_tol)
+        level = (t <= t0) & (b < b0 * (1 - rel_tol))
+        ok = (better | level) & est.fits
+        if not ok.any():
+            break
+        idx = np.flatnonzero(ok)
+        k = int(idx[np.lexsort((b[idx], t[idx]))[0]])
+        current, t0, b0 = cands[k].layout, float(t[k]), float(b[k])
+        moves.append(cands[k])
+        estimates.append(t0)
+    return Walk(layout, tuple(moves), tuple(estimates))

@@ -1,0 +1,470 @@
+"""``spp``: Luo et al., "Efficient Pipeline Planning for Expedited Distributed DNN Training" (INFOCOM'22).
+
+SPP plans a synchronous (flushing) pipeline on an *arbitrary* bandwidth matrix in three steps, and
+repeats them for every stage count ``S = 1..V``, keeping the plan with the smallest makespan:
+
+1. **RDO — recursive device ordering.** The device graph (edge weight = bandwidth, symmetrized as the
+   slower direction) is split by a global minimum cut (Stoer–Wagner, ``networkx.stoer_wagner``); each
+   side is ordered recursively and the two orders are concatenated. Devices that are well connected
+   end up adjacent, so "a stage is a contiguous run of the order" keeps replicas and neighbouring
+   stages on fast links. A set whose internal links are all equal needs no cut (every order is as
+   good) and is kept in id order — this only skips work.
+
+2. **PRM — partition, replicate, map.** A dynamic program over the device order. With per-micro-batch
+   costs on a stage of blocks ``[l, l')`` on the order segment ``[a, a+r)``::
+
+       c(l, l', a, r) = (F + B)(l..l') / (r · min speed of the segment)
+       A(l, l', a, r) = 2(r−1)/r · params(l..l') / ring bandwidth of the segment      (ring all-reduce)
+       e(l', a, r, r') = act(l') / (max(r, r') · B_min(segment, next segment))         (p2p per unit)
+
+   the load of a stage over one iteration is ``M·c + A`` and of each boundary link ``M·e``; both are
+   lower bounds on any schedule of that plan. PRM minimizes the largest load,
+
+       W(l, ξ, r, i) = min_{l', r'} max( W(l', ξ', r', i−1), M·e, M·c + A ),
+
+   the paper's W(l, ξ, r, i) (layers, devices of the order used, replication of the boundary stage,
+   stage count). We run it from the back of the model (``l`` = first block of the suffix, ``a`` =
+   first device of the suffix) so that the number of stages after a stage — which fixes how many
+   micro-batches its 1F1B schedule keeps in flight, hence its memory — is known inside the DP.
+   Stages that do not fit device memory (``params·state_factor + in_flight·stash/r``) are excluded.
+   ``r`` is a DP dimension because the boundary cost needs both neighbours' replica counts.
+
+3. **PE — list-ordering execution.** Each stage has an order queue ``U_s`` of its forward and backward
+   units; every unit runs as soon as it is ready and first in its queue; transfers queue on their link
+   in send order; each stage all-reduces after its last backward. We evaluate the 1F1B queue (the
+   memory-bounded order our runtime executes) and the GPipe queue (all forwards, then backwards, the
+   order the paper's ``(2 + (4V−4)/M)`` bound is proved for) and keep the faster that fits memory.
+
+Bound (tested on small instances against exhaustive enumeration): for the GPipe queue each of the
+two phases takes at most the largest load plus one unit on each of the ``2V−2`` resources of the
+fill path, so ``makespan ≤ (2 + (4V−4)/M) · W_PRM``, and ``W_PRM ≤ (1+Φ) · OPT`` where Φ is the price
+of restricting stages to runs of the RDO order (Φ = 0 when the order does not matter, e.g. on a
+flat cluster). Deviation: the paper's all-to-all boundary estimate is replaced by the conservative
+``max(r, r')`` split over the slowest cross link, and PE is an exact replay of our cost model, so the
+plan SPP picks is the one the simulator scores.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import networkx as nx
+import numpy as np
+
+from orchestrator.cluster import Cluster
+from orchestrator.errors import UserError
+from orchestrator.plan import Plan, ScheduleKind, Stage
+from orchestrator.planners.base import PlannerOptions, PlannerSpec, register
+from orchestrator.profile import Profile
+from orchestrator.schedule.ir import overlap, row_share
+
+INF = np.inf
+
+
+# ----------------------------------------------------------------------------------------------
+# Cost model shared by the literature planners (the simulator's, per micro-batch).
+# ----------------------------------------------------------------------------------------------
+def boundary_time(cluster: Cluster, src: Sequence[int], dst: Sequence[int], nbytes: float) -> float:
+    """Time of one unit's transfer across a boundary: replicas exchange overlapping row shares in
+    parallel on their own links, so the slowest pair decides."""
+    if nbytes <= 0:
+        return 0.0
+    worst = 0.0
+    for i, a in enumerate(src):
+        mine = row_share(i, len(src))
+        for j, b in enumerate(dst):
+            share = overlap(mine, row_share(j, len(dst)))
+            if share > 1e-12 and a != b:
+                worst = max(worst, share * nbytes / cluster.link(a, b))
+    return worst
+
+
+def all_reduce_time(cluster: Cluster, group: Sequence[int], param_bytes: float) -> float:
+    k = len(group)
+    if k < 2:
+        return 0.0
+    return 2.0 * (k - 1) / k * param_bytes / cluster.ring_bandwidth(group)
+
+
+@dataclass(frozen=True)
+class PipelineCosts:
+    """Per-micro-batch costs of a straight pipeline (one entry per stage / boundary)."""
+
+    fwd: list[float]
+    bwd: list[float]
+    comm: list[float]  # boundary s -> s+1 (activation forward, gradient backward: same size)
+    allreduce: list[float]
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.fwd)
+
+
+def plan_costs(plan: Plan, profile: Profile, cluster: Cluster) -> PipelineCosts:
+    speeds = cluster.speeds
+    fwd, bwd, comm, ar = [], [], [], []
+    for j, s in enumerate(plan.stages):
+        slow = float(min(speeds[list(s.devices)])) * s.replicas
+        fwd.append(profile.forward_time(s.first, s.last) / slow)
+        bwd.append(profile.backward_time(s.first, s.last) / slow)
+        ar.append(all_reduce_time(cluster, s.devices, profile.param_bytes(s.first, s.last)) if j < plan.num_physical_stages else 0.0)
+        if j + 1 < len(plan.stages):
+            comm.append(boundary_time(cluster, s.devices, plan.stages[j + 1].devices, profile.boundary_bytes(s.last)))
+    return PipelineCosts(fwd, bwd, comm, ar)
+
+
+def unit_fractions(num_microbatches: int, sliced: int = 0) -> list[float]:
+    return [0.5] * (2 * sliced) + [1.0] * (num_microbatches - sliced)
+
+
+def queue_1f1b(num_stages: int, num_units: int) -> list[list[tuple[bool, int]]]:
+    """U_s for the early-backward order: ``S-s-1`` warm-up forwards, then alternate (as the IR does)."""
+    orders = []
+    for s in range(num_stages):
+        w = min(num_stages - s - 1, num_units)
+        order = [(True, k) for k in range(w)]
+        for i in range(num_units - w):
+            order += [(True, w + i), (False, i)]
+        order += [(False, i) for i in range(num_units - w, num_units)]
+        orders.append(order)
+    return orders
+
+
+def queue_gpipe(num_stages: int, num_units: int) -> list[list[tuple[bool, int]]]:
+    return [[(True, u) for u in range(num_units)] + [(False, u) for u in range(num_units)] for _ in range(num_stages)]
+
+
+@dataclass
+class PEResult:
+    makespan: float
+    stage_end: list[float]  # last backward end per stage (before the all-reduce)
+    # (stage, is_forward, unit) -> (start, end, cause) where cause is "dev" or "dep"; only with trace
+    trace: dict[tuple[int, bool, int], tuple[float, float, str]] | None = None
+
+
+def list_schedule(
+    costs: PipelineCosts,
+    fractions: Sequence[float],
+    orders: Sequence[Sequence[tuple[bool, int]]],
+    trace: bool = False,
+) -> PEResult:
+    """SPP's PE: run every queue ``U_s`` as-soon-as-possible; transfers FIFO per link direction."""
+    S = costs.num_stages
+    U = len(fractions)
+    fwd, bwd, comm = costs.fwd, costs.bwd, costs.comm
+    arr_f: list[list[float]] = [[-1.0] * U for _ in range(S)]
+    arr_b: list[list[float]] = [[-1.0] * U for _ in range(S)]
+    link_f = [0.0] * S
+    link_b = [0.0] * S
+    pc = [0] * S
+    clock = [0.0] * S
+    rec: dict[tuple[int, bool, int], tuple[float, float, str]] | None = {} if trace else None
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        progressed = False
+        for s in range(S):
+            order = orders[s]
+            p = pc[s]
+            t = clock[s]
+            n = len(order)
+            while p < n:
+                is_f, u = order[p]
+                frac = fractions[u]
+                cause = "dev"
+                if is_f:
+                    if s > 0:
+                        a = arr_f[s][u]
+                        if a < 0:
+                            break
+                        if a > t:
+                            t, cause = a, "dep"
+                    start = t
+                    t += fwd[s] * frac
+                    if s + 1 < S:
+                        st = t if t > link_f[s] else link_f[s]
+                        link_f[s] = st + comm[s] * frac
+                        arr_f[s + 1][u] = link_f[s]
+                else:
+                    if s + 1 < S:
+                        a = arr_b[s][u]
+                        if a < 0:
+                            break
+                        if a > t:
+                            t, cause = a, "dep"
+                    start = t
+                    t += bwd[s] * frac
+                    if s > 0:
+                        st = t if t > link_b[s - 1] else link_b[s - 1]
+                        link_b[s - 1] = st + comm[s - 1] * frac
+                        arr_b[s - 1][u] = link_b[s - 1]
+                if rec is not None:
+                    rec[(s, is_f, u)] = (start, t, cause)
+                p += 1
+            if p != pc[s]:
+                remaining -= p - pc[s]
+                pc[s], clock[s] = p, t
+                progressed = True
+        if not progressed:
+            raise RuntimeError("PE deadlock: the order queues are inconsistent")
+    ends = [clock[s] + costs.allreduce[s] for s in range(S)]
+    return PEResult(max(ends), list(clock), rec)
+
+
+def in_flight(schedule: ScheduleKind, stage: int, num_stages: int, num_units: int) -> int:
+    if schedule is ScheduleKind.GPIPE:
+        return num_units
+    return min(num_stages - stage, num_units)
+
+
+def fits_memory(plan: Plan, profile: Profile, cluster: Cluster, options: PlannerOptions, schedule: ScheduleKind | None = None) -> bool:
+    """Static check of a straight plan: params·state_factor + in-flight stash per replica."""
+    if not options.check_memory:
+        return True
+    schedule = schedule or plan.schedule
+    S = len(plan.stages)
+    mem = cluster.memories
+    for j, s in enumerate(plan.stages):
+        k = in_flight(schedule, j, S, plan.num_microbatches)
+        need = profile.param_bytes(s.first, s.last) * options.state_factor + k * profile.stash_bytes(s.first, s.last) / s.replicas
+        if need > float(min(mem[list(s.devices)])):
+            return False
+    return True
+
+
+def estimate(plan: Plan, profile: Profile, cluster: Cluster, schedule: ScheduleKind | None = None, trace: bool = False) -> PEResult:
+    """PE makespan of a straight plan under the 1F1B or GPipe queue (halved warm-up units included)."""
+    schedule = schedule or plan.schedule
+    costs = plan_costs(plan, profile, cluster)
+    fr = unit_fractions(plan.num_microbatches, plan.sliced_microbatches)
+    maker = queue_gpipe if schedule is ScheduleKind.GPIPE else queue_1f1b
+    return list_schedule(costs, fr, maker(costs.num_stages, len(fr)), trace)
+
+
+# ----------------------------------------------------------------------------------------------
+# RDO
+# ----------------------------------------------------------------------------------------------
+def device_order(cluster: Cluster) -> list[int]:
+    """Recursive Stoer–Wagner min-cut ordering of the devices (RDO)."""
+    bw = np.array(cluster.bandwidth, dtype=np.float64)
+    n = cluster.size
+    np.fill_diagonal(bw, 0.0)
+    sym = np.minimum(bw, bw.T)
+    scale = float(sym.max()) or 1.0
+    sym = sym / scale
+
+    def order(nodes: list[int]) -> list[int]:
+        if len(nodes) <= 2:
+            return sorted(nodes)
+        sub = sym[np.ix_(nodes, nodes)]
+        off = sub[~np.eye(len(nodes), dtype=bool)]
+        if np.all(off == off[0]) and off[0] > 0:
+            return sorted(nodes)
+        g = nx.Graph()
+        g.add_nodes_from(nodes)
+        for x in range(len(nodes)):
+            for y in range(x + 1, len(nodes)):
+                if sub[x, y] > 0:
+                    g.add_edge(nodes[x], nodes[y], weight=float(sub[x, y]))
+        if not nx.is_connected(g):
+            comps = sorted((sorted(c) for c in nx.connected_components(g)), key=lambda c: c[0])
+            return [d for c in comps for d in order(c)]
+        _, (part_a, part_b) = nx.stoer_wagner(g)
+        first, second = sorted((sorted(part_a), sorted(part_b)), key=lambda c: c[0])
+        return order(first) + order(second)
+
+    return order(list(range(n)))
+
+
+# ----------------------------------------------------------------------------------------------
+# PRM
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class PRMTables:
+    """Everything PRM needs about contiguous runs of the device order (index [a, r-1])."""
+
+    order: list[int]
+    smin: np.ndarray  # [V, V] slowest speed of run [a, a+r)
+    mem: np.ndarray  # [V, V] smallest memory
+    ring: np.ndarray  # [V, V] ring bandwidth in order
+    pair: np.ndarray  # [V, V, V] slowest link between [a, a+r) and [a+r, a+r+r')
+    valid: np.ndarray  # [V, V] a + r <= V
+
+
+def prm_tables(cluster: Cluster, order: list[int]) -> PRMTables:
+    V = len(order)
+    directed = cluster.effective[np.ix_(order, order)]
+    eff = np.minimum(directed, directed.T)
+    speeds = cluster.speeds[order]
+    mems = cluster.memories[order]
+    smin = np.full((V, V), np.nan)
+    mem = np.full((V, V), np.nan)
+    ring = np.full((V, V), np.nan)
+    valid = np.zeros((V, V), dtype=bool)
+    consec = np.array([directed[k, k + 1] for k in range(V - 1)] + [INF])
+    for a in range(V):
+        rs = np.arange(1, V - a + 1)
+        valid[a, : V - a] = True
+        smin[a, : V - a] = np.minimum.accumulate(speeds[a:])
+        mem[a, : V - a] = np.minimum.accumulate(mems[a:])
+        chain = np.minimum.accumulate(np.concatenate([[INF], consec[a : V - 1]]))[: len(rs)]
+        wrap = directed[a + rs - 1, a]
+        ring[a, : V - a] = np.where(rs > 1, np.minimum(chain, wrap), INF)
+    pair = np.full((V, V, V), np.nan)
+    for b in range(1, V):
+        x = eff[:b, b:]
+        rows = np.minimum.accumulate(x[::-1], axis=0)[::-1]  # rows a..b-1
+        both = np.minimum.accumulate(rows, axis=1)  # cols b..c-1
+        for a in range(b):
+            pair[a, b - a - 1, : V - b] = both[a]
+    return PRMTables(order, smin, mem, ring, pair, valid)
+
+
+@dataclass
+class PRMResult:
+    """``W[S-1][l, a, r-1]``: best largest load of an S-stage plan of blocks ``[l, L)`` whose first
+    stage is run ``[a, a+r)``. Back-pointers are recomputed along the one path that is unwound."""
+
+    W: list[np.ndarray]
+    load: np.ndarray  # [L, L+1, V, V] stage load (inf where impossible)
+    kmax: np.ndarray  # [L, L+1, V, V] largest in-flight count that fits memory
+    comm: np.ndarray  # [L+1, V, V, V] boundary load at cut l' between [a, a+r) and [a+r, a+r+r')
+    M: int
+
+
+def prm(profile: Profile, tables: PRMTables, M: int, state_factor: float, max_stages: int, check_memory: bool = True) -> PRMResult:
+    """The PRM dynamic program, vectorized over (l, l', a, r) per stage count."""
+    L, V = profile.num_blocks, len(tables.order)
+    fb = profile.prefix("forward_s") + profile.prefix("backward_s")
+    pp = profile.prefix("param_bytes")
+    st = profile.prefix("stash_bytes")
+    acts = np.array([profile.boundary_bytes(k) for k in range(L + 1)])
+    li = np.arange(L)[:, None]
+    lj = np.arange(L + 1)[None, :]
+    ok = lj > li  # [L, L+1] stage [l, l')
+    comp = np.where(ok, fb[lj] - fb[li], INF)
+    par = np.where(ok, pp[lj] - pp[li], 0.0)
+    sta = np.where(ok, st[lj] - st[li], 0.0)
+    rr = np.arange(1, V + 1, dtype=np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        per_unit = comp[:, :, None, None] / (rr[None, None, None, :] * tables.smin[None, None, :, :])
+        ar = np.where(rr > 1, 2.0 * (rr - 1) / rr, 0.0)[None, None, None, :] * par[:, :, None, None] / tables.ring[None, None, :, :]
+        ar = np.nan_to_num(ar, nan=0.0)
+        load = M * per_unit + ar  # [L, L+1, V, V]
+        load = np.where(tables.valid[None, None] & ok[:, :, None, None], load, INF)
+        if check_memory:
+            spare = tables.mem[None, None] - state_factor * par[:, :, None, None]
+            kmax = np.where(sta[:, :, None, None] > 0, spare * rr[None, None, None, :] / np.where(sta > 0, sta, 1.0)[:, :, None, None], INF)
+            kmax = np.where(spare < 0, -INF, kmax)
+            kmax = np.nan_to_num(kmax, nan=-INF, posinf=INF)
+        else:
+            kmax = np.full(load.shape, INF)
+        rmax = np.maximum(rr[:, None], rr[None, :])  # [r, r']
+        comm = M * acts[:, None, None, None] / (rmax[None, None] * tables.pair[None])  # [L+1, V(a), V(r), V(r')]
+        comm = np.nan_to_num(comm, nan=INF)
+    a_idx = np.arange(V)[:, None] + np.arange(1, V + 1)[None, :]  # a + r
+    a_ok = a_idx < V
+    a_clip = np.where(a_ok, a_idx, 0)
+    W: list[np.ndarray] = [np.where(kmax[:, L] >= 1, load[:, L], INF)]  # one stage: [l, L) on [a, a+r)
+    stage_masked = np.where(kmax[:, :L] >= 1, load[:, :L], INF)
+    for j in range(2, min(max_stages, L, V) + 1):
+        prev = W[-1]  # [L, V, V] over (l', a', r')
+        na, nl = V - j + 1, L - j + 1  # a suffix of j stages needs j devices and j blocks
+        g = prev[:, a_clip[:na], :]  # [L(l'), na(a), V(r), V(r')] = W_{j-1}[l', a+r, r']
+        g = np.where(a_ok[None, :na, :, None], g, INF)
+        h = np.min(np.maximum(g, comm[:L, :na]), axis=3)  # [L(l'), na, V]
+        if j <= M:
+            stage_masked = np.where(kmax[:nl, :L, :na] >= j, load[:nl, :L, :na], INF)
+        w = np.full((L, V, V), INF)
+        w[:nl, :na] = np.min(np.maximum(stage_masked[:nl, :, :na], h[None]), axis=1)
+        W.append(w)
+        if not np.isfinite(w).any():
+            break
+    return PRMResult(W, load, kmax, comm, M)
+
+
+def prm_stages(res: PRMResult, tables: PRMTables, S: int, a: int, r: int) -> list[Stage]:
+    """Unwind an S-stage solution whose first stage is run [a, a+r) (r >= 1)."""
+    V = len(tables.order)
+    L = res.load.shape[0]
+    stages = []
+    l = 0
+    for j in range(S, 1, -1):
+        prev = res.W[j - 2]
+        # best r' for every cut l': max(W_{j-1}[l', a+r, r'], comm[l', a, r, r'])
+        if a + r < V:
+            h_all = np.maximum(prev[:, a + r, :], res.comm[:L, a, r - 1, :])
+        else:
+            h_all = np.full((L, V), INF)
+        h = h_all.min(axis=1)
+        stage = np.where(res.kmax[l, :L, a, r - 1] >= min(j, res.M), res.load[l, :L, a, r - 1], INF)
+        nl = int(np.argmin(np.maximum(stage, h)))
+        nr = int(np.argmin(h_all[nl])) + 1
+        stages.append(Stage(l, nl, tuple(tables.order[a : a + r])))
+        l, a, r = nl, a + r, nr
+    stages.append(Stage(l, L, tuple(tables.order[a : a + r])))
+    return stages
+
+
+def _best_schedule(plan: Plan, profile: Profile, cluster: Cluster, options: PlannerOptions) -> tuple[float, Plan] | None:
+    best: tuple[float, Plan] | None = None
+    kinds = [ScheduleKind.ONE_F_ONE_B, ScheduleKind.GPIPE] if options.schedule is not ScheduleKind.GPIPE else [ScheduleKind.GPIPE]
+    for kind in kinds:
+        cand = Plan(plan.stages, plan.num_microbatches, kind, algorithm=plan.algorithm)
+        if not fits_memory(cand, profile, cluster, options):
+            continue
+        t = estimate(cand, profile, cluster).makespan
+        if best is None or t < best[0] - 1e-12:
+            best = (t, cand)
+    return best
+
+
+def plan_spp(profile: Profile, cluster: Cluster, options: PlannerOptions) -> Plan:
+    order = device_order(cluster)
+    tables = prm_tables(cluster, order)
+    if options.straight:
+        tables.valid[:, 1:] = False  # every stage on a run of length one
+    M = options.num_microbatches
+    max_stages = min(options.max_stages or cluster.size, cluster.size, profile.num_blocks)
+    res = prm(profile, tables, M, options.state_factor, max_stages, options.check_memory)
+    candidates: list[tuple[float, int, int, int]] = []
+    for S in range(1, len(res.W) + 1):
+        w0 = res.W[S - 1][0]  # [V(a), V(r)]
+        if not np.isfinite(w0).any():
+            continue
+        a, ri = np.unravel_index(int(np.argmin(w0)), w0.shape)
+        candidates.append((float(w0[a, ri]), S, int(a), int(ri) + 1))
+    candidates.sort()
+    best: tuple[float, Plan] | None = None
+    for _, S, a, r in candidates:
+        plan = Plan(tuple(prm_stages(res, tables, S, a, r)), M, ScheduleKind.ONE_F_ONE_B, algorithm="spp")
+        # PE's makespan is at least the largest stage load: skip plans that cannot win.
+        costs = plan_costs(plan, profile, cluster)
+        bound = max(M * (f + b) + x for f, b, x in zip(costs.fwd, costs.bwd, costs.allreduce))
+        if best is not None and bound >= best[0]:
+            continue
+        scored = _best_schedule(plan, profile, cluster, options)
+        if scored is not None and (best is None or scored[0] < best[0] - 1e-12):
+            best = scored
+    if best is None:
+        raise UserError("spp: no partition of the model fits device memory (try more devices, fewer micro-batches or --max-stages)")
+    makespan, plan = best
+    return Plan(plan.stages, M, plan.schedule, algorithm="spp", objective_s=makespan)
+
+
+def prm_objective(plan: Plan, profile: Profile, cluster: Cluster, M: int) -> float:
+    """PRM's largest load of any straight plan whose stages are runs of some order (for tests)."""
+    worst = 0.0
+    for j, s in enumerate(plan.stages):
+        r = s.replicas
+        slow = float(min(cluster.speeds[list(s.devices)]))
+        load = M * profile.compute_time(s.first, s.last) / (r * slow) + all_reduce_time(cluster, s.devices, profile.param_bytes(s.first, s.last))
+        worst = max(worst, load)
+        if j + 1 < len(plan.stages):
+            nxt = plan.stages[j + 1]
+            bw = min(min(cluster.link(x, y), cluster.link(y, x)) for x in s.devices for y in nxt.devices)
+            worst = max(worst, M * profile.boundary_bytes(s.last) / (max(r, nxt.replicas) * bw))
+    return worst
+
+
+register(PlannerSpec("spp", plan_spp, "SPP (INFOCOM'22): RDO min-cut order, PRM DP with replication, PE list scheduling"))

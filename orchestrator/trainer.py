@@ -1,0 +1,250 @@
+"""``PipelineTrainer``: pipeline-parallel training on Ray actors, driven by a :class:`Plan`.
+
+Shaped like Ray Train's ``TorchTrainer`` (construct with factories, call ``fit``, get a result
+and checkpoints back), but the workers are pipeline stages, not data-parallel copies::
+
+    trainer = PipelineTrainer(model_factory, loss_fn, lambda p: torch.optim.AdamW(p, 1e-3),
+                              data_fn, num_microbatches=8, checkpoint_dir="ckpt", checkpoint_every=100)
+    result = trainer.fit(1000)
+
+The driver only sends "run iteration ``step``" to every worker and gathers small reports; the
+workers fetch their own data (``data_fn(step)``, deterministic in ``step``) and exchange
+activations and gradients directly over ``torch.distributed``, so no tensor per micro-batch ever
+passes through the driver or the object store. Without a ``plan`` the model is profiled here and
+a planner from :mod:`orchestrator.planners` chooses one for the live Ray cluster.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import ray
+import torch
+from torch import Tensor, nn
+from tqdm import tqdm
+
+from actors import checkpoint as ckpt
+from actors.group import PipelineActorError, WorkerGroup
+from actors.metrics import IterationMetrics, combine
+from actors.stage_worker import JobSpec
+from orchestrator.cluster import Cluster
+from orchestrator.errors import UserError
+from orchestrator.plan import Plan
+from orchestrator.timeline import write_chrome_trace
+
+
+@dataclass
+class FitResult:
+    """What ``fit`` did: per-step loss and measured metrics, restarts and checkpoints written."""
+
+    steps: list[int]
+    losses: list[float]
+    metrics: list[IterationMetrics]
+    plan: Plan
+    restarts: int = 0
+    checkpoints: list[str] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    @property
+    def final_loss(self) -> float:
+        return self.losses[-1] if self.losses else float("nan")
+
+    @property
+    def mean_iteration_s(self) -> float:
+        """Mean wall time per iteration, skipping the first (warm-up) when there are several."""
+        times = [m.iteration_s for m in self.metrics]
+        times = times[1:] if len(times) > 2 else times
+        return sum(times) / len(times) if times else float("nan")
+
+    def write_timeline(self, path: str | Path, index: int = -1) -> Path:
+        """The measured iteration ``index`` as a Chrome trace (same format as the simulator's)."""
+        return write_chrome_trace(self.metrics[index].timeline(), path, process="measured")
+
+
+class PipelineTrainer:
+    """Pipeline-parallel trainer; see the module docstring for the data and control flow."""
+
+    def __init__(
+        self,
+        model_factory: Callable[[], list[nn.Module]],
+        loss_fn: Callable[[Tensor, Tensor], Tensor],
+        optimizer_factory: Callable[[Any], torch.optim.Optimizer],
+        data_fn: Callable[[int], tuple[Tensor, Tensor]],
+        num_microbatches: int,
+        plan: Plan | None = None,
+        planner: str = "pipedream",
+        cluster: Cluster | None = None,
+        checkpoint_dir: str | Path | None = None,
+        checkpoint_every: int = 0,
+        max_failures: int = 0,
+        seed: int = 0,
+        resume: str | Path | None = None,
+        kill_at: Iterable[tuple[int, int]] = (),
+        progress: bool | None = None,
+        iteration_timeout_s: float = 600.0,
+        pg_timeout_s: float = 120.0,
+        workers: WorkerGroup | None = None,
+        use_gpu: bool | None = None,
+    ) -> None:
+        if checkpoint_every and checkpoint_dir is None:
+            raise UserError("checkpoint_every needs a checkpoint_dir")
+        self.spec = JobSpec(model_factory, loss_fn, optimizer_factory, data_fn, seed, pg_timeout_s, kill_at=frozenset(kill_at))
+        self.num_microbatches = num_microbatches
+        self.plan = plan if plan is not None else self._make_plan(planner, cluster)
+        if self.plan.num_microbatches != num_microbatches:
+            raise UserError(f"the plan has {self.plan.num_microbatches} micro-batches but num_microbatches={num_microbatches}")
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
+        self.checkpoint_every, self.max_failures = checkpoint_every, max_failures
+        self.progress, self.iteration_timeout_s = progress, iteration_timeout_s
+        self.resume = resume
+        self.use_gpu = use_gpu
+        self.group = workers
+        self._owns_group = workers is None
+        self._started = False
+        self.step = 0
+        self.failures = 0
+        self.history: dict[int, float] = {}
+
+    # ----- setup -----
+    def _make_plan(self, planner: str, cluster: Cluster | None) -> Plan:
+        """Profile the model on one micro-batch here and let ``planner`` choose a plan."""
+        from orchestrator.cluster import from_ray
+        from orchestrator.planners.base import PlannerOptions, run_planner
+        from orchestrator.profiler import profile_blocks
+
+        torch.manual_seed(self.spec.seed)
+        blocks = list(self.spec.model_factory())
+        inputs, _ = self.spec.data_fn(0)
+        sample = torch.tensor_split(inputs, self.num_microbatches)[0]
+        profile = profile_blocks(blocks, sample, "model", int(sample.shape[0]), device="cpu")
+        result = run_planner(planner, profile, cluster or from_ray(), PlannerOptions(num_microbatches=self.num_microbatches))
+        return result.plan
+
+    def _ensure_started(self) -> None:
+        if self._started:
+            return
+        if not ray.is_initialized():
+            ray.init(ignore_reinit_error=True, log_to_driver=False)
+        if self.group is None:
+            self.group = WorkerGroup(len(self.plan.devices), use_gpu=self.use_gpu)
+        self.group.configure(self.spec, self.plan)
+        self._started = True
+        if self.resume is not None:
+            self.restore(self.resume)
+
+    def _workers(self) -> WorkerGroup:
+        self._ensure_started()
+        assert self.group is not None
+        return self.group
+
+    # ----- training -----
+    def fit(self, steps: int) -> FitResult:
+        """Train ``steps`` more iterations, restarting from the last checkpoint on worker death."""
+        group = self._workers()
+        first, target = self.step, self.step + steps
+        metrics: dict[int, IterationMetrics] = {}
+        written: list[str] = []
+        restarts = 0
+        show = self.progress if self.progress is not None else steps >= 50
+        bar = tqdm(total=steps, disable=not show, desc="pipeline", unit="it")
+        start = time.perf_counter()
+        try:
+            while self.step < target:
+                try:
+                    t = time.perf_counter()
+                    reports = group.call("run_iteration", self.step, what=f"step {self.step}", timeout_s=self.iteration_timeout_s)
+                    m = combine(reports, time.perf_counter() - t)
+                except PipelineActorError as exc:
+                    if self.failures >= self.max_failures:
+                        raise
+                    self.failures += 1
+                    restarts += 1
+                    self._recover(exc)
+                    bar.n = max(0, self.step - first)
+                    bar.refresh()
+                    continue
+                metrics[self.step] = m
+                self.history[self.step] = m.loss
+                self.step += 1
+                bar.update(1)
+                bar.set_postfix(loss=f"{m.loss:.4f}")
+                if self.checkpoint_every and self.step % self.checkpoint_every == 0:
+                    written.append(str(self.save_checkpoint()))
+        finally:
+            bar.close()
+        steps_done = list(range(first, target))
+        return FitResult(
+            steps_done, [self.history[s] for s in steps_done], [metrics[s] for s in steps_done if s in metrics],
+            self.plan, restarts, written, time.perf_counter() - start,
+        )
+
+    def _recover(self, exc: PipelineActorError) -> None:
+        """New processes, same plan, state from the newest complete checkpoint (or the seed)."""
+        assert self.group is not None
+        fired = {(s, d) for s, d in self.spec.kill_at if s == self.step and (d == exc.device or not exc.died)}
+        self.spec = replace(self.spec, kill_at=self.spec.kill_at - fired)
+        self.group.restart()
+        self.group.configure(self.spec, self.plan)
+        found = ckpt.latest(self.checkpoint_dir) if self.checkpoint_dir is not None else None
+        if found is not None:
+            self.restore(found)
+        else:
+            self.step = 0
+
+    # ----- checkpoints -----
+    def save_checkpoint(self, directory: str | Path | None = None) -> Path:
+        """Every block once (replica 0 writes), then the manifest; returns the checkpoint directory."""
+        group = self._workers()
+        if directory is None:
+            if self.checkpoint_dir is None:
+                raise UserError("no checkpoint_dir configured and no directory given")
+            directory = ckpt.step_dir(self.checkpoint_dir, self.step)
+        target = Path(directory)
+        entries = [e for part in group.call("save_blocks", str(target), what="checkpoint") for e in part]
+        extra = {"seed": self.spec.seed, "data_position": self.step, "rng": "reseeded from (seed, step, device) every step",
+                 "losses": {str(s): v for s, v in sorted(self.history.items())}}
+        ckpt.write_manifest(target, self.step, self.plan.num_blocks, entries, self.plan.to_dict(), extra)
+        return target
+
+    def restore(self, source: str | Path) -> int:
+        """Load a checkpoint taken under ANY plan of the same model; returns the resumed step."""
+        group = self._workers()
+        if str(source) == "latest":
+            if self.checkpoint_dir is None:
+                raise UserError("resume='latest' needs a checkpoint_dir")
+            found = ckpt.latest(self.checkpoint_dir)
+            if found is None:
+                return self.step
+            source = found
+        directory = Path(source)
+        manifest = ckpt.verify(directory)
+        ckpt.check_model(manifest, self.plan.num_blocks, directory)
+        group.call("load_blocks", str(directory), manifest, what=f"restore from {directory}")
+        self.step = int(manifest["step"])
+        self.history.update({int(k): float(v) for k, v in manifest.get("extra", {}).get("losses", {}).items()})
+        return self.step
+
+    # ----- inspection -----
+    def state_dicts(self) -> dict[int, dict[str, Tensor]]:
+        """Current weights keyed by block (from replica 0 of every stage)."""
+        group = self._workers()
+        owners = sorted({s.devices[0] for s in self.plan.stages})
+        merged: dict[int, dict[str, Tensor]] = {}
+        for part in group.call("state_dicts", devices=owners):
+            merged.update(part)
+        return merged
+
+    def shutdown(self) -> None:
+        if self.group is not None and self._owns_group:
+            self.group.shutdown()
+            self.group = None
+        self._started = False
+
+    def __enter__(self) -> "PipelineTrainer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
