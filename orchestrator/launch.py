@@ -24,24 +24,15 @@ from typing import Any, Literal
 
 import yaml
 
+from cloud.records import instance_gpus
 from orchestrator.errors import UserError
 
 Cloud = Literal["aws", "gcp", "azure"]
 
-# GPU model and count per instance type for the types our price snapshot covers; an instance type
-# outside the table needs ``gpu_type``/``gpus_per_node`` given explicitly.
-INSTANCE_GPUS: dict[str, tuple[str, int]] = {
-    "p3.2xlarge": ("V100", 1), "p3.8xlarge": ("V100", 4), "p3.16xlarge": ("V100", 8),
-    "p2.xlarge": ("K80", 1), "p2.8xlarge": ("K80", 8), "p2.16xlarge": ("K80", 16),
-    "g4dn.xlarge": ("T4", 1), "g4dn.12xlarge": ("T4", 4), "g5.xlarge": ("A10G", 1), "g5.12xlarge": ("A10G", 4),
-    "p4d.24xlarge": ("A100", 8), "p5.48xlarge": ("H100", 8),
-    "Standard_NC6s_v3": ("V100", 1), "Standard_NC12s_v3": ("V100", 2), "Standard_NC24s_v3": ("V100", 4),
-    "Standard_NC6": ("K80", 1), "Standard_NC24": ("K80", 4), "Standard_ND96asr_v4": ("A100", 8),
-    "Standard_NC24ads_A100_v4": ("A100", 1), "Standard_NC4as_T4_v3": ("T4", 1),
-    "a2-highgpu-1g": ("A100", 1), "a2-highgpu-8g": ("A100", 8), "a3-highgpu-8g": ("H100", 8),
-}
 GCP_ACCELERATOR = {"V100": "nvidia-tesla-v100", "K80": "nvidia-tesla-k80", "P100": "nvidia-tesla-p100",
                    "T4": "nvidia-tesla-t4", "A100": "nvidia-tesla-a100", "L4": "nvidia-l4", "H100": "nvidia-h100-80gb"}
+# Accelerator-optimized GCP machine types come with their GPUs; others (n1) attach them.
+GCP_GPU_MACHINE_FAMILIES = ("a2-", "a3-", "g2-")
 _NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
 
 
@@ -73,11 +64,16 @@ class ClusterSpec:
             raise UserError(f"cluster name {self.cluster_name!r} must be lower-case letters, digits and '-' (max 40)")
         if self.zone and self.cloud != "azure" and not self.zone.startswith(self.region):
             raise UserError(f"zone {self.zone} is not in region {self.region}")
-        gpu = self.gpu_type or INSTANCE_GPUS.get(self.instance_type, (None, 0))[0]
-        count = self.gpus_per_node or INSTANCE_GPUS.get(self.instance_type, (None, 0))[1]
+        gpu, count = self.gpu_type, self.gpus_per_node
         if not gpu or not count:
-            raise UserError(f"unknown GPUs for instance type {self.instance_type!r}; give gpu_type and gpus_per_node")
-        if self.cloud == "gcp" and gpu not in GCP_ACCELERATOR:
+            # One instance table for the whole product (cloud.records); GCP's n1 hosts carry
+            # attached GPUs, so they need gpu_type/gpus_per_node given explicitly.
+            try:
+                known_gpu, known_count = instance_gpus(self.cloud, self.instance_type)
+            except UserError as exc:
+                raise UserError(f"{exc}; or give gpu_type and gpus_per_node") from None
+            gpu, count = gpu or known_gpu, count or known_count
+        if self.cloud == "gcp" and not self.instance_type.startswith(GCP_GPU_MACHINE_FAMILIES) and gpu not in GCP_ACCELERATOR:
             raise UserError(f"no GCP accelerator for GPU {gpu!r} (known: {', '.join(GCP_ACCELERATOR)})")
         object.__setattr__(self, "gpu_type", gpu)
         object.__setattr__(self, "gpus_per_node", int(count))
@@ -108,7 +104,7 @@ def _node_config(spec: ClusterSpec, worker: bool) -> dict[str, Any]:
             "scheduling": {"onHostMaintenance": "TERMINATE", "automaticRestart": False},
             "metadata": {"items": [{"key": "install-nvidia-driver", "value": "True"}]},
         }
-        if not itype.startswith(("a2-", "a3-", "g2-")):  # A100/H100/L4 machine types carry their GPUs
+        if not itype.startswith(GCP_GPU_MACHINE_FAMILIES):
             cfg["guestAccelerators"] = [{"acceleratorType": GCP_ACCELERATOR[str(spec.gpu_type)], "acceleratorCount": spec.gpus_per_node}]
         if spot:
             cfg["scheduling"].update({"provisioningModel": "SPOT", "preemptible": True, "instanceTerminationAction": "STOP"})

@@ -48,7 +48,7 @@ def test_schema_violations_and_bad_specs_are_user_errors() -> None:
         ClusterSpec(cloud="ibm", region="x", instance_type="p3.2xlarge")  # type: ignore[arg-type]
     with pytest.raises(UserError, match="not in region"):
         ClusterSpec(cloud="aws", region="us-east-1", zone="eu-west-1a", instance_type="p3.2xlarge")
-    with pytest.raises(UserError, match="unknown GPUs"):
+    with pytest.raises(UserError, match="unknown aws instance type 'm5.large'"):
         ClusterSpec(cloud="aws", region="us-east-1", instance_type="m5.large")
     with pytest.raises(UserError, match="project id"):
         cluster_config(ClusterSpec(cloud="gcp", region="us-central1", instance_type="a2-highgpu-1g"))

@@ -14,8 +14,13 @@ SWAP_SHIFT exchange adjacent groups and move their boundary                O(L)
 REPLICA    move one replica of stage i to stage j                          O(N·S)
 GROW       an idle device joins stage j as a replica, or takes the head   O(I·L)
            or tail run of stage j's blocks as a new stage
-MERGE      stage i's blocks go to its neighbour; its devices become idle   O(S)
+MERGE      a one-device stage's blocks go to its neighbour; it goes idle  O(S)
+FUSE       two adjacent stages become one stage replicated on both groups O(S)
+FISSION    one replica of stage i leaves with its head or tail run        O(N·L)
 ========== ============================================================== ==============
+
+``straight`` (no replication, as PipeDream's ``--straight_pipeline``) keeps only the families
+that leave every stage on one device.
 
 with L blocks, S stages, N devices and I idle devices — O(L²) in all, since S, N ≤ L.
 
@@ -44,6 +49,8 @@ class MoveKind(str, Enum):
     REPLICA = "replica"
     GROW = "grow"
     MERGE = "merge"
+    FUSE = "fuse"
+    FISSION = "fission"
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,8 +60,9 @@ class Move:
     note: str = ""
 
 
-def enumerate_moves(layout: Layout, alive: Iterable[int]) -> list[Move]:
-    """Every two-worker neighbour of ``layout`` that uses only ``alive`` devices."""
+def enumerate_moves(layout: Layout, alive: Iterable[int], straight: bool = False) -> list[Move]:
+    """Every two-worker neighbour of ``layout`` that uses only ``alive`` devices (without
+    replication changes when ``straight``)."""
     cuts, groups = list(layout.cuts), list(layout.groups)
     S = len(groups)
     idle = sorted(set(alive) - layout.devices)
@@ -76,7 +84,7 @@ def enumerate_moves(layout: Layout, alive: Iterable[int]) -> list[Move]:
             g[i], g[j] = g[j], g[i]
             out.append(Move(MoveKind.SWAP, lay(cuts, g), f"swap {i},{j}"))
     for i in range(S):
-        if len(groups[i]) < 2:
+        if len(groups[i]) < 2 or straight:
             continue
         for d in groups[i]:
             for j in range(S):
@@ -89,33 +97,50 @@ def enumerate_moves(layout: Layout, alive: Iterable[int]) -> list[Move]:
         for j in range(S):
             g = list(groups)
             g[j] = groups[j] + (d,)
-            out.append(Move(MoveKind.GROW, lay(cuts, g), f"device {d} replicates stage {j}"))
+            if not straight:
+                out.append(Move(MoveKind.GROW, lay(cuts, g), f"device {d} replicates stage {j}"))
             for c in range(cuts[j] + 1, cuts[j + 1]):
                 nc = cuts[: j + 1] + [c] + cuts[j + 1 :]
                 out.append(Move(MoveKind.GROW, lay(nc, groups[:j] + [groups[j], (d,)] + groups[j + 1 :]), f"device {d} takes [{c},{cuts[j + 1]})"))
                 out.append(Move(MoveKind.GROW, lay(nc, groups[:j] + [(d,), groups[j]] + groups[j + 1 :]), f"device {d} takes [{cuts[j]},{c})"))
     for i in range(S):
-        if S < 2:
-            break
+        if S < 2 or len(groups[i]) > 1:
+            continue
         if i + 1 < S:  # stage i's blocks join stage i+1
             out.append(Move(MoveKind.MERGE, lay(cuts[:i + 1] + cuts[i + 2 :], groups[:i] + groups[i + 1 :]), f"stage {i} into {i + 1}"))
         if i > 0:  # stage i's blocks join stage i-1
             out.append(Move(MoveKind.MERGE, lay(cuts[:i] + cuts[i + 1 :], groups[:i] + groups[i + 1 :]), f"stage {i} into {i - 1}"))
+    if straight:
+        return out
+    for i in range(S - 1):  # two adjacent stages become one, replicated on both groups
+        out.append(Move(MoveKind.FUSE, lay(cuts[:i + 1] + cuts[i + 2 :], groups[:i] + [groups[i] + groups[i + 1]] + groups[i + 2 :]), f"fuse {i},{i + 1}"))
+    for i in range(S):  # one replica leaves stage i with its head or tail run of blocks
+        if len(groups[i]) < 2:
+            continue
+        for d in groups[i]:
+            rest = tuple(x for x in groups[i] if x != d)
+            for c in range(cuts[i] + 1, cuts[i + 1]):
+                nc = cuts[: i + 1] + [c] + cuts[i + 1 :]
+                out.append(Move(MoveKind.FISSION, lay(nc, groups[:i] + [rest, (d,)] + groups[i + 1 :]), f"device {d} leaves stage {i} with its tail"))
+                out.append(Move(MoveKind.FISSION, lay(nc, groups[:i] + [(d,), rest] + groups[i + 1 :]), f"device {d} leaves stage {i} with its head"))
     return out
 
 
 def workers_touched(old: Layout, new: Layout, alive: Iterable[int]) -> set[tuple[int, ...]]:
-    """The old workers (device groups, idle devices as singletons) of which some device's block
-    range or replica group differs in ``new``. Candidates must touch exactly two."""
+    """Workers (device groups; idle devices as singletons) holding a device whose block range or
+    replica group differs between ``old`` and ``new``: those of ``old`` or those of ``new``,
+    whichever are more (a fission turns one worker into two). Candidates touch exactly two."""
 
     def assignment(lay: Layout) -> dict[int, tuple[int, int, tuple[int, ...]]]:
         return {d: (lay.cuts[s], lay.cuts[s + 1], g) for s, g in enumerate(lay.groups) for d in g}
 
     before, after = assignment(old), assignment(new)
-    worker_of = {d: g for g in old.groups for d in g}
-    for d in alive:
-        worker_of.setdefault(d, (d,))
-    return {worker_of[d] for d in set(before) | set(after) if before.get(d) != after.get(d)}
+    changed = {d for d in set(before) | set(after) if before.get(d) != after.get(d)}
+    sides = []
+    for lay in (old, new):
+        worker_of = {d: g for g in lay.groups for d in g}
+        sides.append({worker_of.get(d, (d,)) for d in changed})
+    return max(sides, key=len)
 
 
 @dataclass(frozen=True)
@@ -134,9 +159,9 @@ class Walk:
         return [m.layout.to_plan(template) for m in self.moves]
 
 
-def best_moves(layout: Layout, model: CostModel, alive: Iterable[int], count: int) -> list[tuple[Move, float]]:
+def best_moves(layout: Layout, model: CostModel, alive: Iterable[int], count: int, straight: bool = False) -> list[tuple[Move, float]]:
     """The ``count`` best single moves by estimate (feasible ones only), best first."""
-    moves = enumerate_moves(layout, alive)
+    moves = enumerate_moves(layout, alive, straight)
     if not moves:
         return []
     est = model.estimate([m.layout for m in moves])
@@ -144,7 +169,8 @@ def best_moves(layout: Layout, model: CostModel, alive: Iterable[int], count: in
     return [(moves[k], float(est.time_s[k])) for k in order[:count] if est.fits[k]]
 
 
-def walk(layout: Layout, model: CostModel, alive: Iterable[int], max_moves: int = 64, rel_tol: float = 1e-9) -> Walk:
+def walk(layout: Layout, model: CostModel, alive: Iterable[int], max_moves: int = 64, rel_tol: float = 1e-9,
+         straight: bool = False) -> Walk:
     """Greedy lexicographic descent on (estimate, balance) over two-worker moves."""
     alive = tuple(alive)
     here = model.estimate([layout])
@@ -153,7 +179,7 @@ def walk(layout: Layout, model: CostModel, alive: Iterable[int], max_moves: int 
     estimates = [t0]
     current = layout
     for _ in range(max_moves):
-        cands = enumerate_moves(current, alive)
+        cands = enumerate_moves(current, alive, straight)
         if not cands:
             break
         est = model.estimate([m.layout for m in cands])
@@ -169,3 +195,61 @@ def walk(layout: Layout, model: CostModel, alive: Iterable[int], max_moves: int 
         moves.append(cands[k])
         estimates.append(t0)
     return Walk(layout, tuple(moves), tuple(estimates))
+
+
+def path_to(start: Layout, target: Layout, alive: Iterable[int]) -> list[Move]:
+    """Two-worker moves turning ``start`` into ``target`` (both straight: one device per stage).
+
+    Greedy descent can stop in a local optimum — with heterogeneous devices the best order of
+    devices may be a 3-cycle away, every single swap on the way being worse. A full re-plan's
+    partition is still reachable: (1) split the longest stage for each device the target adds,
+    (2) merge away stages whose device the target does not use, (3) sort the devices into the target's
+    order with swaps, (4) shift each boundary to its target once, choosing at each step a
+    boundary whose target lies strictly between its neighbours (one always exists). At most
+    ``|dropped| + |added| + (S−1) + (S−1)`` moves; the arbiter prices the whole path.
+    """
+    if any(len(g) != 1 for g in start.groups + target.groups):
+        raise ValueError("path_to handles straight layouts only")
+    alive = set(alive)
+    if not target.devices <= alive:
+        raise ValueError("target uses devices that are not alive")
+    moves: list[Move] = []
+    cur = start
+    want = [g[0] for g in target.groups]
+
+    def do(kind: MoveKind, cuts: Sequence[int], devs: Sequence[int], note: str) -> None:
+        nonlocal cur
+        cur = Layout(tuple(cuts), tuple((d,) for d in devs))
+        moves.append(Move(kind, cur, note))
+
+    for d in want:
+        devs = [g[0] for g in cur.groups]
+        if d in devs:
+            continue
+        cuts = list(cur.cuts)
+        j = max(range(len(devs)), key=lambda s: cuts[s + 1] - cuts[s])
+        if cuts[j + 1] - cuts[j] < 2:
+            raise ValueError("not enough blocks to add a stage")
+        cuts.insert(j + 1, (cuts[j] + cuts[j + 1]) // 2)
+        devs.insert(j + 1, d)
+        do(MoveKind.GROW, cuts, devs, f"device {d} splits stage {j}")
+    for d in [g[0] for g in cur.groups if g[0] not in target.devices]:
+        devs = [g[0] for g in cur.groups]
+        i = devs.index(d)
+        cuts = list(cur.cuts)
+        del cuts[i + 1 if i + 1 < len(devs) else i]
+        devs.pop(i)
+        do(MoveKind.MERGE, cuts, devs, f"drop device {d}")
+    for pos, d in enumerate(want):
+        devs = [g[0] for g in cur.groups]
+        k = devs.index(d)
+        if k != pos:
+            devs[pos], devs[k] = devs[k], devs[pos]
+            do(MoveKind.SWAP, cur.cuts, devs, f"swap {pos},{k}")
+    goal = list(target.cuts)
+    while list(cur.cuts) != goal:
+        cuts = list(cur.cuts)
+        i = next(i for i in range(1, len(cuts) - 1) if cuts[i] != goal[i] and cuts[i - 1] < goal[i] < cuts[i + 1])
+        cuts[i] = goal[i]
+        do(MoveKind.SHIFT, cuts, want, f"cut {i - 1}: -> {goal[i]}")
+    return moves

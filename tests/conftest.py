@@ -1,0 +1,34 @@
+"""Shared fixtures: ONE local Ray instance per test session, started only if a test asks for it.
+
+Starting Ray costs seconds and every Ray actor process another second or two on a small CI box,
+so the instance (and, for runtime tests, one pool of stage workers that each test re-partitions
+for its plan) lives for the whole session instead of per test.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def ray_session() -> Iterator[Any]:
+    """A local Ray with a few logical CPUs; actors request fractions of one, so 2 cores suffice."""
+    ray = pytest.importorskip("ray")
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    yield ray
+    if started:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def worker_group(ray_session: Any) -> Iterator[Any]:
+    """Five stage workers shared by every runtime test (plans use up to five devices)."""
+    from actors.group import WorkerGroup
+
+    group = WorkerGroup(5, use_gpu=False)
+    yield group
+    group.shutdown()
