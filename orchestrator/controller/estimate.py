@@ -77,24 +77,31 @@ class CostModel:
         self._cut_bytes = np.concatenate([[profile.input_bytes], profile.activations])
         self._speeds = cluster.speeds
         self._mem = cluster.memories
-        self._group_cache: dict[tuple[int, ...], tuple[float, float, float, float]] = {}
-        self._link_cache: dict[tuple[tuple[int, ...], tuple[int, ...]], float] = {}
+        # Device groups seen so far get small integer ids, so per-stage attributes and the link
+        # bandwidth between consecutive groups become numpy gathers instead of Python lookups.
+        self._gid: dict[tuple[int, ...], int] = {}
+        self._gattr = np.zeros((0, 4))
+        self._glink = np.zeros((0, 0))
 
-    def _group(self, g: tuple[int, ...]) -> tuple[float, float, float, float]:
-        hit = self._group_cache.get(g)
-        if hit is None:
-            ids = list(g)
-            hit = (float(self._speeds[ids].min()), float(len(g)), self.cluster.ring_bandwidth(g), float(self._mem[ids].min()))
-            self._group_cache[g] = hit
-        return hit
-
-    def _link(self, a: tuple[int, ...], b: tuple[int, ...]) -> float:
-        key = (a, b)
-        hit = self._link_cache.get(key)
-        if hit is None:
-            hit = float(self.cluster.effective[np.ix_(list(a), list(b))].min())
-            self._link_cache[key] = hit
-        return hit
+    def _ids(self, lays: list[Layout]) -> np.ndarray:
+        gid = self._gid
+        fresh = {g for lay in lays for g in lay.groups if g not in gid}
+        if fresh:
+            for g in sorted(fresh):
+                gid[g] = len(gid)
+            groups = sorted(gid, key=gid.__getitem__)
+            attrs = []
+            for g in groups:
+                ids = list(g)
+                attrs.append((float(self._speeds[ids].min()), float(len(g)), self.cluster.ring_bandwidth(g), float(self._mem[ids].min())))
+            self._gattr = np.array(attrs)
+            members = np.zeros((len(groups), self.cluster.size), dtype=bool)
+            for k, g in enumerate(groups):
+                members[k, list(g)] = True
+            # slowest link from any device of group a to any device of group b, for all pairs at once
+            from_a = np.where(members[:, :, None], self.cluster.effective[None, :, :], np.inf).min(axis=1)  # [G, n]
+            self._glink = np.where(members[None, :, :], from_a[:, None, :], np.inf).min(axis=2)  # [G, G]
+        return np.array([[gid[g] for g in lay.groups] for lay in lays], dtype=np.int64)
 
     def estimate(self, layouts: Sequence[Layout]) -> Estimates:
         n = len(layouts)
@@ -110,14 +117,15 @@ class CostModel:
     def _estimate_depth(self, lays: list[Layout], S: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         n = len(lays)
         cuts = np.array([lay.cuts for lay in lays], dtype=np.int64)  # [n, S+1]
-        attrs = np.array([[self._group(g) for g in lay.groups] for lay in lays], dtype=np.float64)  # [n, S, 4]
+        gid = self._ids(lays)  # [n, S]
+        attrs = self._gattr[gid]  # [n, S, 4]
         speed, reps, ring, mem = attrs[..., 0], attrs[..., 1], attrs[..., 2], attrs[..., 3]
         lo, hi = cuts[:, :-1], cuts[:, 1:]
         comp = (self._work[hi] - self._work[lo]) / (speed * reps)
         params = self._params[hi] - self._params[lo]
         m = self.m
         if S > 1:
-            link_bw = np.array([[self._link(lay.groups[s], lay.groups[s + 1]) for s in range(S - 1)] for lay in lays])
+            link_bw = self._glink[gid[:, :-1], gid[:, 1:]]
             x = self._cut_bytes[cuts[:, 1:-1]] / (link_bw * np.maximum(reps[:, :-1], reps[:, 1:]))
             period = np.maximum(comp.max(axis=1), x.max(axis=1))
             comm = 2.0 * x.sum(axis=1)

@@ -160,7 +160,7 @@ class FaultSchedule:
                 for s, d in pairs:
                     bw[s, d] = f.apply(float(base[s, d]) if base[s, d] > 0 else float(nominal.link(s, d)))
         killed = frozenset(f.device for f in self.faults if isinstance(f, Kill) and f.at_iteration == iteration)
-        return Conditions(nominal.with_speeds(speeds).with_bandwidth(bw), self.alive_at(nominal, iteration), killed)
+        return Conditions(nominal.with_speeds(speeds.tolist()).with_bandwidth(bw), self.alive_at(nominal, iteration), killed)
 
     def __add__(self, other: "FaultSchedule") -> "FaultSchedule":
         return FaultSchedule(self.faults + other.faults, self.initially_absent | other.initially_absent)

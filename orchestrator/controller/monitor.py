@@ -11,8 +11,9 @@ Observations update the model; the model drives decisions. Two kinds of quantiti
 Each quantity is a :class:`Track`: an exponentially weighted mean in log space (noise is
 multiplicative) and a *reference*, the value the model currently uses. The model changes only when
 the smoothed value leaves the reference by more than ``enter`` for ``persist`` consecutive
-iterations (a change); the pending count resets only once the deviation falls below ``exit`` —
-hysteresis, so a value hovering near the threshold cannot flap. On a confirmed change the
+iterations, each raw sample being out of band on the same side too (so one outlier that drags
+the mean does not count twice); the pending count resets only once the smoothed value or a sample
+comes back within ``exit`` — hysteresis, so a value hovering near the threshold cannot flap. On a confirmed change the
 reference jumps to the mean of the last ``persist`` raw observations (the old history describes
 the old world), and the smoothing restarts there.
 
@@ -74,11 +75,11 @@ def update_track(track: Track, value: float, cfg: MonitorConfig) -> tuple[Track,
     lv = math.log(value)
     smooth = (1 - cfg.alpha) * track.smooth + cfg.alpha * lv
     recent = (track.recent + (lv,))[-cfg.persist :]
-    dev = abs(smooth - track.ref)
-    if dev > cfg.enter:
-        pending = track.pending + 1
-    elif dev < cfg.exit:
-        pending = 0
+    dev, raw = smooth - track.ref, lv - track.ref
+    if abs(dev) > cfg.enter and abs(raw) > cfg.enter and dev * raw > 0:
+        pending = track.pending + 1  # both the trend and this very sample are out of band
+    elif abs(dev) < cfg.exit or abs(raw) < cfg.exit:
+        pending = 0  # back near the model: forget
     else:
         pending = track.pending
     if pending >= cfg.persist:
@@ -155,13 +156,13 @@ def observe(state: MonitorState, metrics: IterationMetrics, profile: Profile, al
         if nbytes <= 0 or secs <= 0:
             continue
         bw = nbytes / secs
-        track = links.get(link)
-        if track is None:
+        seen_track = links.get(link)
+        if seen_track is None:
             # First sight of a link: adopt it (the nominal figure was only a guess).
             links[link] = Track(math.log(bw), math.log(bw), 0, (math.log(bw),))
             link_changes.append(link)
             continue
-        links[link], changed = update_track(track, bw, cfg)
+        links[link], changed = update_track(seen_track, bw, cfg)
         if changed:
             link_changes.append(link)
     new_state = MonitorState(speeds, links, now)

@@ -117,12 +117,16 @@ def enumerate_moves(layout: Layout, alive: Iterable[int], straight: bool = False
     for i in range(S):  # one replica leaves stage i with its head or tail run of blocks
         if len(groups[i]) < 2:
             continue
+        seen: set[Layout] = set()  # with two replicas, "a leaves with the tail" = "b leaves with the head"
         for d in groups[i]:
             rest = tuple(x for x in groups[i] if x != d)
             for c in range(cuts[i] + 1, cuts[i + 1]):
                 nc = cuts[: i + 1] + [c] + cuts[i + 1 :]
-                out.append(Move(MoveKind.FISSION, lay(nc, groups[:i] + [rest, (d,)] + groups[i + 1 :]), f"device {d} leaves stage {i} with its tail"))
-                out.append(Move(MoveKind.FISSION, lay(nc, groups[:i] + [(d,), rest] + groups[i + 1 :]), f"device {d} leaves stage {i} with its head"))
+                for split, end in (([rest, (d,)], "tail"), ([(d,), rest], "head")):
+                    new = lay(nc, groups[:i] + split + groups[i + 1 :])
+                    if new not in seen:
+                        seen.add(new)
+                        out.append(Move(MoveKind.FISSION, new, f"device {d} leaves stage {i} with its {end}"))
     return out
 
 

@@ -1,0 +1,215 @@
+"""Adaptive controller benchmark (AutoPipe-Hu scenarios), simulated on the shared real profiles.
+
+Strategies, each driving the same :class:`SimulatedPipeline` (same scenario, same noise seed):
+- ``static``: the initial plan forever;
+- ``incremental``: our controller — two-worker live moves chosen by the switch arbiter;
+- ``replan``: same monitor and arbiter, but the only option is a full re-plan (PipeDream DP)
+  applied by stop-and-restart, charged its restart time (process restart + checkpoint I/O).
+
+Scenarios: inter-node bandwidth 10 → 25 → 40 → 100 Gb/s at iterations 20/40/60; one then two
+co-located jobs halving one GPU each at iterations 20/40; a 4-stage pipeline with one stage slowed
+2× at iteration 20 (the live demo's targets, measured here in simulation); and the decision time
+for a 100-block model. Run: ``python benchmarks/adaptive.py`` (writes results/adaptive.md).
+
+LIVE: TODO(runtime) — once ``orchestrator/trainer.py`` implements ``PipelineHandle``, run the
+4-stage slowdown scenario through it (see ``live_slowdown``); until then it is skipped.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from orchestrator.cluster import Cluster, flat, two_level  # noqa: E402
+from orchestrator.controller import (  # noqa: E402
+    Controller, ControllerConfig, FaultSchedule, SimulatedCosts, SimulatedPipeline, Slowdown, full_replan, scenario,
+    set_inter_node_bandwidth,
+)
+from orchestrator.controller.estimate import Layout  # noqa: E402
+from orchestrator.controller.moves import path_to, walk  # noqa: E402
+from orchestrator.controller.estimate import CostModel  # noqa: E402
+from orchestrator.plan import Plan, straight_plan  # noqa: E402
+from orchestrator.profile import Block, Profile, load_profile  # noqa: E402
+from orchestrator.simulator import simulate  # noqa: E402
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+STRATEGIES = {
+    "static": dict(use_moves=False, use_restart=False),
+    "incremental": dict(use_moves=True, use_restart=False),
+    "replan": dict(use_moves=False, use_restart=True),
+}
+
+
+@dataclass
+class Run:
+    strategy: str
+    phase_tput: list[float]  # samples/s per phase
+    total_s: float
+    moves: int
+    restarts: int
+    decision_ms: list[float]
+
+
+def run(profile: Profile, cluster: Cluster, plan: Plan, faults: FaultSchedule, iterations: int, phases: list[int],
+        strategy: str, straight: bool) -> Run:
+    pipe = SimulatedPipeline(profile, cluster, plan, faults, SimulatedCosts(noise=0.03), seed=7)
+    ctl = Controller(pipe, profile, ControllerConfig(straight=straight, total_iterations=iterations, **STRATEGIES[strategy]))  # type: ignore[arg-type]
+    while pipe.iteration < iterations:
+        ctl.step()
+    bounds = phases + [pipe.step_index]
+    tput = []
+    for a, b in zip(bounds, bounds[1:]):
+        spent = sum(s for ev, k, s in pipe.log if a <= k < b)
+        done = sum(1 for ev, k, _ in pipe.log if ev == "iteration" and a <= k < b)
+        tput.append(done * plan.num_microbatches * profile.microbatch_size / spent)
+    dec = [r.decision_s * 1e3 for r in ctl.history if r.decision is not None]
+    total = pipe.wall_s + sum(dec) / 1e3
+    moves = sum(1 for r in ctl.history if r.action in ("move", "path-move"))
+    restarts = sum(1 for r in ctl.history if r.action == "restart")
+    return Run(strategy, tput, total, moves, restarts, dec)
+
+
+def oracle(profile: Profile, cluster: Cluster, plan: Plan, faults: FaultSchedule, phases: list[int], straight: bool) -> list[float]:
+    """Throughput of a fresh plan (PipeDream + polishing walk) for each phase's *true* conditions, no switch costs."""
+    out = []
+    for start in phases:
+        truth = faults.conditions(cluster, start).cluster
+        best = full_replan(profile, truth, range(cluster.size), plan, straight=straight)
+        out.append(plan.num_microbatches * profile.microbatch_size / simulate(best, profile, truth).iteration_s)
+    return out
+
+
+def table(title: str, runs: list[Run], best: list[float], labels: list[str]) -> list[str]:
+    lines = [f"### {title}", "", "| strategy | " + " | ".join(labels) + " | total time (s) | moves | restarts |",
+             "|---" * (len(labels) + 4) + "|"]
+    for r in runs:
+        lines.append(f"| {r.strategy} | " + " | ".join(f"{t:.2f}" for t in r.phase_tput) + f" | {r.total_s:.0f} | {r.moves} | {r.restarts} |")
+    lines.append("| fresh re-plan per phase (oracle, no switch cost) | " + " | ".join(f"{t:.2f}" for t in best) + " | | | |")
+    return lines + [""]
+
+
+def scenario_block(title: str, profile: Profile, cluster: Cluster, faults: FaultSchedule, iterations: int, phases: list[int],
+                   labels: list[str], straight: bool, m: int = 16) -> list[str]:
+    plan = full_replan(profile, cluster, range(cluster.size), straight_plan([0, profile.num_blocks], m), straight=straight)
+    runs = [run(profile, cluster, plan, faults, iterations, phases, s, straight) for s in STRATEGIES]
+    lines = table(title, runs, oracle(profile, cluster, plan, faults, phases, straight), labels)
+    lines.append(f"Initial plan: `{plan.describe()}`. Throughput in samples/s (micro-batch size "
+                 f"{profile.microbatch_size}); total = simulated wall time incl. stalls, restarts and decision time.")
+    return lines + [""]
+
+
+def live_style_targets(profile: Profile) -> list[str]:
+    """4-stage pipeline, stage 1 slowed 2x at iteration 20: the live demo's targets, in simulation."""
+    cluster = flat(4, 100)
+    m = 16
+    plan = full_replan(profile, cluster, range(4), straight_plan([0, profile.num_blocks], m), straight=True)
+    faults = scenario([Slowdown(1, 2.0, 20)])
+    pipe = SimulatedPipeline(profile, cluster, plan, faults, SimulatedCosts(noise=0.03), seed=7)
+    ctl = Controller(pipe, profile, ControllerConfig(straight=True))
+    records = ctl.run(40)
+    truth = faults.conditions(cluster, 20).cluster
+    fresh = simulate(full_replan(profile, truth, range(4), plan, straight=True), profile, truth).iteration_s
+    static = simulate(plan, profile, truth).iteration_s
+    after = [r for r in records if r.step >= 20]
+    back = next((r.step - 20 for r in after if r.completed and fresh / r.iteration_s >= 0.95 and r.step > 20 and
+                 all(fresh / x.iteration_s >= 0.9 for x in after if x.step >= r.step)), None)
+    stalls = [r.action_s / r.iteration_s for r in after if r.action]
+    steady = statistics.median(r.iteration_s for r in records[-10:])
+    # moves from the pre-change plan to the re-plan partition, and what a greedy walk reaches
+    model = ctl.model()
+    start, target = Layout.of(plan), Layout.of(full_replan(profile, model, range(4), plan, straight=True))
+    w = walk(start, CostModel(profile, model, m), range(4), straight=True)
+    return [
+        "### 4-stage pipeline, one stage slowed 2x at iteration 20 (live targets, simulated)", "",
+        f"- plan `{plan.describe()}` → `{pipe.current_plan().describe()}`",
+        f"- iterations after the change until throughput ≥ 0.95 × fresh optimal (and stays ≥ 0.9): **{back}** (target ≤ 5)",
+        f"- stall per move / iteration time: max **{max(stalls, default=0):.4f}** over {len(stalls)} moves (target < 0.5)",
+        f"- throughput after the change vs static plan: **{static / steady:.2f}×** (target ≥ 1.3); vs fresh optimal: {fresh / steady:.3f}",
+        f"- moves to the full re-plan's partition from the pre-change plan: path_to = {len(path_to(start, target, range(4)))}, "
+        f"greedy walk = {len(w.moves)} moves reaching estimate {w.estimates[-1]:.3f} s vs re-plan {CostModel(profile, model, m).estimate([target]).time_s[0]:.3f} s",
+        "",
+    ]
+
+
+def decision_time() -> list[str]:
+    """Controller decision time for a 100-block model on 8 devices (M = 16), after a 2x slowdown."""
+    rng = np.random.default_rng(0)
+    blocks = tuple(Block(f"b{i}", float(rng.uniform(5e-3, 2e-2)), float(rng.uniform(1e-2, 4e-2)), float(rng.uniform(1e6, 3e7)),
+                         float(rng.uniform(1e6, 5e7))) for i in range(100))
+    profile = Profile("synthetic-100", blocks, input_bytes=1e6)
+    cluster = two_level(2, 4, 100, 25)
+    rows = []
+    for straight in (True, False):
+        plan = straight_plan([round(i * 100 / 8) for i in range(9)], 16)
+        pipe = SimulatedPipeline(profile, cluster, plan, scenario([Slowdown(3, 2.0, 4)]), SimulatedCosts(noise=0.03), seed=1)
+        ctl = Controller(pipe, profile, ControllerConfig(straight=straight))
+        ctl.run(40)
+        fast = [r.decision_s * 1e3 for r in ctl.history if r.decision is not None and "single" in getattr(getattr(r.decision, "option", None), "label", "")]
+        every = [r.decision_s * 1e3 for r in ctl.history if r.decision is not None]
+        rows.append(f"| {'straight' if straight else 'with replication'} | {len(every)} | {statistics.median(fast) if fast else float('nan'):.1f} "
+                    f"| {statistics.median(every):.1f} | {max(every):.1f} |")
+    return ["### Decision time, 100 blocks, 8 devices, M = 16 (this machine, 2 shared cores)", "",
+            "| moves | decisions | median ms (single-move fast path) | median ms (all) | max ms (incl. walk + re-plan path) |",
+            "|---|---|---|---|---|", *rows, ""]
+
+
+def live_slowdown() -> None:
+    """TODO(runtime): drive the Ray trainer's PipelineHandle with the same 4-stage scenario."""
+    return None
+
+
+def main() -> int:
+    if not SHARED.exists():
+        print(f"shared profiles not found at {SHARED}; nothing to benchmark")
+        return 0
+    dapple = SHARED / "profiles" / "dapple" / "profiling_results"
+    bert = load_profile(dapple / "bert-24-pbs-6.txt")
+    gnmt = load_profile(dapple / "gnmt-16-pbs-64.txt")
+    out = ["# Adaptive controller (AutoPipe-Hu scenarios, simulated)", "",
+           "Generated by `benchmarks/adaptive.py`. Same simulator, profiles, scenario and noise (3% log-normal) for every strategy; "
+           "`replan` restarts are charged 20 s + checkpoint I/O at 8 Gb/s; live moves are charged the parameter+Adam hand-over "
+           "on the true link + 50 ms.", ""]
+    t0 = time.perf_counter()
+    bw_cluster = flat(4, 10)
+    bw_faults = scenario([t for g, at in ((25, 20), (40, 40), (100, 60)) for t in set_inter_node_bandwidth(bw_cluster, g, at)])
+    labels = ["10 Gb/s", "25 Gb/s", "40 Gb/s", "100 Gb/s"]
+    for name, prof in (("GNMT-16", gnmt), ("BERT-24", bert)):
+        out += scenario_block(f"Bandwidth 10 → 25 → 40 → 100 Gb/s, {name}, 4 GPUs on 4 nodes", prof, bw_cluster, bw_faults, 80,
+                              [0, 20, 40, 60], labels, straight=False)
+    colo = two_level(2, 2, 100, 25)
+    colo_faults = scenario([Slowdown(1, 2.0, 20), Slowdown(2, 2.0, 40)])
+    for name, prof in (("BERT-24", bert), ("GNMT-16", gnmt)):
+        out += scenario_block(f"Co-located jobs (GPU 1 halved at 20, GPU 2 at 40), {name}, 2 nodes × 2 GPUs", prof, colo, colo_faults, 60,
+                              [0, 20, 40], ["no job", "one job", "two jobs"], straight=False)
+    out += live_style_targets(bert)
+    out += decision_time()
+    out += ["### Notes", "",
+            "- The oracle row is a fresh plan for each phase's *true* conditions (PipeDream DP, then a polishing walk of moves on "
+            "the true cost model, whichever simulates faster); it is a strong heuristic, not a proven optimum, so a controller "
+            "that walked from a different start can beat it.",
+            "- PipeDream's DP ignores device speeds; `replan` therefore polishes its output the same way before restarting. "
+            "It restarts only when the arbiter finds the predicted gain over the horizon worth the 20 s+ downtime.",
+            "- Decision time: the fast path (rank all O(L²) two-worker moves with the vectorized estimate, confirm the best "
+            "two with the simulator) is what runs on most decisions; the slow path (multi-move walk + path to a polished "
+            "full re-plan) runs only when no single move pays, and exceeds 50 ms at 100 blocks on this machine.",
+            "- LIVE: TODO(runtime) — the same 4-stage scenario through the Ray trainer's `PipelineHandle`; skipped until it exists.",
+            ""]
+    out.append(f"_Benchmark wall time: {time.perf_counter() - t0:.0f} s._")
+    text = "\n".join(out) + "\n"
+    dest = ROOT / "benchmarks" / "results" / "adaptive.md"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,129 @@
+"""The controller as a state machine, stepped one iteration at a time over a simulated pipeline."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from orchestrator.cluster import flat
+from orchestrator.controller import (
+    ArbiterConfig, Controller, ControllerConfig, Stay, FaultSchedule, Join, Kill, PipelineHandle, SimulatedCosts, SimulatedPipeline, Slowdown, State, Switch,
+    full_replan, scenario,
+)
+from orchestrator.plan import Plan, Stage, straight_plan
+from orchestrator.simulator import simulate
+from tests.helpers import uniform_profile
+
+PROFILE = uniform_profile(16, 1.0, 2.0, act=1e6, params=1e6)
+BALANCED = straight_plan([0, 4, 8, 12, 16], 8)
+
+
+class FakeClock:
+    """Advances 1 ms per reading, so every decision 'takes' exactly 1 ms."""
+
+    def __init__(self) -> None:
+        self._ticks = itertools.count()
+
+    def __call__(self) -> float:
+        return next(self._ticks) * 1e-3
+
+
+def make(faults: FaultSchedule, plan: Plan = BALANCED, cluster=None, noise: float = 0.03, **cfg) -> tuple[SimulatedPipeline, Controller]:  # type: ignore[no-untyped-def]
+    cluster = cluster or flat(4, 25)
+    pipe = SimulatedPipeline(PROFILE, cluster, plan, faults, SimulatedCosts(noise=noise, checkpoint_every=4), seed=3)
+    cfg.setdefault("straight", True)  # a straight pipeline job unless a test says otherwise
+    return pipe, Controller(pipe, PROFILE, ControllerConfig(**cfg), clock=FakeClock())
+
+
+def test_simulated_pipeline_satisfies_the_protocol() -> None:
+    pipe, _ = make(FaultSchedule())
+    assert isinstance(pipe, PipelineHandle)
+
+
+def test_noise_alone_causes_no_switch() -> None:
+    pipe, ctl = make(FaultSchedule())
+    records = ctl.run(60)
+    assert [r.action for r in records if r.action] == []
+    assert ctl.state is State.STEADY
+    assert [(t.before, t.after) for t in ctl.transitions] == [(State.WARMUP, State.ADAPTING), (State.ADAPTING, State.STEADY)]
+    assert pipe.current_plan() == BALANCED
+
+
+def test_slowdown_is_detected_and_fixed_by_moves() -> None:
+    faults = scenario([Slowdown(1, 2.0, 10)])
+    pipe, ctl = make(faults)
+    records = ctl.run(30)
+    assert all(r.state in (State.WARMUP, State.STEADY, State.ADAPTING) for r in records)
+    change = next(t for t in ctl.transitions if t.step >= 10)
+    assert change.before is State.STEADY and change.after is State.ADAPTING and change.step <= 12 and "[1]" in change.reason
+    moves = [r for r in records if r.action in ("move", "path-move")]
+    assert moves and all(r.step >= 10 for r in moves)
+    assert ctl.state is State.STEADY
+    for r in records:
+        if isinstance(r.decision, Switch) or r.decision is not None:
+            assert r.decision_s == pytest.approx(1e-3)  # the injected clock, read twice per decision
+    # the adapted plan on the true (slowed) cluster vs. the static plan and a fresh re-plan
+    truth = faults.conditions(pipe.cluster, 29).cluster
+    adapted = simulate(pipe.current_plan(), PROFILE, truth).iteration_s
+    static = simulate(BALANCED, PROFILE, truth).iteration_s
+    fresh = simulate(full_replan(PROFILE, truth, range(4), BALANCED, straight=True), PROFILE, truth).iteration_s
+    assert adapted < static / 1.3
+    assert adapted <= fresh / 0.95
+
+
+@pytest.mark.parametrize("horizon,expect_moves", [(1, False), (50, True)])
+def test_switch_only_when_the_horizon_pays_for_it(horizon: int, expect_moves: bool) -> None:
+    # 50 GB of parameters per block: every moved block stalls the pipeline for ~48 s, while the
+    # 2x slowdown costs ~90 s per iteration. One iteration of gain cannot pay; fifty can.
+    heavy = uniform_profile(16, 1.0, 2.0, act=1e6, params=5e10)
+    cluster = flat(4, 25, memory_bytes=1e13)
+    pipe = SimulatedPipeline(heavy, cluster, BALANCED, scenario([Slowdown(1, 2.0, 10)]), SimulatedCosts(noise=0.03), seed=3)
+    ctl = Controller(pipe, heavy, ControllerConfig(straight=True, arbiter=ArbiterConfig(horizon_iterations=horizon)), clock=FakeClock())
+    ctl.run(16)
+    assert bool([r for r in ctl.history if r.action]) is expect_moves
+    decisions = [r.decision for r in ctl.history if r.step >= 10 and r.decision is not None]
+    assert decisions
+    if not expect_moves:
+        assert all(isinstance(d, Stay) and d.best_gain_s > 0 and d.best_cost_s > d.best_gain_s for d in decisions)
+
+
+def test_loss_of_a_stage_restarts_on_live_devices_from_checkpoint() -> None:
+    pipe, ctl = make(scenario([Kill(2, 6)]))
+    records = ctl.run(12)
+    failed = records[6]
+    assert not failed.completed and failed.state is State.RECOVERING and failed.action == "restart"
+    assert 2 not in pipe.current_plan().devices and set(pipe.current_plan().devices) <= {0, 1, 3}
+    assert records[7].state in (State.ADAPTING, State.STEADY)
+    assert (State.RECOVERING, State.ADAPTING) in [(t.before, t.after) for t in ctl.transitions]
+    assert records[7].iteration == 4  # iterations 4 and 5 are redone from the checkpoint at 4
+
+
+def test_loss_of_a_replica_continues_live() -> None:
+    plan = Plan((Stage(0, 8, (0, 1)), Stage(8, 16, (2, 3))), 8)
+    pipe, ctl = make(scenario([Kill(1, 5)]), plan=plan, straight=False)
+    records = ctl.run(8)
+    assert records[5].action == "drop-replicas"
+    assert 1 not in pipe.current_plan().devices
+    assert all(r.action != "restart" for r in records)
+    assert records[6].iteration == 5  # only the failed iteration is redone
+
+
+@pytest.mark.parametrize("straight", [True, False])
+def test_new_device_is_used_when_predicted_faster(straight: bool) -> None:
+    plan = straight_plan([0, 5, 10, 16], 8)
+    pipe, ctl = make(scenario([Join(3, 6)], initially_absent=[3]), plan=plan, straight=straight)
+    before = simulate(plan, PROFILE, pipe.cluster).iteration_s
+    ctl.run(14)
+    assert 3 in pipe.current_plan().devices
+    assert any("appeared" in t.reason for t in ctl.transitions)
+    assert simulate(pipe.current_plan(), PROFILE, pipe.cluster).iteration_s < 0.9 * before
+
+
+@pytest.mark.parametrize("straight", [True, False])
+def test_new_device_is_ignored_when_it_would_not_help(straight: bool) -> None:
+    plan = straight_plan([0, 5, 10, 16], 8)
+    slow = flat(4, 25, speeds=[1.0, 1.0, 1.0, 0.02])
+    pipe, ctl = make(scenario([Join(3, 6)], initially_absent=[3]), plan=plan, cluster=slow, straight=straight)
+    ctl.run(14)
+    assert 3 not in pipe.current_plan().devices

@@ -1,0 +1,108 @@
+"""Monitor: smoothing and hysteresis on single tracks, and inference from simulated metrics."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from orchestrator.cluster import GBPS, two_level
+from orchestrator.controller import (
+    FaultSchedule, MonitorConfig, SimulatedCosts, SimulatedPipeline, Slowdown, Throttle, Track, model_cluster, observe, scenario,
+    set_inter_node_bandwidth, update_track,
+)
+from orchestrator.controller.monitor import initial_state
+from orchestrator.plan import straight_plan
+from tests.helpers import random_profile
+
+CFG = MonitorConfig()
+
+
+def feed(values: list[float], cfg: MonitorConfig = CFG) -> list[int]:
+    """Iterations (indices) at which a change was confirmed."""
+    track, hits = Track(0.0, 0.0), []
+    for i, v in enumerate(values):
+        track, changed = update_track(track, v, cfg)
+        if changed:
+            hits.append(i)
+    return hits
+
+
+@pytest.mark.parametrize("sigma", [0.02, 0.05])
+def test_noise_alone_never_triggers(sigma: float) -> None:
+    rng = np.random.default_rng(1)
+    assert feed(list(np.exp(rng.normal(0, sigma, 2000)))) == []
+
+
+def test_real_2x_change_triggers_within_persist_iterations() -> None:
+    rng = np.random.default_rng(2)
+    values = list(np.exp(rng.normal(0, 0.05, 30))) + list(0.5 * np.exp(rng.normal(0, 0.05, 30)))
+    hits = feed(values)
+    assert len(hits) == 1 and 30 <= hits[0] < 30 + CFG.persist + 1
+
+
+def test_reference_jumps_to_new_level() -> None:
+    track = Track(0.0, 0.0)
+    for _ in range(5):
+        track, _ = update_track(track, 0.5, CFG)
+    assert math.exp(track.ref) == pytest.approx(0.5)
+
+
+def test_single_outliers_do_not_trigger() -> None:
+    values = [1.0] * 50
+    for i in range(5, 50, 7):
+        values[i] = 2.5  # isolated spikes, e.g. a GC pause
+    assert feed(values) == []
+
+
+def test_band_between_exit_and_enter_is_ignored() -> None:
+    assert feed([math.exp(0.1)] * 200) == []  # 10%: above exit, below enter
+    assert feed([math.exp(0.2)] * 10) != []  # 20% sustained: a change
+
+
+def test_hysteresis_pending_survives_a_borderline_sample() -> None:
+    up = math.exp(0.4)
+    mid = math.exp(0.1)  # between exit and enter: neither counts nor resets
+    assert feed([up, mid, up]) == [2]
+    assert feed([up, 1.0, up]) == []  # back at the model: forgotten
+
+
+def _pipe(faults: FaultSchedule, noise: float = 0.03):  # type: ignore[no-untyped-def]
+    profile = random_profile(12, 3, act_scale=2e8)
+    cluster = two_level(2, 2, 100, 25)
+    plan = straight_plan([0, 3, 6, 9, 12], 8)
+    return profile, cluster, SimulatedPipeline(profile, cluster, plan, faults, SimulatedCosts(noise=noise), seed=5)
+
+
+def test_speed_inferred_from_metrics_and_noise_is_quiet() -> None:
+    profile, cluster, pipe = _pipe(scenario([Slowdown(2, 2.0, 15)]))
+    state = initial_state(cluster, pipe.alive_devices())
+    flagged = []
+    for i in range(25):
+        obs = observe(state, pipe.run_iteration(), profile, pipe.alive_devices(), CFG)
+        state = obs.state
+        if obs.speed_changes:
+            flagged.append((i, obs.speed_changes))
+    assert flagged and flagged[0][0] in (15, 16, 17) and flagged[0][1] == (2,)
+    assert all(i >= 15 for i, _ in flagged)
+    speeds = model_cluster(state, cluster).speeds
+    assert speeds[2] == pytest.approx(0.5, rel=0.1)
+    assert np.allclose(np.delete(speeds, 2), 1.0, rtol=0.1)
+
+
+def test_link_bandwidth_observed_and_class_scaled() -> None:
+    # inter-node links (node0 = {0,1}, node1 = {2,3}) drop from 25 to 5 Gb/s at iteration 5
+    profile, cluster, pipe = _pipe(scenario(set_inter_node_bandwidth(two_level(2, 2, 100, 25), 5.0, 5)), noise=0.0)
+    state = initial_state(cluster, pipe.alive_devices())
+    for _ in range(10):
+        state = observe(state, pipe.run_iteration(), profile, pipe.alive_devices(), CFG).state
+    model = model_cluster(state, cluster)
+    assert model.link(1, 2) == pytest.approx(5 * GBPS, rel=1e-6)  # the used inter-node link
+    assert model.link(0, 3) == pytest.approx(5 * GBPS, rel=1e-6)  # never used: scaled with its class
+    assert model.link(0, 1) == pytest.approx(100 * GBPS, rel=1e-6)  # intra-node unchanged
+
+
+def test_throttle_by_delay_per_byte() -> None:
+    t = Throttle(0, 1, 0, delay_per_byte=1.0 / (10 * GBPS))
+    assert t.apply(10 * GBPS) == pytest.approx(5 * GBPS)

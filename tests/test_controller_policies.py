@@ -1,0 +1,78 @@
+"""Arbiter rule on both sides of its boundary; failure policy decisions; re-plans on live devices."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.cluster import flat
+from orchestrator.controller import (
+    ArbiterConfig, Continue, DropReplicas, ExplicitArbiter, Option, Restart, Stay, Switch, full_replan, on_device_loss, should_switch,
+)
+from orchestrator.plan import Plan, Stage, straight_plan
+from tests.helpers import random_profile
+
+CFG = ArbiterConfig(horizon_iterations=50, margin=1.0, min_relative_gain=0.02)
+PLAN = straight_plan([0, 2, 4], 4)
+
+
+@pytest.mark.parametrize("cost,expect", [(49.999, True), (50.001, False)])
+def test_gain_over_horizon_vs_cost_boundary(cost: float, expect: bool) -> None:
+    # gain 1 s/iteration over 50 iterations breaks even at a switch cost of 50 s
+    assert should_switch(10.0, 9.0, cost, 50, CFG) is expect
+
+
+def test_margin_and_horizon_scale_the_boundary() -> None:
+    assert should_switch(10.0, 9.0, 99.0, 100, CFG)
+    assert not should_switch(10.0, 9.0, 101.0, 100, CFG)
+    strict = ArbiterConfig(horizon_iterations=50, margin=2.0)
+    assert should_switch(10.0, 9.0, 24.9, 50, strict) and not should_switch(10.0, 9.0, 25.1, 50, strict)
+
+
+def test_gains_inside_model_error_are_ignored_even_if_free() -> None:
+    assert not should_switch(10.0, 9.9, 0.0, 50, CFG)  # 1% < 2%
+    assert should_switch(10.0, 9.7, 0.0, 50, CFG)
+    assert not should_switch(10.0, 10.5, 0.0, 50, CFG)  # a loss is never taken
+
+
+def test_arbiter_picks_the_largest_net_benefit_and_respects_remaining() -> None:
+    cheap = Option("move", (PLAN,), 9.0, 1.0, "cheap")  # net 50 - 1 = 49
+    better = Option("restart", (PLAN,), 8.0, 30.0, "better")  # net 100 - 30 = 70
+    arb = ExplicitArbiter(CFG)
+    win = arb.decide(10.0, [cheap, better], remaining=None)
+    assert isinstance(win, Switch) and win.option.label == "better" and win.net_s == pytest.approx(70.0)
+    near_end = arb.decide(10.0, [cheap, better], remaining=10)  # nets 9 and -10
+    assert isinstance(near_end, Switch) and near_end.option.label == "cheap"
+    assert isinstance(arb.decide(10.0, [cheap, better], remaining=0), Stay)
+    assert isinstance(arb.decide(10.0, [], remaining=None), Stay)
+
+
+def test_loss_of_an_idle_device_changes_nothing() -> None:
+    decision = on_device_loss(PLAN, [3], [0, 1, 2], lambda ids: PLAN)
+    assert isinstance(decision, Continue)
+
+
+def test_loss_of_a_replica_continues_live_on_the_survivors() -> None:
+    plan = Plan((Stage(0, 2, (0, 1)), Stage(2, 4, (2,))), 4)
+    decision = on_device_loss(plan, [1], [0, 2], lambda ids: pytest.fail("must not re-plan"))  # type: ignore[arg-type, return-value]
+    assert isinstance(decision, DropReplicas)
+    assert decision.plan.stages[0].devices == (0,) and decision.dropped == (1,)
+
+
+def test_loss_of_the_only_copy_restarts_from_checkpoint_on_live_devices() -> None:
+    profile = random_profile(8, 2)
+    cluster = flat(4, 10)
+    plan = straight_plan([0, 2, 4, 6, 8], 4)
+    alive = [0, 2, 3]
+    decision = on_device_loss(plan, [1], alive, lambda ids: full_replan(profile, cluster, ids, plan))
+    assert isinstance(decision, Restart) and decision.from_checkpoint
+    assert set(decision.plan.devices) <= set(alive) and decision.plan.num_blocks == 8
+    assert decision.plan.num_microbatches == plan.num_microbatches
+
+
+@pytest.mark.parametrize("alive", [[1, 3], [0, 2, 3], [3]])
+def test_full_replan_uses_only_live_devices_in_nominal_ids(alive: list[int]) -> None:
+    profile = random_profile(10, 5)
+    cluster = flat(4, 25, speeds=[1.0, 0.5, 2.0, 1.0])
+    plan = full_replan(profile, cluster, alive, straight_plan([0, 10], 8))
+    assert set(plan.devices) <= set(alive)
+    plan.check_against(10, cluster.size)
