@@ -52,6 +52,8 @@ class Executor:
         self.modules, self.optimizers, self.groups = modules, optimizers, groups
         self.boundary, self.batch_rows, self.torch_device = boundary, batch_rows, torch_device
         self.last = len(plan.stages) - 1
+        self._rows: dict[tuple[int, tuple[int, int], int], Range] = {}
+        self._peers: dict[tuple[int, int], list[int]] = {}
         self.cuda = torch_device.type == "cuda"
         self.param_ptrs = {p.data_ptr() for m in modules.values() for p in m.parameters()}
         self.handlers: dict[Kind, Callable[[Action], None]] = {
@@ -76,7 +78,19 @@ class Executor:
 
     # ----- rows -----
     def rows(self, stage: int, unit: tuple[int, int], device: int | None = None) -> Range:
-        return stage_rows(self.plan, self.batch_rows, stage, self.device if device is None else device, unit)
+        key = (stage, unit, self.device if device is None else device)
+        found = self._rows.get(key)
+        if found is None:
+            found = self._rows[key] = stage_rows(self.plan, self.batch_rows, stage, key[2], unit)
+        return found
+
+    def peers(self, stage: int, other: int) -> list[int]:
+        """Devices of ``other`` whose rows overlap this device's share of ``stage`` (lowering's rule)."""
+        found = self._peers.get((stage, other))
+        if found is None:
+            replica = self.plan.stages[stage].devices.index(self.device)
+            found = self._peers[(stage, other)] = [d for d, _ in peers(self.plan, stage, replica, other)]
+        return found
 
     def _link_rows(self, a: Action) -> tuple[Range, Range, int, int]:
         """(my rows, overlap rows, sending stage, receiving-side stage) of a point-to-point action."""
@@ -212,9 +226,8 @@ class Executor:
 
     def _gather(self, direction: str, stage: int, unit: tuple[int, int], other: int, mine: Range) -> Tensor:
         """Concatenate, in peer order, the pieces of ``stage``'s input (F) or output grad (B)."""
-        replica = self.plan.stages[stage].devices.index(self.device)
         pieces = []
-        for peer, _ in peers(self.plan, stage, replica, other):
+        for peer in self.peers(stage, other):
             theirs = self.rows(other, unit, peer)
             lo, hi = intersect(mine, theirs)
             if hi <= lo:

@@ -145,19 +145,20 @@ class WorkerGroup:
                 self._cancel(pending)
                 raise self._died(dev, what, exc) from None
             except RayTaskError as exc:
-                self.broken = True
                 cause = getattr(exc, "cause", None)
-                if isinstance(cause, UserError):
-                    self._cancel(pending)
-                    raise UserError(str(cause)) from None
                 failure = failure or (dev, cause if isinstance(cause, BaseException) else exc)
         if failure is not None:
-            self._cancel(pending)
-            dev, exc = failure
+            if pending:  # peers still blocked (on the failed one): the process group is unusable
+                self.broken = True
+                self._cancel(pending)
+            dev, err = failure
+            if isinstance(err, UserError):  # a user mistake (bad checkpoint, bad data): say it plainly
+                raise UserError(str(err)) from None
+            self.broken = True
             raise PipelineActorError(
-                f"{what} failed on {self._name(dev)}: {type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}",
+                f"{what} failed on {self._name(dev)}: {type(err).__name__}: {_last_line(err)}",
                 dev, self._stages(dev),
-            ) from exc
+            ) from err
         if pending:
             self.broken = True
             names = ", ".join(self._name(d) for d in pending.values())
@@ -185,6 +186,11 @@ class WorkerGroup:
     def _died(self, device: int, what: str, exc: BaseException) -> PipelineActorError:
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return PipelineActorError(f"{self._name(device)} died during {what}: {detail}", device, self._stages(device), died=True)
+
+
+def _last_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[-1] if text else ""
 
 
 __all__ = ["GetTimeoutError", "PipelineActorError", "WorkerGroup"]

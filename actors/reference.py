@@ -44,8 +44,12 @@ class ReferenceTrainer:
         self.losses: list[float] = []
 
     @classmethod
-    def for_plan(cls, plan: Plan, *args: Any, **kwargs: Any) -> "ReferenceTrainer":
-        return cls(*args, num_microbatches=plan.num_microbatches, sliced_microbatches=plan.sliced_microbatches, **kwargs)
+    def for_plan(
+        cls, plan: Plan, model_factory: Callable[[], list[nn.Module]], loss_fn: Callable[[Tensor, Tensor], Tensor],
+        optimizer_factory: Callable[[Any], torch.optim.Optimizer], data_fn: Callable[[int], tuple[Tensor, Tensor]], seed: int = 0,
+    ) -> "ReferenceTrainer":
+        """The reference with ``plan``'s micro-batch and slicing counts (its stages do not matter)."""
+        return cls(model_factory, loss_fn, optimizer_factory, data_fn, plan.num_microbatches, plan.sliced_microbatches, seed)
 
     def train(self, steps: int) -> list[float]:
         """Run ``steps`` iterations from the current step; returns their full-batch losses."""
