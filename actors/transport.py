@@ -30,38 +30,12 @@ import torch
 import torch.distributed as dist
 
 from orchestrator.plan import Plan
+from orchestrator.schedule.ir import Range, intersect, replica_range, split_range, unit_range
 
-Range = tuple[int, int]
+__all__ = ["Range", "intersect", "replica_range", "split_range", "unit_range", "stage_rows", "tag"]
 
 MAX_MICROBATCHES = 4096  # tag space per stage; a plan with more micro-batches is rejected at setup
 _DIRS = {"F": 0, "B": 1}
-
-
-# ----- rows -----
-def split_range(lo: int, hi: int, count: int, index: int) -> Range:
-    """``numpy.array_split`` of rows ``[lo, hi)`` into ``count`` pieces: piece ``index``."""
-    n = hi - lo
-    q, r = divmod(n, count)
-    start = lo + index * q + min(index, r)
-    return start, start + q + (1 if index < r else 0)
-
-
-def unit_range(batch_rows: int, num_microbatches: int, microbatch: int, part: int) -> Range:
-    """Absolute rows of unit ``(microbatch, part)`` in an iteration batch of ``batch_rows`` rows."""
-    lo, hi = split_range(0, batch_rows, num_microbatches, microbatch)
-    return (lo, hi) if part == 0 else split_range(lo, hi, 2, part - 1)
-
-
-def replica_range(unit: Range, count: int, index: int) -> Range:
-    """Rows of replica ``index`` of ``count`` inside ``unit`` (ceil rule, see module docstring)."""
-    lo, hi = unit
-    n = hi - lo
-    return lo + -(-index * n // count), lo + -(-(index + 1) * n // count)
-
-
-def intersect(a: Range, b: Range) -> Range:
-    lo, hi = max(a[0], b[0]), min(a[1], b[1])
-    return (lo, hi) if hi > lo else (lo, lo)
 
 
 def stage_rows(plan: Plan, batch_rows: int, stage: int, device: int, unit: tuple[int, int]) -> Range:

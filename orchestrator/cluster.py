@@ -45,6 +45,8 @@ class Cluster:
 
     devices: tuple[Device, ...]
     bandwidth: np.ndarray  # [n, n] bytes/s as given; 0 = no direct link
+    latency_s: float = 0.0
+    """Fixed cost of one point-to-point message (seconds): NCCL ~10-30 µs, gloo over TCP ~0.3-1 ms."""
     effective: np.ndarray = field(init=False, repr=False)  # widest-path bandwidth, inf on the diagonal
 
     def __post_init__(self) -> None:
@@ -62,6 +64,8 @@ class Cluster:
         off = ~np.eye(n, dtype=bool)
         if np.any(~np.isfinite(bw[off])) or np.any(bw[off] < 0):
             raise UserError("bandwidth must be finite and non-negative (0 = no direct link)")
+        if not (self.latency_s >= 0 and math.isfinite(self.latency_s)):
+            raise UserError(f"message latency must be a finite number >= 0, got {self.latency_s}")
         bw[~off] = np.inf
         bw.flags.writeable = False
         object.__setattr__(self, "bandwidth", bw)
@@ -107,18 +111,23 @@ class Cluster:
         devs = tuple(Device(k, self.devices[i].node, self.devices[i].speed, self.devices[i].memory_bytes, self.devices[i].kind) for k, i in enumerate(ids))
         bw = np.array(self.bandwidth)[np.ix_(ids, ids)]
         np.fill_diagonal(bw, 0.0)
-        return Cluster(devs, bw)
+        return Cluster(devs, bw, self.latency_s)
 
     def with_speeds(self, speeds: Sequence[float]) -> "Cluster":
         devs = tuple(Device(d.id, d.node, float(s), d.memory_bytes, d.kind) for d, s in zip(self.devices, speeds))
         bw = np.array(self.bandwidth)
         np.fill_diagonal(bw, 0.0)
-        return Cluster(devs, bw)
+        return Cluster(devs, bw, self.latency_s)
 
     def with_bandwidth(self, bandwidth: np.ndarray) -> "Cluster":
         bw = np.array(bandwidth, dtype=np.float64)
         np.fill_diagonal(bw, 0.0)
-        return Cluster(self.devices, bw)
+        return Cluster(self.devices, bw, self.latency_s)
+
+    def with_latency(self, latency_s: float) -> "Cluster":
+        bw = np.array(self.bandwidth)
+        np.fill_diagonal(bw, 0.0)
+        return Cluster(self.devices, bw, latency_s)
 
     def to_dict(self) -> dict[str, Any]:
         bw = np.array(self.bandwidth)
@@ -130,6 +139,7 @@ class Cluster:
                 for d in self.devices
             ],
             "bandwidth_bytes_per_s": bw.tolist(),
+            "message_latency_s": self.latency_s,
         }
 
 
@@ -229,7 +239,7 @@ def from_dict(data: Any, origin: str = "cluster") -> Cluster:
             bw = np.array(data["bandwidth_bytes_per_s"], dtype=np.float64)
         else:
             bw = np.array(data["bandwidth_gbps"], dtype=np.float64) * GBPS
-        return Cluster(devices, bw)
+        return Cluster(devices, bw, float(data.get("message_latency_s", 0.0)))
     except UserError as exc:
         raise UserError(f"{origin}: {exc}") from None
     except (KeyError, TypeError, ValueError) as exc:

@@ -2,7 +2,7 @@
 
 Cost model (the same one the planners optimize):
 - compute: profile time × unit fraction / device speed / stage replicas;
-- point-to-point: bytes / effective link bandwidth, one transfer at a time per link direction,
+- point-to-point: message latency + bytes / effective link bandwidth, one transfer at a time per link direction,
   in the sender's program order (sends are asynchronous; receives block);
 - ring all-reduce: 2(k−1)/k · stage parameter bytes / slowest link of the ring, a barrier for
   the replicas;
@@ -171,7 +171,7 @@ def simulate(
                     start = max(t, free_at)
                     cause = last_event[d] if t >= free_at else prev
                     nbytes = costs.transfer_bytes(a, d)
-                    dur = nbytes / cluster.link(d, a.peer) if nbytes else 0.0
+                    dur = cluster.latency_s + nbytes / cluster.link(d, a.peer)
                     idx = emit(Event(d, str(a), "transfer", start, start + dur, cause, link))
                     link_free[link] = (start + dur, idx)
                     tag = "F" if a.kind is Kind.SEND_F else "B"

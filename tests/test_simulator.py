@@ -118,3 +118,11 @@ def test_lower_bound_is_never_beaten() -> None:
         base = straight_plan([0, 2, 4, 6, 8], 8, ScheduleKind.ONE_F_ONE_B)
         plan = interleave(base, 2) if kind is ScheduleKind.INTERLEAVED else base.with_schedule(kind)
         assert simulate(plan, profile, cluster).iteration_s >= lower_bound(profile, cluster, 8) - 1e-12
+
+
+def test_message_latency_is_charged_per_transfer() -> None:
+    profile = Profile("x", (Block("a", 1.0, 1.0, 1e9, 0.0), Block("b", 1.0, 1.0, 1e9, 0.0)))
+    plan = straight_plan([0, 1, 2], 1, ScheduleKind.GPIPE)
+    base = simulate(plan, profile, flat(2, 8.0)).iteration_s
+    slow = simulate(plan, profile, flat(2, 8.0).with_latency(0.25)).iteration_s
+    assert slow == pytest.approx(base + 2 * 0.25)  # one activation and one gradient message

@@ -93,8 +93,50 @@ def units_of(plan: Plan) -> list[tuple[int, int]]:
 
 
 def row_share(index: int, count: int) -> tuple[float, float]:
-    """Fractional row range of replica ``index`` among ``count`` (matches ``numpy.array_split``)."""
+    """Fractional row range ``[i/k, (i+1)/k)`` of replica ``index`` among ``count``.
+
+    Its integer image is :func:`replica_range` (ceil boundaries), which never overlaps a replica
+    whose fractional range does not, so the peers the lowering derives from these fractions are
+    exactly the ones the actors need.
+    """
     return index / count, (index + 1) / count
+
+
+# ----- integer row rules shared by every interpreter (actors, single-process reference) -----
+Range = tuple[int, int]
+
+
+def split_range(lo: int, hi: int, count: int, index: int) -> Range:
+    """``numpy.array_split`` of rows ``[lo, hi)`` into ``count`` pieces: piece ``index``.
+
+    Micro-batches and slice halves use this rule.
+    """
+    n = hi - lo
+    q, r = divmod(n, count)
+    start = lo + index * q + min(index, r)
+    return start, start + q + (1 if index < r else 0)
+
+
+def unit_range(batch_rows: int, num_microbatches: int, microbatch: int, part: int) -> Range:
+    """Absolute rows of unit ``(microbatch, part)`` in an iteration batch of ``batch_rows`` rows."""
+    lo, hi = split_range(0, batch_rows, num_microbatches, microbatch)
+    return (lo, hi) if part == 0 else split_range(lo, hi, 2, part - 1)
+
+
+def replica_range(unit: Range, count: int, index: int) -> Range:
+    """Rows ``[ceil(i·n/k), ceil((i+1)·n/k))`` of replica ``index`` of ``count`` inside ``unit``.
+
+    Not ``array_split``: that rule is not monotone in ``i/k`` (6 rows: 2 replicas cut at 3, 4
+    replicas at 4) and could need a peer the lowering never listed.
+    """
+    lo, hi = unit
+    n = hi - lo
+    return lo + -(-index * n // count), lo + -(-(index + 1) * n // count)
+
+
+def intersect(a: Range, b: Range) -> Range:
+    lo, hi = max(a[0], b[0]), min(a[1], b[1])
+    return (lo, hi) if hi > lo else (lo, lo)
 
 
 def overlap(a: tuple[float, float], b: tuple[float, float]) -> float:
