@@ -192,10 +192,23 @@ def restore_block(
             raise UserError(f"checkpoint file {path}: optimizer state of block {payload['block']} does not fit ({exc})") from None
 
 
-def latest(root: str | os.PathLike[str]) -> Path | None:
-    """Newest step directory that has a manifest (torn ones, without manifest, are skipped)."""
+def latest(root: str | os.PathLike[str], check_files: bool = True) -> Path | None:
+    """Newest step directory that is a complete checkpoint.
+
+    Torn ones (no manifest) are always skipped; with ``check_files`` every block file's checksum
+    is verified too, so a corrupted newest checkpoint falls back to the one before it instead of
+    failing the restore.
+    """
     base = Path(root)
     if not base.is_dir():
         return None
     candidates = sorted(p for p in base.glob("step_*") if p.is_dir() and (p / MANIFEST).is_file())
-    return candidates[-1] if candidates else None
+    for path in reversed(candidates):
+        if not check_files:
+            return path
+        try:
+            verify(path)
+        except UserError:
+            continue
+        return path
+    return None
