@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, cast
 
 import pandas as pd
 import torch
@@ -27,7 +27,7 @@ from cloud.throughput import ThroughputTable
 from orchestrator.cluster import Cluster, flat
 from orchestrator.errors import UserError
 from orchestrator.job import Placement
-from orchestrator.launch import ClusterSpec, LaunchTarget, ray_up, write_cluster_yaml
+from orchestrator.launch import Cloud, ClusterSpec, LaunchTarget, ray_up, write_cluster_yaml
 from orchestrator.plan import Plan
 from orchestrator.planners.base import PlannerOptions, run_planner
 from orchestrator.profile import Profile
@@ -104,8 +104,8 @@ def cloud_launcher(out_dir: Path, project_id: str | None = None, dry_run: bool =
         offer = placement.offer
         if offer is None:
             raise UserError("a cloud placement needs an offer (cloud, region, instance type)")
-        spec = ClusterSpec(cloud=offer.cloud, region=offer.region, zone=offer.zone or None, instance_type=offer.instance_type,
-                           spot=offer.spot, gpu_type=offer.gpu_type, gpus_per_node=offer.gpu_count, project_id=project_id)  # type: ignore[arg-type]
+        spec = ClusterSpec(cloud=cast(Cloud, offer.cloud), region=offer.region, zone=offer.zone or None, instance_type=offer.instance_type,
+                           spot=offer.spot, gpu_type=offer.gpu_type, gpus_per_node=offer.gpu_count, project_id=project_id)
         path = write_cluster_yaml(spec, out_dir / f"{offer.cloud}-{offer.region}-{offer.instance_type}.yaml")
         ray_up(path, dry_run=dry_run)
         return replace(placement, target=LaunchTarget("cloud", spec=spec), devices=spec.total_gpus)

@@ -234,9 +234,10 @@ class JobManager:
             self._emit("notice_too_short", seconds_left=round(left, 3), needed_s=round(self._checkpoint_s + self.config.deadline_margin_s, 3),
                        fallback=str(self._last_durable) if self._last_durable else "start")
         decision = self.policy(self.placement, True, session.step)
-        if isinstance(decision, Stay):  # nowhere better: come back to the same kind of place
-            decision = Move(self.placement.offer, f"re-acquire after preemption ({decision.reason})", 0.0) if self.placement.offer else None  # type: ignore[assignment]
-        return self._migrate(session, decision, forced=True, checkpoint=saved or self._last_durable)
+        move: Move | None = decision if isinstance(decision, Move) else None
+        if move is None and self.placement.offer is not None:  # nowhere better: re-acquire the same kind of place
+            move = Move(self.placement.offer, f"re-acquire after preemption ({getattr(decision, 'reason', '')})", 0.0)
+        return self._migrate(session, move, forced=True, checkpoint=saved or self._last_durable)
 
     def _migrate(self, session: Session, decision: Move | None, forced: bool, checkpoint: Path | None) -> Session:
         self.state = JobState.MIGRATING
