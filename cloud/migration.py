@@ -107,7 +107,11 @@ def move_scores(
         hours = remaining / (throughput * 3600.0)
         slowdown = 1.0 / np.clip(1.0 - risk_per_hour * costs.lost_h_per_preemption(), 0.05, 1.0)
         run = hours * slowdown * price
-        move = run + costs.resume_h * price + costs.upload_h * price[current] + egress_per_gb * costs.checkpoint_gb
+        # The upload is paid on the current instance; when it is gone (forced move, NaN price) the
+        # upload happens within the notice and costs nothing extra, and must not poison every
+        # candidate's score with NaN.
+        upload = costs.upload_h * price[current] if np.isfinite(price[current]) else 0.0
+        move = run + costs.resume_h * price + upload + egress_per_gb * costs.checkpoint_gb
     move = np.where(np.isfinite(move) & (throughput > 0), move, np.inf)
     stay = float(run[current]) if np.isfinite(run[current]) and throughput[current] > 0 else np.inf
     move[current] = stay
@@ -118,6 +122,8 @@ def choose(move: np.ndarray, stay: float, current: int, costs: MigrationCosts) -
     """Index of the best target (``current`` = stay) and its expected saving, with hysteresis."""
     best = int(np.argmin(move))
     if not np.isfinite(stay):
+        if not np.isfinite(move[best]):
+            raise UserError("no offer can run this job: every candidate lacks a price or a throughput")
         return best, 0.0  # forced: the current offer is gone
     saving = stay - float(move[best])
     if best != current and saving > max(costs.min_saving_usd, costs.hysteresis * stay):

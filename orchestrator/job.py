@@ -166,8 +166,9 @@ class JobManager:
     # ----- the loop -----
     def run(self, session: Session | None = None) -> JobReport:
         start = self.clock()
-        self.placement = self.launcher(self.placement)
-        session = session or self.session_factory(self.placement, self._resume_point())
+        if session is None:  # otherwise the caller already runs a session on this placement
+            self.placement = self.launcher(self.placement)
+            session = self.session_factory(self.placement, self._resume_point())
         self._emit("job_started", placement=self.placement.label(), plan=session.plan.describe(), step=session.step)
         try:
             while session.step < self.config.total_steps:

@@ -131,3 +131,25 @@ def test_thesis_traces_policy_ladder(traces):
     costs = {p.name: replay(trace, p, table, "A3C", samples, start).cost_usd for p in pols}
     # each rung adds a freedom, so it can only find a cheaper static choice
     assert costs["gpu-type"] < costs["baseline"] and costs["multi-cloud"] <= costs["multi-gpu"] <= costs["gpu-type"]
+
+
+def test_forced_move_picks_the_cheapest_target_not_the_first_row() -> None:
+    """Regression: with the current offer gone (NaN price) every score used to become NaN, and
+    argmin silently returned row 0 (here the expensive on-demand offer)."""
+    import pandas as pd
+
+    from cloud.migration import MigrationCosts, Move, plan_migration
+    from cloud.records import Offer
+    from cloud.throughput import ThroughputTable
+
+    rows = [
+        ("aws", "us-east-1", "", "p3.8xlarge", "V100", 4, False, 12.24),
+        ("azure", "eastus", "", "NC24s_v3", "V100", 4, True, 2.448),
+        ("gcp", "us-west1", "us-west1-b", "n1-standard-8", "V100", 4, True, 3.04),
+    ]
+    cols = ["cloud", "region", "zone", "instance_type", "gpu_type", "gpu_count", "spot", "usd_per_hour"]
+    offers = pd.DataFrame(rows, columns=cols)
+    gone = Offer("azure", "westus2", "", "NC24s_v3", "V100", 4, True, 2.448)
+    table = ThroughputTable({("m", "V100", 4): 100.0})
+    decision = plan_migration(gone, offers, table, "m", 1e6, MigrationCosts())
+    assert isinstance(decision, Move) and decision.target.region == "eastus"
