@@ -14,12 +14,18 @@ Failure triage: every remote call goes through :meth:`WorkerGroup.gather`, which
 deadline and converts a dead actor into :class:`PipelineActorError` naming device and stages.
 When one worker dies its peers fail a little later (their receives time out or see a closed
 socket); the death is the root cause, so it is reported in preference to their errors.
+
+Live re-partitioning: ``configure(..., members=, slots=)`` pins device ``d`` to actor slot
+``slots[d]`` and makes every alive ``member`` (not only the plan's devices) a process-group rank,
+so :meth:`WorkerGroup.move` can later give blocks to any member — and drop a dead one — while all
+other processes keep running with their state. The process group is rebuilt only when the
+membership changes (a death or a join); a change of blocks or replicas among members reuses it.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
@@ -49,7 +55,10 @@ class WorkerGroup:
         self.actors: list[Any] = []
         self.pg: Any = None
         self.plan: Plan | None = None
-        self.rank_of: dict[int, int] = {}
+        self.spec: JobSpec | None = None
+        self.rank_of: dict[int, int] = {}  # device -> process-group rank (members only)
+        self.slot_of: dict[int, int] = {}  # device -> index into ``actors``
+        self.dead: set[int] = set()  # actor slots known to have died
         self.broken = False
         self._start()
 
@@ -69,6 +78,7 @@ class WorkerGroup:
         else:
             options = [{"num_cpus": self.cpus_per_worker} for _ in range(self.size)]
         self.actors = [remote.options(max_concurrency=1, **o).remote() for o in options]  # type: ignore[attr-defined]
+        self.dead = set()
         self.broken = False
 
     def restart(self) -> None:
@@ -93,34 +103,99 @@ class WorkerGroup:
             self.pg = None
 
     # ----- plan -----
-    def configure(self, spec: JobSpec, plan: Plan, timeout_s: float = 300.0) -> list[dict[str, Any]]:
-        """Point the first ``len(plan.devices)`` workers at ``plan`` and join them in one process group."""
-        devices = sorted(plan.devices)
-        if len(devices) > self.size:
+    def configure(self, spec: JobSpec, plan: Plan, timeout_s: float = 300.0, members: Sequence[int] | None = None,
+                  slots: Mapping[int, int] | None = None) -> list[dict[str, Any]]:
+        """Point workers at ``plan`` and join them in one process group (fresh blocks from the seed).
+
+        Default: the first ``len(plan.devices)`` workers, in device order. ``members`` (a superset
+        of the plan's devices) makes idle alive devices ranks too; ``slots`` pins each device to
+        an actor slot so a device keeps its process across plans (what live moves rely on).
+        """
+        devices = sorted(set(plan.devices) | set(members or ()))
+        if slots is None:
+            slots = {d: i for i, d in enumerate(devices)}
+        if len(devices) > self.size or any(not 0 <= slots[d] < self.size for d in devices):
             raise UserError(f"plan needs {len(devices)} workers but the group has {self.size}")
         if self.broken:
             self.restart()
-        self.plan = plan
+        if any(slots[d] in self.dead for d in devices):
+            raise UserError(f"device(s) {sorted(d for d in devices if slots[d] in self.dead)} have no live worker")
+        self.plan, self.spec = plan, spec
         self.rank_of = {d: i for i, d in enumerate(devices)}
-        host, port = ray.get(self.actors[0].endpoint.remote(), timeout=timeout_s)
-        refs = [self.actors[i].configure.remote(spec, plan.to_dict(), d, self.rank_of, host, port) for i, d in enumerate(devices)]
-        idle = [a.shutdown.remote() for a in self.actors[len(devices):]]
-        out = self.gather(refs, "setup", timeout_s)
-        ray.get(idle, timeout=timeout_s)
+        self.slot_of = {d: slots[d] for d in devices}
+        host, port = ray.get(self.actor_of(devices[0]).endpoint.remote(), timeout=timeout_s)
+        refs = [self.actor_of(d).configure.remote(spec, plan.to_dict(), d, self.rank_of, host, port) for d in devices]
+        used = set(self.slot_of.values())
+        idle = [a.shutdown.remote() for i, a in enumerate(self.actors) if i not in used and i not in self.dead]
+        out = self.gather(refs, "setup", timeout_s, devices)
+        try:
+            ray.get(idle, timeout=timeout_s)
+        except RayActorError:
+            pass  # an idle worker that died is nobody's loss
         return out
 
+    def move(self, plan: Plan, transfers: Sequence[tuple[int, int, int, int]], members: Sequence[int] | None = None,
+             timeout_s: float = 300.0) -> list[dict[str, Any]]:
+        """Live switch to ``plan``: hand over ``(src, dst, first, last)`` block state worker to worker.
+
+        Every worker keeps its process and the blocks it keeps; the process group is re-created
+        only when ``members`` differs from the current members (a device died or joined), and
+        replica subgroups only for replica sets that are new. Returns the workers' reports.
+        """
+        if self.plan is None:
+            raise RuntimeError("configure the group before moving")
+        new_members = sorted(set(members if members is not None else self.rank_of) | set(plan.devices))
+        for d in new_members:
+            self.slot_of.setdefault(d, d)
+        if any(self.slot_of[d] in self.dead for d in new_members):
+            raise UserError(f"device(s) {sorted(d for d in new_members if self.slot_of[d] in self.dead)} have no live worker")
+        old_members = set(self.rank_of)
+        rejoin = new_members != sorted(old_members)
+        rank_of = {d: i for i, d in enumerate(new_members)} if rejoin else dict(self.rank_of)
+        endpoint = ray.get(self.actor_of(new_members[0]).endpoint.remote(), timeout=timeout_s) if rejoin else None
+        old_groups = set() if rejoin else {g for g in self.plan.device_groups if len(g) > 1}
+        create = [g for g in plan.device_groups if len(g) > 1 and g not in old_groups]
+        leaving = [d for d in self.rank_of if d not in rank_of and self.slot_of[d] not in self.dead]
+        self.plan, self.rank_of = plan, rank_of
+        order = [tuple(t) for t in sorted(transfers)]
+        newcomers = {d for d in new_members if d not in old_members}
+        refs = [self.actor_of(d).live_move.remote(plan.to_dict(), rank_of, endpoint, order, create, d, self.spec if d in newcomers else None)
+                for d in new_members]
+        out = self.gather(refs, "live move", timeout_s, new_members)
+        for d in leaving:  # alive but no longer a member: leave the old group cleanly
+            try:
+                ray.get(self.actor_of(d).shutdown.remote(), timeout=timeout_s)
+            except RayActorError:
+                self.dead.add(self.slot_of[d])
+        self.broken = False
+        return out
+
+    def respawn(self, slots: Sequence[int]) -> None:
+        """Start fresh processes in dead ``slots`` (a replaced node; tests restoring a shared pool)."""
+        remote = ray.remote(StageWorker)
+        for i in slots:
+            if i in self.dead:
+                if self.use_gpu:
+                    raise UserError("respawning a single GPU worker is not supported; restart the group")
+                self.actors[i] = remote.options(max_concurrency=1, num_cpus=self.cpus_per_worker).remote()  # type: ignore[attr-defined]
+                self.dead.discard(i)
+
     def actor_of(self, device: int) -> Any:
-        return self.actors[self.rank_of[device]]
+        return self.actors[self.slot_of[device]]
+
+    def plan_devices(self) -> list[int]:
+        return sorted(self.plan.devices) if self.plan is not None else sorted(self.rank_of)
 
     def call(self, method: str, *args: Any, devices: Sequence[int] | None = None, what: str = "", timeout_s: float = 600.0) -> list[Any]:
-        """Call ``method`` on the workers of ``devices`` (default: all plan devices) in parallel."""
-        targets = list(devices) if devices is not None else sorted(self.rank_of)
+        """Call ``method`` on the workers of ``devices`` (default: the plan's devices) in parallel."""
+        targets = list(devices) if devices is not None else self.plan_devices()
         refs = [getattr(self.actor_of(d), method).remote(*args) for d in targets]
         return self.gather(refs, what or method, timeout_s, targets)
 
     def kill_worker(self, device: int) -> None:
         """Fault injection from the driver side (tests): hard-kill one worker."""
         ray.kill(self.actor_of(device), no_restart=True)
+        self.dead.add(self.slot_of[device])
 
     # ----- triage -----
     def gather(self, refs: list[Any], what: str, timeout_s: float, devices: Sequence[int] | None = None) -> list[Any]:
@@ -142,6 +217,8 @@ class WorkerGroup:
                 results[dev] = ray.get(ref)
             except RayActorError as exc:
                 self.broken = True
+                if dev in self.slot_of:
+                    self.dead.add(self.slot_of[dev])
                 self._cancel(pending)
                 raise self._died(dev, what, exc) from None
             except RayTaskError as exc:

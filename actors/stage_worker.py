@@ -15,13 +15,27 @@ with trailing dimensions that do not change from step to step.
 
 Data: stage-0 and last-stage workers call the picklable ``data_fn(step)`` themselves and slice
 their rows; the driver is never on the data path.
+
+Live re-partitioning (:meth:`StageWorker.live_move`): between iterations the driver sends every
+member the new plan and the list of block hand-overs (from
+:func:`orchestrator.controller.handle.move_transfers`). Senders ship weights *and* optimizer
+state of whole blocks straight to the receiver over the job's own process group; everyone else
+keeps its modules and optimizer objects untouched, so training stays exact across the move. A
+worker may be a process-group *member* without holding blocks (an idle, alive device): that is
+what lets the job start using a device without re-creating the process group.
+
+Fault injection (:class:`FaultKnobs`): a slowdown factor sleeps ``(factor-1)x`` the measured
+compute after every forward/backward *inside* its span (so the slowdown is visible in measured
+compute time, and gradients are untouched); a per-peer delay sleeps ``delay x bytes`` before each
+send and counts that wait as transfer time. Both live on the worker, not the executor, so they
+survive re-partitioning — a co-located job does not go away because we moved blocks.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -34,6 +48,7 @@ from actors.execution import Executor
 from actors.transport import MAX_MICROBATCHES, backend_for, free_endpoint, init_group, replica_groups
 from orchestrator.errors import UserError
 from orchestrator.plan import Plan
+from orchestrator.schedule.ir import Action, Kind
 from orchestrator.schedule.lowering import lower
 
 DataFn = Callable[[int], tuple[Tensor, Tensor]]
@@ -54,12 +69,73 @@ class JobSpec:
     kill_at: frozenset[tuple[int, int]] = field(default_factory=frozenset)  # fault injection: (step, device)
 
 
+@dataclass
+class FaultKnobs:
+    """Injected slowness of this worker's device and of its outgoing links (see module docstring)."""
+
+    slowdown: float = 1.0
+    send_delay_per_byte: dict[int, float] = field(default_factory=dict)  # peer device -> s/byte
+
+
+class FaultyExecutor(Executor):
+    """The executor with the injection hooks of :class:`FaultKnobs` around compute and sends.
+
+    A subclass (not edits to ``execution.py``) keeps the hot path of the base executor exactly as
+    its owners write it: with default knobs every override is one comparison and a super call.
+    """
+
+    knobs: FaultKnobs = FaultKnobs()
+
+    def _slow(self, handler: Callable[[Action], None], a: Action) -> None:
+        before = len(self.spans)
+        handler(a)
+        factor = self.knobs.slowdown
+        if factor != 1.0 and len(self.spans) > before:
+            label, kind, start, end = self.spans[-1]
+            time.sleep(max(0.0, (factor - 1.0) * (end - start)))
+            self.spans[-1] = (label, kind, start, self._now())  # the device was busy all along
+
+    def _forward(self, a: Action) -> None:
+        if self.knobs.slowdown == 1.0:
+            super()._forward(a)
+        else:
+            self._slow(super()._forward, a)
+
+    def _backward(self, a: Action) -> None:
+        if self.knobs.slowdown == 1.0:
+            super()._backward(a)
+        else:
+            self._slow(super()._backward, a)
+
+    def _send(self, a: Action) -> None:
+        delay = self.knobs.send_delay_per_byte.get(a.peer, 0.0) if self.knobs.send_delay_per_byte else 0.0
+        if delay <= 0.0:
+            super()._send(a)
+            return
+        wanted = time.perf_counter() - self.t0
+        mine, (lo, hi), _, _ = self._link_rows(a)
+        if hi > lo:
+            stage = self.plan.stages[a.stage]
+            shape, dtype = self.boundary[stage.last if a.kind is Kind.SEND_F else stage.first]
+            numel = hi - lo
+            for n in shape:
+                numel *= n
+            time.sleep(delay * numel * dtype.itemsize)
+        before = len(self.sends)
+        super()._send(a)
+        if len(self.sends) > before:  # the link was "busy" from when the data was ready
+            label, peer, size, _ = self.sends[-1]
+            self.sends[-1] = (label, peer, size, wanted)
+
+
 class StageWorker:
     """Wrapped with ``ray.remote`` by :mod:`actors.group`; plain class so it is testable in-process."""
 
     def __init__(self) -> None:
         self.device_id = -1
         self.executor: Executor | None = None
+        self.knobs = FaultKnobs()
+        self.completed_step = -1  # last step whose iteration finished here (failure triage)
 
     # ----- setup -----
     def endpoint(self) -> tuple[str, int]:
@@ -87,23 +163,130 @@ class StageWorker:
             raise UserError(f"the model factory built {len(blocks)} blocks but the plan covers {plan.num_blocks}")
         inputs, _ = spec.data_fn(0)
         boundary = probe_boundaries(blocks, inputs)
+        # An alive member that the plan does not use holds no blocks and runs an empty program.
         mine = sorted(b for j in plan.stages_of_device(device) for b in range(plan.stages[j].first, plan.stages[j].last))
         modules = {b: blocks[b].to(torch_device) for b in mine}
         del blocks  # the other devices' blocks: only needed for the identical RNG stream and the probe
         optimizers = {b: spec.optimizer_factory(m.parameters()) for b, m in modules.items() if any(True for _ in m.parameters())}
         init_group(host, port, rank_of[device], len(rank_of), backend_for(torch_device), spec.pg_timeout_s)
         groups = replica_groups(plan, rank_of)
-        program = lower(plan).programs[device]
-        self.executor = Executor(
+        program = lower(plan).programs.get(device, ())
+        self.executor = self._executor(
             spec, plan, device, rank_of, program, modules, optimizers, groups, boundary, int(inputs.shape[0]), torch_device
         )
+        self.completed_step = -1
         return {"device": device, "rank": rank_of[device], "blocks": mine, "pid": os.getpid(), "backend": dist.get_backend()}
 
     # ----- training -----
     def run_iteration(self, step: int) -> dict[str, Any]:
         if self.executor is None:
             raise RuntimeError("worker not configured")
-        return self.executor.run(step)
+        report = self.executor.run(step)
+        self.completed_step = step
+        return report
+
+    def _executor(self, *args: Any) -> Executor:
+        ex = FaultyExecutor(*args)
+        ex.knobs = self.knobs  # shared object: knobs set later reach this executor too
+        return ex
+
+    # ----- fault injection -----
+    def set_faults(self, slowdown: float, send_delay_per_byte: dict[int, float]) -> None:
+        self.knobs.slowdown = float(slowdown)
+        self.knobs.send_delay_per_byte = {int(k): float(v) for k, v in send_delay_per_byte.items()}
+
+    def arm_kill(self, step: int) -> None:
+        """Die halfway through iteration ``step`` (like a crashed process), via the executor's hook."""
+        ex = self._ready()
+        ex.spec = replace(ex.spec, kill_at=ex.spec.kill_at | {(step, self.device_id)})
+
+    def status(self) -> dict[str, Any]:
+        held = sorted(self.executor.modules) if self.executor is not None else []
+        return {"device": self.device_id, "completed_step": self.completed_step, "blocks": held, "pid": os.getpid()}
+
+    # ----- live re-partitioning -----
+    def live_move(
+        self, plan_dict: dict[str, Any], rank_of: dict[int, int], endpoint: tuple[str, int] | None,
+        transfers: list[tuple[int, int, int, int]], create_groups: list[tuple[int, ...]],
+        device: int = -1, spec: JobSpec | None = None,
+    ) -> dict[str, Any]:
+        """Switch to ``plan_dict`` keeping this process and every block it keeps.
+
+        ``endpoint``: re-join a new process group first (membership changed); ``None`` keeps the
+        current one. ``transfers``: ``(src, dst, first, last)`` in one global order; each worker
+        walks the list and does its sends and receives in that order, which cannot deadlock (the
+        earliest unfinished transfer always has both ends ready). ``create_groups``: replica
+        subgroups to create, in the same order on every member (``new_group`` is collective).
+        ``spec``/``device``: only for a worker joining without having been configured (a new GPU).
+        """
+        plan = Plan.from_dict(plan_dict)
+        ex = self.executor
+        t0 = time.perf_counter()
+        modules: dict[int, nn.Module] = {}
+        optimizers: dict[int, torch.optim.Optimizer] = {}
+        old_groups: dict[tuple[int, ...], Any] = {}
+        if spec is not None:  # a newcomer: whatever it ran before belongs to another job or plan
+            self.device_id = device
+            torch_device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+            if torch_device.type == "cpu":
+                local = max(1, int(os.environ.get("RAYPIPE_WORKERS_PER_NODE", len(rank_of))))
+                torch.set_num_threads(spec.threads or max(1, (os.cpu_count() or 1) // local))
+            inputs, _ = spec.data_fn(0)
+            boundary, batch_rows = probe_boundaries(list(spec.model_factory()), inputs), int(inputs.shape[0])
+        elif ex is not None:
+            spec, boundary, batch_rows, torch_device = ex.spec, ex.boundary, ex.batch_rows, ex.torch_device
+            modules, optimizers, old_groups = dict(ex.modules), dict(ex.optimizers), ex.groups
+            # A failed iteration may have left accumulated gradients behind.
+            for module in modules.values():
+                module.zero_grad(set_to_none=True)
+        else:
+            raise RuntimeError("worker not configured and no job spec given")
+        device = self.device_id
+        groups: dict[tuple[int, ...], Any]
+        if endpoint is not None:
+            init_group(endpoint[0], endpoint[1], rank_of[device], len(rank_of), backend_for(torch_device), spec.pg_timeout_s)
+            groups = {}
+        else:
+            wanted = {g for g in plan.device_groups if len(g) > 1}
+            groups = {g: h for g, h in old_groups.items() if g in wanted}
+        for g in create_groups:
+            groups[tuple(g)] = dist.new_group(sorted(rank_of[d] for d in g))
+        t_group = time.perf_counter()
+        sent = received = 0
+        templates: list[nn.Module] | None = None
+        for src, dst, first, last in transfers:
+            if src == device:
+                payload = {b: (modules[b].state_dict(), optimizers[b].state_dict() if b in optimizers else None) for b in range(first, last)}
+                dist.send_object_list([payload], dst=rank_of[dst])
+                sent += _state_bytes(payload)
+            elif dst == device:
+                box: list[Any] = [None]
+                dist.recv_object_list(box, src=rank_of[src])
+                if templates is None:
+                    templates = list(spec.model_factory())
+                for b, (weights, opt_state) in box[0].items():
+                    module = templates[b].to(torch_device)
+                    module.load_state_dict(weights)
+                    modules[b] = module
+                    if opt_state is not None:
+                        optimizer = spec.optimizer_factory(module.parameters())
+                        optimizer.load_state_dict(opt_state)
+                        optimizers[b] = optimizer
+                    received += _state_bytes({b: (weights, opt_state)})
+        held = {b for j in plan.stages_of_device(device) for b in range(plan.stages[j].first, plan.stages[j].last)}
+        missing = held - set(modules)
+        if missing:
+            raise RuntimeError(f"device {device}: blocks {sorted(missing)} were neither held nor received (bad transfer list)")
+        modules = {b: m for b, m in modules.items() if b in held}
+        optimizers = {b: o for b, o in optimizers.items() if b in held}
+        program = lower(plan).programs.get(device, ())
+        self.executor = self._executor(
+            spec, plan, device, rank_of, program, modules, optimizers, groups, boundary, batch_rows, torch_device
+        )
+        done = time.perf_counter()
+        return {"device": device, "bytes_sent": sent, "bytes_received": received, "blocks": sorted(held),
+                "rejoined": endpoint is not None, "groups_created": len(create_groups),
+                "group_s": t_group - t0, "transfer_s": done - t_group, "pid": os.getpid()}
 
     # ----- checkpoints -----
     def save_blocks(self, directory: str) -> list[dict[str, Any]]:
@@ -141,6 +324,21 @@ class StageWorker:
         if self.executor is None:
             raise RuntimeError("worker not configured")
         return self.executor
+
+
+def _state_bytes(payload: dict[int, tuple[Any, Any]]) -> int:
+    """Tensor bytes in a hand-over payload (weights and optimizer state)."""
+    total = 0
+    stack: list[Any] = [payload]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Tensor):
+            total += item.numel() * item.element_size()
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return total
 
 
 def probe_boundaries(blocks: list[nn.Module], inputs: Tensor) -> list[tuple[tuple[int, ...], torch.dtype]]:

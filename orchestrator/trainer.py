@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import ray
 import torch
@@ -124,16 +124,36 @@ class PipelineTrainer:
         return result.plan
 
     def _ensure_started(self) -> None:
-        if self._started:
-            return
+        if not self._started:
+            self.start()
+
+    def start(self, members: Sequence[int] | None = None, slots: Mapping[int, int] | None = None, size: int | None = None) -> None:
+        """Create (if needed) and configure the workers. ``members``/``slots``: see
+        :meth:`WorkerGroup.configure` — the live handle (:mod:`orchestrator.live`) pins device
+        ``d`` to worker ``d`` and makes every alive device a rank so it can move blocks live."""
         if not ray.is_initialized():
             ray.init(ignore_reinit_error=True, log_to_driver=False)
         if self.group is None:
-            self.group = WorkerGroup(len(self.plan.devices), use_gpu=self.use_gpu)
-        self.group.configure(self.spec, self.plan)
+            self.group = WorkerGroup(size or len(self.plan.devices), use_gpu=self.use_gpu)
+        self.group.configure(self.spec, self.plan, members=members, slots=slots)
         self._started = True
         if self.resume is not None:
             self.restore(self.resume)
+            self.resume = None
+
+    def run_step(self) -> IterationMetrics:
+        """Exactly one iteration of ``self.plan`` (no retry: a failure propagates as
+        :class:`PipelineActorError`), then a checkpoint if one is due. The adaptive controller's
+        handle drives training through this, one step at a time, between its decisions."""
+        group = self._workers()
+        t = time.perf_counter()
+        reports = group.call("run_iteration", self.step, what=f"step {self.step}", timeout_s=self.iteration_timeout_s)
+        m = combine(reports, time.perf_counter() - t)
+        self.history[self.step] = m.loss
+        self.step += 1
+        if self.checkpoint_every and self.step % self.checkpoint_every == 0:
+            self.save_checkpoint()
+        return m
 
     def _workers(self) -> WorkerGroup:
         self._ensure_started()
