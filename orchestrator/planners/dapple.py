@@ -44,33 +44,45 @@ from orchestrator.cluster import Cluster
 from orchestrator.errors import UserError
 from orchestrator.plan import Plan, ScheduleKind, Stage
 from orchestrator.planners.base import PlannerOptions, PlannerSpec, register
-from orchestrator.planners.spp import all_reduce_time, boundary_time, fits_memory
+from orchestrator.planners.spp import all_reduce_time, boundary_time, fits_memory, seconds_per_byte
 from orchestrator.profile import Profile
 
 INF = np.inf
 POLICIES = ("fresh_first", "append_first", "scatter_first")
+DEFAULT_BEAM = 16
+SMALL_CLUSTER = 16
 
 Occ = tuple[int, ...]
-Key = tuple[Occ, tuple[int, ...], int]  # occupancy, last group, stage count (0 unless capped)
+Key = tuple[tuple[object, ...], int]  # canonical (occupancy, last group), stage count (0 unless capped)
 
 
-def allocate(servers: list[list[int]], occ: Occ, last: tuple[int, ...], m: int, policy: str) -> tuple[Occ, tuple[int, ...]] | None:
-    """The ``m`` devices a policy picks next, and the new occupancy (None if too few are free)."""
+def allocate(
+    servers: list[list[int]], occ: Occ, last: tuple[int, ...], m: int, policy: str, types: list[int] | None = None
+) -> tuple[Occ, tuple[int, ...]] | None:
+    """The ``m`` devices a policy picks next, and the new occupancy (None if too few are free).
+
+    Ties are broken by (server type, state, index) so that interchangeable servers are treated
+    alike, which keeps the DP's symmetry reduction exact."""
+    n = len(servers)
     free = [len(g) - u for g, u in zip(servers, occ)]
     if sum(free) < m:
         return None
-    take = [0] * len(servers)
+    ty = types or [0] * n
+    in_last = [sum(1 for d in last if d in g) for g in servers]
+    take = [0] * n
     need = m
     if policy == "scatter_first":
+        ring = sorted(range(n), key=lambda k: (ty[k], occ[k], in_last[k], k))
         while need:
-            for k in range(len(servers)):
+            for k in ring:
                 if need and free[k] - take[k] > 0:
                     take[k] += 1
                     need -= 1
     else:
-        last_servers = {k for k, g in enumerate(servers) for d in last if d in g}
-        fresh = [k for k in range(len(servers)) if occ[k] == 0]
-        partial = sorted((k for k in range(len(servers)) if 0 < occ[k] < len(servers[k])), key=lambda k: (k not in last_servers, -free[k], k))
+        fresh = sorted((k for k in range(n) if occ[k] == 0), key=lambda k: (ty[k], k))
+        partial = sorted(
+            (k for k in range(n) if 0 < occ[k] < len(servers[k])), key=lambda k: (in_last[k] == 0, -free[k], ty[k], occ[k], -in_last[k], k)
+        )
         ordered = fresh + partial if policy == "fresh_first" else partial + fresh
         for k in ordered:
             if not need:
@@ -82,12 +94,39 @@ def allocate(servers: list[list[int]], occ: Occ, last: tuple[int, ...], m: int, 
     return tuple(u + t for u, t in zip(occ, take)), group
 
 
+def server_types(cluster: Cluster, servers: list[list[int]]) -> list[int] | None:
+    """A type per server such that servers of one type are interchangeable (same size, speeds,
+    memories and internal links, and one inter-server bandwidth everywhere); None if no symmetry."""
+    eff = cluster.effective
+    if len(servers) < 2:
+        return None
+    cross = [float(eff[a, b]) for i, g in enumerate(servers) for h in servers[i + 1 :] for a in g for b in h]
+    cross += [float(eff[b, a]) for i, g in enumerate(servers) for h in servers[i + 1 :] for a in g for b in h]
+    if max(cross) != min(cross):
+        return None
+    sigs: dict[tuple[object, ...], int] = {}
+    types = []
+    for g in servers:
+        sig = (
+            len(g),
+            tuple(float(cluster.speeds[d]) for d in g),
+            tuple(float(cluster.memories[d]) for d in g),
+            tuple(float(x) for x in eff[np.ix_(g, g)].ravel()),
+        )
+        types.append(sigs.setdefault(sig, len(sigs)))
+    return types
+
+
 @dataclass
 class DappleDP:
     keys: list[Key]
+    real: list[tuple[Occ, tuple[int, ...]]]  # a representative (occupancy, last group) per key
     best: list[np.ndarray]  # per key: pivot value after planning blocks [0, j), j = 0..L
     parent: list[np.ndarray]  # per key, per j: parent key index (-1 = first stage)
     parent_j: list[np.ndarray]
+    move: list[np.ndarray]  # per key, per j: replicas*3 + policy index of the stage ending there
+    servers: list[list[int]]
+    types: list[int] | None
 
 
 def _stage_costs(profile: Profile, cluster: Cluster) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -110,94 +149,150 @@ def solve(profile: Profile, cluster: Cluster, options: PlannerOptions) -> Dapple
     mems = cluster.memories
     comp, par, sta = _stage_costs(profile, cluster)
     acts = np.array([profile.boundary_bytes(k) for k in range(L + 1)])
+    M = options.num_microbatches
     cap = options.max_stages
     max_rep = 1 if options.straight else cluster.size
+    # Replica counts tried per stage: all of them on small clusters; on large ones (more than
+    # SMALL_CLUSTER devices) the counts a server layout makes natural — up to one server, then
+    # whole servers — which keeps planning interactive.
+    per_server = max(len(g) for g in cluster.nodes().values())
+    sizes = [m for m in range(1, max_rep + 1) if cluster.size <= SMALL_CLUSTER or m <= per_server or m % per_server == 0]
     keys: list[Key] = []
+    real: list[tuple[Occ, tuple[int, ...]]] = []
     index: dict[Key, int] = {}
+    types = server_types(cluster, servers)
+    server_of = {d: k for k, g in enumerate(servers) for d in g}
+    bt_cache: dict[tuple[tuple[int, ...], tuple[int, ...]], float] = {}
+    cand_cache: dict[tuple[Occ, tuple[int, ...]], list[tuple[Occ, tuple[int, ...], int]]] = {}
     best: list[np.ndarray] = []
     parent: list[np.ndarray] = []
     parent_j: list[np.ndarray] = []
-    group_cost: dict[tuple[int, ...], np.ndarray] = {}
+    move: list[np.ndarray] = []
+    group_cost: dict[tuple[object, ...], np.ndarray] = {}
 
     def stage_matrix(group: tuple[int, ...]) -> np.ndarray:
-        cost = group_cost.get(group)
+        g = list(group)
+        sig = (len(g), float(min(speeds[g])), float(min(mems[g])), cluster.ring_bandwidth(g))
+        cost = group_cost.get(sig)
         if cost is None:
-            g = list(group)
-            cost = comp / (len(g) * float(min(speeds[g])))
+            cost = comp / (len(g) * float(min(speeds[g]))) + all_reduce_time(cluster, group, 1.0) * par / M
             if options.check_memory:
                 fits = par * options.state_factor + sta / len(g) <= float(min(mems[g]))
                 cost = np.where(fits, cost, INF)
-            group_cost[group] = cost
+            group_cost[sig] = cost
         return cost
 
+    def canonical(occ: Occ, group: tuple[int, ...]) -> tuple[object, ...]:
+        if types is None:
+            return (occ, group)
+        last = [0] * len(servers)
+        for d in group:
+            last[server_of[d]] += 1
+        per_type: dict[int, list[tuple[int, int]]] = {}
+        for k, t in enumerate(types):
+            per_type.setdefault(t, []).append((occ[k], last[k]))
+        return tuple(tuple(sorted(v)) for _, v in sorted(per_type.items()))
+
     def key_of(occ: Occ, group: tuple[int, ...], depth: int) -> int:
-        k = (occ, group, depth if cap else 0)
+        k = (canonical(occ, group), depth if cap else 0)
         idx = index.get(k)
         if idx is None:
             idx = len(keys)
             index[k] = idx
             keys.append(k)
+            real.append((occ, group))
             best.append(np.full(L + 1, INF))
             parent.append(np.full(L + 1, -2, dtype=np.int64))
             parent_j.append(np.full(L + 1, -1, dtype=np.int64))
+            move.append(np.full(L + 1, -1, dtype=np.int64))
         return idx
 
-    def candidates(occ: Occ, last: tuple[int, ...]) -> list[tuple[Occ, tuple[int, ...]]]:
-        out: dict[tuple[int, ...], Occ] = {}
-        for m in range(1, max_rep + 1):
-            for policy in POLICIES:
-                got = allocate(servers, occ, last, m, policy)
+    def candidates(occ: Occ, last: tuple[int, ...]) -> list[tuple[Occ, tuple[int, ...], int]]:
+        cached = cand_cache.get((occ, last))
+        if cached is not None:
+            return cached
+        out: dict[tuple[int, ...], tuple[Occ, int]] = {}
+        for m in sizes:
+            for p, policy in enumerate(POLICIES):
+                got = allocate(servers, occ, last, m, policy, types)
                 if got is not None and got[1] not in out:
-                    out[got[1]] = got[0]
-        return [(o, g) for g, o in out.items()]
+                    out[got[1]] = (got[0], m * 3 + p)
+        cand_cache[(occ, last)] = [(o, g, mv) for g, (o, mv) in out.items()]
+        return cand_cache[(occ, last)]
 
     empty: Occ = tuple(0 for _ in servers)
     # First stages: blocks [0, j) on a freshly allocated group.
-    for occ, group in candidates(empty, ()):
+    for occ, group, mv in candidates(empty, ()):
         idx = key_of(occ, group, 1)
         row = stage_matrix(group)[0]
         better = row < best[idx]
         best[idx] = np.where(better, row, best[idx])
         parent[idx] = np.where(better, -1, parent[idx])
         parent_j[idx] = np.where(better, 0, parent_j[idx])
+        move[idx] = np.where(better, mv, move[idx])
     # Expand states level by level in devices used: a transition always adds devices, so every
-    # state is final when its level is reached.
+    # state is final when its level is reached. Beyond ``beam`` states per level only the most
+    # promising are expanded (optimistic bound: the rest of the model spread over the free devices).
+    beam = int(options.extra.get("dapple_beam", DEFAULT_BEAM))
+    fb = profile.prefix("forward_s") + profile.prefix("backward_s")
+    fastest = float(speeds.max())
     for level in range(1, cluster.size):
-        for idx in [k for k in range(len(keys)) if sum(keys[k][0]) == level]:
-            occ, last, depth = keys[idx]
+        at_level = [k for k in range(len(keys)) if sum(real[k][0]) == level]
+        if beam and len(at_level) > beam:
+            rest = (fb[-1] - fb) / ((cluster.size - level) * fastest)
+            score = [float(np.min(np.maximum(best[k], rest))) for k in at_level]
+            at_level = [at_level[i] for i in np.argsort(score, kind="stable")[:beam]]
+        for idx in at_level:
+            occ, last = real[idx]
+            depth = keys[idx][1]
             vals = best[idx]
             if not np.isfinite(vals[:L]).any() or (cap and depth >= cap):
                 continue
-            for nocc, group in candidates(occ, last):
-                tr = 2.0 * _transfer(cluster, last, group, acts)
-                head = np.maximum(vals, tr)[:, None]  # [j']
-                cand = np.maximum(head, stage_matrix(group))  # [j', j]
-                jp = np.argmin(cand, axis=0)
-                v = cand[jp, np.arange(L + 1)]
-                if not np.isfinite(v).any():
-                    continue
+            cands = candidates(occ, last)
+            units = np.array([_unit_transfer(bt_cache, cluster, last, g) for _, g, _ in cands])
+            lat = cluster.latency_s if last else 0.0
+            head = np.maximum(vals[None, :], 2.0 * (lat + units[:, None] * acts[None, :]))  # [C, j']
+            cand = np.maximum(head[:, :, None], np.stack([stage_matrix(g) for _, g, _ in cands]))  # [C, j', j]
+            jp_all = np.argmin(cand, axis=1)  # [C, j]
+            v_all = np.take_along_axis(cand, jp_all[:, None, :], axis=1)[:, 0]  # [C, j]
+            for c, (nocc, group, mv) in enumerate(cands):
+                v = v_all[c]
                 nidx = key_of(nocc, group, depth + 1)
                 better = v < best[nidx]
                 if better.any():
                     best[nidx] = np.where(better, v, best[nidx])
                     parent[nidx] = np.where(better, idx, parent[nidx])
-                    parent_j[nidx] = np.where(better, jp, parent_j[nidx])
-    return DappleDP(keys, best, parent, parent_j)
+                    parent_j[nidx] = np.where(better, jp_all[c], parent_j[nidx])
+                    move[nidx] = np.where(better, mv, move[nidx])
+    return DappleDP(keys, real, best, parent, parent_j, move, servers, types)
 
 
-def _transfer(cluster: Cluster, src: tuple[int, ...], dst: tuple[int, ...], acts: np.ndarray) -> np.ndarray:
-    """Per-unit transfer time for every cut (bytes differ, the slowest replica pair does not)."""
-    return acts * boundary_time(cluster, src, dst, 1.0)
+def _unit_transfer(cache: dict[tuple[tuple[int, ...], tuple[int, ...]], float], cluster: Cluster, src: tuple[int, ...], dst: tuple[int, ...]) -> float:
+    """Seconds per byte of a boundary between two groups (the slowest replica pair decides)."""
+    got = cache.get((src, dst))
+    if got is None:
+        got = cache[(src, dst)] = seconds_per_byte(cluster, src, dst) if src else 0.0
+    return got
 
 
 def unwind(dp: DappleDP, idx: int, L: int) -> list[Stage]:
-    stages = []
+    """Follow the back-pointers, then replay the placement moves from an empty cluster so the
+    device ids are consistent along the path (keys are only defined up to server symmetry)."""
+    steps = []
     j = L
     while idx >= 0:
         pj = int(dp.parent_j[idx][j])
-        stages.append(Stage(pj, j, dp.keys[idx][1]))
+        steps.append((pj, j, int(dp.move[idx][j])))
         idx, j = int(dp.parent[idx][j]), pj
-    return stages[::-1]
+    occ: Occ = tuple(0 for _ in dp.servers)
+    last: tuple[int, ...] = ()
+    stages = []
+    for first, end, mv in reversed(steps):
+        got = allocate(dp.servers, occ, last, mv // 3, POLICIES[mv % 3], dp.types)
+        assert got is not None
+        occ, last = got
+        stages.append(Stage(first, end, last))
+    return stages
 
 
 def pseudo_stages(plan: Plan, profile: Profile, cluster: Cluster) -> tuple[list[float], list[float], list[int], list[float]]:
@@ -261,7 +356,10 @@ def plan_dapple(profile: Profile, cluster: Cluster, options: PlannerOptions) -> 
         best = (lat, plan)
     if best is None:
         raise UserError("dapple: no pipeline fits device memory (try more devices or fewer micro-batches)")
-    return Plan(best[1].stages, M, ScheduleKind.ONE_F_ONE_B, algorithm="dapple", objective_s=best[0])
+    out = Plan(best[1].stages, M, ScheduleKind.ONE_F_ONE_B, algorithm="dapple", objective_s=best[0])
+    from orchestrator.planners.interleaving import maybe_interleave
+
+    return maybe_interleave(out, profile, cluster, options)
 
 
 def _latency_objective(plan: Plan, profile: Profile, cluster: Cluster, options: PlannerOptions) -> float:
@@ -269,3 +367,17 @@ def _latency_objective(plan: Plan, profile: Profile, cluster: Cluster, options: 
 
 
 register(PlannerSpec("dapple", plan_dapple, "DAPPLE (PPoPP'21): latency model with pivot stage, DP over device sets, 1F1B", _latency_objective))
+
+
+def dp_objective(plan: Plan, profile: Profile, cluster: Cluster, M: int) -> float:
+    """The DP's value of a finished plan: max over pseudo-stages of F + B, the stages' all-reduce
+    amortized over the M micro-batches (used by the brute-force test)."""
+    worst = 0.0
+    for j, s in enumerate(plan.stages):
+        g = list(s.devices)
+        stage = profile.compute_time(s.first, s.last) / (len(g) * float(min(cluster.speeds[g])))
+        stage += all_reduce_time(cluster, s.devices, profile.param_bytes(s.first, s.last)) / M
+        worst = max(worst, stage)
+        if j + 1 < len(plan.stages):
+            worst = max(worst, 2.0 * boundary_time(cluster, s.devices, plan.stages[j + 1].devices, profile.boundary_bytes(s.last)))
+    return worst

@@ -47,6 +47,7 @@ plan SPP picks is the one the simulator scores.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Sequence
 
 import networkx as nx
@@ -65,19 +66,29 @@ INF = np.inf
 # ----------------------------------------------------------------------------------------------
 # Cost model shared by the literature planners (the simulator's, per micro-batch).
 # ----------------------------------------------------------------------------------------------
-def boundary_time(cluster: Cluster, src: Sequence[int], dst: Sequence[int], nbytes: float) -> float:
-    """Time of one unit's transfer across a boundary: replicas exchange overlapping row shares in
-    parallel on their own links, so the slowest pair decides."""
-    if nbytes <= 0:
+@lru_cache(maxsize=4096)
+def _shares(ra: int, rb: int) -> np.ndarray:
+    out = np.array([[overlap(row_share(i, ra), row_share(j, rb)) for j in range(rb)] for i in range(ra)])
+    out[out <= 1e-12] = 0.0
+    out.flags.writeable = False
+    return out
+
+
+def seconds_per_byte(cluster: Cluster, src: Sequence[int], dst: Sequence[int]) -> float:
+    """Seconds per boundary byte: replicas exchange overlapping row shares in parallel on their own
+    links, so the slowest pair decides."""
+    if not src or not dst:
         return 0.0
-    worst = 0.0
-    for i, a in enumerate(src):
-        mine = row_share(i, len(src))
-        for j, b in enumerate(dst):
-            share = overlap(mine, row_share(j, len(dst)))
-            if share > 1e-12 and a != b:
-                worst = max(worst, share * nbytes / cluster.link(a, b))
-    return worst
+    links = cluster.effective[np.ix_(list(src), list(dst))]
+    return float(np.max(_shares(len(src), len(dst)) / links))
+
+
+def boundary_time(cluster: Cluster, src: Sequence[int], dst: Sequence[int], nbytes: float) -> float:
+    """Time of one unit's transfer across a boundary: per-message latency plus the slowest pair's
+    share (the simulator sends a message per overlapping replica pair, even an empty one)."""
+    if not src or not dst:
+        return 0.0
+    return cluster.latency_s + nbytes * seconds_per_byte(cluster, src, dst)
 
 
 def all_reduce_time(cluster: Cluster, group: Sequence[int], param_bytes: float) -> float:
@@ -93,8 +104,9 @@ class PipelineCosts:
 
     fwd: list[float]
     bwd: list[float]
-    comm: list[float]  # boundary s -> s+1 (activation forward, gradient backward: same size)
+    comm: list[float]  # boundary s -> s+1 bytes time per unit (activation forward, gradient backward)
     allreduce: list[float]
+    latency: float = 0.0  # per message, also for half units
 
     @property
     def num_stages(self) -> int:
@@ -110,8 +122,8 @@ def plan_costs(plan: Plan, profile: Profile, cluster: Cluster) -> PipelineCosts:
         bwd.append(profile.backward_time(s.first, s.last) / slow)
         ar.append(all_reduce_time(cluster, s.devices, profile.param_bytes(s.first, s.last)) if j < plan.num_physical_stages else 0.0)
         if j + 1 < len(plan.stages):
-            comm.append(boundary_time(cluster, s.devices, plan.stages[j + 1].devices, profile.boundary_bytes(s.last)))
-    return PipelineCosts(fwd, bwd, comm, ar)
+            comm.append(profile.boundary_bytes(s.last) * seconds_per_byte(cluster, s.devices, plan.stages[j + 1].devices))
+    return PipelineCosts(fwd, bwd, comm, ar, cluster.latency_s)
 
 
 def unit_fractions(num_microbatches: int, sliced: int = 0) -> list[float]:
@@ -152,7 +164,7 @@ def list_schedule(
     """SPP's PE: run every queue ``U_s`` as-soon-as-possible; transfers FIFO per link direction."""
     S = costs.num_stages
     U = len(fractions)
-    fwd, bwd, comm = costs.fwd, costs.bwd, costs.comm
+    fwd, bwd, comm, lat = costs.fwd, costs.bwd, costs.comm, costs.latency
     arr_f: list[list[float]] = [[-1.0] * U for _ in range(S)]
     arr_b: list[list[float]] = [[-1.0] * U for _ in range(S)]
     link_f = [0.0] * S
@@ -183,7 +195,7 @@ def list_schedule(
                     t += fwd[s] * frac
                     if s + 1 < S:
                         st = t if t > link_f[s] else link_f[s]
-                        link_f[s] = st + comm[s] * frac
+                        link_f[s] = st + lat + comm[s] * frac
                         arr_f[s + 1][u] = link_f[s]
                 else:
                     if s + 1 < S:
@@ -196,7 +208,7 @@ def list_schedule(
                     t += bwd[s] * frac
                     if s > 0:
                         st = t if t > link_b[s - 1] else link_b[s - 1]
-                        link_b[s - 1] = st + comm[s - 1] * frac
+                        link_b[s - 1] = st + lat + comm[s - 1] * frac
                         arr_b[s - 1][u] = link_b[s - 1]
                 if rec is not None:
                     rec[(s, is_f, u)] = (start, t, cause)
@@ -289,6 +301,7 @@ class PRMTables:
     ring: np.ndarray  # [V, V] ring bandwidth in order
     pair: np.ndarray  # [V, V, V] slowest link between [a, a+r) and [a+r, a+r+r')
     valid: np.ndarray  # [V, V] a + r <= V
+    latency: float = 0.0
 
 
 def prm_tables(cluster: Cluster, order: list[int]) -> PRMTables:
@@ -317,7 +330,7 @@ def prm_tables(cluster: Cluster, order: list[int]) -> PRMTables:
         both = np.minimum.accumulate(rows, axis=1)  # cols b..c-1
         for a in range(b):
             pair[a, b - a - 1, : V - b] = both[a]
-    return PRMTables(order, smin, mem, ring, pair, valid)
+    return PRMTables(order, smin, mem, ring, pair, valid, cluster.latency_s)
 
 
 @dataclass
@@ -360,7 +373,7 @@ def prm(profile: Profile, tables: PRMTables, M: int, state_factor: float, max_st
         else:
             kmax = np.full(load.shape, INF)
         rmax = np.maximum(rr[:, None], rr[None, :])  # [r, r']
-        comm = M * acts[:, None, None, None] / (rmax[None, None] * tables.pair[None])  # [L+1, V(a), V(r), V(r')]
+        comm = M * (tables.latency + acts[:, None, None, None] / (rmax[None, None] * tables.pair[None]))  # [L+1, V(a), V(r), V(r')]
         comm = np.nan_to_num(comm, nan=INF)
     a_idx = np.arange(V)[:, None] + np.arange(1, V + 1)[None, :]  # a + r
     a_ok = a_idx < V
@@ -436,8 +449,8 @@ def plan_spp(profile: Profile, cluster: Cluster, options: PlannerOptions) -> Pla
         candidates.append((float(w0[a, ri]), S, int(a), int(ri) + 1))
     candidates.sort()
     best: tuple[float, Plan] | None = None
-    for _, S, a, r in candidates:
-        plan = Plan(tuple(prm_stages(res, tables, S, a, r)), M, ScheduleKind.ONE_F_ONE_B, algorithm="spp")
+    for _, S, a0, r0 in candidates:
+        plan = Plan(tuple(prm_stages(res, tables, S, int(a0), int(r0))), M, ScheduleKind.ONE_F_ONE_B, algorithm="spp")
         # PE's makespan is at least the largest stage load: skip plans that cannot win.
         costs = plan_costs(plan, profile, cluster)
         bound = max(M * (f + b) + x for f, b, x in zip(costs.fwd, costs.bwd, costs.allreduce))
@@ -449,7 +462,10 @@ def plan_spp(profile: Profile, cluster: Cluster, options: PlannerOptions) -> Pla
     if best is None:
         raise UserError("spp: no partition of the model fits device memory (try more devices, fewer micro-batches or --max-stages)")
     makespan, plan = best
-    return Plan(plan.stages, M, plan.schedule, algorithm="spp", objective_s=makespan)
+    out = Plan(plan.stages, M, plan.schedule, algorithm="spp", objective_s=makespan)
+    from orchestrator.planners.interleaving import maybe_interleave
+
+    return maybe_interleave(out, profile, cluster, options)
 
 
 def prm_objective(plan: Plan, profile: Profile, cluster: Cluster, M: int) -> float:
@@ -463,7 +479,7 @@ def prm_objective(plan: Plan, profile: Profile, cluster: Cluster, M: int) -> flo
         if j + 1 < len(plan.stages):
             nxt = plan.stages[j + 1]
             bw = min(min(cluster.link(x, y), cluster.link(y, x)) for x in s.devices for y in nxt.devices)
-            worst = max(worst, M * profile.boundary_bytes(s.last) / (max(r, nxt.replicas) * bw))
+            worst = max(worst, M * (cluster.latency_s + profile.boundary_bytes(s.last) / (max(r, nxt.replicas) * bw)))
     return worst
 
 

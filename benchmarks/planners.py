@@ -1,0 +1,199 @@
+"""Every planner on every shared profile, plus SPP's trace-driven scenario and its variations.
+
+    python benchmarks/planners.py [--quick] [--out benchmarks/results/planners.md]
+
+Sections (all figures measured in this one run, side by side):
+1. grid: every profile (PipeDream graph.txt, DAPPLE *.txt) × 4/8/16/32 GPUs × {flat 10 Gb/s,
+   two-level 4 GPUs/server 100/10 Gb/s}: simulated iteration time, ratio to the lower bound,
+   planning time, per planner (M = 32 micro-batches).
+2. PipeDream vs the published optimizer: our vectorized DP vs a pure-Python transcription of
+   ``optimizer_graph_hierarchical.py`` (benchmarks/pipedream_reference.py) on the same chain,
+   16 workers (4 × 4), with the published timings of the original beside them.
+3. SPP's setting (Luo et al. INFOCOM'22 §VI): BERT-24, 32 micro-batches, 8 servers × 4 GPUs, 3 servers
+   with intra-server bandwidth U[96,128] Gb/s, 5 with U[160,200], inter-server U[32,40] (seed 0),
+   and the variations of their figures 6–11.
+4. Planning time at 48 layers × 32 GPUs.
+
+Exits 0 with a message when ../shared is absent. Not run in CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from orchestrator.cluster import GBPS, Cluster, flat, heterogeneous_servers, two_level  # noqa: E402
+from orchestrator.errors import UserError  # noqa: E402
+from orchestrator.planners.base import PlannerOptions, run_planner  # noqa: E402
+from orchestrator.profile import Profile, load_profile  # noqa: E402
+
+SHARED = ROOT.parent / "shared"
+PLANNERS = ["even", "params", "pipedream", "spp", "dapple", "autopipe", "2bw", "auto"]
+PUBLISHED_PIPEDREAM_S = {"resnet50": 2.4, "resnet101": 7.4, "gnmt_large": 36.0}
+
+
+def profiles() -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for p in sorted((SHARED / "profiles").rglob("graph.txt")):
+        out[p.parent.name] = p
+    for p in sorted((SHARED / "profiles" / "dapple" / "profiling_results").glob("*.txt")):
+        out["dapple/" + p.stem] = p
+    return out
+
+
+def run_all(profile: Profile, cluster: Cluster, M: int, names: list[str] = PLANNERS, **kw: Any) -> dict[str, tuple[float, float, float] | str]:
+    """planner -> (iteration s, ratio to lower bound, planning s) or an error string."""
+    out: dict[str, tuple[float, float, float] | str] = {}
+    for name in names:
+        try:
+            r = run_planner(name, profile, cluster, PlannerOptions(num_microbatches=M, **kw))
+            out[name] = (r.iteration_time_s, r.iteration_time_s / r.lower_bound_s, r.planning_time_s)
+            if name == "auto":
+                out["auto winner"] = r.plan.algorithm
+        except UserError as exc:
+            out[name] = "no fit" if "fit" in str(exc) else f"error: {exc}"[:40]
+    return out
+
+
+def fmt_row(label: str, res: dict[str, Any], names: list[str]) -> str:
+    cells = []
+    for n in names:
+        v = res.get(n)
+        if isinstance(v, tuple):
+            cells.append(f"{v[0] * 1e3:.1f} ms / {v[1]:.2f}× / {v[2] * 1e3:.0f} ms")
+        else:
+            cells.append(str(v))
+    winner = res.get("auto winner", "")
+    return f"| {label} | " + " | ".join(cells) + f" | {winner} |"
+
+
+def header(first: str, names: list[str]) -> list[str]:
+    return [f"| {first} | " + " | ".join(names) + " | auto picked |", "|" + "---|" * (len(names) + 2)]
+
+
+def spp_cluster(servers: int = 8, gpus: int = 4, inter: tuple[float, float] = (32, 40), seed: int = 0) -> Cluster:
+    rng = np.random.default_rng(seed)
+    n_slow = round(servers * 3 / 8)
+    intra = list(rng.uniform(96, 128, n_slow)) + list(rng.uniform(160, 200, servers - n_slow))
+    m = rng.uniform(*inter, size=(servers, servers))
+    m = (m + m.T) / 2
+    return heterogeneous_servers([gpus] * servers, intra, m)
+
+
+def _ref_worker(path: str, q: Any) -> None:
+    from benchmarks import pipedream_reference as ref
+
+    prof = load_profile(path)
+    t = time.perf_counter()
+    v = ref.solve(prof, [(4, 100 * GBPS), (4, 10 * GBPS)])
+    q.put((time.perf_counter() - t, v))
+
+
+def reference_timing(path: Path, timeout: float) -> tuple[float, float] | None:
+    q: Any = mp.Queue()
+    proc = mp.Process(target=_ref_worker, args=(str(path), q))
+    proc.start()
+    proc.join(timeout)
+    if proc.is_alive():
+        proc.terminate()
+        proc.join()
+        return None
+    return q.get() if not q.empty() else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="a small subset (a few profiles, 8/32 GPUs)")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "planners.md"))
+    ap.add_argument("--ref-timeout", type=float, default=300.0)
+    args = ap.parse_args(argv)
+    if not (SHARED / "profiles").exists():
+        print(f"benchmarks/planners.py: {SHARED} not found; nothing to benchmark")
+        return 0
+    lines: list[str] = ["# Planner benchmark", "", "Cells: simulated iteration time / ratio to the lower bound / planning time.", ""]
+    profs = profiles()
+    if args.quick:
+        profs = {k: v for k, v in profs.items() if k in ("resnet50", "gnmt_large", "dapple/bert-24-pbs-6", "dapple/bert-48-pbs-2")}
+    gpu_counts = [8, 32] if args.quick else [4, 8, 16, 32]
+
+    # 4. planning time at 48 layers × 32 GPUs (first: it is the headline)
+    bert48 = SHARED / "profiles" / "dapple" / "profiling_results" / "bert-48-pbs-2.txt"
+    if bert48.exists():
+        lines += ["## Planning time, BERT-48 (50 blocks) on 32 GPUs (8 × 4, 100/10 Gb/s), M = 32", ""]
+        res = run_all(load_profile(bert48), two_level(8, 4, 100, 10), 32)
+        lines += header("setting", PLANNERS) + [fmt_row("bert-48 × 32", res, PLANNERS), ""]
+        print(lines[-2], flush=True)
+
+    # 3. SPP scenario and variations
+    bert24 = SHARED / "profiles" / "dapple" / "profiling_results" / "bert-24-pbs-6.txt"
+    if bert24.exists():
+        b24 = load_profile(bert24)
+        lines += ["## SPP trace-driven setting (BERT-24, M = 32, 8 × 4 GPUs, intra U[96,128]/U[160,200], inter U[32,40] Gb/s, seed 0)", ""]
+        lines += header("variation", PLANNERS)
+        rows: list[tuple[str, Profile, Cluster, int, dict[str, Any]]] = [("baseline", b24, spp_cluster(), 32, {})]
+        for M in ([16, 64] if args.quick else [8, 16, 64, 128]):
+            rows.append((f"M = {M} (fig. 6)", b24, spp_cluster(), M, {}))
+        for lo, hi in ([(8, 10)] if args.quick else [(8, 10), (16, 20), (64, 80)]):
+            rows.append((f"inter U[{lo},{hi}] Gb/s (fig. 7)", b24, spp_cluster(inter=(lo, hi)), 32, {}))
+        for s, g in ([(3, 4)] if args.quick else [(6, 2), (3, 4), (1, 8)]):
+            rows.append((f"{s}×{g} GPUs (fig. 8)", b24, spp_cluster(s, g), 32, {}))
+        if bert48.exists():
+            rows.append(("BERT-48 (fig. 9)", load_profile(bert48), spp_cluster(), 32, {}))
+        for f in (2, 4):
+            rows.append((f"activations ×{f} (fig. 10)", b24.with_activation_scale(f), spp_cluster(), 32, {}))
+        for k in ([4] if args.quick else [2, 4, 8, 16]):
+            rows.append((f"≤ {k} stages (fig. 11)", b24, spp_cluster(), 32, {"max_stages": k}))
+        for label, prof, cl, M, kw in rows:
+            res = run_all(prof, cl, M, **kw)
+            lines.append(fmt_row(label, res, PLANNERS))
+            print(lines[-1], flush=True)
+        lines.append("")
+
+    # 2. PipeDream vs the reference transcription
+    lines += ["## PipeDream: vectorized DP vs pure-Python reference (16 workers = 4 × 4, 100/10 Gb/s)", ""]
+    lines += ["| model | blocks | ours | reference (same chain) | speedup | published original | speedup vs published | bottleneck ours / ref |", "|---|---|---|---|---|---|---|---|"]
+    for name in ("resnet50", "resnet101", "gnmt_large"):
+        path = profs.get(name) or profiles().get(name)
+        if path is None:
+            continue
+        prof = load_profile(path)
+        t0 = time.perf_counter()
+        r = run_planner("pipedream", prof, two_level(4, 4, 100, 10), PlannerOptions(num_microbatches=32, check_memory=False))
+        ours = time.perf_counter() - t0
+        ref = reference_timing(path, args.ref_timeout)
+        pub = PUBLISHED_PIPEDREAM_S[name]
+        ref_cell = f"{ref[0] * 1e3:.1f} ms" if ref else f"> {args.ref_timeout:.0f} s (timeout)"
+        sp = f"{ref[0] / r.planning_time_s:.0f}×" if ref else "n/a"
+        bott = f"{r.objective_s * 1e3:.3f} / {ref[1] * 1e3:.3f} ms" if ref and r.objective_s else "n/a"
+        lines.append(f"| {name} | {prof.num_blocks} | {r.planning_time_s * 1e3:.1f} ms | {ref_cell} | {sp} | {pub} s | {pub / r.planning_time_s:.0f}× | {bott} |")
+        print(lines[-1], f"(wall {ours:.3f}s)", flush=True)
+    lines.append("")
+
+    # 1. grid
+    lines += ["## All profiles × GPUs × topology (M = 32)", ""]
+    lines += header("profile / GPUs / topology", PLANNERS)
+    for pname, path in profs.items():
+        prof = load_profile(path)
+        for n in gpu_counts:
+            for topo, cl in (("flat 10G", flat(n, 10)), ("2-level 100/10G", two_level(max(1, n // 4), min(4, n), 100, 10))):
+                res = run_all(prof, cl, 32)
+                lines.append(fmt_row(f"{pname} / {n} / {topo}", res, PLANNERS))
+                print(lines[-1], flush=True)
+    lines.append("")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text("\n".join(lines) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

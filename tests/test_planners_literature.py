@@ -1,0 +1,314 @@
+"""Literature planners (spp, dapple, autopipe, 2bw, interleaving, auto) against brute force.
+
+Exact algorithms (PRM's DP, DAPPLE's DP, AutoPipe's Algorithm 1) must equal exhaustive enumeration
+of their own objective on small inputs; SPP's end-to-end plan must stay within its proven bound
+against the enumerated optimum. Everything here is CPU-only and small; the data-driven checks skip
+when ../shared is absent.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from orchestrator.cluster import GBPS, Cluster, Device, flat, heterogeneous_servers, two_level
+from orchestrator.errors import UserError
+from orchestrator.plan import Plan, ScheduleKind, Stage, straight_plan
+from orchestrator.planners import autopipe, dapple, spp
+from orchestrator.planners.base import PlannerOptions, get_planner, run_planner
+from orchestrator.planners.interleaving import best_interleaving
+from orchestrator.profile import Block, Profile
+from orchestrator.schedule import lower
+from orchestrator.simulator import simulate
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+BERT24 = SHARED / "profiles" / "dapple" / "profiling_results" / "bert-24-pbs-6.txt"
+
+
+def random_profile(rng: np.random.Generator, n: int, act_scale: float = 2e6, param_scale: float = 4e7) -> Profile:
+    blocks = tuple(
+        Block(f"b{i}", float(rng.uniform(1e-3, 5e-3)), float(rng.uniform(2e-3, 9e-3)), float(rng.uniform(0.2, 1.0) * act_scale), float(rng.uniform(0.1, 1.0) * param_scale))
+        for i in range(n)
+    )
+    return Profile("rand", blocks)
+
+
+def random_cluster(rng: np.random.Generator, n: int, memory: float = 64 * 2**30) -> Cluster:
+    bw = rng.uniform(5, 100, size=(n, n)) * GBPS
+    bw = (bw + bw.T) / 2
+    np.fill_diagonal(bw, 0.0)
+    return Cluster(tuple(Device(i, f"n{i}", 1.0, memory) for i in range(n)), bw)
+
+
+def opts(M: int, **kw: object) -> PlannerOptions:
+    return PlannerOptions(num_microbatches=M, **kw)  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------------------------------- SPP
+def _run_plans(order: list[int], L: int, S: int):
+    """Every S-stage plan whose stages are consecutive runs of ``order`` (any start, any lengths)."""
+    V = len(order)
+    for cuts in itertools.combinations(range(1, L), S - 1):
+        bounds = [0, *cuts, L]
+        for a in range(V):
+            for reps in itertools.product(range(1, V + 1), repeat=S):
+                if a + sum(reps) > V:
+                    continue
+                pos, stages = a, []
+                for k in range(S):
+                    stages.append(Stage(bounds[k], bounds[k + 1], tuple(order[pos : pos + reps[k]])))
+                    pos += reps[k]
+                yield Plan(tuple(stages), 1)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_prm_dp_equals_brute_force(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    prof = random_profile(rng, 5)
+    cl = random_cluster(rng, 4).with_latency(1e-4 * seed)
+    M = 6
+    order = spp.device_order(cl)
+    tables = spp.prm_tables(cl, order)
+    res = spp.prm(prof, tables, M, 4.0, 4, check_memory=False)
+    for S in range(1, 5):
+        brute = min((spp.prm_objective(p, prof, cl, M) for p in _run_plans(order, prof.num_blocks, S)), default=math.inf)
+        dp_best = float(res.W[S - 1][0].min())
+        assert dp_best == pytest.approx(brute, rel=1e-9), S
+        # and the unwound plan achieves the DP value
+        a, r = np.unravel_index(int(np.argmin(res.W[S - 1][0])), res.W[S - 1][0].shape)
+        stages = spp.prm_stages(res, tables, S, int(a), int(r) + 1)
+        assert spp.prm_objective(Plan(tuple(stages), M), prof, cl, M) == pytest.approx(dp_best, rel=1e-9)
+
+
+def _all_plans(V: int, L: int):
+    """Every plan on any ordered choice of disjoint device groups (not only runs of an order)."""
+    devices = list(range(V))
+    for S in range(1, min(V, L) + 1):
+        for cuts in itertools.combinations(range(1, L), S - 1):
+            bounds = [0, *cuts, L]
+            labels_iter = itertools.product(range(S + 1), repeat=V)  # 0 = unused, k = stage k
+            for labels in labels_iter:
+                groups = [tuple(d for d in devices if labels[d] == k + 1) for k in range(S)]
+                if any(not g for g in groups):
+                    continue
+                yield Plan(tuple(Stage(bounds[k], bounds[k + 1], groups[k]) for k in range(S)), 1)
+
+
+def true_load(plan: Plan, prof: Profile, cl: Cluster, M: int) -> float:
+    """Largest resource load of a plan under the simulator's costs: any schedule takes at least this."""
+    worst = 0.0
+    for j, s in enumerate(plan.stages):
+        best_ring = max(cl.ring_bandwidth(perm) for perm in itertools.permutations(s.devices)) if s.replicas > 1 else math.inf
+        ar = 2 * (s.replicas - 1) / s.replicas * prof.param_bytes(s.first, s.last) / best_ring if s.replicas > 1 else 0.0
+        worst = max(worst, M * prof.compute_time(s.first, s.last) / s.replicas + ar)
+        if j + 1 < len(plan.stages):
+            nxt = plan.stages[j + 1].devices
+            worst = max(worst, M * spp.boundary_time(cl, s.devices, nxt, prof.boundary_bytes(s.last)))
+            worst = max(worst, M * spp.boundary_time(cl, nxt, s.devices, prof.boundary_bytes(s.last)))
+    return worst
+
+
+@pytest.mark.parametrize("seed,M", [(3, 2), (4, 4), (5, 8), (6, 3)])
+def test_spp_within_proven_bound_of_enumerated_optimum(seed: int, M: int) -> None:
+    rng = np.random.default_rng(seed)
+    V, L = 3, 4
+    prof = random_profile(rng, L, act_scale=float(rng.choice([1e5, 3e6])))
+    cl = random_cluster(rng, V)
+    plan = spp.plan_spp(prof, cl, opts(M))
+    t = simulate(plan, prof, cl).iteration_s
+    # W* lower-bounds the optimum of every plan and every schedule (enumerated over all plans).
+    w_star = min(true_load(p, prof, cl, M) for p in _all_plans(V, L))
+    order = spp.device_order(cl)
+    res = spp.prm(prof, spp.prm_tables(cl, order), M, 4.0, V, check_memory=False)
+    w_prm = min(float(w[0].min()) for w in res.W)
+    assert w_prm >= w_star * (1 - 1e-9)
+    phi = w_prm / w_star - 1.0
+    bound = (2 + (4 * V - 4) / M) * (1 + phi)
+    assert t <= bound * w_star * (1 + 1e-9), (t / w_star, bound)
+
+
+@pytest.mark.parametrize("latency", [0.0, 2e-4])
+def test_spp_pe_replays_the_simulator_with_replicas(latency: float) -> None:
+    rng = np.random.default_rng(7)
+    prof = random_profile(rng, 6)
+    cl = heterogeneous_servers([2, 2, 2], [100, 60, 80], 10).with_latency(latency)
+    stages = (Stage(0, 2, (0, 1)), Stage(2, 5, (2,)), Stage(5, 6, (3, 4, 5)))
+    for kind in (ScheduleKind.ONE_F_ONE_B, ScheduleKind.GPIPE):
+        for sliced in (0, 2):
+            plan = Plan(stages, 5, kind, sliced)
+            assert spp.estimate(plan, prof, cl).makespan == pytest.approx(simulate(plan, prof, cl).iteration_s, rel=1e-9)
+
+
+def test_rdo_keeps_servers_together() -> None:
+    cl = heterogeneous_servers([3, 3, 2], [120, 100, 150], 10)
+    order = spp.device_order(cl)
+    node = [cl.devices[d].node for d in order]
+    # each server's devices are consecutive in the order
+    assert sum(1 for a, b in zip(node, node[1:]) if a != b) == 2
+
+
+# -------------------------------------------------------------------------------------- DAPPLE
+def _dapple_brute(prof: Profile, cl: Cluster, M: int) -> float:
+    servers = list(cl.nodes().values())
+    types = dapple.server_types(cl, servers)
+    L = prof.num_blocks
+    best = math.inf
+
+    def rec(first: int, occ: tuple[int, ...], last: tuple[int, ...], stages: list[Stage]) -> None:
+        nonlocal best
+        for end in range(first + 1, L + 1):
+            for m in range(1, cl.size + 1):
+                for pol in dapple.POLICIES:
+                    got = dapple.allocate(servers, occ, last, m, pol, types)
+                    if got is None:
+                        continue
+                    nocc, group = got
+                    st = [*stages, Stage(first, end, group)]
+                    if end == L:
+                        best = min(best, dapple.dp_objective(Plan(tuple(st), M), prof, cl, M))
+                    else:
+                        rec(end, nocc, group, st)
+
+    rec(0, tuple(0 for _ in servers), (), [])
+    return best
+
+
+@pytest.mark.parametrize("seed,layout", [(0, (2, 2)), (1, (2, 2)), (2, (3, 2)), (3, (1, 1, 1))])
+def test_dapple_dp_equals_brute_force(seed: int, layout: tuple[int, ...]) -> None:
+    rng = np.random.default_rng(seed)
+    prof = random_profile(rng, 4, act_scale=3e6)
+    cl = heterogeneous_servers(list(layout), [float(x) for x in rng.uniform(50, 150, len(layout))], 10).with_latency(5e-5 * seed)
+    M = 4
+    dp = dapple.solve(prof, cl, opts(M, check_memory=False, extra={"dapple_beam": 0}))
+    L = prof.num_blocks
+    dp_best = min(float(b[L]) for b in dp.best)
+    assert dp_best == pytest.approx(_dapple_brute(prof, cl, M), rel=1e-9)
+    k = int(np.argmin([b[L] for b in dp.best]))
+    plan = Plan(tuple(dapple.unwind(dp, k, L)), M)
+    assert dapple.dp_objective(plan, prof, cl, M) == pytest.approx(dp_best, rel=1e-9)
+
+
+def test_dapple_latency_matches_simulator_for_a_balanced_pipeline() -> None:
+    blocks = tuple(Block(f"b{i}", 1e-3, 2e-3, 0.0, 1e6) for i in range(8))
+    prof = Profile("uniform", blocks)
+    cl = flat(4, 10)
+    plan = straight_plan([0, 2, 4, 6, 8], 8)
+    # (M + S - 1)(F + B) with no transfers and no replicas
+    assert dapple.latency(plan, prof, cl) == pytest.approx((8 + 3) * 6e-3)
+    assert simulate(plan, prof, cl).iteration_s == pytest.approx((8 + 3) * 6e-3)
+
+
+def test_dapple_policies_differ() -> None:
+    servers = [[0, 1, 2, 3], [4, 5, 6, 7]]
+    occ, last = (2, 0), (0, 1)
+    assert dapple.allocate(servers, occ, last, 2, "fresh_first") == ((2, 2), (4, 5))
+    assert dapple.allocate(servers, occ, last, 2, "append_first") == ((4, 0), (2, 3))
+    assert dapple.allocate(servers, occ, last, 2, "scatter_first") == ((3, 1), (2, 4))
+
+
+# ------------------------------------------------------------------------------------ AutoPipe
+@pytest.mark.parametrize("seed,n,p", [(0, 7, 3), (1, 8, 4), (2, 6, 6), (3, 9, 2)])
+def test_autopipe_algorithm1_equals_brute_force(seed: int, n: int, p: int) -> None:
+    w = np.random.default_rng(seed).uniform(0.1, 1.0, n)
+    cuts, value = autopipe.balanced_partition(w, p)
+    brute = min(max(w[a:b].sum() for a, b in zip((0, *c), (*c, n))) for c in itertools.combinations(range(1, n), p - 1))
+    assert value == pytest.approx(brute)
+    assert len(cuts) == p + 1 and max(w[a:b].sum() for a, b in zip(cuts, cuts[1:])) == pytest.approx(brute)
+
+
+def test_autopipe_slicing_reaches_ir_and_simulator_and_helps() -> None:
+    blocks = tuple(Block(f"b{i}", 2e-3, 4e-3, 1e5, 1e6) for i in range(8))
+    prof = Profile("uniform", blocks)
+    cl = flat(8, 100)
+    sliced = Plan(straight_plan(list(range(9)), 4).stages, 4, ScheduleKind.ONE_F_ONE_B, 3)
+    sched = lower(sliced)
+    parts = {a.part for acts in sched.programs.values() for a in acts if a.kind.is_compute}
+    assert parts == {0, 1, 2}
+    t_sliced = simulate(sliced, prof, cl).iteration_s
+    assert spp.estimate(sliced, prof, cl).makespan == pytest.approx(t_sliced)
+    assert t_sliced < simulate(straight_plan(list(range(9)), 4), prof, cl).iteration_s
+    plan = autopipe.plan_autopipe(prof, cl, opts(4))
+    assert plan.sliced_microbatches > 0
+
+
+def test_autopipe_sublayer_blocks_balance_better() -> None:
+    rng = np.random.default_rng(5)
+    prof = random_profile(rng, 6)
+    fine = autopipe.split_transformer_layers(prof)
+    assert fine.num_blocks == 12 and fine.total_compute_s == pytest.approx(prof.total_compute_s)
+    coarse_w = [b.forward_s + b.backward_s for b in prof.blocks]
+    fine_w = [b.forward_s + b.backward_s for b in fine.blocks]
+    assert autopipe.balanced_partition(fine_w, 4)[1] <= autopipe.balanced_partition(coarse_w, 4)[1] + 1e-15
+    plan = autopipe.plan_autopipe(fine, flat(4, 10), opts(8))
+    assert plan.num_blocks == 12
+
+
+# ------------------------------------------------------------------------------ 2BW, interleave
+def test_2bw_respects_double_buffered_memory() -> None:
+    prof = Profile("big", tuple(Block(f"b{i}", 1e-3, 2e-3, 1e6, 2e9) for i in range(8)))
+    cl = flat(8, 100, memory_bytes=12e9)  # 2 blocks need 2·2e9·(4+1)=20e9 > 12e9: only 1 block per device fits
+    plan = get_planner("2bw").fn(prof, cl, opts(8))
+    for s in plan.stages:
+        assert prof.param_bytes(s.first, s.last) * 5 <= 12e9
+    with pytest.raises(UserError):
+        get_planner("2bw").fn(prof, flat(4, 100, memory_bytes=12e9), opts(8))
+
+
+def test_interleaving_picks_more_chunks_when_bubbles_dominate() -> None:
+    prof = Profile("u", tuple(Block(f"b{i}", 1e-3, 2e-3, 1e3, 1e6) for i in range(16)))
+    cl = flat(4, 100)
+    base = straight_plan([0, 4, 8, 12, 16], 4)
+    best = best_interleaving(base, prof, cl, opts(4))
+    assert best.virtual_chunks > 1
+    assert simulate(best, prof, cl).iteration_s < simulate(base, prof, cl).iteration_s
+    odd = straight_plan([0, 4, 8, 12, 16], 5)  # 5 is not a multiple of 4: Megatron's rule
+    assert best_interleaving(odd, prof, cl, opts(5)) is odd
+
+
+# ----------------------------------------------------------------------------------- auto, misc
+@pytest.mark.parametrize("seed", [0, 1])
+def test_auto_is_never_worse_than_any_planner(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    prof = random_profile(rng, 10)
+    cl = two_level(2, 3, 100, 10)
+    o = opts(6)
+    auto = run_planner("auto", prof, cl, o)
+    assert auto.plan.algorithm.startswith("auto:")
+    for name in ("even", "params", "pipedream", "spp", "dapple", "autopipe", "2bw"):
+        single = run_planner(name, prof, cl, o)
+        assert auto.iteration_time_s <= single.iteration_time_s * (1 + 1e-12), name
+
+
+@pytest.mark.parametrize("name", ["spp", "dapple", "autopipe", "2bw", "auto"])
+def test_clear_error_when_nothing_fits(name: str) -> None:
+    prof = Profile("huge", tuple(Block(f"b{i}", 1e-3, 2e-3, 1e6, 5e9) for i in range(4)))
+    cl = flat(2, 10, memory_bytes=8e9)
+    with pytest.raises(UserError, match="fit"):
+        run_planner(name, prof, cl, opts(4))
+
+
+@pytest.mark.parametrize("name", ["spp", "dapple", "autopipe", "2bw"])
+def test_plans_fit_memory_and_carry_objective(name: str) -> None:
+    rng = np.random.default_rng(11)
+    prof = random_profile(rng, 12, param_scale=3e8)
+    cl = two_level(2, 4, 100, 10, memory_bytes=6e9)
+    res = run_planner(name, prof, cl, opts(8))
+    assert res.objective_s is not None and res.objective_s > 0
+    assert max(res.sim.peak_memory_bytes.values()) <= 6e9
+
+
+@pytest.mark.skipif(not BERT24.exists(), reason="../shared profiles not available")
+def test_spp_scenario_bert24_runs_and_auto_is_best() -> None:
+    from orchestrator.profile import load_profile
+
+    prof = load_profile(BERT24)
+    rng = np.random.default_rng(0)
+    intra = list(rng.uniform(96, 128, 3)) + list(rng.uniform(160, 200, 5))
+    cl = heterogeneous_servers([4] * 8, intra, rng.uniform(32, 40))
+    o = opts(32)
+    times = {n: run_planner(n, prof, cl, o).iteration_time_s for n in ("spp", "pipedream")}
+    assert times["spp"] <= times["pipedream"] * 1.05
