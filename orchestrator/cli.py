@@ -81,6 +81,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         straight=args.straight,
         max_stages=args.max_stages,
         check_memory=not args.ignore_memory,
+        extra={"interleave": True} if args.interleave else {},
     )
     result = run_planner(args.algorithm, profile, cluster, options)
     payload = result.to_json()
@@ -90,7 +91,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(payload))
     else:
-        print(f"algorithm      {result.algorithm}")
+        print(f"algorithm      {result.plan.algorithm or result.algorithm}")
         print(f"plan           {result.plan.describe()}")
         print(f"iteration      {result.iteration_time_s * 1e3:.3f} ms (lower bound {result.lower_bound_s * 1e3:.3f} ms, ratio {result.iteration_time_s / result.lower_bound_s:.3f})")
         if result.objective_s is not None:
@@ -168,6 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--microbatches", type=int, required=True)
     p.add_argument("--schedule", default="1f1b", help="gpipe, 1f1b or interleaved")
     p.add_argument("--straight", action="store_true", help="no stage replication")
+    p.add_argument("--interleave", action="store_true", help="also choose virtual chunks per device (PTD-P) by simulation")
     p.add_argument("--max-stages", type=int)
     p.add_argument("--ignore-memory", action="store_true", help="do not reject plans that exceed device memory")
     p.add_argument("--json", action="store_true", help="print one JSON object")

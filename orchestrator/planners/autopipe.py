@@ -175,9 +175,8 @@ def plan_autopipe(profile: Profile, cluster: Cluster, options: PlannerOptions) -
     if best is None:
         raise UserError("autopipe: no straight pipeline fits device memory (try more devices or fewer micro-batches)")
     out = Plan(best[1].stages, M, ScheduleKind.ONE_F_ONE_B, best[1].sliced_microbatches, "autopipe", objective_s=best[0])
-    from orchestrator.planners.interleaving import maybe_interleave
 
-    return maybe_interleave(out, profile, cluster, options)
+    return out
 
 
 def split_transformer_layers(profile: Profile, attention_share: float = 1.0 / 3.0) -> Profile:

@@ -80,7 +80,7 @@ class PlanResult:
         out = self.plan.to_dict()
         out.update(
             {
-                "algorithm": self.algorithm,
+                "algorithm": self.plan.algorithm or self.algorithm,
                 "iteration_time_s": self.sim.iteration_s,
                 "bottleneck_s": self.objective_s,
                 "lower_bound_s": self.lower_bound_s,
@@ -134,6 +134,10 @@ def run_planner(name: str, profile: Profile, cluster: Cluster, options: PlannerO
         raise UserError(f"asked for up to {options.max_stages} stages but the cluster has {cluster.size} devices")
     start = time.perf_counter()
     plan = spec.fn(profile, cluster, options)
+    if options.extra.get("interleave") and plan.virtual_chunks == 1:
+        from orchestrator.planners.interleaving import best_interleaving
+
+        plan = best_interleaving(plan, profile, cluster, options)
     elapsed = time.perf_counter() - start
     plan.check_against(profile.num_blocks, cluster.size)
     sim = evaluate(plan, profile, cluster, options)

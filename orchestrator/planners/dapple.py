@@ -357,9 +357,8 @@ def plan_dapple(profile: Profile, cluster: Cluster, options: PlannerOptions) -> 
     if best is None:
         raise UserError("dapple: no pipeline fits device memory (try more devices or fewer micro-batches)")
     out = Plan(best[1].stages, M, ScheduleKind.ONE_F_ONE_B, algorithm="dapple", objective_s=best[0])
-    from orchestrator.planners.interleaving import maybe_interleave
 
-    return maybe_interleave(out, profile, cluster, options)
+    return out
 
 
 def _latency_objective(plan: Plan, profile: Profile, cluster: Cluster, options: PlannerOptions) -> float:

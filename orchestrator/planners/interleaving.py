@@ -11,8 +11,8 @@ Megatron requires the micro-batch count to be a multiple of the depth ``p``; whe
 plan is returned unchanged. AutoPipe's slicing does not combine with interleaving (the unit count
 would break that rule), so interleaved candidates drop it.
 
-Use: ``options.extra["interleave"] = True`` makes ``spp``, ``dapple``, ``autopipe`` and ``2bw`` pass
-their plan through here; ``auto`` always does.
+Use: ``options.extra["interleave"] = True`` (CLI ``--interleave``) makes :func:`run_planner` pass every planner's
+plan through here; ``auto`` always offers interleaving to its three fastest candidates.
 """
 
 from __future__ import annotations
@@ -63,9 +63,3 @@ def best_interleaving(plan: Plan, profile: Profile, cluster: Cluster, options: P
             best = (res.iteration_s, cand)
     return best[1] if best is not None else plan
 
-
-def maybe_interleave(plan: Plan, profile: Profile, cluster: Cluster, options: PlannerOptions) -> Plan:
-    """Apply :func:`best_interleaving` when ``options.extra["interleave"]`` is set."""
-    if options.extra.get("interleave"):
-        return best_interleaving(plan, profile, cluster, options)
-    return plan

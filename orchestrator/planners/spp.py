@@ -463,9 +463,8 @@ def plan_spp(profile: Profile, cluster: Cluster, options: PlannerOptions) -> Pla
         raise UserError("spp: no partition of the model fits device memory (try more devices, fewer micro-batches or --max-stages)")
     makespan, plan = best
     out = Plan(plan.stages, M, plan.schedule, algorithm="spp", objective_s=makespan)
-    from orchestrator.planners.interleaving import maybe_interleave
 
-    return maybe_interleave(out, profile, cluster, options)
+    return out
 
 
 def prm_objective(plan: Plan, profile: Profile, cluster: Cluster, M: int) -> float:

@@ -24,7 +24,6 @@ from orchestrator.cluster import Cluster
 from orchestrator.errors import UserError
 from orchestrator.plan import Plan, ScheduleKind, Stage
 from orchestrator.planners.base import PlannerOptions, PlannerSpec, register
-from orchestrator.planners.interleaving import maybe_interleave
 from orchestrator.planners.partition import devices_by_speed_order, min_max_partition
 from orchestrator.planners.spp import all_reduce_time, boundary_time
 from orchestrator.profile import Profile
@@ -74,7 +73,7 @@ def plan_2bw(profile: Profile, cluster: Cluster, options: PlannerOptions) -> Pla
     if best is None:
         raise UserError("2bw: no width x depth fits device memory with double-buffered weights")
     plan = Plan(best[1].stages, M, ScheduleKind.ONE_F_ONE_B, algorithm="2bw", objective_s=best[0])
-    return maybe_interleave(plan, profile, cluster, options)
+    return plan
 
 
 def _objective(plan: Plan, profile: Profile, cluster: Cluster, options: PlannerOptions) -> float:
