@@ -8,6 +8,7 @@ Later chapters (training on Ray, adaptive moves, spot migration) run when their 
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from functools import partial
 from pathlib import Path
@@ -22,9 +23,12 @@ from cloud.records import Offer
 from orchestrator.cluster import flat
 from orchestrator.elastic import ModelSpec, TrainerSession, local_launcher, plan_for, simulated_throughputs, snapshot_policy
 from orchestrator.job import JobConfig, JobManager, Placement
+from orchestrator.controller.controller import ControllerConfig
+from orchestrator.controller.faults import FaultSchedule, Slowdown
 from orchestrator.launch import LaunchTarget
+from orchestrator.live import RayPipeline, run_adaptive
 from orchestrator.models import example_batch, loss_fn, tiny_transformer
-from orchestrator.observability import EventLog
+from orchestrator.observability import EventLog, plot_throughput
 from orchestrator.simulator import simulate
 
 from orchestrator.cluster import Cluster, two_level
@@ -33,7 +37,7 @@ from orchestrator.planners.base import PlannerOptions, PlanResult, available, ru
 from orchestrator.profile import Profile
 from orchestrator.timeline import spans_from_events, write_chrome_trace, write_gantt_png
 
-DEMO_MODEL = {"n_layers": 8, "d_model": 64, "n_heads": 4, "seq_len": 32, "vocab": 128, "sub_layer_blocks": True}
+DEMO_MODEL = {"n_layers": 8, "d_model": 128, "n_heads": 4, "seq_len": 64, "vocab": 256, "sub_layer_blocks": True}
 
 
 def _banner(text: str) -> None:
@@ -87,7 +91,7 @@ def chapter_planning(out: Path) -> PlanResult:
     return best
 
 
-def demo_model(microbatches: int = 8, rows: int = 32) -> ModelSpec:
+def demo_model(microbatches: int = 8, rows: int = 64) -> ModelSpec:
     """The demo's model and data, as picklable factories every actor rebuilds identically."""
     kw = {k: v for k, v in DEMO_MODEL.items() if k != "sub_layer_blocks"}
     return ModelSpec(
@@ -101,21 +105,40 @@ def demo_model(microbatches: int = 8, rows: int = 32) -> ModelSpec:
     )
 
 
-def chapter_training(out: Path, profile: Profile, model: ModelSpec, steps: int) -> tuple[TrainerSession, list[float]]:
-    _banner("2. train it on 4 stage actors on the local Ray instance")
-    plan = plan_for(profile, flat(4, 100.0), model.num_microbatches, planner="pipedream")
-    session = TrainerSession(model, plan, None)
+def chapter_training(out: Path, profile: Profile, model: ModelSpec, healthy: int, slowed: int) -> tuple[TrainerSession, Any]:
+    """4 stage actors train; at iteration ``healthy`` device 1 slows 2x and the controller reacts."""
+    _banner("2. train on 4 stage actors on the local Ray instance")
+    cluster = flat(4, 100.0)
+    plan = plan_for(profile, cluster, model.num_microbatches, planner="pipedream")
+    session = TrainerSession(model, plan, None, start=False)
     print(f"plan: {plan.describe()}")
-    result = session.trainer.fit(steps)
-    samples = model.data_fn(0)[0].shape[0]
-    print(f"loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f} over {steps} steps; "
-          f"{samples / result.mean_iteration_s:.1f} samples/s ({result.mean_iteration_s * 1e3:.1f} ms/iteration)")
-    result.write_timeline(out / "measured_timeline.json")
-    sim = simulate(plan, profile.scaled(1.0), flat(4, 100.0))
+    pipe = RayPipeline(session.trainer, cluster, FaultSchedule(), profile)
+    run = run_adaptive(pipe, ControllerConfig(straight=True), healthy + slowed, [Slowdown(1, 2.0, healthy)])
+    tput = run.samples_per_s
+    losses = [session.trainer.history[s] for s in sorted(session.trainer.history)]
+    print(f"loss {losses[0]:.4f} -> {losses[-1]:.4f}; {statistics.median(tput[1:healthy]):.0f} samples/s while healthy")
+
+    _banner(f"3. device 1 slows 2x at iteration {healthy}: the controller moves blocks between two workers")
+    for e in run.events:
+        if e.kind != "decision" or "switch" in e.detail:
+            print(f"  step {e.step:>3} {e.kind:<10} {e.detail}" + (f" ({e.seconds * 1e3:.0f} ms)" if e.seconds else ""))
+    moves = [i for i, r in enumerate(run.records) if r.action in ("move", "path-move")]
+    first_move = next((i for i in moves if i >= healthy), None)
+    during = tput[healthy:first_move + 1] if first_move is not None else tput[healthy:]
+    after = tput[first_move + 1:] if first_move is not None else []
+    print(f"throughput: before {statistics.median(tput[1:healthy]):.0f}, slowed {statistics.median(during):.0f}, "
+          f"after the move {statistics.median(after) if after else float('nan'):.0f} samples/s; plan now {run.plans[-1]}")
+    print("  (4 actors share 2 CPU cores here: the injected slowdown sleeps, which frees CPU for the other stages,\n"
+          "   so 'slowed' understates what a slow GPU does to a one-GPU-per-stage pipeline)")
+    plot_throughput(list(range(len(tput))), tput, [(e.step, e.kind) for e in run.events if e.kind in ("slowdown", "move", "path-move")],
+                    out / "throughput.png", "throughput with a 2x slowdown and the controller's move")
+    fit = session.trainer.fit(1)
+    fit.write_timeline(out / "measured_timeline.json")
+    sim = simulate(session.trainer.plan, profile, cluster)
     write_chrome_trace(spans_from_events(sim.events), out / "predicted_timeline.json", "simulated")
-    print(f"measured timeline -> {out / 'measured_timeline.json'} beside the predicted one "
-          f"(predicted {sim.iteration_s * 1e3:.1f} ms/iteration from this machine's profile)")
-    return session, result.losses
+    print(f"throughput plot -> {out / 'throughput.png'}; measured timeline -> {out / 'measured_timeline.json'} "
+          f"beside the predicted one ({fit.mean_iteration_s * 1e3:.0f} ms measured vs {sim.iteration_s * 1e3:.0f} ms predicted)")
+    return session, run
 
 
 def chapter_preemption(out: Path, profile: Profile, model: ModelSpec, session: TrainerSession, more_steps: int) -> dict[str, Any]:
@@ -181,7 +204,7 @@ def run_demo(out: Path) -> int:
     profile = Profile(profile.name, profile.blocks, profile.microbatch_size, profile.input_bytes, profile.source)
     ray.init(ignore_reinit_error=True, log_to_driver=False, include_dashboard=False, num_cpus=4)
     try:
-        session, losses = chapter_training(out, profile, model, steps=6)
+        session, _ = chapter_training(out, profile, model, healthy=8, slowed=12)
         story = chapter_preemption(out, profile, model, session, more_steps=6)
         report = story["report"]
         _banner("summary")

@@ -59,14 +59,15 @@ def plan_for(profile: Profile, cluster: Cluster, num_microbatches: int, planner:
 class TrainerSession:
     """A :class:`~orchestrator.job.Session` over a real :class:`PipelineTrainer` on local Ray."""
 
-    def __init__(self, model: ModelSpec, plan: Plan, resume: Path | None, workers: Any = None, **trainer_kw: Any) -> None:
+    def __init__(self, model: ModelSpec, plan: Plan, resume: Path | None, workers: Any = None, start: bool = True, **trainer_kw: Any) -> None:
         from orchestrator.trainer import PipelineTrainer
 
         self.trainer = PipelineTrainer(
             model.model_factory, model.loss_fn, model.optimizer_factory, model.data_fn, model.num_microbatches,
             plan=plan, seed=model.seed, resume=resume, workers=workers, progress=False, **trainer_kw,
         )
-        self.trainer._ensure_started()
+        if start:
+            self.trainer._ensure_started()
 
     @property
     def plan(self) -> Plan:
