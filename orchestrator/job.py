@@ -19,6 +19,7 @@ from __future__ import annotations
 import shutil
 import threading
 import time
+from datetime import datetime, timezone
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
@@ -102,6 +103,10 @@ class JobConfig:
     initial_checkpoint_estimate_s: float = 5.0
     final_checkpoint: bool = True
     """Write a checkpoint when the last step is done (the trained model is the point of the job)."""
+    rehearse_notice_at: int | None = None
+    """Fault injection: deliver a preemption notice right after this step (once), to rehearse."""
+    rehearse_notice_s: float = 120.0
+    """Time left on the rehearsed notice (AWS gives 120 s, GCP and Azure about 30 s)."""
     checkpoint_store: Path | None = None
     """Where checkpoints are copied before a move (a path, or the target's bucket via cloud.transfer)."""
 
@@ -150,6 +155,7 @@ class JobManager:
         self._since = clock()
         self.migrations = self.preemptions = 0
         self._last_check = -1
+        self._rehearsed = False
         self.placements = [placement.label()]
 
     # ----- inputs -----
@@ -157,6 +163,11 @@ class JobManager:
         with self._lock:
             if self._notice is None or deadline < self._notice.deadline:
                 self._notice = PreemptionNotice(deadline, source)
+
+    def on_cloud_notice(self, deadline_utc: datetime, source: str = "cloud metadata") -> None:
+        """Callback for :mod:`cloud.preemption` watchers: a UTC deadline on the manager's clock."""
+        left = (deadline_utc - datetime.now(timezone.utc)).total_seconds()
+        self.notify_preemption(self.clock() + left, source)
 
     def _take_notice(self) -> PreemptionNotice | None:
         with self._lock:
@@ -185,6 +196,9 @@ class JobManager:
                 step = session.step
                 for offset, loss in enumerate(session.train(1)):
                     self.losses[step + offset] = loss
+                if session.step == self.config.rehearse_notice_at and not self._rehearsed:
+                    self._rehearsed = True
+                    self.notify_preemption(self.clock() + self.config.rehearse_notice_s, "rehearsal")
                 if self.config.checkpoint_every and session.step % self.config.checkpoint_every == 0:
                     self._checkpoint(session, "periodic")
             if self.config.final_checkpoint and (self._last_durable is None or self._last_durable.name != ckpt.step_dir(self.config.checkpoint_dir, session.step).name):

@@ -206,3 +206,24 @@ def test_voluntary_migration_goes_through_the_same_path(tmp_path: Path) -> None:
     lines = (tmp_path / "events.jsonl").read_text().splitlines()
     assert all(json.loads(line)["ts"] >= 0 for line in lines)
     assert report.cost_usd > 0
+
+
+def test_cloud_watcher_deadline_maps_onto_the_manager_clock(tmp_path: Path) -> None:
+    from datetime import datetime, timedelta, timezone
+
+    clock = Clock()
+    clock.t = 1000.0
+    manager, _ = _manager(tmp_path, move_to_b, clock)
+    manager.on_cloud_notice(datetime.now(timezone.utc) + timedelta(seconds=90), "aws-imds")
+    notice = manager._take_notice()
+    assert notice is not None and notice.source == "aws-imds"
+    assert 1089.0 < notice.deadline <= 1090.0
+
+
+def test_rehearsed_notice_fires_once_at_the_configured_step(tmp_path: Path) -> None:
+    clock = Clock()
+    manager, sessions = _manager(tmp_path, move_to_b, clock, rehearse_notice_at=5, rehearse_notice_s=30.0)
+    report = manager.run()
+    assert report.preemptions == 1
+    notice = next(e for e in report.events if e["event"] == "preemption_notice")
+    assert notice["step"] == 5 and notice["source"] == "rehearsal" and notice["seconds_left"] == 30.0
