@@ -28,7 +28,7 @@ from orchestrator.controller.faults import FaultSchedule, Slowdown
 from orchestrator.launch import LaunchTarget
 from orchestrator.live import RayPipeline, run_adaptive
 from orchestrator.models import example_batch, loss_fn, tiny_transformer
-from orchestrator.observability import EventLog, plot_throughput
+from orchestrator.observability import EventLog, RayMetrics, plot_throughput
 from orchestrator.simulator import simulate
 
 from orchestrator.cluster import Cluster, two_level
@@ -164,7 +164,7 @@ def chapter_preemption(out: Path, profile: Profile, model: ModelSpec, session: T
     events = EventLog(out / "events.jsonl")
     # The local machine stands in for the target cloud; it "gets" 3 GPUs of the 4 asked for.
     manager = JobManager(config, Placement(LaunchTarget("local"), 4, current, flat(4, 100.0)), factory,
-                         local_launcher(capacity=3), policy, events)
+                         local_launcher(capacity=3), policy, events, metrics=RayMetrics("demo"))
     print(f"running on {current.label()} at ${current.usd_per_hour:.3f}/h; a 2-minute notice arrives at step {session.step}")
     manager.notify_preemption(manager.clock() + 120.0, "injected AWS-style 2-minute notice")
     report = manager.run(session=session)

@@ -66,6 +66,7 @@ class TrainerSession:
             model.model_factory, model.loss_fn, model.optimizer_factory, model.data_fn, model.num_microbatches,
             plan=plan, seed=model.seed, resume=resume, workers=workers, progress=False, **trainer_kw,
         )
+        self.bubble_fraction = 0.0
         if start:
             self.trainer._ensure_started()
 
@@ -78,7 +79,15 @@ class TrainerSession:
         return self.trainer.step
 
     def train(self, steps: int) -> list[float]:
-        return self.trainer.fit(steps).losses
+        result = self.trainer.fit(steps)
+        if result.metrics:
+            fractions = result.metrics[-1].bubble_fraction
+            self.bubble_fraction = sum(fractions.values()) / max(1, len(fractions))
+        return result.losses
+
+    @property
+    def samples_per_step(self) -> int:
+        return int(self.trainer.spec.data_fn(0)[0].shape[0])
 
     def checkpoint(self, directory: Path) -> Path:
         return self.trainer.save_checkpoint(directory)

@@ -141,10 +141,13 @@ class JobManager:
         policy: MigrationPolicy,
         events: EventLog,
         clock: Callable[[], float] = time.monotonic,
+        metrics: Any = None,
     ) -> None:
+        """``metrics``: an :class:`~orchestrator.observability.RayMetrics` (or anything with its
+        methods) that receives throughput, bubble fraction and cost rate every step."""
         self.config, self.placement = config, placement
         self.session_factory, self.launcher, self.policy = session_factory, launcher, policy
-        self.events, self.clock = events, clock
+        self.events, self.clock, self.metrics = events, clock, metrics
         self.state = JobState.STARTING
         self.losses: dict[int, float] = {}
         self._notice: PreemptionNotice | None = None
@@ -194,8 +197,10 @@ class JobManager:
                         continue
                 self.state = JobState.TRAINING
                 step = session.step
+                t0 = self.clock()
                 for offset, loss in enumerate(session.train(1)):
                     self.losses[step + offset] = loss
+                self._record_step(session, self.clock() - t0)
                 if session.step == self.config.rehearse_notice_at and not self._rehearsed:
                     self._rehearsed = True
                     self.notify_preemption(self.clock() + self.config.rehearse_notice_s, "rehearsal")
@@ -276,6 +281,8 @@ class JobManager:
         for s in [s for s in self.losses if s >= new.step]:
             del self.losses[s]
         self.migrations += 1
+        if self.metrics is not None:
+            self.metrics.record_move()
         self._emit("resumed", step=new.step, lost_steps=lost, plan=new.plan.describe(), checkpoint=str(checkpoint) if checkpoint else None)
         return new
 
@@ -302,6 +309,13 @@ class JobManager:
         found = ckpt.latest(self.config.checkpoint_dir) if self.config.checkpoint_dir.exists() else None
         self._last_durable = found
         return found
+
+    def _record_step(self, session: Session, seconds: float) -> None:
+        if self.metrics is None or seconds <= 0:
+            return
+        samples = float(getattr(session, "samples_per_step", 0.0))
+        bubble = float(getattr(session, "bubble_fraction", 0.0))
+        self.metrics.record_iteration(samples / seconds, bubble, self.placement.usd_per_hour)
 
     def _accrue(self) -> None:
         now = self.clock()

@@ -227,3 +227,29 @@ def test_rehearsed_notice_fires_once_at_the_configured_step(tmp_path: Path) -> N
     assert report.preemptions == 1
     notice = next(e for e in report.events if e["event"] == "preemption_notice")
     assert notice["step"] == 5 and notice["source"] == "rehearsal" and notice["seconds_left"] == 30.0
+
+
+def test_metrics_receive_throughput_cost_rate_and_moves(tmp_path: Path) -> None:
+    class Recorder:
+        def __init__(self) -> None:
+            self.iterations: list[tuple[float, float, float | None]] = []
+            self.moves = 0
+
+        def record_iteration(self, samples_per_s: float, bubble: float, usd_per_hour: float | None = None) -> None:
+            self.iterations.append((samples_per_s, bubble, usd_per_hour))
+
+        def record_move(self) -> None:
+            self.moves += 1
+
+    clock = Clock()
+    FakeSession.samples_per_step = 8  # type: ignore[attr-defined]
+    try:
+        manager, _ = _manager(tmp_path, move_to_b, clock, total_steps=6, rehearse_notice_at=3)
+        manager.metrics = Recorder()
+        manager.run()
+    finally:
+        del FakeSession.samples_per_step  # type: ignore[attr-defined]
+    rec = manager.metrics
+    assert len(rec.iterations) == 6 and rec.moves == 1
+    assert rec.iterations[0] == (8.0, 0.0, OFFER_A.usd_per_hour)  # 8 samples in a 1 s step
+    assert rec.iterations[-1][2] == OFFER_B.usd_per_hour
