@@ -9,11 +9,23 @@ are waited for at the end of the iteration), receives are ``irecv`` posted up to
 ``recv_lookahead`` actions ahead of where the program is, and waited for at the RECV action, so
 data from an early sender flows while this device still computes. Per-link order is the program
 order on both sides (the lowering guarantees the orders match), which NCCL needs; gloo also
-matches by tag.
+matches by tag. A unit whose input (or output gradient) comes from several peers is received
+straight into row slices of one buffer, so no concatenation copy is made.
+
+Hot path: everything that depends only on the plan (row ranges, peers, tags, peer ranks, buffer
+shapes, labels, which receives to post before which action) is computed once in ``__init__``
+into per-action tables indexed by program position; ``run`` only walks them. Handlers still take
+the :class:`Action` (subclasses wrap them) and find their precomputed entry at ``self.cursor``.
+
+Metrics: per action a ``perf_counter`` pair appended as a tuple (labels are precomputed
+strings), per-iteration main-thread CPU time in ``cpu_s``.
 
 Memory metric: on CUDA the allocator's ``max_memory_allocated``; on CPU the high-water mark of
 the bytes this worker keeps for backward (autograd saved tensors of in-flight units, deduplicated
 by storage, parameters excluded, plus received inputs), counted with ``saved_tensors_hooks``.
+The count is taken on the executor's first iteration for every forward action and reused after
+(shapes are fixed per action, so it does not change), which keeps the Python hooks off the hot
+path of every later iteration.
 """
 
 from __future__ import annotations
@@ -21,7 +33,7 @@ from __future__ import annotations
 import os
 import resource
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
@@ -38,6 +50,24 @@ if TYPE_CHECKING:
     from actors.stage_worker import JobSpec
 
 Key = tuple[int, tuple[int, int]]  # (stage, unit)
+Piece = tuple[bool, Key, int, int, int, int]  # (local, source key, src lo, src hi, dst lo, dst hi)
+
+_run_backward: Callable[..., Any] | None
+try:  # the engine call behind torch.autograd.backward, without its per-call argument checks
+    from torch.autograd.graph import _engine_run_backward as _run_backward
+except ImportError:  # pragma: no cover - older/newer torch: the public API is equivalent
+    _run_backward = None
+
+_perf = time.perf_counter
+_thread_time = time.thread_time
+
+
+def _backward(out: Tensor, grad: Tensor) -> None:
+    """``torch.autograd.backward(out, grad)``; ``grad`` is built from the plan with ``out``'s shape."""
+    if _run_backward is None:
+        torch.autograd.backward(out, grad)
+    else:
+        _run_backward((out,), (grad,), False, False, (), allow_unreachable=True, accumulate_grad=True)
 
 
 class Executor:
@@ -55,6 +85,11 @@ class Executor:
         self._rows: dict[tuple[int, tuple[int, int], int], Range] = {}
         self._peers: dict[tuple[int, int], list[int]] = {}
         self.cuda = torch_device.type == "cuda"
+        if not self.cuda and torch.get_num_interop_threads() != 1:
+            try:  # stage workers share the node's cores: no second thread pool (only jit.fork uses it)
+                torch.set_num_interop_threads(1)
+            except RuntimeError:  # already set, or inter-op work already ran in this process
+                pass
         self.param_ptrs = {p.data_ptr() for m in modules.values() for p in m.parameters()}
         self.handlers: dict[Kind, Callable[[Action], None]] = {
             Kind.FORWARD: self._forward, Kind.BACKWARD: self._backward,
@@ -75,6 +110,12 @@ class Executor:
                 self.consumers[("F", a.stage - 1, a.unit)] += 1
             elif a.kind is Kind.BACKWARD and a.stage < self.last and a.stage + 1 in mine:
                 self.consumers[("B", a.stage + 1, a.unit)] += 1
+        self._compile()
+        self.held_bytes: dict[int, int] = {}  # forward index -> bytes kept for backward (first iteration)
+        self.spans: list[tuple[str, str, float, float]] = []
+        self.sends: list[tuple[str, int, int, float]] = []
+        self.recvs: list[tuple[str, int, int, float, float, float]] = []
+        self.t0 = _perf()
 
     # ----- rows -----
     def rows(self, stage: int, unit: tuple[int, int], device: int | None = None) -> Range:
@@ -100,10 +141,68 @@ class Executor:
         sender = a.stage if a.kind in (Kind.SEND_F, Kind.SEND_B) else other
         return mine, both, sender, other
 
+    def _pieces(self, direction: str, stage: int, unit: tuple[int, int], other: int) -> list[Piece]:
+        """The parts of ``stage``'s input (F) or output grad (B) in peer order, as row offsets."""
+        mine = self.rows(stage, unit)
+        out: list[Piece] = []
+        for peer in self.peers(stage, other):
+            theirs = self.rows(other, unit, peer)
+            lo, hi = intersect(mine, theirs)
+            if hi > lo:
+                out.append((peer == self.device, (other, unit), lo - theirs[0], hi - theirs[0], lo - mine[0], hi - mine[0]))
+        return out
+
+    def _compile(self) -> None:
+        """Per-action tables (see module docstring); entries are indexed by program position."""
+        program, n = self.program, len(self.program)
+        self.labels = [str(a) for a in program]
+        self.calls = [self.handlers[a.kind] for a in program]
+        self.info: list[Any] = [None] * n
+        # Which receives to post before action i: every RECV at index < i + lookahead.
+        self.post_before: list[tuple[int, ...]] = [()] * n
+        recv_at = [i for i, a in enumerate(program) if a.kind in (Kind.RECV_F, Kind.RECV_B)]
+        nxt = 0
+        for i in range(n):
+            start = nxt
+            while nxt < len(recv_at) and recv_at[nxt] < i + self.spec.recv_lookahead:
+                nxt += 1
+            self.post_before[i] = tuple(recv_at[start:nxt])
+        for i, a in enumerate(program):
+            key = (a.stage, a.unit)
+            if a.kind is Kind.FORWARD:
+                lo, hi = self.rows(a.stage, a.unit)
+                stage = self.plan.stages[a.stage]
+                pieces = self._pieces("F", a.stage, a.unit, a.stage - 1) if a.stage > 0 else []
+                self.info[i] = (key, lo, hi, list(range(stage.first, stage.last)), pieces, (hi - lo) / self.batch_rows)
+            elif a.kind is Kind.BACKWARD:
+                lo, hi = self.rows(a.stage, a.unit)
+                pieces = self._pieces("B", a.stage, a.unit, a.stage + 1) if a.stage < self.last else []
+                keep = self.consumers.get(("B", a.stage, a.unit), 0) > 0
+                self.info[i] = (key, lo, hi, pieces, keep)
+            elif a.kind in (Kind.SEND_F, Kind.SEND_B):
+                direction = "F" if a.kind is Kind.SEND_F else "B"
+                mine, (lo, hi), sender, _ = self._link_rows(a)
+                whole = (lo, hi) == mine
+                self.info[i] = (direction, key, hi > lo, whole, lo - mine[0], hi - mine[0],
+                                self.rank_of[a.peer], tag(direction, sender, a.microbatch, a.part))
+            elif a.kind in (Kind.RECV_F, Kind.RECV_B):
+                direction = "F" if a.kind is Kind.RECV_F else "B"
+                mine, (lo, hi), sender, _ = self._link_rows(a)
+                if hi <= lo:
+                    continue  # empty overlap: nothing is sent, nothing is posted
+                cut = self.plan.stages[a.stage].first if direction == "F" else self.plan.stages[a.stage].last
+                shape, dtype = self.boundary[cut]
+                self.info[i] = ((direction, a.stage, a.unit), (mine[1] - mine[0], *shape), dtype, lo - mine[0], hi - mine[0],
+                                (lo, hi) == mine, self.rank_of[a.peer], tag(direction, sender, a.microbatch, a.part))
+
     # ----- the iteration -----
     def run(self, step: int) -> dict[str, Any]:
         spec = self.spec
-        torch.manual_seed((spec.seed * 1_000_003 + step) * 131 + self.device)
+        seed = (spec.seed * 1_000_003 + step) * 131 + self.device
+        if self.cuda:
+            torch.manual_seed(seed)
+        else:  # the same CPU generator state; torch.manual_seed also walks lazy CUDA/XPU/MTIA seeding
+            torch.default_generator.manual_seed(seed)
         self.step_index = step
         self.inputs = self.targets = None
         stages = self.plan.stages_of_device(self.device)
@@ -115,36 +214,34 @@ class Executor:
         self.stash: dict[Key, tuple[Tensor | None, Tensor, int]] = {}
         self.out_f: dict[Key, Tensor] = {}
         self.out_b: dict[Key, Tensor] = {}
-        self.inbox: dict[tuple[str, int, tuple[int, int], int], Tensor] = {}
+        self.inbox: dict[tuple[str, int, tuple[int, int]], Tensor] = {}  # receive buffers being assembled
         self.posted: dict[int, tuple[Any, Tensor, float]] = {}
-        self.pending_sends: list[tuple[Any, Tensor]] = []
+        self.pending_sends: deque[tuple[Any, Tensor]] = deque()
         self.uses = dict(self.consumers)
         self.losses: list[Tensor] = []
         self.cursor = 0
         self.stash_now = self.stash_peak = 0
-        self.spans: list[tuple[str, str, float, float]] = []
-        self.sends: list[tuple[str, int, int, float]] = []
-        self.recvs: list[tuple[str, int, int, float, float, float]] = []
+        self.spans = []
+        self.sends = []
+        self.recvs = []
         if self.cuda:
             torch.cuda.reset_peak_memory_stats()
-        self.t0_wall, self.t0 = time.time(), time.perf_counter()
-        kill = (step, self.device) in spec.kill_at
-        recv_at = [i for i, a in enumerate(self.program) if a.kind in (Kind.RECV_F, Kind.RECV_B)]
-        next_recv = 0
-        for i, action in enumerate(self.program):
-            if kill and i == len(self.program) // 2:
+        kill_index = len(self.program) // 2 if (step, self.device) in spec.kill_at else -1
+        post_before, calls, program, post = self.post_before, self.calls, self.program, self._post_recv
+        cpu0 = _thread_time()
+        self.t0_wall, self.t0 = time.time(), _perf()
+        for i in range(len(program)):
+            if i == kill_index:
                 os._exit(17)  # fault injection: die mid-iteration like a crashed process would
-            while next_recv < len(recv_at) and recv_at[next_recv] < i + spec.recv_lookahead:
-                self._post_recv(recv_at[next_recv])
-                next_recv += 1
+            for r in post_before[i]:
+                post(r)
             self.cursor = i
-            self.handlers[action.kind](action)
-            if self.pending_sends and i % 4 == 0:
-                self.pending_sends = [(w, t) for w, t in self.pending_sends if not w.is_completed()]
+            calls[i](program[i])
         for work, _ in self.pending_sends:
             work.wait()
-        self.pending_sends = []
-        elapsed = time.perf_counter() - self.t0
+        self.pending_sends.clear()
+        elapsed = _perf() - self.t0
+        cpu = _thread_time() - cpu0
         if self.stash or self.inbox or self.posted:
             raise RuntimeError(f"device {self.device}: iteration ended with unconsumed state (a lowering bug)")
         busy = sum(e - s for _, kind, s, e in self.spans if kind in ("F", "B", "all_reduce", "step"))
@@ -154,138 +251,155 @@ class Executor:
             "bubble_s": max(0.0, elapsed - busy), "spans": self.spans, "sends": self.sends, "recvs": self.recvs,
             "loss": float(sum(float(v) for v in self.losses)) if self.last in stages else None,
             "peak_memory_bytes": int(peak), "memory_metric": "cuda_max_memory_allocated" if self.cuda else "stash_high_water",
-            "maxrss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "maxrss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "cpu_s": cpu,
         }
 
     def _now(self) -> float:
         if self.cuda:
             torch.cuda.synchronize()
-        return time.perf_counter() - self.t0
+        return _perf() - self.t0
 
     # ----- compute -----
     def _forward(self, a: Action) -> None:
         start = self._now()
-        key = (a.stage, a.unit)
-        lo, hi = self.rows(a.stage, a.unit)
+        index = self.cursor
+        key, lo, hi, blocks, pieces, scale = self.info[index]
         if a.stage == 0:
             assert self.inputs is not None
             x = self.inputs[lo:hi]
             held = 0
         else:
-            x = self._gather("F", a.stage, a.unit, a.stage - 1, (lo, hi)).detach()
+            x = self._assemble("F", a.stage, a.unit, pieces, lo, hi).detach()
             x.requires_grad_(x.is_floating_point())
             held = nbytes(x)
-        seen: set[int] = {x.data_ptr()}
+        known = self.held_bytes.get(index)
+        if known is None and not self.cuda:  # first time: count what autograd saves (see module docstring)
+            seen: set[int] = {x.data_ptr()}
+            counted = 0
 
-        def pack(t: Tensor) -> Tensor:
-            nonlocal held
-            ptr = t.untyped_storage().data_ptr()
-            if ptr not in seen and ptr not in self.param_ptrs:
-                seen.add(ptr)
-                held += t.untyped_storage().nbytes()
-            return t
+            def pack(t: Tensor) -> Tensor:
+                nonlocal counted
+                ptr = t.untyped_storage().data_ptr()
+                if ptr not in seen and ptr not in self.param_ptrs:
+                    seen.add(ptr)
+                    counted += t.untyped_storage().nbytes()
+                return t
 
-        stage = self.plan.stages[a.stage]
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = x
-            if hi > lo:
-                for b in range(stage.first, stage.last):
-                    out = self.modules[b](out)
-            if a.stage == self.last:
-                assert self.targets is not None
-                if hi > lo:
-                    out = self.spec.loss_fn(out, self.targets[lo:hi]) * ((hi - lo) / self.batch_rows)
-                    self.losses.append(out.detach())
-                else:
-                    out = torch.zeros((), device=self.torch_device, requires_grad=False)
+            with torch.autograd.graph.saved_tensors_hooks(pack, _identity):
+                out = self._apply(a, x, blocks, lo, hi, scale)
+            self.held_bytes[index] = counted
+            held += counted
+        else:
+            out = self._apply(a, x, blocks, lo, hi, scale)
+            held += known or 0
         self.stash[key] = (x if a.stage > 0 else None, out, held)
         if a.stage < self.last:
             self.out_f[key] = out.detach()
         self.stash_now += held
-        self.stash_peak = max(self.stash_peak, self.stash_now)
-        self.spans.append((str(a), "F", start, self._now()))
+        if self.stash_now > self.stash_peak:
+            self.stash_peak = self.stash_now
+        self.spans.append((self.labels[index], "F", start, self._now()))
+
+    def _apply(self, a: Action, x: Tensor, blocks: list[int], lo: int, hi: int, scale: float) -> Tensor:
+        out = x
+        if hi > lo:
+            modules = self.modules
+            for b in blocks:
+                out = modules[b](out)
+        if a.stage == self.last:
+            assert self.targets is not None
+            if hi > lo:
+                out = self.spec.loss_fn(out, self.targets[lo:hi]) * scale
+                self.losses.append(out.detach())
+            else:
+                out = torch.zeros((), device=self.torch_device, requires_grad=False)
+        return out
 
     def _backward(self, a: Action) -> None:
         start = self._now()
-        key = (a.stage, a.unit)
+        index = self.cursor
+        key, lo, hi, pieces, keep = self.info[index]
         x, out, held = self.stash.pop(key)
-        lo, hi = self.rows(a.stage, a.unit)
         if a.stage == self.last:
             if out.requires_grad:
-                out.backward()
+                _backward(out, torch.ones_like(out))
         else:
-            grad = self._gather("B", a.stage, a.unit, a.stage + 1, (lo, hi))
+            grad = self._assemble("B", a.stage, a.unit, pieces, lo, hi)
             if out.requires_grad:
-                torch.autograd.backward(out, grad)
-        if x is not None:
+                _backward(out, grad)
+        if x is not None and keep:
             self.out_b[key] = x.grad if x.grad is not None else torch.zeros_like(x)
-            if self.uses.get(("B", a.stage, a.unit), 0) == 0:
-                self.out_b.pop(key)
         self.stash_now -= held
-        self.spans.append((str(a), "B", start, self._now()))
+        self.spans.append((self.labels[index], "B", start, self._now()))
+
+    def _assemble(self, direction: str, stage: int, unit: tuple[int, int], pieces: list[Piece], lo: int, hi: int) -> Tensor:
+        """``stage``'s input (F) or output grad (B): received in place, or handed over locally."""
+        buf = self.inbox.pop((direction, stage, unit), None)
+        store = self.out_f if direction == "F" else self.out_b
+        for local, src, s_lo, s_hi, d_lo, d_hi in pieces:
+            if local:  # neighbouring virtual stage on this device
+                part = store[src][s_lo:s_hi]
+                if buf is None:  # the only piece: no copy
+                    buf = part
+                else:
+                    buf[d_lo:d_hi].copy_(part)
+                self._release(direction, src)
+        if buf is None:
+            shape, dtype = self.boundary[self.plan.stages[stage].first if direction == "F" else self.plan.stages[stage].last]
+            return torch.zeros((hi - lo, *shape), dtype=dtype, device=self.torch_device)
+        return buf
 
     def _gather(self, direction: str, stage: int, unit: tuple[int, int], other: int, mine: Range) -> Tensor:
-        """Concatenate, in peer order, the pieces of ``stage``'s input (F) or output grad (B)."""
-        pieces = []
-        for peer in self.peers(stage, other):
-            theirs = self.rows(other, unit, peer)
-            lo, hi = intersect(mine, theirs)
-            if hi <= lo:
-                continue
-            if peer == self.device:  # neighbouring virtual stage on this device: local hand-off
-                store = self.out_f if direction == "F" else self.out_b
-                pieces.append(store[(other, unit)][lo - theirs[0] : hi - theirs[0]])
-                self._release(direction, (other, unit))
-            else:
-                pieces.append(self.inbox.pop((direction, stage, unit, peer)))
-        if not pieces:
-            shape, dtype = self.boundary[self.plan.stages[stage].first if direction == "F" else self.plan.stages[stage].last]
-            return torch.zeros((0, *shape), dtype=dtype, device=self.torch_device)
-        return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+        """Compatibility wrapper: the assembled input (F) or output grad (B) of ``stage``'s ``unit``."""
+        return self._assemble(direction, stage, unit, self._pieces(direction, stage, unit, other), mine[0], mine[1])
 
     def _release(self, direction: str, key: Key) -> None:
         counter = (direction, key[0], key[1])
-        if counter in self.uses:
-            self.uses[counter] -= 1
-            if self.uses[counter] <= 0:
+        left = self.uses.get(counter)
+        if left is not None:
+            left -= 1
+            self.uses[counter] = left
+            if left <= 0:
                 (self.out_f if direction == "F" else self.out_b).pop(key, None)
 
     # ----- point-to-point -----
     def _send(self, a: Action) -> None:
-        direction = "F" if a.kind is Kind.SEND_F else "B"
-        mine, (lo, hi), sender, _ = self._link_rows(a)
-        key = (a.stage, a.unit)
-        if hi > lo:
-            data = (self.out_f if direction == "F" else self.out_b)[key][lo - mine[0] : hi - mine[0]].contiguous()
-            post = time.perf_counter() - self.t0
-            work = dist.isend(data, self.rank_of[a.peer], tag=tag(direction, sender, a.microbatch, a.part))
-            self.pending_sends.append((work, data))
-            self.sends.append((str(a), a.peer, nbytes(data), post))
+        index = self.cursor
+        direction, key, any_rows, whole, lo, hi, rank, msg_tag = self.info[index]
+        if any_rows:
+            held = (self.out_f if direction == "F" else self.out_b)[key]
+            data = (held if whole else held[lo:hi]).contiguous()
+            post = _perf() - self.t0
+            work = dist.isend(data, rank, tag=msg_tag)
+            sends = self.pending_sends
+            sends.append((work, data))
+            while len(sends) > 4 and sends[0][0].is_completed():  # keep handles of in-flight sends only
+                sends.popleft()
+            self.sends.append((self.labels[index], a.peer, data.numel() * data.element_size(), post))
         self._release(direction, key)
 
     def _post_recv(self, index: int) -> None:
-        a = self.program[index]
-        direction = "F" if a.kind is Kind.RECV_F else "B"
-        _, (lo, hi), sender, _ = self._link_rows(a)
-        if hi <= lo:
-            return
-        cut = self.plan.stages[a.stage].first if direction == "F" else self.plan.stages[a.stage].last
-        shape, dtype = self.boundary[cut]
-        buf = torch.empty((hi - lo, *shape), dtype=dtype, device=self.torch_device)
-        work = dist.irecv(buf, self.rank_of[a.peer], tag=tag(direction, sender, a.microbatch, a.part))
-        self.posted[index] = (work, buf, time.perf_counter() - self.t0)
+        info = self.info[index]
+        if info is None:
+            return  # empty overlap: nothing was sent
+        assembly, shape, dtype, lo, hi, whole, rank, msg_tag = info
+        buf = self.inbox.get(assembly)
+        if buf is None:
+            buf = self.inbox[assembly] = torch.empty(shape, dtype=dtype, device=self.torch_device)
+        part = buf if whole else buf[lo:hi]
+        work = dist.irecv(part, rank, tag=msg_tag)
+        self.posted[index] = (work, part, _perf() - self.t0)
 
     def _recv(self, a: Action) -> None:
         index = self.cursor
-        if index not in self.posted:
+        found = self.posted.pop(index, None)
+        if found is None:
             return  # empty overlap: nothing was sent
-        work, buf, post = self.posted.pop(index)
-        wait = time.perf_counter() - self.t0
+        work, buf, post = found
+        wait = _perf() - self.t0
         work.wait()
         done = self._now()
-        direction = "F" if a.kind is Kind.RECV_F else "B"
-        self.inbox[(direction, a.stage, a.unit, a.peer)] = buf
-        self.recvs.append((str(a), a.peer, nbytes(buf), post, wait, done))
+        self.recvs.append((self.labels[index], a.peer, buf.numel() * buf.element_size(), post, wait, done))
 
     # ----- per-stage -----
     def _stage_params(self, stage: int) -> list[nn.Parameter]:
@@ -301,7 +415,7 @@ class Executor:
             dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.groups[self.plan.stages[a.stage].devices])
             for p, g in zip(params, _unflatten_dense_tensors(flat, grads)):
                 p.grad = g
-        self.spans.append((str(a), "all_reduce", start, self._now()))
+        self.spans.append((self.labels[self.cursor], "all_reduce", start, self._now()))
 
     def _step(self, a: Action) -> None:
         start = self._now()
@@ -311,4 +425,8 @@ class Executor:
             if opt is not None:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
-        self.spans.append((str(a), "step", start, self._now()))
+        self.spans.append((self.labels[self.cursor], "step", start, self._now()))
+
+
+def _identity(t: Tensor) -> Tensor:
+    return t

@@ -11,6 +11,7 @@ could have been moving; it upper-bounds the wire time, so the derived bandwidth 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
 from orchestrator.schedule.ir import Kind, parse_action
@@ -45,6 +46,7 @@ class IterationMetrics:
     peak_memory_bytes: dict[int, int] = field(default_factory=dict)
     memory_metric: str = ""
     maxrss_bytes: dict[int, int] = field(default_factory=dict)
+    cpu_s: dict[int, float] = field(default_factory=dict)  # main-thread CPU seconds of the iteration, per device
 
     @property
     def bubble_fraction(self) -> dict[int, float]:
@@ -73,6 +75,7 @@ class IterationMetrics:
         }
 
 
+@lru_cache(maxsize=65536)  # the same labels recur every iteration; parsing them is most of combine()
 def _transfer_key(label: str, device: int, sending: bool) -> tuple[str, int, int, int, int, int]:
     a = parse_action(label)
     forward = a.kind in (Kind.SEND_F, Kind.RECV_F)
@@ -113,4 +116,5 @@ def combine(reports: Sequence[Mapping[str, Any]], wall_s: float | None = None) -
         peak_memory_bytes={int(r["device"]): int(r["peak_memory_bytes"]) for r in reports},
         memory_metric=str(reports[0]["memory_metric"]),
         maxrss_bytes={int(r["device"]): int(r["maxrss_bytes"]) for r in reports},
+        cpu_s={int(r["device"]): float(r["cpu_s"]) for r in reports if "cpu_s" in r},
     )

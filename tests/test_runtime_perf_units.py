@@ -1,0 +1,143 @@
+"""The executor's precomputed per-action tables agree with the plan's row and tag rules.
+
+Pure unit tests (no Ray, no process group): an :class:`actors.execution.Executor` is built for
+every device of a plan and its tables are checked against each other and against the rules the
+old per-action code applied on the fly. No timing here; speed is measured by benchmarks/runtime.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+import torch
+
+from actors.execution import Executor
+from actors.metrics import combine
+from actors.stage_worker import JobSpec
+from orchestrator.plan import Plan, ScheduleKind, interleave, straight_plan
+from orchestrator.schedule.ir import Kind
+from orchestrator.schedule.lowering import lower
+
+BATCH = 11  # uneven micro-batches and replica shares
+PLANS = {
+    "1f1b": straight_plan([0, 4, 8], 4),
+    "gpipe-sliced": replace(straight_plan([0, 3, 5, 8], 3, ScheduleKind.GPIPE), sliced_microbatches=1),
+    "interleaved-local-handoff": interleave(straight_plan([0, 8], 3), 3),
+    "replicas-2-3": straight_plan([0, 3, 8], 3, devices=[(0, 1), (2, 3, 4)]),
+    "interleaved-replicas": interleave(straight_plan([0, 4, 8], 4, devices=[(0, 1), (2,)]), 2),
+}
+
+
+def _spec(lookahead: int = 8) -> JobSpec:
+    def unused(*_: Any) -> Any:
+        raise AssertionError("not called by the tables")
+
+    return JobSpec(unused, unused, unused, unused, recv_lookahead=lookahead)
+
+
+def executors(plan: Plan, lookahead: int = 8) -> dict[int, Executor]:
+    boundary: list[tuple[tuple[int, ...], torch.dtype]] = [((4,), torch.float32)] * (plan.num_blocks + 1)
+    rank_of = {d: i for i, d in enumerate(sorted(plan.devices))}
+    programs = lower(plan).programs
+    return {
+        d: Executor(_spec(lookahead), plan, d, rank_of, programs[d], {}, {}, {}, boundary, BATCH, torch.device("cpu"))
+        for d in sorted(plan.devices)
+    }
+
+
+@pytest.mark.parametrize("name", list(PLANS))
+@pytest.mark.parametrize("lookahead", [1, 3, 8])
+def test_receives_are_posted_once_and_in_the_lookahead_window(name: str, lookahead: int) -> None:
+    for ex in executors(PLANS[name], lookahead).values():
+        recv_at = [i for i, a in enumerate(ex.program) if a.kind in (Kind.RECV_F, Kind.RECV_B)]
+        posted = [(r, i) for i, rs in enumerate(ex.post_before) for r in rs]
+        assert [r for r, _ in posted] == recv_at  # each once, in program order
+        # the rule of the original loop: before action i, post every receive at index < i + lookahead
+        assert all(i == max(0, r - lookahead + 1) for r, i in posted)
+
+
+@pytest.mark.parametrize("name", list(PLANS))
+def test_every_send_matches_one_receive_with_same_tag_and_rows(name: str) -> None:
+    exs = executors(PLANS[name])
+    sends: dict[tuple[int, int, int], int] = {}
+    recvs: dict[tuple[int, int, int], int] = {}
+    for d, ex in exs.items():
+        for i, a in enumerate(ex.program):
+            info = ex.info[i]
+            if a.kind in (Kind.SEND_F, Kind.SEND_B):
+                _, _, any_rows, _, lo, hi, rank, msg_tag = info
+                if any_rows:
+                    key = (ex.rank_of[d], rank, msg_tag)
+                    assert key not in sends
+                    sends[key] = hi - lo
+            elif a.kind in (Kind.RECV_F, Kind.RECV_B) and info is not None:
+                _, _, _, lo, hi, _, rank, msg_tag = info
+                key = (rank, ex.rank_of[d], msg_tag)
+                assert key not in recvs
+                recvs[key] = hi - lo
+    assert sends == recvs
+    assert bool(sends) == (len(exs) > 1)
+
+
+@pytest.mark.parametrize("name", list(PLANS))
+def test_received_and_local_pieces_tile_each_unit_exactly(name: str) -> None:
+    for ex in executors(PLANS[name]).values():
+        covered: dict[tuple[str, int, tuple[int, int]], list[tuple[int, int]]] = {}
+        rows: dict[tuple[str, int, tuple[int, int]], int] = {}
+        for i, a in enumerate(ex.program):
+            info = ex.info[i]
+            if a.kind in (Kind.RECV_F, Kind.RECV_B) and info is not None:
+                assembly, shape, _, lo, hi, whole, _, _ = info
+                covered.setdefault(assembly, []).append((lo, hi))
+                rows[assembly] = shape[0]
+                assert whole == ((lo, hi) == (0, shape[0]))
+            elif a.kind is Kind.FORWARD and a.stage > 0 or a.kind is Kind.BACKWARD and a.stage < ex.last:
+                direction = "F" if a.kind is Kind.FORWARD else "B"
+                pieces = ex.info[i][4] if a.kind is Kind.FORWARD else ex.info[i][3]
+                lo, hi = ex.rows(a.stage, a.unit)
+                assembly = (direction, a.stage, a.unit)
+                covered.setdefault(assembly, []).extend((d_lo, d_hi) for local, _, _, _, d_lo, d_hi in pieces if local)
+                rows[assembly] = hi - lo
+                # the pieces cover the unit's rows in order, without gaps or overlaps
+                spans = [(d_lo, d_hi) for *_, d_lo, d_hi in pieces]
+                assert [s for s in spans if s[1] > s[0]] == spans
+                assert sum(h - lo_ for lo_, h in spans) == hi - lo
+        for assembly, parts in covered.items():
+            parts.sort()
+            assert parts[0][0] == 0 and parts[-1][1] == rows[assembly]
+            assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))
+
+
+def test_labels_and_dispatch_are_per_action() -> None:
+    ex = executors(PLANS["interleaved-replicas"])[0]
+    assert ex.labels == [str(a) for a in ex.program]
+    assert [c.__name__ for c in ex.calls] == [ex.handlers[a.kind].__name__ for a in ex.program]
+
+
+def test_backward_keeps_input_grad_only_when_someone_consumes_it() -> None:
+    for ex in executors(PLANS["interleaved-local-handoff"]).values():
+        for i, a in enumerate(ex.program):
+            if a.kind is Kind.BACKWARD:
+                assert ex.info[i][4] == (ex.consumers.get(("B", a.stage, a.unit), 0) > 0)
+
+
+def _report(device: int, cpu: float | None) -> dict[str, Any]:
+    report: dict[str, Any] = {
+        "device": device, "step": 0, "t0_wall": 100.0, "iteration_s": 0.5, "busy_s": 0.25, "bubble_s": 0.25,
+        "spans": [(f"{device}F0", "F", 0.0, 0.1)], "loss": None, "peak_memory_bytes": 1, "memory_metric": "stash_high_water",
+        "maxrss_bytes": 1,
+        "sends": [("0SEND_F0@1", 1, 64, 0.1)] if device == 0 else [],
+        "recvs": [("1RECV_F0@0", 0, 64, 0.05, 0.1, 0.2)] if device == 1 else [],
+    }
+    if cpu is not None:
+        report["cpu_s"] = cpu
+    return report
+
+
+def test_combine_reads_cpu_time_and_tolerates_reports_without_it() -> None:
+    m = combine([_report(0, 0.125), _report(1, 0.25)])
+    assert m.cpu_s == {0: 0.125, 1: 0.25}
+    assert [(t.src, t.dst, t.bytes) for t in m.transfers] == [(0, 1, 64)]
+    assert combine([_report(0, None), _report(1, None)]).cpu_s == {}
