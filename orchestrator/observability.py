@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from orchestrator.timeline import save_figure
+
 _SECRET_KEY = re.compile(r"(secret|password|token|credential|access_key|api_key|sas|signature)", re.I)
 
 
@@ -123,7 +125,7 @@ def plot_throughput(
     ax.set_title(title)
     ax.set_ylim(0, ymax * 1.35)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_prices(
@@ -149,16 +151,4 @@ def plot_prices(
     ax.set_title(title)
     ax.legend(fontsize=7, loc="upper right")
     fig.tight_layout()
-    return _save(fig, path)
-
-
-def _save(fig: Any, path: str | Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(out)
-    return out
+    return save_figure(fig, path)

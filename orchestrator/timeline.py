@@ -93,10 +93,17 @@ def write_gantt_png(spans: Sequence[Span], path: str | Path, title: str = "") ->
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
     ax.legend(handles, list(COLORS.keys()), loc="upper right", fontsize=7)
     fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def save_figure(fig: object, path: str | Path, dpi: int = 110) -> Path:
+    """Save a matplotlib figure atomically (temporary name, then rename) and close it."""
+    import matplotlib.pyplot as plt
+
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
+    fig.savefig(tmp, dpi=dpi)  # type: ignore[attr-defined]
+    plt.close(fig)  # type: ignore[arg-type]
     tmp.replace(out)
     return out
