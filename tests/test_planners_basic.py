@@ -43,10 +43,13 @@ def test_even_and_params_shapes() -> None:
     assert max(sizes) == 8.0 and params.objective_s == 8.0
 
 
-def _brute_flat(profile: Profile, n: int, bw: float, straight: bool) -> float:
+def _brute_flat(profile: Profile, n: int, bw: float, straight: bool, max_stages: int | None = None, exact: bool = False) -> float:
+    """PipeDream's flat objective minimized over every plan (at most ``max_stages`` stages; exactly
+    that many with ``exact``)."""
     best = np.inf
     L = profile.num_blocks
-    for k in range(1, min(n, L) + 1):
+    cap = min(n, L) if max_stages is None else min(n, L, max_stages)
+    for k in range(cap if exact else 1, cap + 1):
         for cuts in _cut_sets(L, k):
             reps_iter = [(1,) * k] if straight else (r for r in itertools.product(range(1, n + 1), repeat=k) if sum(r) <= n)
             for reps in reps_iter:
@@ -86,6 +89,83 @@ def test_pipedream_inner_level_table_is_optimal_for_every_range(seed: int) -> No
         for j in range(i, 5):
             sub = Profile("s", profile.blocks[i : j + 1])
             assert table.best[i, j, 2] == pytest.approx(_brute_flat(sub, 3, 100 * GBPS, False), rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_pipedream_flat_max_stages_matches_brute_force(seed: int) -> None:
+    """The stage cap is inside the DP: the optimum over plans with at most s stages, never an error."""
+    rng = np.random.default_rng(100 + seed)
+    L, n, straight = int(rng.integers(2, 7)), int(rng.integers(2, 6)), bool(seed % 3 == 0)
+    profile = random_profile(L, seed)
+    cluster = flat(n, 10)
+    for cap in range(1, n + 1):
+        o = PlannerOptions(num_microbatches=4, straight=straight, check_memory=False, max_stages=cap)
+        result = run_planner("pipedream", profile, cluster, o)
+        expected = _brute_flat(profile, n, 10 * GBPS, straight, max_stages=cap)
+        assert len(result.plan.stages) <= cap
+        assert result.objective_s == pytest.approx(expected, rel=1e-9), cap
+        assert bottleneck(result.plan, profile, cluster, o) == pytest.approx(expected, rel=1e-9), cap
+
+
+def _brute_two_level(profile: Profile, servers: int, gpus: int, intra: float, inter: float, max_stages: int) -> float:
+    """PipeDream's hierarchical objective over every two-level plan with at most ``max_stages`` flat
+    stages: top-level stages of whole servers, each server pipelining its range as s' inner stages
+    (s' flat stages, replicated across the stage's servers)."""
+    L = profile.num_blocks
+    inner: dict[tuple[int, int, int], float] = {}
+    for a in range(L):
+        for b in range(a + 1, L + 1):
+            sub = Profile("s", profile.blocks[a:b], input_bytes=profile.boundary_bytes(a))
+            for sp in range(1, min(gpus, b - a) + 1):
+                inner[(a, b, sp)] = _brute_flat(sub, gpus, intra, False, max_stages=sp, exact=True)
+    best = np.inf
+    for k in range(1, min(servers, L) + 1):
+        for cuts in _cut_sets(L, k):
+            for reps in itertools.product(range(1, servers + 1), repeat=k):
+                if sum(reps) > servers:
+                    continue
+                for flat_counts in itertools.product(range(1, gpus + 1), repeat=k):
+                    if sum(flat_counts) > max_stages:
+                        continue
+                    worst = 0.0
+                    for s in range(k):
+                        a, b, m, sp = cuts[s], cuts[s + 1], reps[s], flat_counts[s]
+                        c = inner.get((a, b, sp), np.inf)
+                        worst = max(worst, (c + 4 * (m - 1) * profile.param_bytes(a, b) / (m * inter) / gpus) / m)
+                        if s < k - 1:
+                            worst = max(worst, 2 * profile.boundary_bytes(b) / inter)
+                    best = min(best, worst)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_pipedream_two_level_max_stages_matches_brute_force(seed: int) -> None:
+    """Two levels: the cap counts flat stages (a top-level stage whose servers pipeline it as s'
+    inner stages counts s'), and the DP is exact for it."""
+    profile = random_profile(5, seed)
+    cluster = two_level(2, 2, 100, 10)
+    for cap in range(1, 5):
+        o = PlannerOptions(num_microbatches=4, check_memory=False, max_stages=cap)
+        result = run_planner("pipedream", profile, cluster, o)
+        assert len(result.plan.stages) <= cap
+        expected = _brute_two_level(profile, 2, 2, 100 * GBPS, 10 * GBPS, cap)
+        assert result.objective_s == pytest.approx(expected, rel=1e-9), cap
+
+
+def test_pipedream_max_stages_is_planned_not_rejected() -> None:
+    profile = uniform_profile(24, 0.01, 0.02, act=5e6, params=1e6)
+    cluster = two_level(4, 4, 100, 10)
+    free = run_planner("pipedream", profile, cluster, PlannerOptions(num_microbatches=16, check_memory=False))
+    previous = np.inf
+    for cap in (1, 2, 3, 4, 6, 8, 12, 15):
+        got = run_planner("pipedream", profile, cluster, PlannerOptions(num_microbatches=16, check_memory=False, max_stages=cap))
+        assert 1 <= len(got.plan.stages) <= cap
+        assert got.objective_s is not None and free.objective_s is not None
+        assert got.objective_s <= previous * (1 + 1e-12)  # a looser cap never hurts
+        assert got.objective_s >= free.objective_s * (1 - 1e-12)
+        previous = got.objective_s
+        if len(free.plan.stages) <= cap:
+            assert got.objective_s == pytest.approx(free.objective_s, rel=1e-12)
 
 
 def test_pipedream_two_level_uses_whole_servers_and_fast_links() -> None:

@@ -312,3 +312,88 @@ def test_spp_scenario_bert24_runs_and_auto_is_best() -> None:
     o = opts(32)
     times = {n: run_planner(n, prof, cl, o).iteration_time_s for n in ("spp", "pipedream")}
     assert times["spp"] <= times["pipedream"] * 1.05
+
+
+# ------------------------------------------------------------------- planning-speed invariants
+@pytest.mark.parametrize("seed,layout,M", [(0, (2, 2), 4), (1, (3, 2), 8), (2, (2, 2, 2), 6), (3, (4, 4), 16)])
+def test_dapple_pruned_scoring_picks_the_best_final_state(seed: int, layout: tuple[int, ...], M: int) -> None:
+    """plan_dapple stops scoring final states once M·(DP value) exceeds the best latency (L ≥ M·v);
+    it must pick the same latency as scoring every final state."""
+    rng = np.random.default_rng(seed)
+    prof = random_profile(rng, 7, act_scale=3e6)
+    cl = heterogeneous_servers(list(layout), [float(x) for x in rng.uniform(50, 150, len(layout))], 10).with_latency(2e-5 * seed)
+    o = opts(M, check_memory=False)
+    dp = dapple.solve(prof, cl, o)
+    L = prof.num_blocks
+    every = []
+    for k in range(len(dp.keys)):
+        if np.isfinite(dp.best[k][L]):
+            plan = Plan(tuple(dapple.unwind(dp, k, L)), M)
+            lat = dapple.latency(plan, prof, cl)
+            assert lat >= M * float(dp.best[k][L]) * (1 - 1e-9)  # the bound the pruning relies on
+            every.append(lat)
+    got = dapple.plan_dapple(prof, cl, o)
+    assert got.objective_s == pytest.approx(min(every), rel=1e-12)
+    assert dapple.latency(got, prof, cl) == pytest.approx(min(every), rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_auto_bounds_bracket_the_simulator(seed: int) -> None:
+    """auto prunes with time_lower_bound (≤ simulated time) and accepts interleaved variants by
+    replay (≥ simulated time; equal when a stage's replicas are alike) — on every planner's plan
+    and its interleaved variants, with latency, replicas and heterogeneous links."""
+    from orchestrator.planners.auto import replay, time_lower_bound
+    from orchestrator.planners.interleaving import candidate_chunks, interleaved_plan
+    from orchestrator.simulator import memory_error
+
+    rng = np.random.default_rng(seed)
+    prof = random_profile(rng, 12, act_scale=float(rng.choice([1e5, 3e6, 3e7])))
+    layouts = [two_level(2, 3, 100, 10), heterogeneous_servers([2, 3, 2], [100, 60, 80], 10), flat(4, 10)]
+    cl = layouts[seed % 3].with_latency(float(rng.choice([0.0, 1e-4])))
+    M = int(rng.choice([4, 6, 8]))
+    for name in ("even", "params", "pipedream", "spp", "dapple", "autopipe", "2bw"):
+        try:
+            base = get_planner(name).fn(prof, cl, opts(M, check_memory=False))
+        except UserError:
+            continue
+        for v in candidate_chunks(base, prof):
+            plan = base if v == 1 else interleaved_plan(base, prof, v)
+            res = simulate(plan, prof, cl)
+            t, fits = replay(plan, prof, cl, 4.0)
+            assert time_lower_bound(plan, prof, cl) <= res.iteration_s
+            assert t >= res.iteration_s * (1 - 1e-12)
+            assert t == pytest.approx(res.iteration_s, rel=1e-9)  # alike replicas: exact
+            assert fits == (memory_error(res, cl) is None)
+
+
+@pytest.mark.parametrize(
+    "seed,cluster,M,kw",
+    [
+        (2, "het", 8, {}),
+        (3, "flat", 4, {}),
+        (4, "two", 12, {"max_stages": 3}),
+        (5, "het-lat", 6, {}),
+        (6, "two", 8, {"straight": True}),
+        (7, "tight", 8, {}),
+    ],
+)
+def test_auto_is_never_worse_than_any_planner_more_settings(seed: int, cluster: str, M: int, kw: dict[str, object]) -> None:
+    rng = np.random.default_rng(seed)
+    prof = random_profile(rng, 14, param_scale=3e8 if cluster == "tight" else 4e7)
+    cl = {
+        "het": heterogeneous_servers([2, 3, 2], [100, 60, 80], 10),
+        "flat": flat(5, 10),
+        "two": two_level(2, 4, 100, 10),
+        "het-lat": heterogeneous_servers([3, 3], [120, 40], 5).with_latency(2e-4),
+        "tight": two_level(2, 4, 100, 10, memory_bytes=6e9),
+    }[cluster]
+    o = opts(M, **kw)
+    auto = run_planner("auto", prof, cl, o)
+    assert auto.plan.algorithm.startswith("auto:")
+    assert auto.objective_s is not None and auto.objective_s >= auto.iteration_time_s * (1 - 1e-9)
+    for name in ("even", "params", "pipedream", "spp", "dapple", "autopipe", "2bw"):
+        try:
+            single = run_planner(name, prof, cl, o)
+        except UserError:
+            continue
+        assert auto.iteration_time_s <= single.iteration_time_s * (1 + 1e-12), name

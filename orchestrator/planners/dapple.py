@@ -36,7 +36,8 @@ micro-batch's stash; exact 1F1B in-flight memory is checked on the finished plan
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 
@@ -63,35 +64,53 @@ def allocate(
 
     Ties are broken by (server type, state, index) so that interchangeable servers are treated
     alike, which keeps the DP's symmetry reduction exact."""
-    n = len(servers)
-    free = [len(g) - u for g, u in zip(servers, occ)]
-    if sum(free) < m:
-        return None
-    ty = types or [0] * n
-    in_last = [sum(1 for d in last if d in g) for g in servers]
-    take = [0] * n
-    need = m
-    if policy == "scatter_first":
-        ring = sorted(range(n), key=lambda k: (ty[k], occ[k], in_last[k], k))
-        while need:
-            for k in ring:
-                if need and free[k] - take[k] > 0:
-                    take[k] += 1
-                    need -= 1
-    else:
+    return _Allocator(servers, occ, last, types).take(m, policy)
+
+
+class _Allocator:
+    """:func:`allocate` for one (occupancy, last group) and many (m, policy): the server orders
+    each policy walks are computed once."""
+
+    def __init__(self, servers: list[list[int]], occ: Occ, last: tuple[int, ...], types: list[int] | None) -> None:
+        n = len(servers)
+        self.servers, self.occ = servers, occ
+        self.free = free = [len(g) - u for g, u in zip(servers, occ)]
+        self.total_free = sum(free)
+        ty = types or [0] * n
+        if last:
+            last_set = set(last)
+            in_last = [sum(1 for d in g if d in last_set) for g in servers]
+        else:
+            in_last = [0] * n
+        self.ring = sorted(range(n), key=lambda k: (ty[k], occ[k], in_last[k], k))
         fresh = sorted((k for k in range(n) if occ[k] == 0), key=lambda k: (ty[k], k))
         partial = sorted(
             (k for k in range(n) if 0 < occ[k] < len(servers[k])), key=lambda k: (in_last[k] == 0, -free[k], ty[k], occ[k], -in_last[k], k)
         )
-        ordered = fresh + partial if policy == "fresh_first" else partial + fresh
-        for k in ordered:
-            if not need:
-                break
-            t = min(need, free[k])
-            take[k] += t
-            need -= t
-    group = tuple(d for k, g in enumerate(servers) for d in g[occ[k] : occ[k] + take[k]])
-    return tuple(u + t for u, t in zip(occ, take)), group
+        self.orders = {"fresh_first": fresh + partial, "append_first": partial + fresh}
+
+    def take(self, m: int, policy: str) -> tuple[Occ, tuple[int, ...]] | None:
+        if self.total_free < m:
+            return None
+        free, occ = self.free, self.occ
+        take = [0] * len(free)
+        need = m
+        if policy == "scatter_first":
+            ring = self.ring
+            while need:
+                for k in ring:
+                    if need and free[k] - take[k] > 0:
+                        take[k] += 1
+                        need -= 1
+        else:
+            for k in self.orders[policy]:
+                if not need:
+                    break
+                t = min(need, free[k])
+                take[k] += t
+                need -= t
+        group = tuple(d for k, g in enumerate(self.servers) if take[k] for d in g[occ[k] : occ[k] + take[k]])
+        return tuple(u + t for u, t in zip(occ, take)), group
 
 
 def server_types(cluster: Cluster, servers: list[list[int]]) -> list[int] | None:
@@ -121,12 +140,49 @@ def server_types(cluster: Cluster, servers: list[list[int]]) -> list[int] | None
 class DappleDP:
     keys: list[Key]
     real: list[tuple[Occ, tuple[int, ...]]]  # a representative (occupancy, last group) per key
-    best: list[np.ndarray]  # per key: pivot value after planning blocks [0, j), j = 0..L
-    parent: list[np.ndarray]  # per key, per j: parent key index (-1 = first stage)
-    parent_j: list[np.ndarray]
-    move: list[np.ndarray]  # per key, per j: replicas*3 + policy index of the stage ending there
+    best: np.ndarray  # [keys, L+1]: pivot value after planning blocks [0, j), j = 0..L
+    parent: np.ndarray  # [keys, L+1]: parent key index (-1 = first stage)
+    parent_j: np.ndarray
+    move: np.ndarray  # [keys, L+1]: replicas*3 + policy index of the stage ending there
     servers: list[list[int]]
     types: list[int] | None
+    spb: dict[tuple[tuple[int, ...], tuple[int, ...]], float] = field(default_factory=dict)  # seconds per boundary byte
+
+
+class _Rows:
+    """Growable [n, L+1] tables (value, parent, parent_j, move), one row per DP key."""
+
+    def __init__(self, width: int) -> None:
+        self.n = 0
+        self.best = np.full((64, width), INF)
+        self.parent = np.full((64, width), -2, dtype=np.int64)
+        self.parent_j = np.full((64, width), -1, dtype=np.int64)
+        self.move = np.full((64, width), -1, dtype=np.int64)
+
+    def add(self) -> int:
+        if self.n == len(self.best):
+            extra = len(self.best)
+            self.best = np.concatenate([self.best, np.full_like(self.best[:extra], INF)])
+            self.parent = np.concatenate([self.parent, np.full_like(self.parent[:extra], -2)])
+            self.parent_j = np.concatenate([self.parent_j, np.full_like(self.parent_j[:extra], -1)])
+            self.move = np.concatenate([self.move, np.full_like(self.move[:extra], -1)])
+        self.n += 1
+        return self.n - 1
+
+    def relax(self, targets: np.ndarray, vals: np.ndarray, parents: np.ndarray, pjs: np.ndarray, moves: np.ndarray) -> None:
+        """Sequential strict-``<`` updates of rows ``targets`` (in order), batched when distinct."""
+        if len(np.unique(targets)) != len(targets):
+            for c in range(len(targets)):
+                self.relax(targets[c : c + 1], vals[c : c + 1], parents[c : c + 1], pjs[c : c + 1], moves[c : c + 1])
+            return
+        cur = self.best[targets]
+        better = vals < cur
+        if not better.any():
+            return
+        self.best[targets] = np.where(better, vals, cur)
+        self.parent[targets] = np.where(better, parents, self.parent[targets])
+        self.parent_j[targets] = np.where(better, pjs, self.parent_j[targets])
+        self.move[targets] = np.where(better, moves, self.move[targets])
 
 
 def _stage_costs(profile: Profile, cluster: Cluster) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -155,22 +211,25 @@ def solve(profile: Profile, cluster: Cluster, options: PlannerOptions) -> Dapple
     # Replica counts tried per stage: all of them on small clusters; on large ones (more than
     # SMALL_CLUSTER devices) the counts a server layout makes natural — up to one server, then
     # whole servers — which keeps planning interactive.
-    per_server = max(len(g) for g in cluster.nodes().values())
+    per_server = max(len(g) for g in servers)
     sizes = [m for m in range(1, max_rep + 1) if cluster.size <= SMALL_CLUSTER or m <= per_server or m % per_server == 0]
     keys: list[Key] = []
     real: list[tuple[Occ, tuple[int, ...]]] = []
     index: dict[Key, int] = {}
+    by_level: dict[int, list[int]] = {}
+    rows = _Rows(L + 1)
     types = server_types(cluster, servers)
     server_of = {d: k for k, g in enumerate(servers) for d in g}
     bt_cache: dict[tuple[tuple[int, ...], tuple[int, ...]], float] = {}
-    cand_cache: dict[tuple[Occ, tuple[int, ...]], list[tuple[Occ, tuple[int, ...], int]]] = {}
-    best: list[np.ndarray] = []
-    parent: list[np.ndarray] = []
-    parent_j: list[np.ndarray] = []
-    move: list[np.ndarray] = []
     group_cost: dict[tuple[object, ...], np.ndarray] = {}
+    group_matrix: dict[tuple[int, ...], np.ndarray] = {}
+    canon_cache: dict[tuple[Occ, tuple[int, ...]], tuple[object, ...]] = {}
+    cand_cache: dict[tuple[Occ, tuple[int, ...]], list[tuple[Occ, tuple[int, ...], int]]] = {}
 
     def stage_matrix(group: tuple[int, ...]) -> np.ndarray:
+        got = group_matrix.get(group)
+        if got is not None:
+            return got
         g = list(group)
         sig = (len(g), float(min(speeds[g])), float(min(mems[g])), cluster.ring_bandwidth(g))
         cost = group_cost.get(sig)
@@ -180,31 +239,33 @@ def solve(profile: Profile, cluster: Cluster, options: PlannerOptions) -> Dapple
                 fits = par * options.state_factor + sta / len(g) <= float(min(mems[g]))
                 cost = np.where(fits, cost, INF)
             group_cost[sig] = cost
+        group_matrix[group] = cost
         return cost
 
     def canonical(occ: Occ, group: tuple[int, ...]) -> tuple[object, ...]:
         if types is None:
             return (occ, group)
+        got = canon_cache.get((occ, group))
+        if got is not None:
+            return got
         last = [0] * len(servers)
         for d in group:
             last[server_of[d]] += 1
         per_type: dict[int, list[tuple[int, int]]] = {}
         for k, t in enumerate(types):
             per_type.setdefault(t, []).append((occ[k], last[k]))
-        return tuple(tuple(sorted(v)) for _, v in sorted(per_type.items()))
+        got = canon_cache[(occ, group)] = tuple(tuple(sorted(v)) for _, v in sorted(per_type.items()))
+        return got
 
     def key_of(occ: Occ, group: tuple[int, ...], depth: int) -> int:
         k = (canonical(occ, group), depth if cap else 0)
         idx = index.get(k)
         if idx is None:
-            idx = len(keys)
+            idx = rows.add()
             index[k] = idx
             keys.append(k)
             real.append((occ, group))
-            best.append(np.full(L + 1, INF))
-            parent.append(np.full(L + 1, -2, dtype=np.int64))
-            parent_j.append(np.full(L + 1, -1, dtype=np.int64))
-            move.append(np.full(L + 1, -1, dtype=np.int64))
+            by_level.setdefault(sum(occ), []).append(idx)
         return idx
 
     def candidates(occ: Occ, last: tuple[int, ...]) -> list[tuple[Occ, tuple[int, ...], int]]:
@@ -212,24 +273,23 @@ def solve(profile: Profile, cluster: Cluster, options: PlannerOptions) -> Dapple
         if cached is not None:
             return cached
         out: dict[tuple[int, ...], tuple[Occ, int]] = {}
+        alloc = _Allocator(servers, occ, last, types)
         for m in sizes:
+            if m > alloc.total_free:
+                break
             for p, policy in enumerate(POLICIES):
-                got = allocate(servers, occ, last, m, policy, types)
+                got = alloc.take(m, policy)
                 if got is not None and got[1] not in out:
                     out[got[1]] = (got[0], m * 3 + p)
-        cand_cache[(occ, last)] = [(o, g, mv) for g, (o, mv) in out.items()]
-        return cand_cache[(occ, last)]
+        cached = cand_cache[(occ, last)] = [(o, g, mv) for g, (o, mv) in out.items()]
+        return cached
 
     empty: Occ = tuple(0 for _ in servers)
     # First stages: blocks [0, j) on a freshly allocated group.
     for occ, group, mv in candidates(empty, ()):
         idx = key_of(occ, group, 1)
-        row = stage_matrix(group)[0]
-        better = row < best[idx]
-        best[idx] = np.where(better, row, best[idx])
-        parent[idx] = np.where(better, -1, parent[idx])
-        parent_j[idx] = np.where(better, 0, parent_j[idx])
-        move[idx] = np.where(better, mv, move[idx])
+        one = np.array([idx])
+        rows.relax(one, stage_matrix(group)[0][None, :], np.full((1, L + 1), -1), np.zeros((1, L + 1), dtype=np.int64), np.full((1, L + 1), mv))
     # Expand states level by level in devices used: a transition always adds devices, so every
     # state is final when its level is reached. Beyond ``beam`` states per level only the most
     # promising are expanded (optimistic bound: the rest of the model spread over the free devices).
@@ -237,15 +297,15 @@ def solve(profile: Profile, cluster: Cluster, options: PlannerOptions) -> Dapple
     fb = profile.prefix("forward_s") + profile.prefix("backward_s")
     fastest = float(speeds.max())
     for level in range(1, cluster.size):
-        at_level = [k for k in range(len(keys)) if sum(real[k][0]) == level]
+        at_level = by_level.get(level, [])
         if beam and len(at_level) > beam:
             rest = (fb[-1] - fb) / ((cluster.size - level) * fastest)
-            score = [float(np.min(np.maximum(best[k], rest))) for k in at_level]
+            score = np.min(np.maximum(rows.best[at_level], rest[None, :]), axis=1)
             at_level = [at_level[i] for i in np.argsort(score, kind="stable")[:beam]]
         for idx in at_level:
             occ, last = real[idx]
             depth = keys[idx][1]
-            vals = best[idx]
+            vals = rows.best[idx]
             if not np.isfinite(vals[:L]).any() or (cap and depth >= cap):
                 continue
             cands = candidates(occ, last)
@@ -255,16 +315,11 @@ def solve(profile: Profile, cluster: Cluster, options: PlannerOptions) -> Dapple
             cand = np.maximum(head[:, :, None], np.stack([stage_matrix(g) for _, g, _ in cands]))  # [C, j', j]
             jp_all = np.argmin(cand, axis=1)  # [C, j]
             v_all = np.take_along_axis(cand, jp_all[:, None, :], axis=1)[:, 0]  # [C, j]
-            for c, (nocc, group, mv) in enumerate(cands):
-                v = v_all[c]
-                nidx = key_of(nocc, group, depth + 1)
-                better = v < best[nidx]
-                if better.any():
-                    best[nidx] = np.where(better, v, best[nidx])
-                    parent[nidx] = np.where(better, idx, parent[nidx])
-                    parent_j[nidx] = np.where(better, jp_all[c], parent_j[nidx])
-                    move[nidx] = np.where(better, mv, move[nidx])
-    return DappleDP(keys, real, best, parent, parent_j, move, servers, types)
+            targets = np.array([key_of(nocc, group, depth + 1) for nocc, group, _ in cands])
+            moves = np.array([mv for _, _, mv in cands])[:, None]
+            rows.relax(targets, v_all, np.full_like(jp_all, idx), jp_all, np.broadcast_to(moves, jp_all.shape))
+    n = rows.n
+    return DappleDP(keys, real, rows.best[:n], rows.parent[:n], rows.parent_j[:n], rows.move[:n], servers, types, bt_cache)
 
 
 def _unit_transfer(cache: dict[tuple[tuple[int, ...], tuple[int, ...]], float], cluster: Cluster, src: tuple[int, ...], dst: tuple[int, ...]) -> float:
@@ -295,23 +350,81 @@ def unwind(dp: DappleDP, idx: int, L: int) -> list[Stage]:
     return stages
 
 
+class _Replay:
+    """:func:`unwind` for many final states at once: the replayed placement of every DP node
+    (key, j) is memoized, so paths that share a prefix replay it once."""
+
+    def __init__(self, dp: DappleDP) -> None:
+        self.dp = dp
+        empty: Occ = tuple(0 for _ in dp.servers)
+        self.memo: dict[tuple[int, int], tuple[Occ, tuple[int, ...], tuple[tuple[int, int, tuple[int, ...]], ...]]] = {(-1, 0): (empty, (), ())}
+
+    def stages(self, idx: int, j: int) -> tuple[tuple[int, int, tuple[int, ...]], ...]:
+        dp, memo = self.dp, self.memo
+        chain: list[tuple[int, int]] = []
+        node = (idx, j)
+        while node not in memo:
+            chain.append(node)
+            k, e = node
+            node = (int(dp.parent[k][e]), int(dp.parent_j[k][e]))
+        occ, last, stages = memo[node]
+        for k, e in reversed(chain):
+            first = int(dp.parent_j[k][e])
+            mv = int(dp.move[k][e])
+            got = allocate(dp.servers, occ, last, mv // 3, POLICIES[mv % 3], dp.types)
+            assert got is not None
+            occ, last = got
+            stages = (*stages, (first, e, last))
+            memo[(k, e)] = (occ, last, stages)
+        return stages
+
+
+class _CostCache:
+    """Per-group and per-boundary cost lookups shared by many latency evaluations (same arithmetic
+    as :func:`spp.all_reduce_time` / :func:`spp.boundary_time`, so values are bit-identical)."""
+
+    def __init__(self, profile: Profile, cluster: Cluster, spb: dict[tuple[tuple[int, ...], tuple[int, ...]], float] | None = None) -> None:
+        self.profile, self.cluster = profile, cluster
+        self.speeds = cluster.speeds
+        self.slow: dict[tuple[int, ...], float] = {}
+        self.ring: dict[tuple[int, ...], float] = {}
+        self.spb = {} if spb is None else spb
+
+    def pseudo(self, stages: Sequence[tuple[int, int, tuple[int, ...]]]) -> tuple[list[float], list[float], list[int], list[float]]:
+        prof, cluster = self.profile, self.cluster
+        F: list[float] = []
+        B: list[float] = []
+        pos: list[int] = []
+        ar: list[float] = []
+        for j, (first, last, devs) in enumerate(stages):
+            slow = self.slow.get(devs)
+            if slow is None:
+                slow = self.slow[devs] = float(min(self.speeds[list(devs)])) * len(devs)
+            pos.append(len(F))
+            F.append(prof.forward_time(first, last) / slow)
+            B.append(prof.backward_time(first, last) / slow)
+            k = len(devs)
+            if k < 2:
+                ar.append(0.0)
+            else:
+                ring = self.ring.get(devs)
+                if ring is None:
+                    ring = self.ring[devs] = cluster.ring_bandwidth(devs)
+                ar.append(2.0 * (k - 1) / k * prof.param_bytes(first, last) / ring)
+            if j + 1 < len(stages):
+                nxt = stages[j + 1][2]
+                spb = self.spb.get((devs, nxt))
+                if spb is None:
+                    spb = self.spb[(devs, nxt)] = seconds_per_byte(cluster, devs, nxt)
+                e = cluster.latency_s + prof.boundary_bytes(last) * spb
+                F.append(e)
+                B.append(e)
+        return F, B, pos, ar
+
+
 def pseudo_stages(plan: Plan, profile: Profile, cluster: Cluster) -> tuple[list[float], list[float], list[int], list[float]]:
     """F_x, B_x of the alternating compute/transfer pseudo-stages, x(s) and AR_s."""
-    F: list[float] = []
-    B: list[float] = []
-    pos: list[int] = []
-    ar: list[float] = []
-    for j, s in enumerate(plan.stages):
-        slow = float(min(cluster.speeds[list(s.devices)])) * s.replicas
-        pos.append(len(F))
-        F.append(profile.forward_time(s.first, s.last) / slow)
-        B.append(profile.backward_time(s.first, s.last) / slow)
-        ar.append(all_reduce_time(cluster, s.devices, profile.param_bytes(s.first, s.last)))
-        if j + 1 < len(plan.stages):
-            e = boundary_time(cluster, s.devices, plan.stages[j + 1].devices, profile.boundary_bytes(s.last))
-            F.append(e)
-            B.append(e)
-    return F, B, pos, ar
+    return _CostCache(profile, cluster).pseudo([(s.first, s.last, s.devices) for s in plan.stages])
 
 
 def pivot(F: list[float], B: list[float]) -> int:
@@ -324,7 +437,10 @@ def pivot(F: list[float], B: list[float]) -> int:
 def latency(plan: Plan, profile: Profile, cluster: Cluster, options: PlannerOptions | None = None) -> float:
     """DAPPLE's L = T_w + T_s + T_e of a straight plan."""
     F, B, pos, ar = pseudo_stages(plan, profile, cluster)
-    M = plan.num_microbatches
+    return _latency(F, B, pos, ar, plan.num_microbatches)
+
+
+def _latency(F: list[float], B: list[float], pos: list[int], ar: list[float], M: int) -> float:
     Q = pivot(F, B)
     t_w = sum(F[: Q + 1])
     t_s = (M - 1) * (F[Q] + B[Q])
@@ -344,16 +460,26 @@ def plan_dapple(profile: Profile, cluster: Cluster, options: PlannerOptions) -> 
     L = profile.num_blocks
     M = options.num_microbatches
     best: tuple[float, Plan] | None = None
-    for idx in range(len(dp.keys)):
-        if not np.isfinite(dp.best[idx][L]):
+    # Every final state is a candidate; the smallest latency that fits memory wins (the lowest
+    # state index on ties). L >= M·v for a plan of DP value v (T_s ≥ (M−1)(F_x+B_x) and
+    # T_w + T_e ≥ F_x + B_x + AR_s for every pseudo-stage x), so visiting states by increasing v
+    # lets us stop as soon as M·v exceeds the best latency found: same winner, a few unwinds.
+    final = dp.best[:, L]
+    order = [int(i) for i in np.lexsort((np.arange(len(final)), final)) if np.isfinite(final[i])]
+    best_idx = -1
+    replay = _Replay(dp)
+    costs = _CostCache(profile, cluster, dp.spb)
+    for idx in order:
+        if best is not None and M * float(final[idx]) > best[0] * (1 + 1e-9):
+            break
+        stages = replay.stages(idx, L)
+        lat = _latency(*costs.pseudo(stages), M)
+        if best is not None and (lat > best[0] or (lat == best[0] and idx > best_idx)):
             continue
-        plan = Plan(tuple(unwind(dp, idx, L)), M, ScheduleKind.ONE_F_ONE_B, algorithm="dapple")
-        lat = latency(plan, profile, cluster)
-        if best is not None and lat >= best[0]:
-            continue
+        plan = Plan(tuple(Stage(a, b, g) for a, b, g in stages), M, ScheduleKind.ONE_F_ONE_B, algorithm="dapple")
         if not fits_memory(plan, profile, cluster, options):
             continue
-        best = (lat, plan)
+        best, best_idx = (lat, plan), idx
     if best is None:
         raise UserError("dapple: no pipeline fits device memory (try more devices or fewer micro-batches)")
     out = Plan(best[1].stages, M, ScheduleKind.ONE_F_ONE_B, algorithm="dapple", objective_s=best[0])

@@ -19,6 +19,13 @@ faster with the same optimum.
 The result maps back to a flat plan: a top-level stage on m' units, each of which pipelines its
 range internally, becomes one flat stage per inner stage, replicated across the m' units.
 ``straight`` (PipeDream's ``--straight_pipeline``) forbids replication.
+
+``max_stages`` caps the number of *flat* stages inside the DP (:func:`solve_level_capped`: one
+more table dimension, "flat stages used", only when a cap is given and can bind — the default path
+is unchanged). On one level a stage is one flat stage and the DP is exact for "at most s stages".
+On two levels a top-level stage whose servers pipeline their range as s' inner stages counts s'
+flat stages; the inner table is solved per s', the top level sums them, and the DP is exact for the
+hierarchical objective restricted to at most s flat stages (tested against brute force).
 """
 
 from __future__ import annotations
@@ -167,9 +174,12 @@ def _unwind(table: LevelTable, i: int, j: int, m: int) -> list[tuple[int, int, i
 
 
 def plan_pipedream(profile: Profile, cluster: Cluster, options: PlannerOptions) -> Plan:
+    L = profile.num_blocks
+    if options.max_stages is not None and options.max_stages < min(cluster.size, L):
+        # Every flat stage takes a block and a device, so only a smaller cap can bind.
+        return _plan_capped(profile, cluster, options, options.max_stages)
     levels = hierarchy(cluster)
     compute, params, cut = _ranges(profile)
-    L = profile.num_blocks
     straight = options.straight
     node_groups = list(cluster.nodes().values())
     if len(levels) == 1:
@@ -199,6 +209,142 @@ def plan_pipedream(profile: Profile, cluster: Cluster, options: PlannerOptions) 
         server += servers
     return _finish(flat, options, float(t2.best[0, L - 1, outer.units - 1]))
 
+
+# ----------------------------------------------------------------------------------------------
+# A cap on the pipeline depth (``options.max_stages``)
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class CappedTable:
+    """``best[r, j, m-1, s-1]``: best bottleneck of blocks i..j on m units using exactly s *flat*
+    stages (r = i when every start is solved, else 0); back-pointers as in :class:`LevelTable`
+    plus the flat stage count of the last stage."""
+
+    best: np.ndarray  # [I, L, n, S]
+    split: np.ndarray
+    last_m: np.ndarray
+    last_s: np.ndarray
+    used_m: np.ndarray
+    all_starts: bool
+
+
+def solve_level_capped(
+    compute: np.ndarray, params: np.ndarray, cut: np.ndarray, level: Level, straight: bool, all_starts: bool, max_stages: int
+) -> CappedTable:
+    """:func:`solve_level` with an extra dimension: the number of flat stages used.
+
+    ``compute`` is [S', L, L]: the compute term of a stage over i..j when the unit runs it as s'
+    flat stages (S' = 1 on the lowest level, where a stage is one flat stage; on an upper level
+    entry s'−1 is the lower level's best time of i..j with exactly s' stages). The recurrence is
+    the same min-max, with the stage count adding up:
+
+        A(i→j, m, s) = min( T_{s}(i→j, m), min_{k, m', s'} max(A(i→k, m−m', s−s'), 2a_k/B, T_{s'}(k+1→j, m')) )
+    """
+    Sp, L, _ = compute.shape
+    n = level.units
+    S = max_stages
+    Sp = min(Sp, S)
+    compute = compute[:Sp]
+    ms = np.arange(1, n + 1, dtype=np.float64)
+    starts = np.arange(L) if all_starts else np.arange(1)
+    I = len(starts)
+    best = np.full((I, L, n, S), INF)
+    split = np.full((I, L, n, S), -1, dtype=np.int32)
+    last_m = np.zeros((I, L, n, S), dtype=np.int32)
+    last_s = np.zeros((I, L, n, S), dtype=np.int32)
+    # Single stage over i..j run as s' flat stages on m units.
+    single = _stage_time(compute[:, starts, :, None], params[starts][None, :, :, None], ms[None, None, None, :], level)  # [S', I, L, n]
+    if straight:
+        single[..., 1:] = INF
+    best[:, :, :, :Sp] = single.transpose(1, 2, 3, 0)
+    last_m[:] = np.arange(1, n + 1)[None, None, :, None]
+    last_s[:] = np.arange(1, S + 1)[None, None, None, :]
+    cut_cost = 2.0 * cut / level.bandwidth
+    mprime = ms if not straight else ms[:1]
+    n_mp = len(mprime)
+    pm = np.arange(n)[:, None] - (np.arange(n_mp)[None, :] + 1)  # [n, m'] (m − m') − 1
+    ps = np.arange(S)[:, None] - (np.arange(Sp)[None, :] + 1)  # [S, s'] (s − s') − 1
+    ok_ms = (pm >= 0)[:, :, None, None] & (ps >= 0)[None, None, :, :]  # [n, m', S, s']
+    pm_c, ps_c = np.maximum(pm, 0), np.maximum(ps, 0)
+    for j in range(1, L):
+        ks = np.arange(j)
+        tail = _stage_time(compute[:, ks + 1, j].T[:, None, :], params[ks + 1, j][:, None, None], mprime[None, :, None], level)  # [K, m', s']
+        head = best[:, :j]  # [I, K, n, S]
+        h = head[:, :, pm_c, :][:, :, :, :, ps_c]  # [I, K, n, m', S, s']
+        cand = np.maximum(np.maximum(h, cut_cost[ks][None, :, None, None, None, None]), tail[None, :, None, :, None, :])
+        ok = ok_ms[None, None] & (ks[None, :] >= starts[:, None])[:, :, None, None, None, None]
+        cand = np.where(ok, cand, INF)
+        flat = cand.transpose(0, 2, 4, 1, 3, 5).reshape(I, n, S, j * n_mp * Sp)
+        arg = np.argmin(flat, axis=3)  # [I, n, S]
+        val = np.take_along_axis(flat, arg[..., None], axis=3)[..., 0]
+        cur = best[:, j]
+        better = val < cur
+        if better.any():
+            k_best = arg // (n_mp * Sp)
+            rest = arg % (n_mp * Sp)
+            best[:, j] = np.where(better, val, cur)
+            split[:, j] = np.where(better, k_best, split[:, j])
+            last_m[:, j] = np.where(better, rest // Sp + 1, last_m[:, j])
+            last_s[:, j] = np.where(better, rest % Sp + 1, last_s[:, j])
+    used = np.broadcast_to(np.arange(1, n + 1)[None, None, :, None], best.shape).astype(np.int32).copy()
+    for m in range(1, n):
+        worse = best[:, :, m - 1] <= best[:, :, m]
+        best[:, :, m] = np.where(worse, best[:, :, m - 1], best[:, :, m])
+        used[:, :, m] = np.where(worse, used[:, :, m - 1], used[:, :, m])
+    return CappedTable(best, split, last_m, last_s, used, all_starts)
+
+
+def _unwind_capped(table: CappedTable, i: int, j: int, m: int, s: int) -> list[tuple[int, int, int, int]]:
+    """Stages (first, last_inclusive, units, flat stages) of range i..j on m units with s flat stages."""
+    r = i if table.all_starts else 0
+    out: list[tuple[int, int, int, int]] = []
+    while True:
+        m = int(table.used_m[r, j, m - 1, s - 1])
+        k = int(table.split[r, j, m - 1, s - 1])
+        if k < 0:
+            out.append((i, j, m, s))
+            break
+        mp = int(table.last_m[r, j, m - 1, s - 1])
+        sp = int(table.last_s[r, j, m - 1, s - 1])
+        out.append((k + 1, j, mp, sp))
+        j, m, s = k, m - mp, s - sp
+    return out[::-1]
+
+
+def _plan_capped(profile: Profile, cluster: Cluster, options: PlannerOptions, cap: int) -> Plan:
+    """PipeDream's DP with at most ``cap`` flat stages, exact in both the flat and the two-level case
+    (a top-level stage run as s' inner stages on each of its servers counts s' flat stages)."""
+    levels = hierarchy(cluster)
+    compute, params, cut = _ranges(profile)
+    L = profile.num_blocks
+    node_groups = list(cluster.nodes().values())
+    if len(levels) == 1:
+        table = solve_level_capped(compute[None], params, cut, levels[0], options.straight, False, cap)
+        final = table.best[0, L - 1, levels[0].units - 1]
+        s = int(np.argmin(final)) + 1
+        order = [d for g in node_groups for d in g]
+        flat: list[Stage] = []
+        pos = 0
+        for first, last, m, _ in _unwind_capped(table, 0, L - 1, levels[0].units, s):
+            flat.append(Stage(first, last + 1, tuple(order[pos : pos + m])))
+            pos += m
+        return _finish(flat, options, float(final[s - 1]))
+    inner, outer = levels
+    s_in = min(cap, inner.units)
+    t1 = solve_level_capped(compute[None], params, cut, inner, options.straight, True, s_in)
+    unit_best = t1.best[:, :, inner.units - 1, :].transpose(2, 0, 1)  # [s', i, j]
+    t2 = solve_level_capped(unit_best, params, cut, outer, options.straight, False, cap)
+    final = t2.best[0, L - 1, outer.units - 1]
+    s = int(np.argmin(final)) + 1
+    flat = []
+    server = 0
+    for first, last, servers, sp in _unwind_capped(t2, 0, L - 1, outer.units, s):
+        gpu = 0
+        for sfirst, slast, gpus, _ in _unwind_capped(t1, first, last, inner.units, sp):
+            devs = tuple(node_groups[server + k][gpu + g] for k in range(servers) for g in range(gpus))
+            flat.append(Stage(sfirst, slast + 1, devs))
+            gpu += gpus
+        server += servers
+    return _finish(flat, options, float(final[s - 1]))
 
 def _finish(stages: list[Stage], options: PlannerOptions, objective: float) -> Plan:
     if options.max_stages is not None and len(stages) > options.max_stages:

@@ -380,16 +380,20 @@ def prm(profile: Profile, tables: PRMTables, M: int, state_factor: float, max_st
     a_clip = np.where(a_ok, a_idx, 0)
     W: list[np.ndarray] = [np.where(kmax[:, L] >= 1, load[:, L], INF)]  # one stage: [l, L) on [a, a+r)
     stage_masked = np.where(kmax[:, :L] >= 1, load[:, :L], INF)
+    # in-flight counts at which some stage stops fitting (the mask only changes there)
+    kfin = kmax[:, :L][np.isfinite(kmax[:, :L]) & (kmax[:, :L] >= 1)]
     for j in range(2, min(max_stages, L, V) + 1):
         prev = W[-1]  # [L, V, V] over (l', a', r')
         na, nl = V - j + 1, L - j + 1  # a suffix of j stages needs j devices and j blocks
-        g = prev[:, a_clip[:na], :]  # [L(l'), na(a), V(r), V(r')] = W_{j-1}[l', a+r, r']
+        # The next cut l' is in [1, nl]: the stage [l, l') is not empty and the j−1 stages after
+        # it need j−1 blocks (W_{j−1} is inf elsewhere).
+        g = prev[1 : nl + 1, a_clip[:na], :]  # [nl(l'), na(a), V(r), V(r')] = W_{j-1}[l', a+r, r']
         g = np.where(a_ok[None, :na, :, None], g, INF)
-        h = np.min(np.maximum(g, comm[:L, :na]), axis=3)  # [L(l'), na, V]
-        if j <= M:
+        h = np.min(np.maximum(g, comm[1 : nl + 1, :na]), axis=3)  # [nl(l'), na, V]
+        if j <= M and np.any((kfin >= j - 1) & (kfin < j)):
             stage_masked = np.where(kmax[:nl, :L, :na] >= j, load[:nl, :L, :na], INF)
         w = np.full((L, V, V), INF)
-        w[:nl, :na] = np.min(np.maximum(stage_masked[:nl, :, :na], h[None]), axis=1)
+        w[:nl, :na] = np.min(np.maximum(stage_masked[:nl, 1 : nl + 1, :na], h[None]), axis=1)
         W.append(w)
         if not np.isfinite(w).any():
             break
