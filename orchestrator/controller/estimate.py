@@ -22,7 +22,7 @@ the arbiter sees any number (see :mod:`orchestrator.controller.controller`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -80,27 +80,44 @@ class CostModel:
         # Device groups seen so far get small integer ids, so per-stage attributes and the link
         # bandwidth between consecutive groups become numpy gathers instead of Python lookups.
         self._gid: dict[tuple[int, ...], int] = {}
+        self._groups: list[tuple[int, ...]] = []  # by id
         self._gattr = np.zeros((0, 4))
         self._glink = np.zeros((0, 0))
+
+    def group_ids(self, groups: Iterable[tuple[int, ...]]) -> list[int]:
+        """Small integer ids of device groups (registering unseen ones), in the given order."""
+        gid = self._gid
+        groups = list(groups)
+        fresh = {g for g in groups if g not in gid}
+        if fresh:
+            self._register(fresh)
+        return [gid[g] for g in groups]
+
+    def group_of(self, gid: int) -> tuple[int, ...]:
+        return self._groups[gid]
+
+    def _register(self, fresh: set[tuple[int, ...]]) -> None:
+        gid = self._gid
+        attrs = []
+        for g in sorted(fresh):
+            gid[g] = len(gid)
+            self._groups.append(g)
+            ids = list(g)
+            attrs.append((float(self._speeds[ids].min()), float(len(g)), self.cluster.ring_bandwidth(g), float(self._mem[ids].min())))
+        groups = self._groups
+        self._gattr = np.concatenate([self._gattr, np.array(attrs)])
+        members = np.zeros((len(groups), self.cluster.size), dtype=bool)
+        for k, g in enumerate(groups):
+            members[k, list(g)] = True
+        # slowest link from any device of group a to any device of group b, for all pairs at once
+        from_a = np.where(members[:, :, None], self.cluster.effective[None, :, :], np.inf).min(axis=1)  # [G, n]
+        self._glink = np.where(members[None, :, :], from_a[:, None, :], np.inf).min(axis=2)  # [G, G]
 
     def _ids(self, lays: list[Layout]) -> np.ndarray:
         gid = self._gid
         fresh = {g for lay in lays for g in lay.groups if g not in gid}
         if fresh:
-            for g in sorted(fresh):
-                gid[g] = len(gid)
-            groups = sorted(gid, key=gid.__getitem__)
-            attrs = []
-            for g in groups:
-                ids = list(g)
-                attrs.append((float(self._speeds[ids].min()), float(len(g)), self.cluster.ring_bandwidth(g), float(self._mem[ids].min())))
-            self._gattr = np.array(attrs)
-            members = np.zeros((len(groups), self.cluster.size), dtype=bool)
-            for k, g in enumerate(groups):
-                members[k, list(g)] = True
-            # slowest link from any device of group a to any device of group b, for all pairs at once
-            from_a = np.where(members[:, :, None], self.cluster.effective[None, :, :], np.inf).min(axis=1)  # [G, n]
-            self._glink = np.where(members[None, :, :], from_a[:, None, :], np.inf).min(axis=2)  # [G, G]
+            self._register(fresh)
         return np.array([[gid[g] for g in lay.groups] for lay in lays], dtype=np.int64)
 
     def estimate(self, layouts: Sequence[Layout]) -> Estimates:
@@ -115,9 +132,13 @@ class CostModel:
         return Estimates(time_s, balance, fits)
 
     def _estimate_depth(self, lays: list[Layout], S: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        n = len(lays)
         cuts = np.array([lay.cuts for lay in lays], dtype=np.int64)  # [n, S+1]
-        gid = self._ids(lays)  # [n, S]
+        return self.estimate_arrays(cuts, self._ids(lays))
+
+    def estimate_arrays(self, cuts: np.ndarray, gid: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(time, balance, fits) of ``n`` layouts of one depth ``S`` given as arrays: cut points
+        ``cuts`` [n, S+1] and device-group ids ``gid`` [n, S] (from :meth:`group_ids`)."""
+        n, S = gid.shape
         attrs = self._gattr[gid]  # [n, S, 4]
         speed, reps, ring, mem = attrs[..., 0], attrs[..., 1], attrs[..., 2], attrs[..., 3]
         lo, hi = cuts[:, :-1], cuts[:, 1:]

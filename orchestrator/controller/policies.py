@@ -146,16 +146,30 @@ def on_device_loss(plan: Plan, lost: Sequence[int], alive: Sequence[int], replan
     return Restart(replan(tuple(sorted(alive))), True, f"device(s) {sorted(gone)} held the only copy of their blocks")
 
 
+SPEED_AGNOSTIC_PLANNERS = frozenset({"pipedream"})
+"""Planners whose raw answer (before polishing) ignores device speeds — PipeDream's DP reads the
+profile, the bandwidth hierarchy and memory only — so a caller may reuse it across speed-only
+model changes and just re-polish. ``tests/test_controller_speed.py`` checks that this stays true."""
+
+
 def full_replan(profile: Profile, model: Cluster, alive: Sequence[int], template: Plan, algorithm: str = "pipedream",
-                straight: bool = False, polish: bool = True) -> Plan:
+                straight: bool = False, polish: bool = True, time_plan: Callable[[Plan], float] | None = None) -> Plan:
     """A from-scratch plan on the live devices of the believed cluster, in nominal device ids.
 
     Runs a registered planner (a pure function) on ``model.subset(alive)`` and maps the
     renumbered devices back, falling back to ``even`` when the planner cannot place the model.
     With ``polish``, the planner's answer is then improved by a walk of moves on the cost model
     and the faster of the two by the simulator is returned: PipeDream's DP ignores device speeds
-    and pipeline fill, so on its own it is a weak "best plan" once GPUs differ.
+    and pipeline fill, so on its own it is a weak "best plan" once GPUs differ. ``time_plan`` (a
+    plan's simulated iteration seconds on ``model``; default :func:`simulate`) lets a caller memoize.
     """
+    plan = planner_plan(profile, model, alive, template, algorithm, straight)
+    return polish_plan(plan, profile, model, alive, straight, time_plan) if polish else plan
+
+
+def planner_plan(profile: Profile, model: Cluster, alive: Sequence[int], template: Plan, algorithm: str = "pipedream",
+                 straight: bool = False) -> Plan:
+    """The raw (unpolished) half of :func:`full_replan`."""
     ids = sorted(alive)
     sub = model.subset(ids)
     opts = PlannerOptions(num_microbatches=template.num_microbatches, schedule=template.schedule, straight=straight,
@@ -166,9 +180,17 @@ def full_replan(profile: Profile, model: Cluster, alive: Sequence[int], template
         plan = run_planner("even", profile, sub, PlannerOptions(num_microbatches=template.num_microbatches, schedule=template.schedule,
                                                                  check_memory=False, max_stages=opts.max_stages)).plan
     stages = tuple(Stage(s.first, s.last, tuple(ids[d] for d in s.devices)) for s in plan.stages)
-    plan = Plan(stages, plan.num_microbatches, plan.schedule, plan.sliced_microbatches, algorithm=f"replan:{plan.algorithm}")
-    if not polish:
-        return plan
+    return Plan(stages, plan.num_microbatches, plan.schedule, plan.sliced_microbatches, algorithm=f"replan:{plan.algorithm}")
+
+
+def polish_plan(plan: Plan, profile: Profile, model: Cluster, alive: Sequence[int], straight: bool = False,
+                time_plan: Callable[[Plan], float] | None = None) -> Plan:
+    """The polishing half of :func:`full_replan`: a walk of moves from ``plan`` on the cost model,
+    then the faster of the two by the simulator."""
     cm = CostModel(profile, model, plan.num_microbatches, plan.schedule)
-    polished = walk(Layout.of(plan), cm, ids, straight=straight).end.to_plan(plan, algorithm=f"{plan.algorithm}+walk")
-    return min((plan, polished), key=lambda p: simulate(p, profile, model).iteration_s)
+    end = walk(Layout.of(plan), cm, sorted(alive), straight=straight).end
+    if end == Layout.of(plan):
+        return plan  # nothing to polish (the same plan would tie, and min keeps the first)
+    polished = end.to_plan(plan, algorithm=f"{plan.algorithm}+walk")
+    timed = time_plan or (lambda p: simulate(p, profile, model).iteration_s)
+    return min((plan, polished), key=timed)
