@@ -327,9 +327,12 @@ def run_adaptive(trainer_or_handle: Union[PipelineTrainer, RayPipeline], control
     first, moves_before = handle.step_index, len(handle.move_reports)
     records: list[StepRecord] = []
     plans: list[str] = []
-    for _ in range(iterations):
-        records.append(controller.step())
-        plans.append(handle.current_plan().describe())  # the plan in force after this step's action
+    try:
+        for _ in range(iterations):
+            records.append(controller.step())
+            plans.append(handle.current_plan().describe())  # the plan in force after this step's action
+    finally:
+        controller.close()  # no background re-planning outlives the run; model() stays readable
     events = [e for e in _fault_events(schedule, first + iterations) if e.step >= first]
     for r in records:
         step = first + r.step
