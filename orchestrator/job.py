@@ -226,7 +226,13 @@ class JobManager:
         self.state = JobState.CHECKPOINTING
         directory = ckpt.step_dir(self.config.checkpoint_dir, session.step)
         t0 = self.clock()
-        path = session.checkpoint(directory)
+        try:
+            path = session.checkpoint(directory)
+        except Exception as exc:  # a worker died mid-write, the disk filled up, ...: never half-load it
+            shutil.rmtree(directory, ignore_errors=True)
+            self._emit("checkpoint_failed", why=why, step=session.step, error=f"{type(exc).__name__}: {exc}",
+                       fallback=str(self._last_durable) if self._last_durable else "start")
+            return None
         took = self.clock() - t0
         self._checkpoint_s = took
         durable = deadline is None or self.clock() <= deadline - self.config.deadline_margin_s

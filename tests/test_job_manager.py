@@ -253,3 +253,23 @@ def test_metrics_receive_throughput_cost_rate_and_moves(tmp_path: Path) -> None:
     assert len(rec.iterations) == 6 and rec.moves == 1
     assert rec.iterations[0] == (8.0, 0.0, OFFER_A.usd_per_hour)  # 8 samples in a 1 s step
     assert rec.iterations[-1][2] == OFFER_B.usd_per_hour
+
+
+def test_failed_preemption_checkpoint_falls_back_and_leaves_nothing_half_written(tmp_path: Path) -> None:
+    clock = Clock()
+    box: dict[str, Any] = {"calls": 0}
+
+    def explode_second_time() -> None:
+        box["calls"] += 1
+        if box["calls"] == 2:
+            raise OSError("disk full")
+
+    manager, sessions = _manager(tmp_path, move_to_b, clock, checkpoint_every=4, rehearse_notice_at=6,
+                                 hooks={"during_checkpoint": explode_second_time})
+    report = manager.run()
+    failed = next(e for e in report.events if e["event"] == "checkpoint_failed")
+    assert failed["step"] == 6 and "disk full" in failed["error"] and failed["fallback"].endswith("step_00000004")
+    assert not (tmp_path / "ckpt" / "step_00000006").exists() or ckpt.verify(tmp_path / "ckpt" / "step_00000006")
+    resumed = next(e for e in report.events if e["event"] == "resumed")
+    assert resumed["step"] == 4 and resumed["lost_steps"] == 2
+    assert sorted(report.losses) == list(range(12))
