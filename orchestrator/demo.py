@@ -8,6 +8,7 @@ Later chapters (training on Ray, adaptive moves, spot migration) run when their 
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 import time
 from functools import partial
@@ -197,6 +198,7 @@ def run_demo(out: Path) -> int:
     import ray
 
     out.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(out / "checkpoints", ignore_errors=True)  # a re-run must not resume from an old run
     t0 = time.perf_counter()
     chapter_planning(out)
     profile = Profile.from_dict(json.loads((out / "profile.json").read_text()))
