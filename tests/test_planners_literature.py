@@ -397,3 +397,162 @@ def test_auto_is_never_worse_than_any_planner_more_settings(seed: int, cluster: 
         except UserError:
             continue
         assert auto.iteration_time_s <= single.iteration_time_s * (1 + 1e-12), name
+
+
+# ------------------------------------------------------------------------- SPP planning speed
+def _prm_dense_reference(profile: Profile, tables: spp.PRMTables, M: int, state_factor: float, max_stages: int, check_memory: bool = True) -> list[np.ndarray]:
+    """PRM in the dense [l, l', a, r] formulation (the pre-pair-layout code): W tables only."""
+    INF = np.inf
+    L, V = profile.num_blocks, len(tables.order)
+    fb = profile.prefix("forward_s") + profile.prefix("backward_s")
+    pp, st = profile.prefix("param_bytes"), profile.prefix("stash_bytes")
+    acts = np.array([profile.boundary_bytes(k) for k in range(L + 1)])
+    li, lj = np.arange(L)[:, None], np.arange(L + 1)[None, :]
+    ok = lj > li
+    comp = np.where(ok, fb[lj] - fb[li], INF)
+    par = np.where(ok, pp[lj] - pp[li], 0.0)
+    sta = np.where(ok, st[lj] - st[li], 0.0)
+    rr = np.arange(1, V + 1, dtype=np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        per_unit = comp[:, :, None, None] / (rr[None, None, None, :] * tables.smin[None, None, :, :])
+        ar = np.where(rr > 1, 2.0 * (rr - 1) / rr, 0.0)[None, None, None, :] * par[:, :, None, None] / tables.ring[None, None, :, :]
+        load = M * per_unit + np.nan_to_num(ar, nan=0.0)
+        load = np.where(tables.valid[None, None] & ok[:, :, None, None], load, INF)
+        if check_memory:
+            spare = tables.mem[None, None] - state_factor * par[:, :, None, None]
+            kmax = np.where(sta[:, :, None, None] > 0, spare * rr[None, None, None, :] / np.where(sta > 0, sta, 1.0)[:, :, None, None], INF)
+            kmax = np.nan_to_num(np.where(spare < 0, -INF, kmax), nan=-INF, posinf=INF)
+        else:
+            kmax = np.full(load.shape, INF)
+        rmax = np.maximum(rr[:, None], rr[None, :])
+        comm = np.nan_to_num(M * (tables.latency + acts[:, None, None, None] / (rmax[None, None] * tables.pair[None])), nan=INF)
+    a_idx = np.arange(V)[:, None] + np.arange(1, V + 1)[None, :]
+    a_ok = a_idx < V
+    a_clip = np.where(a_ok, a_idx, 0)
+    W = [np.where(kmax[:, L] >= 1, load[:, L], INF)]
+    for j in range(2, min(max_stages, L, V) + 1):
+        g = np.where(a_ok[None, :, :, None], W[-1][:, a_clip, :], INF)  # [l', a, r, r']
+        h = np.min(np.maximum(g, comm[:L]), axis=3)  # [l' < L, a, r]
+        stage = np.where(kmax >= min(j, M), load, INF)  # [l, l', a, r]
+        w = np.min(np.maximum(stage[:, 1:L], h[None, 1:]), axis=1)
+        W.append(w)
+        if not np.isfinite(w).any():
+            break
+    return W
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_prm_pair_layout_equals_dense_formulation(seed: int) -> None:
+    """The pair-layout PRM (only existing runs, blocked relaxations, in-place tables) computes
+    bit-for-bit the W tables of the dense formulation, with memory limits that change with the stage
+    count, replication forbidden (straight), latency and a stage cap."""
+    rng = np.random.default_rng(seed)
+    L = int(rng.integers(4, 13))
+    prof = random_profile(rng, L, act_scale=float(rng.choice([1e5, 3e7, 3e8])), param_scale=float(rng.choice([4e7, 3e8])))
+    need = sum(b.param_bytes for b in prof.blocks) * 4
+    cl = two_level(int(rng.integers(1, 4)), int(rng.integers(2, 5)), 100, 10, memory_bytes=float(need * rng.uniform(0.2, 1.5)))
+    if seed % 2:
+        cl = random_cluster(rng, int(rng.integers(3, 9)), memory=float(need * rng.uniform(0.2, 1.5))).with_latency(1e-4)
+    M = int(rng.choice([2, 4, 8, 16]))
+    tables = spp.prm_tables(cl, spp.device_order(cl))
+    if seed % 4 == 3:
+        tables.valid[:, 1:] = False
+    max_stages = cl.size if seed % 3 else 3
+    for check in (True, False):
+        got = spp.prm(prof, tables, M, 4.0, max_stages, check).W
+        ref = _prm_dense_reference(prof, tables, M, 4.0, max_stages, check)
+        assert len(got) == len(ref)
+        for a, b in zip(got, ref):
+            assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_spp_pe_lower_bound_holds(seed: int) -> None:
+    """plan_spp skips a queue or a plan when _pe_lower_bound (with or without transfers) already
+    reaches the incumbent: it must never exceed PE's makespan."""
+    rng = np.random.default_rng(seed)
+    for _ in range(40):
+        L, V = int(rng.integers(2, 10)), int(rng.integers(2, 7))
+        prof = random_profile(rng, L, act_scale=float(rng.choice([1e5, 3e6, 3e7])))
+        cl = random_cluster(rng, V).with_latency(float(rng.choice([0.0, 1e-4, 1e-3])))
+        S = int(rng.integers(1, min(L, V) + 1))
+        cuts = [0, *sorted(int(c) for c in rng.choice(np.arange(1, L), S - 1, replace=False)), L]
+        reps = [1] * S
+        for _ in range(int(rng.integers(0, V - S + 1))):
+            reps[int(rng.integers(S))] += 1
+        devs, pos, stages = [int(d) for d in rng.permutation(V)], 0, []
+        for k in range(S):
+            stages.append(Stage(cuts[k], cuts[k + 1], tuple(devs[pos : pos + reps[k]])))
+            pos += reps[k]
+        M = int(rng.integers(1, 10))
+        sliced = int(rng.integers(0, M + 1)) if rng.random() < 0.3 else 0
+        for kind in (ScheduleKind.ONE_F_ONE_B, ScheduleKind.GPIPE):
+            plan = Plan(tuple(stages), M, kind, sliced)
+            costs = spp.plan_costs(plan, prof, cl)
+            fr = spp.unit_fractions(M, sliced)
+            t = spp.estimate(plan, prof, cl).makespan
+            assert spp._pe_lower_bound(costs, fr) <= t
+            load_bound, partial = spp._compute_costs(plan, prof, cl)
+            assert spp._pe_lower_bound(partial, fr) <= t
+            assert load_bound <= t * (1 + 1e-12)  # the unchanged load-bound rule (exact up to rounding)
+
+
+@pytest.mark.parametrize("seed,cluster", [(0, "rand"), (1, "two"), (2, "het"), (3, "tight"), (4, "rand"), (5, "two")])
+def test_spp_pruned_scoring_equals_scoring_every_candidate(seed: int, cluster: str) -> None:
+    """plan_spp prunes PRM's per-stage-count candidates and queues by lower bounds; its makespan
+    must equal the best PE makespan over every candidate and every queue that fits memory."""
+    rng = np.random.default_rng(seed)
+    prof = random_profile(rng, 10, act_scale=float(rng.choice([1e5, 3e6, 3e7])), param_scale=3e8 if cluster == "tight" else 4e7)
+    cl = {
+        "rand": random_cluster(rng, 6).with_latency(1e-4),
+        "two": two_level(2, 4, 100, 10),
+        "het": heterogeneous_servers([2, 3, 2], [100, 60, 80], 10),
+        "tight": two_level(2, 4, 100, 10, memory_bytes=6e9),
+    }[cluster]
+    o = opts(8)
+    got = spp.plan_spp(prof, cl, o)
+    tables = spp.prm_tables(cl, spp.device_order(cl))
+    res = spp.prm(prof, tables, 8, o.state_factor, cl.size, o.check_memory)
+    every = []
+    for S in range(1, len(res.W) + 1):
+        w0 = res.W[S - 1][0]
+        if not np.isfinite(w0).any():
+            continue
+        a, ri = np.unravel_index(int(np.argmin(w0)), w0.shape)
+        stages = tuple(spp.prm_stages(res, tables, S, int(a), int(ri) + 1))
+        for kind in (ScheduleKind.ONE_F_ONE_B, ScheduleKind.GPIPE):
+            plan = Plan(stages, 8, kind)
+            if spp.fits_memory(plan, prof, cl, o):
+                every.append(spp.estimate(plan, prof, cl).makespan)
+    assert got.objective_s == pytest.approx(min(every), rel=1e-12)
+
+
+def test_device_order_cache_hands_out_copies() -> None:
+    cl = heterogeneous_servers([3, 3, 2], [120, 100, 150], 10)
+    first = spp.device_order(cl)
+    first.reverse()
+    assert spp.device_order(cl) == spp._device_order(np.array(cl.bandwidth, dtype=np.float64))
+    assert spp.device_order(cl) != first
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_rdo_min_cut_is_networkx_stoer_wagner(seed: int) -> None:
+    """RDO's Stoer–Wagner reproduces networkx.stoer_wagner's cut exactly, ties included (integer and
+    few-valued weights make many minimum cuts), so the device order is unchanged."""
+    import networkx as nx
+
+    rng = np.random.default_rng(seed)
+    for k in range(60):
+        n = int(rng.integers(3, 12))
+        w = [rng.integers(0, 4, (n, n)).astype(float), rng.choice([1.0, 0.5, 0.1], (n, n)), rng.uniform(0, 1, (n, n))][k % 3]
+        w = np.minimum(w, w.T)
+        np.fill_diagonal(w, 0.0)
+        nodes = sorted(int(x) for x in rng.choice(30, n, replace=False))
+        g = nx.Graph()
+        g.add_nodes_from(nodes)
+        g.add_weighted_edges_from((nodes[x], nodes[y], float(w[x, y])) for x in range(n) for y in range(x + 1, n) if w[x, y] > 0)
+        if not nx.is_connected(g):
+            assert sorted(map(sorted, nx.connected_components(g))) == sorted(map(sorted, spp._components(nodes, w)))
+            continue
+        _, (a, b) = nx.stoer_wagner(g)
+        assert spp._stoer_wagner_side(nodes, w) in (set(a), set(b))

@@ -4,7 +4,7 @@ SPP plans a synchronous (flushing) pipeline on an *arbitrary* bandwidth matrix i
 repeats them for every stage count ``S = 1..V``, keeping the plan with the smallest makespan:
 
 1. **RDO — recursive device ordering.** The device graph (edge weight = bandwidth, symmetrized as the
-   slower direction) is split by a global minimum cut (Stoer–Wagner, ``networkx.stoer_wagner``); each
+   slower direction) is split by a global minimum cut (Stoer–Wagner, as ``networkx.stoer_wagner``); each
    side is ordered recursively and the two orders are concatenated. Devices that are well connected
    end up adjacent, so "a stage is a contiguous run of the order" keeps replicas and neighbouring
    stages on fast links. A set whose internal links are all equal needs no cut (every order is as
@@ -46,11 +46,11 @@ plan SPP picks is the one the simulator scores.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Sequence
 
-import networkx as nx
 import numpy as np
 
 from orchestrator.cluster import Cluster
@@ -257,9 +257,19 @@ def estimate(plan: Plan, profile: Profile, cluster: Cluster, schedule: ScheduleK
 # RDO
 # ----------------------------------------------------------------------------------------------
 def device_order(cluster: Cluster) -> list[int]:
-    """Recursive Stoer–Wagner min-cut ordering of the devices (RDO)."""
+    """Recursive Stoer–Wagner min-cut ordering of the devices (RDO). It depends on the bandwidth
+    matrix only, so it is cached per matrix (re-planning the same cluster skips the min cuts)."""
     bw = np.array(cluster.bandwidth, dtype=np.float64)
-    n = cluster.size
+    return list(_device_order_cached(bw.shape[0], bw.tobytes()))
+
+
+@lru_cache(maxsize=32)
+def _device_order_cached(n: int, raw: bytes) -> tuple[int, ...]:
+    return tuple(_device_order(np.frombuffer(raw, dtype=np.float64).reshape(n, n).copy()))
+
+
+def _device_order(bw: np.ndarray) -> list[int]:
+    n = bw.shape[0]
     np.fill_diagonal(bw, 0.0)
     sym = np.minimum(bw, bw.T)
     scale = float(sym.max()) or 1.0
@@ -272,20 +282,114 @@ def device_order(cluster: Cluster) -> list[int]:
         off = sub[~np.eye(len(nodes), dtype=bool)]
         if np.all(off == off[0]) and off[0] > 0:
             return sorted(nodes)
-        g = nx.Graph()
-        g.add_nodes_from(nodes)
-        for x in range(len(nodes)):
-            for y in range(x + 1, len(nodes)):
-                if sub[x, y] > 0:
-                    g.add_edge(nodes[x], nodes[y], weight=float(sub[x, y]))
-        if not nx.is_connected(g):
-            comps = sorted((sorted(c) for c in nx.connected_components(g)), key=lambda c: c[0])
+        comps = _components(nodes, sub)
+        if len(comps) > 1:
+            comps = sorted((sorted(c) for c in comps), key=lambda c: c[0])
             return [d for c in comps for d in order(c)]
-        _, (part_a, part_b) = nx.stoer_wagner(g)
+        part_a = _stoer_wagner_side(nodes, sub)
+        part_b = set(nodes) - part_a
         first, second = sorted((sorted(part_a), sorted(part_b)), key=lambda c: c[0])
         return order(first) + order(second)
 
     return order(list(range(n)))
+
+
+def _components(nodes: list[int], sub: np.ndarray) -> list[list[int]]:
+    """Connected components of the graph with an edge wherever ``sub > 0``."""
+    seen: set[int] = set()
+    comps = []
+    for s in range(len(nodes)):
+        if s in seen:
+            continue
+        seen.add(s)
+        stack, comp = [s], []
+        while stack:
+            x = stack.pop()
+            comp.append(nodes[x])
+            for y in np.flatnonzero(sub[x] > 0).tolist():
+                if y != x and y not in seen:
+                    seen.add(y)
+                    stack.append(y)
+        comps.append(comp)
+    return comps
+
+
+def _stoer_wagner_side(nodes: list[int], sub: np.ndarray) -> set[int]:
+    """One side of ``networkx.stoer_wagner``'s minimum cut of the connected graph with edge weights
+    ``sub[x, y] > 0`` (x < y added in order), reproduced step for step without ``nx.Graph``: the
+    same node and adjacency orders (a contraction appends new edges; removal keeps the rest in
+    order), the same heap (ties go to the earliest push; stale entries skipped) and the same
+    floating-point sums, hence the same cut (tested against ``networkx.stoer_wagner``)."""
+    adj: dict[int, dict[int, list[float]]] = {}
+    n = len(nodes)
+    for x in range(n):
+        for y in range(x + 1, n):
+            if sub[x, y] > 0:
+                e = [float(sub[x, y])]
+                adj.setdefault(nodes[x], {})[nodes[y]] = e
+                adj.setdefault(nodes[y], {})[nodes[x]] = e
+    cut_value = INF
+    best_phase = 0
+    contractions: list[tuple[int, int]] = []
+    for i in range(n - 1):
+        u = next(iter(adj))
+        in_a = {u}
+        value: dict[int, float] = {}
+        heap: list[tuple[float, int, int]] = []
+        tick = 0
+        for v, e in adj[u].items():
+            value[v] = -e[0]
+            heap.append((-e[0], tick, v))
+            tick += 1
+        heapq.heapify(heap)
+        for _ in range(n - i - 2):
+            while True:
+                val, _, u = heapq.heappop(heap)
+                if u in value and val == value[u]:
+                    break
+            del value[u]
+            in_a.add(u)
+            for v, e in adj[u].items():
+                if v not in in_a:
+                    new = value.get(v, 0) - e[0]
+                    if v not in value or new < value[v]:
+                        value[v] = new
+                        heapq.heappush(heap, (new, tick, v))
+                        tick += 1
+        while True:
+            val, _, v = heap[0]
+            if v in value and val == value[v]:
+                break
+            heapq.heappop(heap)
+        if -val < cut_value:
+            cut_value = -val
+            best_phase = i
+        contractions.append((u, v))
+        au = adj[u]
+        for x, e in adj[v].items():
+            if x != u:
+                if x not in au:
+                    ne = [e[0]]
+                    au[x] = ne
+                    adj[x][u] = ne
+                else:
+                    au[x][0] += e[0]
+        for x in adj[v]:
+            del adj[x][v]
+        del adj[v]
+    # the side of the best phase's last node, over the contractions made before it
+    links: dict[int, list[int]] = {}
+    for a, b in contractions[:best_phase]:
+        links.setdefault(a, []).append(b)
+        links.setdefault(b, []).append(a)
+    start = contractions[best_phase][1]
+    side, stack = {start}, [start]
+    while stack:
+        for y in links.get(stack.pop(), []):
+            if y not in side:
+                side.add(y)
+                stack.append(y)
+    return side
 
 
 # ----------------------------------------------------------------------------------------------
@@ -336,18 +440,52 @@ def prm_tables(cluster: Cluster, order: list[int]) -> PRMTables:
 @dataclass
 class PRMResult:
     """``W[S-1][l, a, r-1]``: best largest load of an S-stage plan of blocks ``[l, L)`` whose first
-    stage is run ``[a, a+r)``. Back-pointers are recomputed along the one path that is unwound."""
+    stage is run ``[a, a+r)``. Back-pointers are recomputed along the one path that is unwound.
+
+    The cost tables only hold the ``V(V+1)/2`` runs that exist (``a + r <= V``), in "pair" layout:
+    run ``p`` is ``[pa[p], pa[p] + pr[p])`` and ``pidx[a, r-1]`` is its index (−1 if none); pairs are
+    sorted by their end ``a + r``, so the runs that leave room for ``k`` more devices are a prefix."""
 
     W: list[np.ndarray]
-    load: np.ndarray  # [L, L+1, V, V] stage load (inf where impossible)
-    kmax: np.ndarray  # [L, L+1, V, V] largest in-flight count that fits memory
-    comm: np.ndarray  # [L+1, V, V, V] boundary load at cut l' between [a, a+r) and [a+r, a+r+r')
+    load: np.ndarray  # [L, L+1, P] stage load of [l, l') on run p (inf where impossible)
+    kmax: np.ndarray  # [L, L+1, P] largest in-flight count that fits memory
+    comm: np.ndarray  # [L+1, P', V] boundary load at cut l' between run p (ending before V) and the next r' devices
     M: int
+    pidx: np.ndarray | None = None  # [V, V] run (a, r-1) -> pair index
+
+
+@lru_cache(maxsize=64)
+def _run_pairs(V: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(pa, pr, pidx, nxt) of the runs ``[a, a+r)`` of a V-device order, sorted by ``a + r`` then
+    ``a``; ``nxt[p, r'-1]`` is the pair index of the run of ``r'`` devices right after run ``p``, or
+    the sentinel ``P`` when it does not fit (rows only for runs ending before ``V``)."""
+    pa = np.array([a for e in range(1, V + 1) for a in range(e)], dtype=np.intp)
+    pr = np.array([e - a for e in range(1, V + 1) for a in range(e)], dtype=np.intp)
+    P = len(pa)
+    pidx = np.full((V, V), -1, dtype=np.intp)
+    pidx[pa, pr - 1] = np.arange(P)
+    ends = (pa + pr)[: P - V]  # runs ending before V
+    rp = np.arange(1, V + 1)[None, :]
+    fits = ends[:, None] + rp <= V
+    nxt = np.where(fits, pidx[np.minimum(ends, V - 1)[:, None], rp - 1], P)
+    for arr in (pa, pr, pidx, nxt):
+        arr.flags.writeable = False
+    return pa, pr, pidx, nxt
+
+
+_L_CHUNK = 12  # first-block chunk of PRM's relaxation
+_E_CHUNKS = 4  # run-end blocks of PRM's boundary minimization
 
 
 def prm(profile: Profile, tables: PRMTables, M: int, state_factor: float, max_stages: int, check_memory: bool = True) -> PRMResult:
-    """The PRM dynamic program, vectorized over (l, l', a, r) per stage count."""
+    """The PRM dynamic program, vectorized over (l, l', run) per stage count.
+
+    Only runs that exist are stored (pair layout, see :class:`PRMResult`), and at stage count j only
+    the runs that leave ``j−1`` devices for the stages after them are relaxed; every value is the
+    same floating-point min/max of the same costs as the dense [l, l', a, r] formulation."""
     L, V = profile.num_blocks, len(tables.order)
+    pa, pr, pidx, nxt = _run_pairs(V)
+    P = len(pa)
     fb = profile.prefix("forward_s") + profile.prefix("backward_s")
     pp = profile.prefix("param_bytes")
     st = profile.prefix("stash_bytes")
@@ -359,62 +497,97 @@ def prm(profile: Profile, tables: PRMTables, M: int, state_factor: float, max_st
     par = np.where(ok, pp[lj] - pp[li], 0.0)
     sta = np.where(ok, st[lj] - st[li], 0.0)
     rr = np.arange(1, V + 1, dtype=np.float64)
+    rp = pr.astype(np.float64)
+    smin = tables.smin[pa, pr - 1]
+    ring = tables.ring[pa, pr - 1]
+    # The big [L, L+1, P] tables are built in place (same operations, operands and rounding as
+    # M·c + A, the memory limit and the boundary load written out; commuted operands only).
     with np.errstate(invalid="ignore", divide="ignore"):
-        per_unit = comp[:, :, None, None] / (rr[None, None, None, :] * tables.smin[None, None, :, :])
-        ar = np.where(rr > 1, 2.0 * (rr - 1) / rr, 0.0)[None, None, None, :] * par[:, :, None, None] / tables.ring[None, None, :, :]
-        ar = np.nan_to_num(ar, nan=0.0)
-        load = M * per_unit + ar  # [L, L+1, V, V]
-        load = np.where(tables.valid[None, None] & ok[:, :, None, None], load, INF)
+        load = comp[:, :, None] / (rp * smin)[None, None, :]  # per unit
+        load *= M
+        ar = np.where(rp > 1, 2.0 * (rp - 1) / rp, 0.0)[None, None, :] * par[:, :, None]
+        ar /= ring[None, None, :]
+        np.nan_to_num(ar, copy=False, nan=0.0)
+        load += ar  # [L, L+1, P]
+        del ar
+        np.copyto(load, INF, where=~(tables.valid[pa, pr - 1][None, None, :] & ok[:, :, None]))
         if check_memory:
-            spare = tables.mem[None, None] - state_factor * par[:, :, None, None]
-            kmax = np.where(sta[:, :, None, None] > 0, spare * rr[None, None, None, :] / np.where(sta > 0, sta, 1.0)[:, :, None, None], INF)
-            kmax = np.where(spare < 0, -INF, kmax)
-            kmax = np.nan_to_num(kmax, nan=-INF, posinf=INF)
+            spare = tables.mem[pa, pr - 1][None, None, :] - state_factor * par[:, :, None]
+            kmax = spare * rp[None, None, :]
+            kmax /= np.where(sta > 0, sta, 1.0)[:, :, None]
+            np.copyto(kmax, INF, where=~(sta > 0)[:, :, None])
+            np.copyto(kmax, -INF, where=spare < 0)
+            del spare
+            np.nan_to_num(kmax, copy=False, nan=-INF, posinf=INF)
         else:
             kmax = np.full(load.shape, INF)
-        rmax = np.maximum(rr[:, None], rr[None, :])  # [r, r']
-        comm = M * (tables.latency + acts[:, None, None, None] / (rmax[None, None] * tables.pair[None]))  # [L+1, V(a), V(r), V(r')]
-        comm = np.nan_to_num(comm, nan=INF)
-    a_idx = np.arange(V)[:, None] + np.arange(1, V + 1)[None, :]  # a + r
-    a_ok = a_idx < V
-    a_clip = np.where(a_ok, a_idx, 0)
-    W: list[np.ndarray] = [np.where(kmax[:, L] >= 1, load[:, L], INF)]  # one stage: [l, L) on [a, a+r)
+        Pn = P - V  # runs that end before V (have a next stage)
+        rmax = np.maximum(rp[:Pn, None], rr[None, :])  # [P', r']
+        pair = tables.pair[pa[:Pn], pr[:Pn] - 1, :]  # [P', r']
+        comm = acts[:, None, None] / (rmax * pair)[None]  # [L+1, P', V(r')]
+        comm += tables.latency
+        comm *= M
+        np.nan_to_num(comm, copy=False, nan=INF)
+
+    def dense(wp: np.ndarray) -> np.ndarray:
+        out = np.full((L, V, V), INF)
+        out[:, pa, pr - 1] = wp
+        return out
+
+    wp = np.where(kmax[:, L] >= 1, load[:, L], INF)  # one stage: [l, L) on run p
+    W: list[np.ndarray] = [dense(wp)]
+    prev = np.concatenate([wp, np.full((L, 1), INF)], axis=1)  # sentinel column P
     stage_masked = np.where(kmax[:, :L] >= 1, load[:, :L], INF)
-    # in-flight counts at which some stage stops fitting (the mask only changes there)
-    kfin = kmax[:, :L][np.isfinite(kmax[:, :L]) & (kmax[:, :L] >= 1)]
-    for j in range(2, min(max_stages, L, V) + 1):
-        prev = W[-1]  # [L, V, V] over (l', a', r')
-        na, nl = V - j + 1, L - j + 1  # a suffix of j stages needs j devices and j blocks
-        # The next cut l' is in [1, nl]: the stage [l, l') is not empty and the j−1 stages after
-        # it need j−1 blocks (W_{j−1} is inf elsewhere).
-        g = prev[1 : nl + 1, a_clip[:na], :]  # [nl(l'), na(a), V(r), V(r')] = W_{j-1}[l', a+r, r']
-        g = np.where(a_ok[None, :na, :, None], g, INF)
-        h = np.min(np.maximum(g, comm[1 : nl + 1, :na]), axis=3)  # [nl(l'), na, V]
-        if j <= M and np.any((kfin >= j - 1) & (kfin < j)):
-            stage_masked = np.where(kmax[:nl, :L, :na] >= j, load[:nl, :L, :na], INF)
-        w = np.full((L, V, V), INF)
-        w[:nl, :na] = np.min(np.maximum(stage_masked[:nl, 1 : nl + 1, :na], h[None]), axis=1)
-        W.append(w)
-        if not np.isfinite(w).any():
+    # stage counts j at which some stage stops fitting: its in-flight limit is in [j−1, j) (the mask
+    # only changes there)
+    jmax = min(max_stages, L, V)
+    kk = kmax[:, :L]
+    crossing = {int(x) + 1 for x in np.unique(np.floor(kk[(kk >= 1) & (kk < jmax)]))}
+    for j in range(2, jmax + 1):
+        K = V - j + 1  # the first stage's run ends at <= K: the j−1 stages after it need j−1 devices
+        npj = K * (K + 1) // 2
+        nl = L - j + 1  # a suffix of j stages needs j blocks; the next cut l' is in [1, nl]
+        # h[l', p] = min_{r'} max(W_{j-1}[l', a+r, r'], comm[l', p, r']); a run ending at e leaves
+        # room for r' <= K + 1 − e (W_{j-1} is inf beyond), so runs are taken in blocks of ends.
+        h = np.empty((nl, npj))
+        step = -(-K // _E_CHUNKS)
+        for e0 in range(1, K + 1, step):
+            e1 = min(e0 + step, K + 1)
+            p0, p1, R = e0 * (e0 - 1) // 2, e1 * (e1 - 1) // 2, K + 1 - e0
+            g = prev[1 : nl + 1][:, nxt[p0:p1, :R]]  # [nl(l'), p1-p0, R(r')] = W_{j-1}[l', a+r, r']
+            h[:, p0:p1] = np.min(np.maximum(g, comm[1 : nl + 1, p0:p1, :R]), axis=2)
+        if j <= M and j in crossing:  # later stage counts use sub-blocks only
+            np.copyto(stage_masked[:nl, : nl + 1, :npj], INF, where=kmax[:nl, : nl + 1, :npj] < j)
+        wp = np.full((L, P + 1), INF)
+        # stage [l, l') is empty (inf) for l' <= l: blocks of first blocks l skip those cuts
+        for lo in range(0, nl, _L_CHUNK):
+            hi = min(lo + _L_CHUNK, nl)
+            wp[lo:hi, :npj] = np.min(np.maximum(stage_masked[lo:hi, lo + 1 : nl + 1, :npj], h[None, lo:]), axis=1)
+        W.append(dense(wp[:, :P]))
+        prev = wp
+        if not np.isfinite(wp).any():
             break
-    return PRMResult(W, load, kmax, comm, M)
+    return PRMResult(W, load, kmax, comm, M, pidx)
 
 
 def prm_stages(res: PRMResult, tables: PRMTables, S: int, a: int, r: int) -> list[Stage]:
     """Unwind an S-stage solution whose first stage is run [a, a+r) (r >= 1)."""
     V = len(tables.order)
     L = res.load.shape[0]
+    assert res.pidx is not None
+    pidx = res.pidx
     stages = []
     l = 0
     for j in range(S, 1, -1):
         prev = res.W[j - 2]
+        p = int(pidx[a, r - 1])
         # best r' for every cut l': max(W_{j-1}[l', a+r, r'], comm[l', a, r, r'])
         if a + r < V:
-            h_all = np.maximum(prev[:, a + r, :], res.comm[:L, a, r - 1, :])
+            h_all = np.maximum(prev[:, a + r, :], res.comm[:L, p, :])
         else:
             h_all = np.full((L, V), INF)
         h = h_all.min(axis=1)
-        stage = np.where(res.kmax[l, :L, a, r - 1] >= min(j, res.M), res.load[l, :L, a, r - 1], INF)
+        stage = np.where(res.kmax[l, :L, p] >= min(j, res.M), res.load[l, :L, p], INF)
         nl = int(np.argmin(np.maximum(stage, h)))
         nr = int(np.argmin(h_all[nl])) + 1
         stages.append(Stage(l, nl, tuple(tables.order[a : a + r])))
@@ -423,17 +596,65 @@ def prm_stages(res: PRMResult, tables: PRMTables, S: int, a: int, r: int) -> lis
     return stages
 
 
-def _best_schedule(plan: Plan, profile: Profile, cluster: Cluster, options: PlannerOptions) -> tuple[float, Plan] | None:
+def _best_schedule(plan: Plan, profile: Profile, cluster: Cluster, options: PlannerOptions, costs: PipelineCosts | None = None, bar: float | None = None) -> tuple[float, Plan] | None:
     best: tuple[float, Plan] | None = None
     kinds = [ScheduleKind.ONE_F_ONE_B, ScheduleKind.GPIPE] if options.schedule is not ScheduleKind.GPIPE else [ScheduleKind.GPIPE]
+    fr = unit_fractions(plan.num_microbatches, plan.sliced_microbatches)
     for kind in kinds:
         cand = Plan(plan.stages, plan.num_microbatches, kind, algorithm=plan.algorithm)
         if not fits_memory(cand, profile, cluster, options):
             continue
-        t = estimate(cand, profile, cluster).makespan
+        if costs is None:  # the costs do not depend on the queue: compute them once for both
+            costs = plan_costs(cand, profile, cluster)
+        if best is not None and _pe_lower_bound(costs, fr) >= best[0] - 1e-12:
+            continue  # cannot be faster than the other queue
+        if bar is not None and _pe_lower_bound(costs, fr) >= bar:
+            continue  # cannot beat the incumbent plan
+        maker = queue_gpipe if kind is ScheduleKind.GPIPE else queue_1f1b
+        t = list_schedule(costs, fr, maker(costs.num_stages, len(fr))).makespan  # == estimate(cand)
         if best is None or t < best[0] - 1e-12:
             best = (t, cand)
     return best
+
+
+def _pe_lower_bound(costs: PipelineCosts, fractions: Sequence[float]) -> float:
+    """A lower bound on :func:`list_schedule`'s makespan under either queue (both start every stage
+    with unit 0's forward and end it with the last unit's backward): stage s waits for unit 0 to go
+    forward through stages < s, then runs all its units, then either all-reduces or hands the
+    last unit's gradient back through stages < s (stage 0 then all-reduces)."""
+    S = costs.num_stages
+    f0, fl = fractions[0], fractions[-1]
+    lat = costs.latency
+    total = sum(fractions)
+    best = 0.0
+    head = 0.0
+    tail = costs.allreduce[0]
+    for s in range(S):
+        if s > 0:
+            head += costs.fwd[s - 1] * f0 + lat + costs.comm[s - 1] * f0
+            tail += lat + costs.comm[s - 1] * fl + costs.bwd[s - 1] * fl
+        best = max(best, head + (costs.fwd[s] + costs.bwd[s]) * total + max(costs.allreduce[s], tail))
+    return best * (1 - 1e-9)
+
+
+def _compute_costs(plan: Plan, profile: Profile, cluster: Cluster) -> tuple[float, PipelineCosts]:
+    """``(max_s M·(F_s + B_s) + AR_s, costs without transfers)`` with exactly :func:`plan_costs`'
+    terms: PE's makespan is at least the first and :func:`_pe_lower_bound` of the second for
+    either queue (transfers only delay)."""
+    speeds = cluster.speeds
+    M = plan.num_microbatches
+    bound = -INF
+    fwd, bwd, ar = [], [], []
+    for j, s in enumerate(plan.stages):
+        slow = float(min(speeds[list(s.devices)])) * s.replicas
+        f = profile.forward_time(s.first, s.last) / slow
+        b = profile.backward_time(s.first, s.last) / slow
+        x = all_reduce_time(cluster, s.devices, profile.param_bytes(s.first, s.last)) if j < plan.num_physical_stages else 0.0
+        bound = max(bound, M * (f + b) + x)
+        fwd.append(f)
+        bwd.append(b)
+        ar.append(x)
+    return float(bound), PipelineCosts(fwd, bwd, [0.0] * (len(fwd) - 1), ar, cluster.latency_s)
 
 
 def plan_spp(profile: Profile, cluster: Cluster, options: PlannerOptions) -> Plan:
@@ -456,11 +677,13 @@ def plan_spp(profile: Profile, cluster: Cluster, options: PlannerOptions) -> Pla
     for _, S, a0, r0 in candidates:
         plan = Plan(tuple(prm_stages(res, tables, S, int(a0), int(r0))), M, ScheduleKind.ONE_F_ONE_B, algorithm="spp")
         # PE's makespan is at least the largest stage load: skip plans that cannot win.
-        costs = plan_costs(plan, profile, cluster)
-        bound = max(M * (f + b) + x for f, b, x in zip(costs.fwd, costs.bwd, costs.allreduce))
-        if best is not None and bound >= best[0]:
-            continue
-        scored = _best_schedule(plan, profile, cluster, options)
+        if best is not None:
+            load_bound, partial = _compute_costs(plan, profile, cluster)
+            if load_bound >= best[0]:
+                continue
+            if _pe_lower_bound(partial, unit_fractions(M, plan.sliced_microbatches)) >= best[0]:
+                continue  # neither queue can beat the incumbent (so neither would be kept)
+        scored = _best_schedule(plan, profile, cluster, options, bar=None if best is None else best[0])
         if scored is not None and (best is None or scored[0] < best[0] - 1e-12):
             best = scored
     if best is None:
