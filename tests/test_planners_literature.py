@@ -533,26 +533,3 @@ def test_device_order_cache_hands_out_copies() -> None:
     first.reverse()
     assert spp.device_order(cl) == spp._device_order(np.array(cl.bandwidth, dtype=np.float64))
     assert spp.device_order(cl) != first
-
-
-@pytest.mark.parametrize("seed", range(4))
-def test_rdo_min_cut_is_networkx_stoer_wagner(seed: int) -> None:
-    """RDO's Stoer–Wagner reproduces networkx.stoer_wagner's cut exactly, ties included (integer and
-    few-valued weights make many minimum cuts), so the device order is unchanged."""
-    import networkx as nx
-
-    rng = np.random.default_rng(seed)
-    for k in range(60):
-        n = int(rng.integers(3, 12))
-        w = [rng.integers(0, 4, (n, n)).astype(float), rng.choice([1.0, 0.5, 0.1], (n, n)), rng.uniform(0, 1, (n, n))][k % 3]
-        w = np.minimum(w, w.T)
-        np.fill_diagonal(w, 0.0)
-        nodes = sorted(int(x) for x in rng.choice(30, n, replace=False))
-        g = nx.Graph()
-        g.add_nodes_from(nodes)
-        g.add_weighted_edges_from((nodes[x], nodes[y], float(w[x, y])) for x in range(n) for y in range(x + 1, n) if w[x, y] > 0)
-        if not nx.is_connected(g):
-            assert sorted(map(sorted, nx.connected_components(g))) == sorted(map(sorted, spp._components(nodes, w)))
-            continue
-        _, (a, b) = nx.stoer_wagner(g)
-        assert spp._stoer_wagner_side(nodes, w) in (set(a), set(b))

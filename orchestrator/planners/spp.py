@@ -4,7 +4,7 @@ SPP plans a synchronous (flushing) pipeline on an *arbitrary* bandwidth matrix i
 repeats them for every stage count ``S = 1..V``, keeping the plan with the smallest makespan:
 
 1. **RDO — recursive device ordering.** The device graph (edge weight = bandwidth, symmetrized as the
-   slower direction) is split by a global minimum cut (Stoer–Wagner, as ``networkx.stoer_wagner``); each
+   slower direction) is split by a global minimum cut (Stoer–Wagner, ``networkx.stoer_wagner``); each
    side is ordered recursively and the two orders are concatenated. Devices that are well connected
    end up adjacent, so "a stage is a contiguous run of the order" keeps replicas and neighbouring
    stages on fast links. A set whose internal links are all equal needs no cut (every order is as
@@ -46,11 +46,11 @@ plan SPP picks is the one the simulator scores.
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Sequence
 
+import networkx as nx
 import numpy as np
 
 from orchestrator.cluster import Cluster
@@ -282,114 +282,20 @@ def _device_order(bw: np.ndarray) -> list[int]:
         off = sub[~np.eye(len(nodes), dtype=bool)]
         if np.all(off == off[0]) and off[0] > 0:
             return sorted(nodes)
-        comps = _components(nodes, sub)
-        if len(comps) > 1:
-            comps = sorted((sorted(c) for c in comps), key=lambda c: c[0])
+        g = nx.Graph()
+        g.add_nodes_from(nodes)
+        for x in range(len(nodes)):
+            for y in range(x + 1, len(nodes)):
+                if sub[x, y] > 0:
+                    g.add_edge(nodes[x], nodes[y], weight=float(sub[x, y]))
+        if not nx.is_connected(g):
+            comps = sorted((sorted(c) for c in nx.connected_components(g)), key=lambda c: c[0])
             return [d for c in comps for d in order(c)]
-        part_a = _stoer_wagner_side(nodes, sub)
-        part_b = set(nodes) - part_a
+        _, (part_a, part_b) = nx.stoer_wagner(g)
         first, second = sorted((sorted(part_a), sorted(part_b)), key=lambda c: c[0])
         return order(first) + order(second)
 
     return order(list(range(n)))
-
-
-def _components(nodes: list[int], sub: np.ndarray) -> list[list[int]]:
-    """Connected components of the graph with an edge wherever ``sub > 0``."""
-    seen: set[int] = set()
-    comps = []
-    for s in range(len(nodes)):
-        if s in seen:
-            continue
-        seen.add(s)
-        stack, comp = [s], []
-        while stack:
-            x = stack.pop()
-            comp.append(nodes[x])
-            for y in np.flatnonzero(sub[x] > 0).tolist():
-                if y != x and y not in seen:
-                    seen.add(y)
-                    stack.append(y)
-        comps.append(comp)
-    return comps
-
-
-def _stoer_wagner_side(nodes: list[int], sub: np.ndarray) -> set[int]:
-    """One side of ``networkx.stoer_wagner``'s minimum cut of the connected graph with edge weights
-    ``sub[x, y] > 0`` (x < y added in order), reproduced step for step without ``nx.Graph``: the
-    same node and adjacency orders (a contraction appends new edges; removal keeps the rest in
-    order), the same heap (ties go to the earliest push; stale entries skipped) and the same
-    floating-point sums, hence the same cut (tested against ``networkx.stoer_wagner``)."""
-    adj: dict[int, dict[int, list[float]]] = {}
-    n = len(nodes)
-    for x in range(n):
-        for y in range(x + 1, n):
-            if sub[x, y] > 0:
-                e = [float(sub[x, y])]
-                adj.setdefault(nodes[x], {})[nodes[y]] = e
-                adj.setdefault(nodes[y], {})[nodes[x]] = e
-    cut_value = INF
-    best_phase = 0
-    contractions: list[tuple[int, int]] = []
-    for i in range(n - 1):
-        u = next(iter(adj))
-        in_a = {u}
-        value: dict[int, float] = {}
-        heap: list[tuple[float, int, int]] = []
-        tick = 0
-        for v, e in adj[u].items():
-            value[v] = -e[0]
-            heap.append((-e[0], tick, v))
-            tick += 1
-        heapq.heapify(heap)
-        for _ in range(n - i - 2):
-            while True:
-                val, _, u = heapq.heappop(heap)
-                if u in value and val == value[u]:
-                    break
-            del value[u]
-            in_a.add(u)
-            for v, e in adj[u].items():
-                if v not in in_a:
-                    new = value.get(v, 0) - e[0]
-                    if v not in value or new < value[v]:
-                        value[v] = new
-                        heapq.heappush(heap, (new, tick, v))
-                        tick += 1
-        while True:
-            val, _, v = heap[0]
-            if v in value and val == value[v]:
-                break
-            heapq.heappop(heap)
-        if -val < cut_value:
-            cut_value = -val
-            best_phase = i
-        contractions.append((u, v))
-        au = adj[u]
-        for x, e in adj[v].items():
-            if x != u:
-                if x not in au:
-                    ne = [e[0]]
-                    au[x] = ne
-                    adj[x][u] = ne
-                else:
-                    au[x][0] += e[0]
-        for x in adj[v]:
-            del adj[x][v]
-        del adj[v]
-    # the side of the best phase's last node, over the contractions made before it
-    links: dict[int, list[int]] = {}
-    for a, b in contractions[:best_phase]:
-        links.setdefault(a, []).append(b)
-        links.setdefault(b, []).append(a)
-    start = contractions[best_phase][1]
-    side, stack = {start}, [start]
-    while stack:
-        for y in links.get(stack.pop(), []):
-            if y not in side:
-                side.add(y)
-                stack.append(y)
-    return side
 
 
 # ----------------------------------------------------------------------------------------------
