@@ -188,9 +188,44 @@ class WorkerGroup:
 
     def call(self, method: str, *args: Any, devices: Sequence[int] | None = None, what: str = "", timeout_s: float = 600.0) -> list[Any]:
         """Call ``method`` on the workers of ``devices`` (default: the plan's devices) in parallel."""
-        targets = list(devices) if devices is not None else self.plan_devices()
-        refs = [getattr(self.actor_of(d), method).remote(*args) for d in targets]
+        refs, targets = self.submit(method, *args, devices=devices)
         return self.gather(refs, what or method, timeout_s, targets)
+
+    def submit(self, method: str, *args: Any, devices: Sequence[int] | None = None) -> tuple[list[Any], list[int]]:
+        """Start ``method`` on the workers of ``devices`` without waiting: ``(refs, devices)`` for
+        :meth:`gather` (or :meth:`discard`). Workers run one call at a time (``max_concurrency=1``)
+        in submission order, so a call submitted while an earlier one runs waits behind it."""
+        targets = list(devices) if devices is not None else self.plan_devices()
+        return [getattr(self.actor_of(d), method).remote(*args) for d in targets], targets
+
+    def discard(self, refs: Sequence[Any], grace_s: float = 2.0) -> None:
+        """Drop submitted calls whose results are no longer wanted (an earlier call failed).
+
+        Calls still queued behind the failed one are cancelled. If the group is already broken
+        (it will be restarted) nothing else matters; otherwise any call that may have run (or may
+        still run) after the failure leaves the workers in an unknown state, so the group is
+        marked broken and the next :meth:`configure` starts fresh processes.
+        """
+        from ray.exceptions import TaskCancelledError
+
+        for ref in refs:
+            try:
+                ray.cancel(ref)
+            except Exception:  # noqa: BLE001 - already finished or its actor is gone
+                pass
+        if self.broken or not refs:
+            return
+        ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=grace_s)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except TaskCancelledError:
+                continue  # never ran: state untouched
+            except Exception:  # noqa: BLE001 - it ran (or its actor died): state unknown
+                pass
+            self.broken = True
+        if pending:
+            self.broken = True
 
     def kill_worker(self, device: int) -> None:
         """Fault injection from the driver side (tests): hard-kill one worker."""

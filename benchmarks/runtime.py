@@ -25,7 +25,11 @@ Then the per-micro-batch overhead of our runtime on a trivially small model: the
 iteration time over the micro-batch count (compute is negligible, so the slope is the cost of one
 unit's F, B, send and receive bookkeeping plus two message latencies), next to torch's.
 
-Run: ``.venv/bin/python benchmarks/runtime.py`` (writes benchmarks/results/runtime.md).
+Then the steady state: blocks of N back-to-back iterations, ours ``fit(N)`` with and without
+pipelined dispatch against torch's training loop (see ``STEADY_NOTE``).
+
+Run: ``.venv/bin/python benchmarks/runtime.py`` (writes benchmarks/results/runtime.md);
+``--steady-only [ROUNDS]`` prints only the steady-state comparison.
 """
 
 from __future__ import annotations
@@ -59,6 +63,8 @@ BIG = (256, 512, 512, 512, 512, 512, 512, 512, 256)  # 8 blocks
 TINY = (4, 4, 4, 4, 4, 4, 4, 4, 4)
 BATCH, M, WARMUP = 256, 8, 3
 PAIRS_BIG, PAIRS_TINY = 60, 40
+STEADY_N, STEADY_ROUNDS = 30, 6  # MLP: blocks of 30 iterations, 6 rounds of the three runners
+STEADY_N_TINY = 100  # tiny model at M=4, where the per-iteration dispatch is a larger share
 OUT = Path(__file__).resolve().parent / "results" / "runtime.md"
 KEEP = "<!-- hand-written notes below this line are kept when benchmarks/runtime.py regenerates the table -->"
 PREDICTION_NOTE = """\
@@ -72,6 +78,17 @@ background thread and Ray's threads competing for the two cores, and the other j
 the row "predicted with the compute slowdown measured in our run" puts the measured compute
 inflation back in, so the rest of the gap is waiting and overhead."""
 
+STEADY_NOTE = """\
+The table above times single iterations (`fit(1)`, which never overlaps dispatch). Here each
+runner trains blocks of N back-to-back iterations on the same live processes, model, plan, threads
+and niceness: ours `fit(N)` with `pipelined_dispatch=True` (iteration k+1 submitted to the actors
+before k is gathered) and `False` (one remote call per actor per iteration, gathered before the
+next is sent), and torch's `schedule.step` + `opt.step()` loop. MLP: N={n}; tiny model at M=4:
+N={tiny}; {rounds} rounds, the order of the three runners rotating through all six orders; one
+warm-up block each. Per-iteration time: ours as `fit` reports it (driver time between consecutive
+completions; the first of a block from its submission), torch as the time between consecutive
+completions of the later rank (first from the start barrier). Each block gives a median per
+iteration (and a mean: block wall / N); ratios are per round, then the median over rounds."""
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -121,7 +138,21 @@ def _torch_rank(rank: int, widths: tuple[int, ...], cut: int, microbatches: int,
     stage = PipelineStage(mine, rank, 2, torch.device("cpu"), input_args=(mb if rank == 0 else mid,))
     schedule = Schedule1F1B(stage, n_microbatches=microbatches, loss_fn=torch.nn.functional.mse_loss)
     out.put((rank, "ready", os.getpriority(os.PRIO_PROCESS, 0)))
-    while cmds.get() == "step":
+    while (cmd := cmds.get()) != "stop":
+        if cmd != "step":  # ("run", n): n back-to-back iterations, the plain training loop
+            dist.barrier()
+            t0, marks = time.perf_counter(), []
+            for _ in range(int(cmd[1])):
+                if rank == 0:
+                    schedule.step(x)
+                else:
+                    schedule.step(target=y, losses=[])
+                opt.step()
+                opt.zero_grad()
+                marks.append(time.perf_counter())
+            dist.barrier()
+            out.put((rank, t0, marks, time.perf_counter()))
+            continue
         dist.barrier()
         t, c = time.perf_counter(), time.thread_time()
         if rank == 0:
@@ -157,6 +188,17 @@ class TorchPipeline:
         res = [self.out.get(timeout=300) for _ in range(2)]
         return max(r[1] for r in res), max(r[2] for r in res)
 
+    def run(self, n: int) -> tuple[list[float], float]:
+        """``n`` back-to-back iterations: (seconds between consecutive completions, where an
+        iteration completes when its later rank finishes it; block wall time barrier to barrier).
+        ``perf_counter`` is the system-wide monotonic clock, so the ranks' marks compare."""
+        for q in self.cmds:
+            q.put(("run", n))
+        res = [self.out.get(timeout=600) for _ in range(2)]
+        start = min(r[1] for r in res)
+        done = [max(r[2][i] for r in res) for i in range(n)]
+        return [b - a for a, b in zip([start] + done, done)], max(r[3] for r in res) - start
+
     def close(self) -> None:
         for q in self.cmds:
             q.put("stop")
@@ -174,9 +216,19 @@ class Ours:
             partial(mlp, widths), torch.nn.functional.mse_loss, partial(torch.optim.SGD, lr=0.01),
             FixedBatch(widths, batch), plan.num_microbatches, plan=plan, workers=group, progress=False,
         )
+        self.inside: dict[bool, list[float]] = {}  # per run() block: median iteration time inside the actors
 
     def step(self) -> Any:
         return self.trainer.fit(1).metrics[0]
+
+    def run(self, n: int, pipelined: bool) -> tuple[list[float], float]:
+        """``fit(n)``: (per-iteration seconds as ``fit`` measures them, i.e. between consecutive
+        completions on the driver; the whole call's wall time)."""
+        self.trainer.pipelined_dispatch = pipelined
+        result = self.trainer.fit(n)
+        self.inside.setdefault(pipelined, []).append(
+            statistics.median(max(m.busy_s[d] + m.bubble_s[d] for d in m.busy_s) for m in result.metrics))
+        return [m.iteration_s for m in result.metrics], result.wall_s
 
 
 def paired(ours: Ours, theirs: TorchPipeline, pairs: int) -> list[tuple[Any, tuple[float, float]]]:
@@ -198,6 +250,52 @@ def paired(ours: Ours, theirs: TorchPipeline, pairs: int) -> list[tuple[Any, tup
             t = theirs.step()
         out.append((o, t))
     return out
+
+
+STEADY_ORDERS = (("pipelined", "serial", "torch"), ("torch", "serial", "pipelined"), ("serial", "pipelined", "torch"),
+                 ("torch", "pipelined", "serial"), ("pipelined", "torch", "serial"), ("serial", "torch", "pipelined"))
+
+
+def steady(ours: Ours, theirs: TorchPipeline, n: int, rounds: int) -> dict[str, list[tuple[list[float], float]]]:
+    """Blocks of ``n`` back-to-back iterations: ours ``fit(n)`` pipelined and serial, torch's
+    ``schedule.step`` loop; the order of the three rotates every round (all six orders), so each
+    sees the same background load on average. One warm-up block each first."""
+    runs: dict[str, Any] = {
+        "pipelined": partial(ours.run, n, True), "serial": partial(ours.run, n, False), "torch": partial(theirs.run, n),
+    }
+    for run in runs.values():
+        run()
+    out: dict[str, list[tuple[list[float], float]]] = {k: [] for k in runs}
+    for i in range(rounds):
+        for name in STEADY_ORDERS[i % len(STEADY_ORDERS)]:
+            out[name].append(runs[name]())
+    return out
+
+
+def steady_rows(label: str, got: dict[str, list[tuple[list[float], float]]], n: int, ours: Ours) -> list[tuple[str, str]]:
+    """Per-iteration medians and per-round ratios (torch time / ours time: > 1 means ours is faster)."""
+    med = {k: [statistics.median(times) for times, _ in blocks] for k, blocks in got.items()}
+    mean = {k: [wall / n for _, wall in blocks] for k, blocks in got.items()}
+    rows = [(f"{label}: s/iter, median over blocks of the per-block median (per-block mean incl. first dispatch) [{k}]",
+             f"{statistics.median(med[k]) * 1e3:.2f} ms ({statistics.median(mean[k]) * 1e3:.2f} ms)  "
+             f"[block medians {', '.join(f'{v * 1e3:.1f}' for v in med[k])}]")
+            for k in ("pipelined", "serial", "torch")]
+    inside = {k: statistics.median(ours.inside[k == "pipelined"][-len(got[k]):]) for k in ("pipelined", "serial")}
+    rows.append((f"{label}: ours inside the actors (first action to last, slowest device), median of block medians: pipelined / serial",
+                 f"{inside['pipelined'] * 1e3:.2f} / {inside['serial'] * 1e3:.2f} ms"))
+
+    def ratio(num: str, den: str, src: dict[str, list[float]]) -> str:
+        r = [a / b for a, b in zip(src[num], src[den])]
+        return f"{statistics.median(r):.2f} [min {min(r):.2f}, max {max(r):.2f}]"
+
+    rows += [
+        (f"{label}: throughput ours pipelined / torch (target >= 1.0), median per-round ratio of block medians (of block means)",
+         f"{ratio('torch', 'pipelined', med)} ({ratio('torch', 'pipelined', mean)})"),
+        (f"{label}: throughput ours serial / torch, same", f"{ratio('torch', 'serial', med)} ({ratio('torch', 'serial', mean)})"),
+        (f"{label}: throughput ours pipelined / ours serial, same",
+         f"{ratio('serial', 'pipelined', med)} ({ratio('serial', 'pipelined', mean)})"),
+    ]
+    return rows
 
 
 # ----- gloo link: latency and bandwidth -----
@@ -289,6 +387,17 @@ def main() -> None:
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     group = WorkerGroup(2, use_gpu=False)
     plan = straight_plan([0, 4, 8], M)
+    if "--steady-only" in sys.argv:  # quick check: only the steady-state comparison, printed, nothing written
+        rounds = int(sys.argv[-1]) if sys.argv[-1].isdigit() else STEADY_ROUNDS
+        for widths, m, batch, n, label in ((BIG, M, BATCH, STEADY_N, "MLP"), (TINY, 4, 64, STEADY_N_TINY, "tiny, M=4")):
+            theirs = TorchPipeline(widths, 4, m, batch)
+            runner = Ours(group, widths, straight_plan([0, 4, 8], m), batch)
+            blocks = steady(runner, theirs, n, rounds)
+            theirs.close()
+            print("\n".join(f"{k}  {v}" for k, v in steady_rows(f"{label}, N={n}", blocks, n, runner)))
+        group.shutdown()
+        ray.shutdown()
+        return
     rows: list[tuple[str, str]] = []
 
     # cost model measured here
@@ -302,7 +411,10 @@ def main() -> None:
 
     # ours and torch, alternating single iterations
     theirs = TorchPipeline(BIG, 4, M, BATCH)
-    pairs = paired(Ours(group, BIG, plan, BATCH), theirs, PAIRS_BIG)
+    ours = Ours(group, BIG, plan, BATCH)
+    pairs = paired(ours, theirs, PAIRS_BIG)
+    # steady state with the same process sets: fit(N) pipelined / serial vs torch's loop
+    steady_big = steady(ours, theirs, STEADY_N, STEADY_ROUNDS)
     theirs.close()
     settings = actor_settings(group)
     o_s = [o.iteration_s for o, _ in pairs]
@@ -357,6 +469,12 @@ def main() -> None:
         got = paired(Ours(group, TINY, straight_plan([0, 4, 8], m), 64), theirs, PAIRS_TINY)
         theirs.close()
         tiny[m] = (statistics.median(o.iteration_s for o, _ in got), statistics.median(t[0] for _, t in got))
+    theirs = TorchPipeline(TINY, 4, 4, 64)
+    ours_tiny = Ours(group, TINY, straight_plan([0, 4, 8], 4), 64)
+    steady_tiny = steady(ours_tiny, theirs, STEADY_N_TINY, STEADY_ROUNDS)
+    theirs.close()
+    steady_table = steady_rows(f"MLP, N={STEADY_N}", steady_big, STEADY_N, ours) + steady_rows(
+        f"tiny, M=4, N={STEADY_N_TINY}", steady_tiny, STEADY_N_TINY, ours_tiny)
     slope_ours = (tiny[32][0] - tiny[4][0]) / 28
     slope_torch = (tiny[32][1] - tiny[4][1]) / 28
     rows += [
@@ -368,8 +486,8 @@ def main() -> None:
     ]
     group.shutdown()
     ray.shutdown()
-    width = max(len(k) for k, _ in rows)
-    print("\n".join(f"{k.ljust(width)}  {v}" for k, v in rows))
+    width = max(len(k) for k, _ in rows + steady_table)
+    print("\n".join(f"{k.ljust(width)}  {v}" for k, v in rows + steady_table))
     lines = [
         "# Runtime benchmark", "",
         f"Machine: {os.cpu_count()} CPU cores shared with other jobs (load varies), torch {torch.__version__}. "
@@ -378,7 +496,10 @@ def main() -> None:
         "| quantity | value |", "|---|---|",
     ] + [f"| {k} | {v} |" for k, v in rows]
     kept = OUT.read_text().split(KEEP, 1)[1] if OUT.exists() and KEEP in OUT.read_text() else "\n"
-    lines += ["", PREDICTION_NOTE, "", KEEP]
+    lines += ["", PREDICTION_NOTE, "", "## Steady state: `fit(N)` vs torch's training loop", "",
+              STEADY_NOTE.format(n=STEADY_N, tiny=STEADY_N_TINY, rounds=STEADY_ROUNDS), "",
+              "| quantity | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in steady_table]
+    lines += ["", KEEP]
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text("\n".join(lines) + kept)
     print(f"wrote {OUT}")

@@ -88,6 +88,7 @@ class PipelineTrainer:
         pg_timeout_s: float = 120.0,
         workers: WorkerGroup | None = None,
         use_gpu: bool | None = None,
+        pipelined_dispatch: bool = True,
     ) -> None:
         if checkpoint_every and checkpoint_dir is None:
             raise UserError("checkpoint_every needs a checkpoint_dir")
@@ -101,6 +102,7 @@ class PipelineTrainer:
         self.progress, self.iteration_timeout_s = progress, iteration_timeout_s
         self.resume = resume
         self.use_gpu = use_gpu
+        self.pipelined_dispatch = pipelined_dispatch
         self.group = workers
         self._owns_group = workers is None
         self._started = False
@@ -151,9 +153,13 @@ class PipelineTrainer:
         m = combine(reports, time.perf_counter() - t)
         self.history[self.step] = m.loss
         self.step += 1
-        if self.checkpoint_every and self.step % self.checkpoint_every == 0:
+        if self._checkpoint_due(self.step):
             self.save_checkpoint()
         return m
+
+    def _checkpoint_due(self, done: int) -> bool:
+        """Whether a checkpoint is written once ``done`` steps have completed."""
+        return bool(self.checkpoint_every) and done % self.checkpoint_every == 0
 
     def _workers(self) -> WorkerGroup:
         self._ensure_started()
@@ -162,7 +168,22 @@ class PipelineTrainer:
 
     # ----- training -----
     def fit(self, steps: int) -> FitResult:
-        """Train ``steps`` more iterations, restarting from the last checkpoint on worker death."""
+        """Train ``steps`` more iterations, restarting from the last checkpoint on worker death.
+
+        Pipelined dispatch (``pipelined_dispatch=True``, the default): iteration ``k + 1`` is
+        submitted to every worker before iteration ``k``'s results are gathered, so the workers
+        start it as soon as they finish ``k`` (each runs one call at a time, in submission order)
+        instead of waiting for the driver's round trip. Not across a checkpoint (submitted only
+        after the checkpoint is written) and not past the last step. If ``k`` fails, ``k + 1`` is
+        cancelled or ignored (see :meth:`WorkerGroup.discard`) and recovery is as without it.
+
+        ``metrics[k].iteration_s`` is the driver's wall time from the later of "``k`` submitted"
+        and "``k - 1`` gathered" to "``k`` gathered": the time between consecutive completions
+        when pipelined, submit-to-gather otherwise (the first step, and the step after a
+        checkpoint or a restart). Summed, they are the training wall time less checkpoint writes
+        and restarts (and, when not pipelined, less the driver's own time between steps).
+        Per-step losses, checkpoints and failure handling do not depend on the setting.
+        """
         group = self._workers()
         first, target = self.step, self.step + steps
         metrics: dict[int, IterationMetrics] = {}
@@ -171,13 +192,30 @@ class PipelineTrainer:
         show = self.progress if self.progress is not None else steps >= 50
         bar = tqdm(total=steps, disable=not show, desc="pipeline", unit="it")
         start = time.perf_counter()
+        ahead: tuple[int, list[Any], list[int], float] | None = None  # (step, refs, devices, submitted at)
+        last_done: float | None = None  # when the previous step was gathered, if this one was submitted before that
         try:
             while self.step < target:
+                step = self.step
                 try:
-                    t = time.perf_counter()
-                    reports = group.call("run_iteration", self.step, what=f"step {self.step}", timeout_s=self.iteration_timeout_s)
-                    m = combine(reports, time.perf_counter() - t)
+                    if ahead is not None and ahead[0] == step:
+                        _, refs, devices, t = ahead
+                    else:
+                        t = time.perf_counter()
+                        refs, devices = group.submit("run_iteration", step)
+                    ahead = None
+                    if self.pipelined_dispatch and step + 1 < target and not self._checkpoint_due(step + 1):
+                        later, later_devices = group.submit("run_iteration", step + 1)
+                        ahead = (step + 1, later, later_devices, time.perf_counter())
+                    reports = group.gather(refs, f"step {step}", self.iteration_timeout_s, devices)
+                    done = time.perf_counter()
+                    m = combine(reports, done - max(t, last_done if last_done is not None else t))
+                    last_done = done if ahead is not None else None
                 except PipelineActorError as exc:
+                    if ahead is not None:
+                        group.discard(ahead[1])
+                        ahead = None
+                    last_done = None
                     if self.failures >= self.max_failures:
                         raise
                     self.failures += 1
@@ -191,9 +229,11 @@ class PipelineTrainer:
                 self.step += 1
                 bar.update(1)
                 bar.set_postfix(loss=f"{m.loss:.4f}")
-                if self.checkpoint_every and self.step % self.checkpoint_every == 0:
+                if self._checkpoint_due(self.step):
                     written.append(str(self.save_checkpoint()))
         finally:
+            if ahead is not None:  # an error other than a worker failure left a step in flight
+                group.discard(ahead[1])
             bar.close()
         steps_done = list(range(first, target))
         return FitResult(
