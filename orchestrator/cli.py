@@ -69,7 +69,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     from orchestrator.plan import ScheduleKind
     from orchestrator.planners.base import PlannerOptions, run_planner
-    from orchestrator.profile import load_profile, write_json_atomic
+    from orchestrator.files import write_json_atomic
+    from orchestrator.profile import load_profile
 
     profile = load_profile(args.profile)
     cluster = build_cluster(args)
@@ -102,17 +103,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from orchestrator import cluster as cl
+    from orchestrator.files import read_json
     from orchestrator.plan import Plan
     from orchestrator.profile import load_profile
     from orchestrator.simulator import simulate
 
     profile = load_profile(args.profile)
-    try:
-        data = json.loads(Path(args.plan).read_text())
-    except OSError as exc:
-        raise UserError(f"cannot read plan {args.plan}: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise UserError(f"plan {args.plan}: invalid JSON ({exc.msg} at line {exc.lineno})") from None
+    data = read_json(args.plan, "plan")
     plan = Plan.from_dict(data, origin=args.plan)
     if args.cluster or args.gpus:
         cluster = build_cluster(args)

@@ -8,7 +8,6 @@ through other hosts would achieve. A topology with a pair that no path connects 
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from orchestrator.errors import UserError
+from orchestrator.files import read_json
 
 GBPS = 1e9 / 8  # bytes per second in one gigabit per second
 DEFAULT_MEMORY = 32 * 2**30
@@ -248,12 +248,7 @@ def from_dict(data: Any, origin: str = "cluster") -> Cluster:
 
 def load_cluster(path: str | Path) -> Cluster:
     p = Path(path)
-    try:
-        data = json.loads(p.read_text())
-    except OSError as exc:
-        raise UserError(f"cannot read cluster {p}: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise UserError(f"cluster {p}: invalid JSON ({exc.msg} at line {exc.lineno})") from None
+    data = read_json(p, "cluster")
     return from_dict(data, origin=str(p))
 
 

@@ -12,13 +12,13 @@ Plans are immutable; the controller's moves produce new Plans.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any, Sequence
 
 from orchestrator.errors import UserError
+from orchestrator.files import read_json
 
 
 class ScheduleKind(str, Enum):
@@ -194,12 +194,7 @@ class Plan:
 
 def load_plan(path: str | Path) -> Plan:
     p = Path(path)
-    try:
-        data = json.loads(p.read_text())
-    except OSError as exc:
-        raise UserError(f"cannot read plan {p}: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise UserError(f"plan {p}: invalid JSON ({exc.msg} at line {exc.lineno})") from None
+    data = read_json(p, "plan")
     return Plan.from_dict(data, origin=str(p))
 
 

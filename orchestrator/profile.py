@@ -12,10 +12,8 @@ can evaluate any contiguous range in O(1) with numpy.
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -23,6 +21,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from orchestrator.errors import UserError
+from orchestrator.files import read_json, write_json_atomic
+
+__all__ = ["Block", "Profile", "load_profile", "write_json_atomic"]
 
 FORMAT_VERSION = 1
 
@@ -194,21 +195,6 @@ class Profile:
         write_json_atomic(Path(path), self.to_dict())
 
 
-def write_json_atomic(path: Path, payload: Any) -> None:
-    """Write JSON under a temporary name and rename, so a crash never leaves half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(payload, handle, indent=1)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def load_profile(path: str | os.PathLike[str]) -> Profile:
     """Load a profile from our JSON or a PipeDream/DAPPLE ``graph.txt``, by content."""
     p = Path(path)
@@ -216,13 +202,8 @@ def load_profile(path: str | os.PathLike[str]) -> Profile:
         text = p.read_text()
     except OSError as exc:
         raise UserError(f"cannot read profile {p}: {exc.strerror or exc}") from None
-    stripped = text.lstrip()
-    if stripped.startswith("{"):
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"profile {p}: invalid JSON ({exc.msg} at line {exc.lineno})") from None
-        return Profile.from_dict(data, origin=str(p))
+    if text.lstrip().startswith("{"):
+        return Profile.from_dict(read_json(p, "profile"), origin=str(p))
     from orchestrator.graph_loader import parse_graph_txt
 
     return parse_graph_txt(text, name=p.parent.name if p.name == "graph.txt" else p.stem, source=str(p))

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from orchestrator.profile import write_json_atomic
+from orchestrator.files import write_json_atomic
 
 COLORS = {"F": "#4C72B0", "B": "#DD8452", "transfer": "#55A868", "all_reduce": "#C44E52", "step": "#8172B3"}
 
