@@ -47,10 +47,17 @@ class IterationMetrics:
     memory_metric: str = ""
     maxrss_bytes: dict[int, int] = field(default_factory=dict)
     cpu_s: dict[int, float] = field(default_factory=dict)  # main-thread CPU seconds of the iteration, per device
+    span_s: float = 0.0  # the iteration's length on the actors' aligned timeline (what bubble_s is measured against)
 
     @property
     def bubble_fraction(self) -> dict[int, float]:
-        return {d: b / self.iteration_s if self.iteration_s > 0 else 0.0 for d, b in self.bubble_s.items()}
+        """Idle share of each device's iteration, on the actors' own timeline (``span_s``).
+
+        Not divided by the driver's ``iteration_s``: with pipelined dispatch that is the time between
+        two completions, a different time base from the bubbles, and the ratio could leave [0, 1].
+        """
+        base = self.span_s if self.span_s > 0 else self.iteration_s
+        return {d: b / base if base > 0 else 0.0 for d, b in self.bubble_s.items()}
 
     def link_bandwidth(self) -> dict[tuple[int, int], float]:
         """Observed bytes/second per directed link (a lower bound, see module docstring)."""
@@ -117,4 +124,5 @@ def combine(reports: Sequence[Mapping[str, Any]], wall_s: float | None = None) -
         memory_metric=str(reports[0]["memory_metric"]),
         maxrss_bytes={int(r["device"]): int(r["maxrss_bytes"]) for r in reports},
         cpu_s={int(r["device"]): float(r["cpu_s"]) for r in reports if "cpu_s" in r},
+        span_s=iteration,
     )

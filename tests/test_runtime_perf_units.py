@@ -141,3 +141,12 @@ def test_combine_reads_cpu_time_and_tolerates_reports_without_it() -> None:
     assert m.cpu_s == {0: 0.125, 1: 0.25}
     assert [(t.src, t.dst, t.bytes) for t in m.transfers] == [(0, 1, 64)]
     assert combine([_report(0, None), _report(1, None)]).cpu_s == {}
+
+
+def test_bubble_fraction_uses_the_actors_timeline_not_the_driver_wall_time() -> None:
+    """With pipelined dispatch the driver's per-iteration wall time (between completions) can be
+    shorter than the iteration's span on the actors' timeline; bubbles are measured on the latter."""
+    shorter_wall = combine([_report(0, None), _report(1, None)], wall_s=0.2)
+    assert shorter_wall.span_s == 0.5 and shorter_wall.iteration_s == 0.2
+    assert shorter_wall.bubble_fraction == {0: 0.5, 1: 0.5}  # (0.5 - 0.25) / 0.5, whatever the wall time
+    assert combine([_report(0, None), _report(1, None)], wall_s=0.9).bubble_fraction == {0: 0.5, 1: 0.5}
