@@ -62,7 +62,8 @@ def test_slowdown_and_throttle_show_in_measured_metrics(pool: Any) -> None:
     before, after = metrics[1], metrics[3]
     ratio = lambda m: m.compute_s[2] / m.compute_s[0]  # noqa: E731 - device 0 is the unslowed yardstick
     assert ratio(after) > 2.0 * ratio(before), (before.compute_s, after.compute_s)
-    assert after.compute_s[1] < 2.0 * before.compute_s[1] * (after.compute_s[0] / before.compute_s[0]) + 1e-3
+    # the unslowed device stays well below the slowed one's 4x (3x bound: margin for a loaded CI box)
+    assert after.compute_s[1] < 3.0 * before.compute_s[1] * (after.compute_s[0] / before.compute_s[0]) + 1e-3
     # 0->1 carries 11 rows x 16 floats per iteration: the delay adds 70 ms to it, not to 1->0. A
     # transfer span also covers time the receiver was busy elsewhere, so part of the delay hides in it.
     bw = lambda m, link: m.link_bytes[link] / m.link_s[link]  # noqa: E731
