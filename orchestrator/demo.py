@@ -29,6 +29,7 @@ from orchestrator.controller.faults import FaultSchedule, Slowdown
 from orchestrator.launch import LaunchTarget
 from orchestrator.live import RayPipeline, run_adaptive
 from orchestrator.models import example_batch, loss_fn, tiny_transformer
+from orchestrator.plan import straight_plan
 from orchestrator.observability import EventLog, RayMetrics, plot_throughput
 from orchestrator.simulator import simulate
 
@@ -180,18 +181,11 @@ def check_exactness(model: ModelSpec, checkpoint: Path, steps: int) -> float:
     """Max |Δ| between the job's final weights and uninterrupted single-process training."""
     reference = ReferenceTrainer(model.model_factory, model.loss_fn, model.optimizer_factory, model.data_fn, model.num_microbatches, seed=model.seed)
     reference.train(steps)
-    final = TrainerSession(model, plan_for(profile_stub(reference), flat(1, 100.0), model.num_microbatches, planner="even"), checkpoint)
+    final = TrainerSession(model, straight_plan([0, len(reference.blocks)], model.num_microbatches), checkpoint)
     try:
         return max_difference(final.trainer.state_dicts(), reference.state_dicts())
     finally:
         final.close()
-
-
-def profile_stub(reference: ReferenceTrainer) -> Profile:
-    """A unit-cost profile with the model's block count (enough to lay out a one-device plan)."""
-    from orchestrator.profile import Block
-
-    return Profile("stub", tuple(Block(f"b{i}", 1.0, 1.0, 0.0, 0.0) for i in range(len(reference.blocks))))
 
 
 def run_demo(out: Path) -> int:

@@ -67,6 +67,8 @@ class TrainerSession:
             plan=plan, seed=model.seed, resume=resume, workers=workers, progress=False, **trainer_kw,
         )
         self.bubble_fraction = 0.0
+        # Read once: the job manager asks after every step, and data_fn builds a whole batch.
+        self.samples_per_step = int(model.data_fn(0)[0].shape[0])
         if start:
             self.trainer._ensure_started()
 
@@ -85,9 +87,6 @@ class TrainerSession:
             self.bubble_fraction = sum(fractions.values()) / max(1, len(fractions))
         return result.losses
 
-    @property
-    def samples_per_step(self) -> int:
-        return int(self.trainer.spec.data_fn(0)[0].shape[0])
 
     def checkpoint(self, directory: Path) -> Path:
         return self.trainer.save_checkpoint(directory)

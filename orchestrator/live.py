@@ -41,7 +41,7 @@ from actors.metrics import IterationMetrics as MeasuredIteration
 from orchestrator.cluster import GBPS, Cluster, flat
 from orchestrator.controller.controller import Controller, ControllerConfig, StepRecord
 from orchestrator.controller.faults import FaultSchedule, Join, Kill, Slowdown, Throttle
-from orchestrator.controller.handle import IterationMetrics, Link, MoveReport, RestartReport, move_transfers
+from orchestrator.controller.handle import IterationMetrics, Link, MoveReport, RestartReport, check_plan_alive, move_transfers
 from orchestrator.controller.policies import Stay, Switch
 from orchestrator.errors import UserError
 from orchestrator.plan import Plan
@@ -220,10 +220,7 @@ class RayPipeline:
         return set(self.faults.alive_at(self.cluster, self.step_index)) - self._dead
 
     def _check_plan(self, plan: Plan) -> None:
-        plan.check_against(self.profile.num_blocks, self.cluster.size)
-        down = set(plan.devices) - self._alive_now()
-        if down:
-            raise UserError(f"plan uses device(s) {sorted(down)} that are not up")
+        check_plan_alive(plan, self.profile.num_blocks, self.cluster, self._alive_now())
         if plan.num_microbatches != self.trainer.num_microbatches:
             raise UserError("a live move cannot change the number of micro-batches (the data path is fixed)")
 

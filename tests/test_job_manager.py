@@ -97,20 +97,8 @@ def move_to_b(placement: Placement, preempted: bool, step: int) -> Stay | Move:
 
 def test_preemption_with_time_checkpoints_and_resumes_without_loss(tmp_path: Path) -> None:
     clock = Clock()
-    manager, sessions = _manager(tmp_path, move_to_b, clock, checkpoint_every=5)
-    real_train = FakeSession.train
-
-    def train_and_notice(self: FakeSession, steps: int) -> list[float]:
-        out = real_train(self, steps)
-        if self.step == 7 and not manager.preemptions:
-            manager.notify_preemption(clock.t + 120.0, "aws-imds")
-        return out
-
-    FakeSession.train = train_and_notice  # type: ignore[method-assign]
-    try:
-        report = manager.run()
-    finally:
-        FakeSession.train = real_train  # type: ignore[method-assign]
+    manager, sessions = _manager(tmp_path, move_to_b, clock, checkpoint_every=5, rehearse_notice_at=7, rehearse_notice_s=120.0)
+    report = manager.run()
     assert report.steps == 12 and report.preemptions == 1 and report.migrations == 1
     assert sorted(report.losses) == list(range(12))
     assert sessions[1].devices == 3 and sessions[0].closed
@@ -124,20 +112,9 @@ def test_preemption_with_time_checkpoints_and_resumes_without_loss(tmp_path: Pat
 
 def test_notice_too_short_falls_back_to_last_durable_checkpoint(tmp_path: Path) -> None:
     clock = Clock()
-    manager, sessions = _manager(tmp_path, move_to_b, clock, checkpoint_every=5, initial_checkpoint_estimate_s=10.0)
-    real_train = FakeSession.train
-
-    def train_and_notice(self: FakeSession, steps: int) -> list[float]:
-        out = real_train(self, steps)
-        if self.step == 8 and not manager.preemptions:
-            manager.notify_preemption(clock.t + 1.0)
-        return out
-
-    FakeSession.train = train_and_notice  # type: ignore[method-assign]
-    try:
-        report = manager.run()
-    finally:
-        FakeSession.train = real_train  # type: ignore[method-assign]
+    manager, sessions = _manager(tmp_path, move_to_b, clock, checkpoint_every=5, initial_checkpoint_estimate_s=10.0,
+                                 rehearse_notice_at=8, rehearse_notice_s=1.0)
+    report = manager.run()
     short = next(e for e in report.events if e["event"] == "notice_too_short")
     assert short["fallback"].endswith("step_00000005") or "5" in short["fallback"]
     resumed = next(e for e in report.events if e["event"] == "resumed")
@@ -151,9 +128,7 @@ def test_checkpoint_finishing_after_deadline_is_discarded(tmp_path: Path) -> Non
     manager, sessions = _manager(tmp_path, move_to_b, clock, checkpoint_every=4, initial_checkpoint_estimate_s=0.1,
                                  hooks={"ckpt_s": 30.0})
     manager.notify_preemption(20.0)
-    real_train = FakeSession.train
     report = manager.run()
-    FakeSession.train = real_train  # type: ignore[method-assign]
     late = [e for e in report.events if e["event"] == "checkpoint" and not e["durable"]]
     assert late and not Path(late[0]["path"]).exists()
 

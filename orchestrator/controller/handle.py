@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Protocol, runtime_checkable
 
 from orchestrator.cluster import Cluster
+from orchestrator.errors import UserError
 from orchestrator.plan import Plan
 from orchestrator.profile import Profile
 
@@ -155,3 +156,12 @@ def transfer_time(transfers: list[Transfer], cluster: Cluster) -> float:
         busy[("s", t.src)] = busy.get(("s", t.src), 0.0) + dur
         busy[("r", t.dst)] = busy.get(("r", t.dst), 0.0) + dur
     return max(busy.values(), default=0.0)
+
+
+def check_plan_alive(plan: Plan, num_blocks: int, cluster: Cluster, alive: set[int]) -> None:
+    """What every handle checks before running or moving to ``plan``: it covers the model, uses
+    devices of the cluster, and only devices that are up."""
+    plan.check_against(num_blocks, cluster.size)
+    down = set(plan.devices) - alive
+    if down:
+        raise UserError(f"plan uses device(s) {sorted(down)} that are not up")

@@ -26,6 +26,7 @@ from orchestrator.profile import Profile
 from orchestrator.simulator import SimOptions, simulate
 from orchestrator.controller.faults import FaultSchedule
 from orchestrator.controller.handle import (
+    check_plan_alive,
     SHIPPED_STATE_FACTOR,
     IterationMetrics,
     Link,
@@ -162,10 +163,7 @@ class SimulatedPipeline:
         return set(self.faults.alive_at(self.cluster, self.step_index)) - self._dead
 
     def _check_plan(self, plan: Plan) -> None:
-        plan.check_against(self.profile.num_blocks, self.cluster.size)
-        down = set(plan.devices) - self._alive_now()
-        if down:
-            raise UserError(f"plan uses device(s) {sorted(down)} that are not up")
+        check_plan_alive(plan, self.profile.num_blocks, self.cluster, self._alive_now())
 
     def _noise(self) -> float:
         sigma = self.costs.noise
