@@ -34,6 +34,7 @@ from orchestrator.schedule.ir import Range, intersect, replica_range, split_rang
 
 __all__ = ["Range", "intersect", "replica_range", "split_range", "unit_range", "stage_rows", "tag"]
 
+RENDEZVOUS_TIMEOUT_S = 120.0
 MAX_MICROBATCHES = 4096  # tag space per stage; a plan with more micro-batches is rejected at setup
 _DIRS = {"F": 0, "B": 1}
 
@@ -83,13 +84,11 @@ def init_group(host: str, port: int, rank: int, world: int, backend: str, timeou
     """
     if dist.is_initialized():
         dist.destroy_process_group()
-    dist.init_process_group(
-        backend,
-        init_method=f"tcp://{host}:{port}",
-        rank=rank,
-        world_size=world,
-        timeout=timedelta(seconds=timeout_s),
-    )
+    # The rendezvous gets its own, longer bound: on a loaded machine the ranks may start seconds
+    # apart, and that must not fail a job whose per-operation timeout is short for fast death detection.
+    store = dist.TCPStore(host, port, world_size=world, is_master=rank == 0,
+                          timeout=timedelta(seconds=max(timeout_s, RENDEZVOUS_TIMEOUT_S)))
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
 
 
 def replica_groups(plan: Plan, rank_of: dict[int, int]) -> dict[tuple[int, ...], Any]:
