@@ -6,11 +6,21 @@ the handlers see stages, units, peers and row ranges, never a schedule name.
 
 Communication: sends are ``isend`` (asynchronous; handles are kept until they complete and all
 are waited for at the end of the iteration), receives are ``irecv`` posted up to
-``recv_lookahead`` actions ahead of where the program is, and waited for at the RECV action, so
-data from an early sender flows while this device still computes. Per-link order is the program
-order on both sides (the lowering guarantees the orders match), which NCCL needs; gloo also
-matches by tag. A unit whose input (or output gradient) comes from several peers is received
-straight into row slices of one buffer, so no concatenation copy is made.
+``recv_lookahead`` actions ahead of where the program is (the rule is
+:func:`orchestrator.schedule.nccl.recv_post_points`), and waited for at the RECV action, so data
+from an early sender flows while this device still computes. Every directed link has its own
+two-rank process group (``links``): on NCCL one communicator is one in-order stream with tags
+ignored, and a stream per direction is what makes early receives and 1F1B's crossing sends safe
+— :func:`orchestrator.schedule.nccl.replay` proves it for every schedule shape. Per-link order is
+the program order on both sides (the lowering guarantees the orders match). A unit whose input
+(or output gradient) comes from several peers is received straight into row slices of one
+buffer, so no concatenation copy is made.
+
+GPU: no host synchronisation inside the iteration. Spans are CUDA events recorded on the compute
+stream and resolved once at the end; losses stay on the device and are read once; inputs are
+copied from pinned memory without blocking. Sent tensors are checked against the probed boundary
+shape and dtype, so a mismatch (e.g. a kernel that changes dtype only on the GPU) is one clear
+error instead of an NCCL byte-count mismatch.
 
 Hot path: everything that depends only on the plan (row ranges, peers, tags, peer ranks, buffer
 shapes, labels, which receives to post before which action) is computed once in ``__init__``
@@ -41,10 +51,13 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from actors import user_code
 from actors.transport import Range, intersect, nbytes, stage_rows, tag
+from orchestrator.errors import UserError
 from orchestrator.plan import Plan
 from orchestrator.schedule.ir import Action, Kind
 from orchestrator.schedule.lowering import peers
+from orchestrator.schedule.nccl import recv_post_points
 
 if TYPE_CHECKING:
     from actors.stage_worker import JobSpec
@@ -77,9 +90,11 @@ class Executor:
         self, spec: "JobSpec", plan: Plan, device: int, rank_of: dict[int, int], program: tuple[Action, ...],
         modules: dict[int, nn.Module], optimizers: dict[int, torch.optim.Optimizer], groups: dict[tuple[int, ...], Any],
         boundary: list[tuple[tuple[int, ...], torch.dtype]], batch_rows: int, torch_device: torch.device,
+        links: dict[tuple[int, int], Any] | None = None,
     ) -> None:
         self.spec, self.plan, self.device, self.rank_of, self.program = spec, plan, device, rank_of, program
         self.modules, self.optimizers, self.groups = modules, optimizers, groups
+        self.links = links or {}  # (sender, receiver) device -> two-rank group; absent: the default group
         self.boundary, self.batch_rows, self.torch_device = boundary, batch_rows, torch_device
         self.last = len(plan.stages) - 1
         self._rows: dict[tuple[int, tuple[int, int], int], Range] = {}
@@ -158,15 +173,8 @@ class Executor:
         self.labels = [str(a) for a in program]
         self.calls = [self.handlers[a.kind] for a in program]
         self.info: list[Any] = [None] * n
-        # Which receives to post before action i: every RECV at index < i + lookahead.
-        self.post_before: list[tuple[int, ...]] = [()] * n
-        recv_at = [i for i, a in enumerate(program) if a.kind in (Kind.RECV_F, Kind.RECV_B)]
-        nxt = 0
-        for i in range(n):
-            start = nxt
-            while nxt < len(recv_at) and recv_at[nxt] < i + self.spec.recv_lookahead:
-                nxt += 1
-            self.post_before[i] = tuple(recv_at[start:nxt])
+        # Which receives to post before action i (the rule the NCCL replay proves hang-free).
+        self.post_before = recv_post_points(program, self.spec.recv_lookahead)
         for i, a in enumerate(program):
             key = (a.stage, a.unit)
             if a.kind is Kind.FORWARD:
@@ -183,8 +191,11 @@ class Executor:
                 direction = "F" if a.kind is Kind.SEND_F else "B"
                 mine, (lo, hi), sender, _ = self._link_rows(a)
                 whole = (lo, hi) == mine
+                stage = self.plan.stages[a.stage]
+                expect = self.boundary[stage.last if direction == "F" else stage.first]
                 self.info[i] = (direction, key, hi > lo, whole, lo - mine[0], hi - mine[0],
-                                self.rank_of[a.peer], tag(direction, sender, a.microbatch, a.part))
+                                self.rank_of[a.peer], tag(direction, sender, a.microbatch, a.part),
+                                self.links.get((self.device, a.peer)), expect)
             elif a.kind in (Kind.RECV_F, Kind.RECV_B):
                 direction = "F" if a.kind is Kind.RECV_F else "B"
                 mine, (lo, hi), sender, _ = self._link_rows(a)
@@ -193,7 +204,8 @@ class Executor:
                 cut = self.plan.stages[a.stage].first if direction == "F" else self.plan.stages[a.stage].last
                 shape, dtype = self.boundary[cut]
                 self.info[i] = ((direction, a.stage, a.unit), (mine[1] - mine[0], *shape), dtype, lo - mine[0], hi - mine[0],
-                                (lo, hi) == mine, self.rank_of[a.peer], tag(direction, sender, a.microbatch, a.part))
+                                (lo, hi) == mine, self.rank_of[a.peer], tag(direction, sender, a.microbatch, a.part),
+                                self.links.get((a.peer, self.device)))
 
     # ----- the iteration -----
     def run(self, step: int) -> dict[str, Any]:
@@ -207,10 +219,11 @@ class Executor:
         self.inputs = self.targets = None
         stages = self.plan.stages_of_device(self.device)
         if 0 in stages or self.last in stages:
-            inputs, targets = spec.data_fn(step)
-            if int(inputs.shape[0]) != self.batch_rows:
-                raise ValueError(f"data_fn({step}) returned {inputs.shape[0]} rows; every step must have {self.batch_rows}")
-            self.inputs, self.targets = inputs.to(self.torch_device), targets.to(self.torch_device)
+            inputs, targets = user_code.batch(spec.data_fn, step, self.batch_rows)
+            if self.cuda:  # pinned host memory: the copy overlaps instead of blocking the host
+                inputs, targets = (t if t.is_cuda else t.pin_memory() for t in (inputs, targets))
+                inputs, targets = (t.to(self.torch_device, non_blocking=True) for t in (inputs, targets))
+            self.inputs, self.targets = inputs, targets
         self.stash: dict[Key, tuple[Tensor | None, Tensor, int]] = {}
         self.out_f: dict[Key, Tensor] = {}
         self.out_b: dict[Key, Tensor] = {}
@@ -224,12 +237,15 @@ class Executor:
         self.spans = []
         self.sends = []
         self.recvs = []
+        self.events: list[Any] = []
         if self.cuda:
             torch.cuda.reset_peak_memory_stats()
         kill_index = len(self.program) // 2 if (step, self.device) in spec.kill_at else -1
         post_before, calls, program, post = self.post_before, self.calls, self.program, self._post_recv
         cpu0 = _thread_time()
         self.t0_wall, self.t0 = time.time(), _perf()
+        if self.cuda:
+            self._now()  # event 0: the origin every other event is measured from
         for i in range(len(program)):
             if i == kill_index:
                 os._exit(17)  # fault injection: die mid-iteration like a crashed process would
@@ -240,6 +256,10 @@ class Executor:
         for work, _ in self.pending_sends:
             work.wait()
         self.pending_sends.clear()
+        loss = float(torch.stack(self.losses).sum().item()) if self.losses else 0.0  # the one host sync (CUDA)
+        if self.cuda:
+            torch.cuda.synchronize()
+            self._resolve_events()
         elapsed = _perf() - self.t0
         cpu = _thread_time() - cpu0
         if self.stash or self.inbox or self.posted:
@@ -249,15 +269,33 @@ class Executor:
         return {
             "device": self.device, "step": step, "t0_wall": self.t0_wall, "iteration_s": elapsed, "busy_s": busy,
             "bubble_s": max(0.0, elapsed - busy), "spans": self.spans, "sends": self.sends, "recvs": self.recvs,
-            "loss": float(sum(float(v) for v in self.losses)) if self.last in stages else None,
+            "loss": loss if self.last in stages else None,
             "peak_memory_bytes": int(peak), "memory_metric": "cuda_max_memory_allocated" if self.cuda else "stash_high_water",
             "maxrss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "cpu_s": cpu,
         }
 
     def _now(self) -> float:
+        """Seconds since the iteration began; on CUDA the index of an event recorded on the compute
+        stream (no host sync), turned into seconds once per iteration by :meth:`_resolve_events`."""
         if self.cuda:
-            torch.cuda.synchronize()
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.events.append(event)
+            return float(len(self.events) - 1)
         return _perf() - self.t0
+
+    def _resolve_events(self) -> None:
+        """Replace event indices in spans, sends and receives by seconds since event 0."""
+        origin = self.events[0]
+        seconds = [origin.elapsed_time(e) / 1e3 for e in self.events]
+
+        def at(index: float) -> float:
+            return seconds[int(index)]
+
+        self.spans = [(label, kind, at(s), at(e)) for label, kind, s, e in self.spans]
+        self.sends = [(label, peer, size, at(post)) for label, peer, size, post in self.sends]
+        self.recvs = [(label, peer, size, at(p), at(w), at(d)) for label, peer, size, p, w, d in self.recvs]
+        self.events = []
 
     # ----- compute -----
     def _forward(self, a: Action) -> None:
@@ -309,7 +347,7 @@ class Executor:
         if a.stage == self.last:
             assert self.targets is not None
             if hi > lo:
-                out = self.spec.loss_fn(out, self.targets[lo:hi]) * scale
+                out = user_code.loss(self.spec.loss_fn, out, self.targets[lo:hi]) * scale
                 self.losses.append(out.detach())
             else:
                 out = torch.zeros((), device=self.torch_device, requires_grad=False)
@@ -365,12 +403,18 @@ class Executor:
     # ----- point-to-point -----
     def _send(self, a: Action) -> None:
         index = self.cursor
-        direction, key, any_rows, whole, lo, hi, rank, msg_tag = self.info[index]
+        direction, key, any_rows, whole, lo, hi, rank, msg_tag, group, expect = self.info[index]
         if any_rows:
             held = (self.out_f if direction == "F" else self.out_b)[key]
             data = (held if whole else held[lo:hi]).contiguous()
-            post = _perf() - self.t0
-            work = dist.isend(data, rank, tag=msg_tag)
+            if data.dtype != expect[1] or tuple(data.shape[1:]) != expect[0]:
+                raise UserError(
+                    f"stage {a.stage} on device {self.device} sends {str(data.dtype).replace('torch.', '')} "
+                    f"{list(data.shape[1:])} per row to device {a.peer}, but the probe of the model saw "
+                    f"{str(expect[1]).replace('torch.', '')} {list(expect[0])}: a block boundary must keep "
+                    "its shape and dtype from step to step and device to device")
+            post = self._now()
+            work = dist.isend(data, rank, group=group, tag=msg_tag)
             sends = self.pending_sends
             sends.append((work, data))
             while len(sends) > 4 and sends[0][0].is_completed():  # keep handles of in-flight sends only
@@ -382,13 +426,13 @@ class Executor:
         info = self.info[index]
         if info is None:
             return  # empty overlap: nothing was sent
-        assembly, shape, dtype, lo, hi, whole, rank, msg_tag = info
+        assembly, shape, dtype, lo, hi, whole, rank, msg_tag, group = info
         buf = self.inbox.get(assembly)
         if buf is None:
             buf = self.inbox[assembly] = torch.empty(shape, dtype=dtype, device=self.torch_device)
         part = buf if whole else buf[lo:hi]
-        work = dist.irecv(part, rank, tag=msg_tag)
-        self.posted[index] = (work, part, _perf() - self.t0)
+        work = dist.irecv(part, rank, group=group, tag=msg_tag)
+        self.posted[index] = (work, part, self._now())
 
     def _recv(self, a: Action) -> None:
         index = self.cursor
@@ -396,8 +440,8 @@ class Executor:
         if found is None:
             return  # empty overlap: nothing was sent
         work, buf, post = found
-        wait = _perf() - self.t0
-        work.wait()
+        wait = self._now()
+        work.wait()  # on CUDA: the compute stream waits for the receive; the host does not
         done = self._now()
         self.recvs.append((self.labels[index], a.peer, buf.numel() * buf.element_size(), post, wait, done))
 
@@ -409,11 +453,12 @@ class Executor:
     def _all_reduce(self, a: Action) -> None:
         start = self._now()
         params = self._stage_params(a.stage)
-        if params:
-            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        group = self.groups[self.plan.stages[a.stage].devices]
+        for bucket in dtype_buckets(params):  # one flat buffer per dtype: no bf16 -> fp32 promotion
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in bucket]
             flat = _flatten_dense_tensors(grads)
-            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.groups[self.plan.stages[a.stage].devices])
-            for p, g in zip(params, _unflatten_dense_tensors(flat, grads)):
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+            for p, g in zip(bucket, _unflatten_dense_tensors(flat, grads)):
                 p.grad = g
         self.spans.append((self.labels[self.cursor], "all_reduce", start, self._now()))
 
@@ -430,3 +475,15 @@ class Executor:
 
 def _identity(t: Tensor) -> Tensor:
     return t
+
+
+def dtype_buckets(params: list[nn.Parameter]) -> list[list[nn.Parameter]]:
+    """Parameters grouped by (dtype, device) in first-seen order, each group one flat all-reduce.
+
+    Flattening mixed dtypes into one buffer would promote (bf16 -> fp32) and the unflattened
+    gradients would no longer match their parameters' dtype.
+    """
+    buckets: dict[tuple[torch.dtype, torch.device], list[nn.Parameter]] = {}
+    for p in params:
+        buckets.setdefault((p.dtype, p.device), []).append(p)
+    return list(buckets.values())

@@ -36,7 +36,6 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -44,12 +43,17 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from actors import checkpoint as ckpt
+from actors import user_code
 from actors.execution import Executor
-from actors.transport import MAX_MICROBATCHES, backend_for, free_endpoint, init_group, replica_groups
+from actors.transport import (
+    MAX_MICROBATCHES, backend_for, destroy_groups, free_endpoint, init_group, link_groups, replica_groups, select_device,
+    shorten_timeouts, warm_up,
+)
 from orchestrator.errors import UserError
 from orchestrator.plan import Plan
 from orchestrator.schedule.ir import Action, Kind
 from orchestrator.schedule.lowering import lower
+from orchestrator.schedule.nccl import directed_links
 
 DataFn = Callable[[int], tuple[Tensor, Tensor]]
 
@@ -66,6 +70,7 @@ class JobSpec:
     pg_timeout_s: float = 120.0
     threads: int = 0  # torch intra-op threads; 0: this node's cores / workers on it
     recv_lookahead: int = 8  # how many program actions ahead receives are pre-posted
+    steady_timeout_s: float = 60.0  # NCCL: per-operation bound once the first iteration ran (a hang = a dead peer)
     kill_at: frozenset[tuple[int, int]] = field(default_factory=frozenset)  # fault injection: (step, device)
 
 
@@ -136,6 +141,7 @@ class StageWorker:
         self.executor: Executor | None = None
         self.knobs = FaultKnobs()
         self.completed_step = -1  # last step whose iteration finished here (failure triage)
+        self.steady = False  # a first iteration ran under the current communicators
 
     # ----- setup -----
     def endpoint(self) -> tuple[str, int]:
@@ -153,28 +159,32 @@ class StageWorker:
         if plan.num_microbatches > MAX_MICROBATCHES:
             raise UserError(f"at most {MAX_MICROBATCHES} micro-batches per iteration are supported")
         self.device_id = device
-        torch_device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+        torch_device = select_device()
         if torch_device.type == "cpu":
             local = max(1, int(os.environ.get("RAYPIPE_WORKERS_PER_NODE", len(rank_of))))
             torch.set_num_threads(spec.threads or max(1, (os.cpu_count() or 1) // local))
         torch.manual_seed(spec.seed)
-        blocks = list(spec.model_factory())
+        blocks = user_code.blocks(spec.model_factory)
         if len(blocks) != plan.num_blocks:
             raise UserError(f"the model factory built {len(blocks)} blocks but the plan covers {plan.num_blocks}")
-        inputs, _ = spec.data_fn(0)
+        inputs, _ = user_code.batch(spec.data_fn, 0)
         boundary = probe_boundaries(blocks, inputs)
         # An alive member that the plan does not use holds no blocks and runs an empty program.
         mine = sorted(b for j in plan.stages_of_device(device) for b in range(plan.stages[j].first, plan.stages[j].last))
         modules = {b: blocks[b].to(torch_device) for b in mine}
         del blocks  # the other devices' blocks: only needed for the identical RNG stream and the probe
-        optimizers = {b: spec.optimizer_factory(m.parameters()) for b, m in modules.items() if any(True for _ in m.parameters())}
-        init_group(host, port, rank_of[device], len(rank_of), backend_for(torch_device), spec.pg_timeout_s)
+        optimizers = {b: user_code.optimizer(spec.optimizer_factory, m.parameters(), b) for b, m in modules.items() if any(True for _ in m.parameters())}
+        init_group(host, port, rank_of[device], len(rank_of), backend_for(torch_device), spec.pg_timeout_s, torch_device)
+        schedule = lower(plan)
         groups = replica_groups(plan, rank_of)
-        program = lower(plan).programs.get(device, ())
+        links = link_groups(directed_links(schedule), rank_of)
+        warm_up(device, rank_of, links, groups, torch_device)
         self.executor = self._executor(
-            spec, plan, device, rank_of, program, modules, optimizers, groups, boundary, int(inputs.shape[0]), torch_device
+            spec, plan, device, rank_of, schedule.programs.get(device, ()), modules, optimizers, groups, boundary,
+            int(inputs.shape[0]), torch_device, links=links,
         )
         self.completed_step = -1
+        self.steady = False
         return {"device": device, "rank": rank_of[device], "blocks": mine, "pid": os.getpid(), "backend": dist.get_backend()}
 
     # ----- training -----
@@ -183,10 +193,15 @@ class StageWorker:
             raise RuntimeError("worker not configured")
         report = self.executor.run(step)
         self.completed_step = step
+        if not self.steady:
+            self.steady = True
+            if self.executor.cuda:
+                ex = self.executor
+                shorten_timeouts(ex.spec.steady_timeout_s, [*ex.groups.values(), *ex.links.values()])
         return report
 
-    def _executor(self, *args: Any) -> Executor:
-        ex = FaultyExecutor(*args)
+    def _executor(self, *args: Any, **kwargs: Any) -> Executor:
+        ex = FaultyExecutor(*args, **kwargs)
         ex.knobs = self.knobs  # shared object: knobs set later reach this executor too
         return ex
 
@@ -225,17 +240,18 @@ class StageWorker:
         modules: dict[int, nn.Module] = {}
         optimizers: dict[int, torch.optim.Optimizer] = {}
         old_groups: dict[tuple[int, ...], Any] = {}
+        old_links: dict[tuple[int, int], Any] = {}
         if spec is not None:  # a newcomer: whatever it ran before belongs to another job or plan
             self.device_id = device
-            torch_device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+            torch_device = select_device()
             if torch_device.type == "cpu":
                 local = max(1, int(os.environ.get("RAYPIPE_WORKERS_PER_NODE", len(rank_of))))
                 torch.set_num_threads(spec.threads or max(1, (os.cpu_count() or 1) // local))
-            inputs, _ = spec.data_fn(0)
-            boundary, batch_rows = probe_boundaries(list(spec.model_factory()), inputs), int(inputs.shape[0])
+            inputs, _ = user_code.batch(spec.data_fn, 0)
+            boundary, batch_rows = probe_boundaries(user_code.blocks(spec.model_factory), inputs), int(inputs.shape[0])
         elif ex is not None:
             spec, boundary, batch_rows, torch_device = ex.spec, ex.boundary, ex.batch_rows, ex.torch_device
-            modules, optimizers, old_groups = dict(ex.modules), dict(ex.optimizers), ex.groups
+            modules, optimizers, old_groups, old_links = dict(ex.modules), dict(ex.optimizers), ex.groups, ex.links
             # A failed iteration may have left accumulated gradients behind.
             for module in modules.values():
                 module.zero_grad(set_to_none=True)
@@ -243,33 +259,43 @@ class StageWorker:
             raise RuntimeError("worker not configured and no job spec given")
         device = self.device_id
         groups: dict[tuple[int, ...], Any]
-        if endpoint is not None:
-            init_group(endpoint[0], endpoint[1], rank_of[device], len(rank_of), backend_for(torch_device), spec.pg_timeout_s)
-            groups = {}
+        schedule = lower(plan)
+        if endpoint is not None:  # a new process group: every old subgroup went with the old one
+            init_group(endpoint[0], endpoint[1], rank_of[device], len(rank_of), backend_for(torch_device), spec.pg_timeout_s,
+                       torch_device)
+            groups, old_links = {}, {}
         else:
             wanted = {g for g in plan.device_groups if len(g) > 1}
             groups = {g: h for g, h in old_groups.items() if g in wanted}
+            destroy_groups(h for g, h in old_groups.items() if g not in wanted)
         for g in create_groups:
             groups[tuple(g)] = dist.new_group(sorted(rank_of[d] for d in g))
+        wanted_links = directed_links(schedule)
+        links = link_groups(wanted_links, rank_of, old_links)
+        destroy_groups(h for k, h in old_links.items() if k not in links)
+        warm_up(device, rank_of, links, groups, torch_device)
         t_group = time.perf_counter()
         sent = received = 0
         templates: list[nn.Module] | None = None
         for src, dst, first, last in transfers:
             if src == device:
                 payload = {b: (modules[b].state_dict(), optimizers[b].state_dict() if b in optimizers else None) for b in range(first, last)}
+                # Host copies: pickling CUDA tensors would move them host -> GPU -> host through
+                # the object collective (about 3x the payload in transient GPU memory).
+                payload = _to_cpu(payload)
                 dist.send_object_list([payload], dst=rank_of[dst])
                 sent += _state_bytes(payload)
             elif dst == device:
                 box: list[Any] = [None]
                 dist.recv_object_list(box, src=rank_of[src])
                 if templates is None:
-                    templates = list(spec.model_factory())
+                    templates = user_code.blocks(spec.model_factory)
                 for b, (weights, opt_state) in box[0].items():
                     module = templates[b].to(torch_device)
                     module.load_state_dict(weights)
                     modules[b] = module
                     if opt_state is not None:
-                        optimizer = spec.optimizer_factory(module.parameters())
+                        optimizer = user_code.optimizer(spec.optimizer_factory, module.parameters(), b)
                         optimizer.load_state_dict(opt_state)
                         optimizers[b] = optimizer
                     received += _state_bytes({b: (weights, opt_state)})
@@ -279,10 +305,11 @@ class StageWorker:
             raise RuntimeError(f"device {device}: blocks {sorted(missing)} were neither held nor received (bad transfer list)")
         modules = {b: m for b, m in modules.items() if b in held}
         optimizers = {b: o for b, o in optimizers.items() if b in held}
-        program = lower(plan).programs.get(device, ())
         self.executor = self._executor(
-            spec, plan, device, rank_of, program, modules, optimizers, groups, boundary, batch_rows, torch_device
+            spec, plan, device, rank_of, schedule.programs.get(device, ()), modules, optimizers, groups, boundary,
+            batch_rows, torch_device, links=links,
         )
+        self.steady = False
         done = time.perf_counter()
         return {"device": device, "bytes_sent": sent, "bytes_received": received, "blocks": sorted(held),
                 "rejoined": endpoint is not None, "groups_created": len(create_groups),
@@ -298,7 +325,7 @@ class StageWorker:
             if stage.devices[0] != self.device_id:
                 continue
             for b in range(stage.first, stage.last):
-                out.append(ckpt.write_block(Path(directory), b, ex.modules[b], ex.optimizers.get(b)))
+                out.append(ckpt.write_block(directory, b, ex.modules[b], ex.optimizers.get(b)))
         return out
 
     def load_blocks(self, directory: str, manifest: dict[str, Any]) -> int:
@@ -307,7 +334,7 @@ class StageWorker:
         entries = {int(e["block"]): e for e in manifest["files"]}
         for b, module in ex.modules.items():
             payload = ckpt.read_block(directory, entries[b])
-            ckpt.restore_block(payload, module, ex.optimizers.get(b), str(Path(directory) / entries[b]["file"]))
+            ckpt.restore_block(payload, module, ex.optimizers.get(b), f"{directory.rstrip('/')}/{entries[b]['file']}")
         return len(ex.modules)
 
     def state_dicts(self) -> dict[int, dict[str, Tensor]]:
@@ -324,6 +351,17 @@ class StageWorker:
         if self.executor is None:
             raise RuntimeError("worker not configured")
         return self.executor
+
+
+def _to_cpu(item: Any) -> Any:
+    """``item`` with every tensor inside (nested dicts, lists, tuples) copied to host memory."""
+    if isinstance(item, Tensor):
+        return item.detach().cpu()
+    if isinstance(item, dict):
+        return {k: _to_cpu(v) for k, v in item.items()}
+    if isinstance(item, (list, tuple)):
+        return type(item)(_to_cpu(v) for v in item)
+    return item
 
 
 def _state_bytes(payload: dict[int, tuple[Any, Any]]) -> int:
@@ -343,16 +381,4 @@ def _state_bytes(payload: dict[int, tuple[Any, Any]]) -> int:
 
 def probe_boundaries(blocks: list[nn.Module], inputs: Tensor) -> list[tuple[tuple[int, ...], torch.dtype]]:
     """Trailing shape and dtype of the tensor entering each block (index L: the model output)."""
-    modes = [b.training for b in blocks]
-    x = inputs[:1]
-    specs = [(tuple(x.shape[1:]), x.dtype)]
-    with torch.no_grad():
-        for b in blocks:
-            b.eval()
-            x = b(x)
-            if not isinstance(x, Tensor):
-                raise UserError(f"block {type(b).__name__} returned {type(x).__name__}; every block must return one tensor")
-            specs.append((tuple(x.shape[1:]), x.dtype))
-    for b, mode in zip(blocks, modes):
-        b.train(mode)
-    return specs
+    return user_code.probe(blocks, inputs)

@@ -22,9 +22,10 @@ integer overlap is empty is skipped identically on both sides.
 
 from __future__ import annotations
 
+import os
 import socket
 from datetime import timedelta
-from typing import Any
+from typing import Any, Iterable, Mapping
 
 import torch
 import torch.distributed as dist
@@ -32,7 +33,10 @@ import torch.distributed as dist
 from orchestrator.plan import Plan
 from orchestrator.schedule.ir import Range, intersect, replica_range, split_range, unit_range
 
-__all__ = ["Range", "intersect", "replica_range", "split_range", "unit_range", "stage_rows", "tag"]
+__all__ = [
+    "Range", "intersect", "replica_range", "split_range", "unit_range", "stage_rows", "tag", "select_device",
+    "link_groups", "replica_groups", "warm_up", "destroy_groups", "shorten_timeouts",
+]
 
 RENDEZVOUS_TIMEOUT_S = 120.0
 MAX_MICROBATCHES = 4096  # tag space per stage; a plan with more micro-batches is rejected at setup
@@ -76,28 +80,141 @@ def free_endpoint() -> tuple[str, int]:
     return host, port
 
 
-def init_group(host: str, port: int, rank: int, world: int, backend: str, timeout_s: float) -> None:
+def select_device() -> torch.device:
+    """The device Ray assigned to this actor, made current (CPU when there is no GPU).
+
+    Ray Train's rule: Ray's GPU id is a *physical* index; under Ray's ``CUDA_VISIBLE_DEVICES``
+    masking (the default) the local CUDA index is its position in that list (usually 0), and with
+    ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES=1`` the physical index itself. ``set_device``
+    makes every later allocation, kernel and NCCL communicator use it, so nothing silently lands on
+    ``cuda:0``.
+    """
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    index = 0
+    try:
+        import ray
+
+        gpu_ids = [str(g) for g in ray.get_gpu_ids()] if ray.is_initialized() else []
+    except Exception:  # noqa: BLE001 - outside a Ray actor: the current device
+        gpu_ids = []
+    if gpu_ids:
+        visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+        index = visible.index(gpu_ids[0]) if gpu_ids[0] in visible else int(gpu_ids[0])
+    if index >= torch.cuda.device_count():
+        raise RuntimeError(f"Ray assigned GPU {gpu_ids[:1]} but this process sees {torch.cuda.device_count()} CUDA device(s)")
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def nccl_environment() -> None:
+    """NCCL's failure policy, set before the first communicator exists.
+
+    ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``: when an operation fails or times out (a dead peer), the
+    watchdog aborts the communicators and ends this process instead of leaving it hung on a
+    kernel that never completes; Ray then reports the actor dead and the job's failure policy
+    restarts the pipeline in fresh processes from the latest checkpoint (re-creating a process
+    group in a process whose NCCL state faulted is not safe). Users may override either setting.
+    """
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "0")
+
+
+def init_group(host: str, port: int, rank: int, world: int, backend: str, timeout_s: float,
+               device: torch.device | None = None) -> None:
     """(Re)join the job's process group; a stale group from a previous plan is torn down first.
 
     The timeout bounds every blocking receive and collective, so a peer that dies mid-iteration
-    turns into an exception here instead of a hang.
+    turns into an exception here instead of a hang. On CUDA the group is bound to ``device``
+    (``device_id``), which also creates its NCCL communicator eagerly instead of at the first
+    collective.
     """
     if dist.is_initialized():
         dist.destroy_process_group()
+    if backend == "nccl":
+        nccl_environment()
     # The rendezvous gets its own, longer bound: on a loaded machine the ranks may start seconds
     # apart, and that must not fail a job whose per-operation timeout is short for fast death detection.
     store = dist.TCPStore(host, port, world_size=world, is_master=rank == 0,
                           timeout=timedelta(seconds=max(timeout_s, RENDEZVOUS_TIMEOUT_S)))
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
+    bound = device if device is not None and device.type == "cuda" else None
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s),
+                            device_id=bound)
 
 
-def replica_groups(plan: Plan, rank_of: dict[int, int]) -> dict[tuple[int, ...], Any]:
-    """One subgroup per replicated device group, created in the same order on every rank."""
+def replica_groups(plan: Plan, rank_of: dict[int, int], existing: Mapping[tuple[int, ...], Any] | None = None) -> dict[tuple[int, ...], Any]:
+    """One subgroup per replicated device group, created in the same order on every rank.
+
+    ``existing`` groups whose device set the plan still replicates are kept (no new communicator).
+    """
     groups: dict[tuple[int, ...], Any] = {}
     for devices in plan.device_groups:
         if len(devices) > 1:
-            groups[devices] = dist.new_group(sorted(rank_of[d] for d in devices))
+            kept = (existing or {}).get(devices)
+            groups[devices] = kept if kept is not None else dist.new_group(sorted(rank_of[d] for d in devices))
     return groups
+
+
+def link_groups(links: Iterable[tuple[int, int]], rank_of: Mapping[int, int],
+                existing: Mapping[tuple[int, int], Any] | None = None) -> dict[tuple[int, int], Any]:
+    """One two-rank process group per *directed* link ``(sender device, receiver device)``.
+
+    Why: NCCL runs all point-to-point traffic of one communicator between two ranks on one
+    stream, in order, ignoring tags; with both directions on one stream a pipeline's forward
+    sends and backward sends meet head to head and hang (see :mod:`orchestrator.schedule.nccl`,
+    which proves the directed layout hang-free for every schedule). A communicator per direction
+    leaves each stream with one sender's messages in the order both sides agree on. ``new_group``
+    is collective over the whole job, so every rank creates the same groups in the same
+    (sorted) order, including ranks that are not members. Links in ``existing`` are reused.
+    """
+    groups: dict[tuple[int, int], Any] = {}
+    for src, dst in sorted(set(links)):
+        kept = (existing or {}).get((src, dst))
+        groups[(src, dst)] = kept if kept is not None else dist.new_group(sorted((rank_of[src], rank_of[dst])))
+    return groups
+
+
+def warm_up(device: int, rank_of: Mapping[int, int], links: Mapping[tuple[int, int], Any],
+            replicas: Mapping[tuple[int, ...], Any], torch_device: torch.device) -> None:
+    """Create every communicator before the first iteration, in one global order.
+
+    NCCL creates a communicator at its first operation, and creation blocks the host until the
+    peer creates it too; done lazily inside the schedule, two ranks could each block creating a
+    different communicator. Here every rank walks the same sorted list with blocking operations,
+    so the earliest unfinished one always has both ends ready.
+    """
+    probe = torch.zeros(1, device=torch_device)
+    for (src, dst), group in sorted(links.items()):
+        if device == src:
+            dist.send(probe, rank_of[dst], group=group)
+        elif device == dst:
+            dist.recv(probe, rank_of[src], group=group)
+    for devices, group in sorted(replicas.items()):
+        if device in devices:
+            dist.all_reduce(probe, group=group)
+
+
+def destroy_groups(groups: Iterable[Any]) -> None:
+    """Free dropped subgroups (NCCL communicators hold GPU memory and a stream each)."""
+    for group in groups:
+        try:
+            dist.destroy_process_group(group)
+        except Exception:  # noqa: BLE001 - already gone with its parent group
+            pass
+
+
+def shorten_timeouts(seconds: float, groups: Iterable[Any]) -> None:
+    """After the first iteration (communicators built, kernels compiled) a hang is a dead peer:
+    bound every group's operations by ``seconds`` so it surfaces quickly."""
+    try:
+        from torch.distributed.distributed_c10d import _set_pg_timeout
+    except ImportError:  # pragma: no cover - older torch: keep the setup timeout
+        return
+    for group in [None, *groups]:
+        try:
+            _set_pg_timeout(timedelta(seconds=seconds), group)
+        except Exception:  # noqa: BLE001 - a backend without per-group timeouts keeps its own
+            pass
 
 
 def nbytes(t: torch.Tensor) -> int:

@@ -67,13 +67,13 @@ def test_every_send_matches_one_receive_with_same_tag_and_rows(name: str) -> Non
         for i, a in enumerate(ex.program):
             info = ex.info[i]
             if a.kind in (Kind.SEND_F, Kind.SEND_B):
-                _, _, any_rows, _, lo, hi, rank, msg_tag = info
+                _, _, any_rows, _, lo, hi, rank, msg_tag, _, _ = info
                 if any_rows:
                     key = (ex.rank_of[d], rank, msg_tag)
                     assert key not in sends
                     sends[key] = hi - lo
             elif a.kind in (Kind.RECV_F, Kind.RECV_B) and info is not None:
-                _, _, _, lo, hi, _, rank, msg_tag = info
+                _, _, _, lo, hi, _, rank, msg_tag, _ = info
                 key = (rank, ex.rank_of[d], msg_tag)
                 assert key not in recvs
                 recvs[key] = hi - lo
@@ -89,7 +89,7 @@ def test_received_and_local_pieces_tile_each_unit_exactly(name: str) -> None:
         for i, a in enumerate(ex.program):
             info = ex.info[i]
             if a.kind in (Kind.RECV_F, Kind.RECV_B) and info is not None:
-                assembly, shape, _, lo, hi, whole, _, _ = info
+                assembly, shape, _, lo, hi, whole, _, _, _ = info
                 covered.setdefault(assembly, []).append((lo, hi))
                 rows[assembly] = shape[0]
                 assert whole == ((lo, hi) == (0, shape[0]))
