@@ -264,8 +264,8 @@ class WorkerGroup:
                 self.broken = True
                 self._cancel(pending)
             dev, err = failure
-            if isinstance(err, UserError):  # a user mistake (bad checkpoint, bad data): say it plainly
-                raise UserError(str(err)) from None
+            if isinstance(err, UserError):  # a user mistake (bad checkpoint, bad data): say it plainly, keep its type
+                raise (UserError(str(err)) if isinstance(err, RayTaskError) else err.with_traceback(None)) from None
             self.broken = True
             raise PipelineActorError(
                 f"{what} failed on {self._name(dev)}: {type(err).__name__}: {_last_line(err)}",

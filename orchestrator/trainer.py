@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence, overload
 
 import ray
 import torch
@@ -27,6 +27,8 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from actors import checkpoint as ckpt
+from actors import storage
+from actors import user_code
 from actors.group import PipelineActorError, WorkerGroup
 from actors.metrics import IterationMetrics, combine
 from actors.stage_worker import JobSpec
@@ -89,15 +91,24 @@ class PipelineTrainer:
         workers: WorkerGroup | None = None,
         use_gpu: bool | None = None,
         pipelined_dispatch: bool = True,
+        validate: bool = True,
     ) -> None:
+        """``validate``: check the user's functions on the driver first (see
+        :func:`actors.user_code.validate_job`): one model build, one probe row, two ``data_fn(0)``."""
         if checkpoint_every and checkpoint_dir is None:
             raise UserError("checkpoint_every needs a checkpoint_dir")
+        if validate:
+            user_code.validate_job(model_factory, loss_fn, optimizer_factory, data_fn, num_microbatches, checkpoint_dir, seed)
         self.spec = JobSpec(model_factory, loss_fn, optimizer_factory, data_fn, seed, pg_timeout_s, kill_at=frozenset(kill_at))
         self.num_microbatches = num_microbatches
         self.plan = plan if plan is not None else self._make_plan(planner, cluster)
         if self.plan.num_microbatches != num_microbatches:
             raise UserError(f"the plan has {self.plan.num_microbatches} micro-batches but num_microbatches={num_microbatches}")
-        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
+        # a local folder stays a Path; a storage URI (s3://, gs://, az://) stays a string
+        self.checkpoint_dir: str | Path | None = (
+            None if checkpoint_dir is None else checkpoint_dir if isinstance(checkpoint_dir, str) and not storage.is_local(checkpoint_dir)
+            else Path(storage.local_path(checkpoint_dir)))
+        self.skipped_checkpoints: list[ckpt.Skipped] = []  # damaged ones passed over by resume/recovery, with reasons
         self.checkpoint_every, self.max_failures = checkpoint_every, max_failures
         self.progress, self.iteration_timeout_s = progress, iteration_timeout_s
         self.resume = resume
@@ -118,8 +129,8 @@ class PipelineTrainer:
         from orchestrator.profiler import profile_blocks
 
         torch.manual_seed(self.spec.seed)
-        blocks = list(self.spec.model_factory())
-        inputs, _ = self.spec.data_fn(0)
+        blocks = user_code.blocks(self.spec.model_factory)
+        inputs, _ = user_code.batch(self.spec.data_fn, 0)
         sample = torch.tensor_split(inputs, self.num_microbatches)[0]
         profile = profile_blocks(blocks, sample, "model", int(sample.shape[0]), device="cpu")
         result = run_planner(planner, profile, cluster or from_ray(), PlannerOptions(num_microbatches=self.num_microbatches))
@@ -248,38 +259,54 @@ class PipelineTrainer:
         self.spec = replace(self.spec, kill_at=self.spec.kill_at - fired)
         self.group.restart()
         self.group.configure(self.spec, self.plan)
-        found = ckpt.latest(self.checkpoint_dir) if self.checkpoint_dir is not None else None
+        found = ckpt.find_latest(self.checkpoint_dir) if self.checkpoint_dir is not None else None
         if found is not None:
-            self.restore(found)
+            self.skipped_checkpoints.extend(found.skipped)
+        if found is not None and found.location is not None:
+            self.restore(found.location)
         else:
             self.step = 0
 
     # ----- checkpoints -----
-    def save_checkpoint(self, directory: str | Path | None = None) -> Path:
-        """Every block once (replica 0 writes), then the manifest; returns the checkpoint directory."""
+    @overload
+    def save_checkpoint(self, directory: Path) -> Path: ...
+    @overload
+    def save_checkpoint(self, directory: str | Path | None = None) -> str | Path: ...
+    def save_checkpoint(self, directory: str | Path | None = None) -> str | Path:
+        """Every block once (replica 0 writes, from its own node), then the manifest and the commit
+        marker (driver); returns the checkpoint location (a Path for a local one)."""
         group = self._workers()
         if directory is None:
             if self.checkpoint_dir is None:
                 raise UserError("no checkpoint_dir configured and no directory given")
             directory = ckpt.step_dir(self.checkpoint_dir, self.step)
-        target = Path(directory)
+        target = Path(directory) if storage.scheme(directory) == "" else str(directory)
         entries = [e for part in group.call("save_blocks", str(target), what="checkpoint") for e in part]
         extra = {"seed": self.spec.seed, "data_position": self.step, "rng": "reseeded from (seed, step, device) every step",
                  "losses": {str(s): v for s, v in sorted(self.history.items())}}
-        ckpt.write_manifest(target, self.step, self.plan.num_blocks, entries, self.plan.to_dict(), extra)
+        ckpt.write_manifest(target, self.step, self.plan.num_blocks, entries, self.plan.to_dict(), extra, seed=self.spec.seed)
         return target
 
     def restore(self, source: str | Path) -> int:
-        """Load a checkpoint taken under ANY plan of the same model; returns the resumed step."""
+        """Load a checkpoint taken under ANY plan of the same model; returns the resumed step.
+
+        ``"latest"`` is the newest valid checkpoint under ``checkpoint_dir`` and an error when there
+        is none; ``"latest_or_fresh"`` starts from the seed instead. Damaged checkpoints passed over
+        are kept in ``skipped_checkpoints`` (with reasons) for the caller's event log."""
         group = self._workers()
-        if str(source) == "latest":
+        if str(source) in ("latest", "latest_or_fresh"):
             if self.checkpoint_dir is None:
-                raise UserError("resume='latest' needs a checkpoint_dir")
-            found = ckpt.latest(self.checkpoint_dir)
-            if found is None:
-                return self.step
-            source = found
-        directory = Path(source)
+                raise UserError(f"resume={str(source)!r} needs a checkpoint_dir")
+            found = ckpt.find_latest(self.checkpoint_dir)
+            self.skipped_checkpoints.extend(found.skipped)
+            if found.location is None:
+                if str(source) == "latest_or_fresh":
+                    return self.step
+                why = f"; newest skipped: {found.skipped[0].reason}" if found.skipped else ""
+                raise UserError(f"resume='latest': no valid checkpoint under {self.checkpoint_dir}{why} "
+                                "(resume='latest_or_fresh' starts from the seed instead)")
+            source = found.location
+        directory = str(source)
         manifest = ckpt.verify(directory)
         ckpt.check_model(manifest, self.plan.num_blocks, directory)
         group.call("load_blocks", str(directory), manifest, what=f"restore from {directory}")
