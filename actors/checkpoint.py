@@ -1,20 +1,26 @@
-"""Plan-independent checkpoints: one file per model BLOCK plus a manifest written last.
+"""The checkpoint format, defined once: block files, a manifest, and a commit marker written last.
 
 Why per block and not per stage: a stage is an artefact of one plan, while a block is a fixed
 piece of the model. Keying weights *and* optimizer state by block (the runtime gives every block
 its own optimizer) lets a checkpoint taken with 3 stages restore onto 2 stages, other boundaries
 or other replica counts without any resharding logic.
 
-Layout of ``<root>/step_<NNNNNNNN>/``::
+Layout of ``<root>/step_<NNNNNNNN>/`` (``root`` is any location of :mod:`actors.storage`: a local
+folder or an ``s3://``, ``gs://``, ``az://`` prefix)::
 
-    block_00000.pt ... block_<L-1>.pt   torch.save({block, model, optimizer, shapes})
+    block_00000.pt ... block_<L-1>.pt   torch.save({block, model, optimizer, shapes}); each stage
+                                        worker writes its own blocks from its own node
     manifest.json                       step, plan, seed, sha256 + size of every block file
+    COMMIT                              written last: step and the manifest's sha256 + size
 
-Atomicity: every file is written under a temporary name, fsynced and renamed; the driver writes
-the manifest only after every actor reported its blocks written, and a reader trusts nothing
-without a complete manifest whose checksums match. A crash therefore leaves either a complete
-checkpoint or a directory without manifest, which :func:`latest` skips and :func:`read_manifest`
-rejects with a :class:`UserError` naming what is missing.
+Why a commit marker and not just "manifest last": the manifest itself must be covered by a
+checksum, or an edited ``step``, an edited loss or a ``file`` entry pointing into another
+checkpoint is loaded as if it were genuine. A reader (:func:`read_manifest`, :func:`verify`)
+trusts a checkpoint only when the marker exists and matches the manifest byte for byte, every
+manifest field has the right type, the step equals both the marker's and the folder's
+(``step_N``), every file is a plain name inside the checkpoint, and every block checksum
+matches. Anything else is a :class:`CheckpointError` (a :class:`UserError`: one line), so
+explicit restores, :func:`latest` and automatic recovery all refuse the same things.
 """
 
 from __future__ import annotations
@@ -22,155 +28,246 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import os
+import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, TypeGuard, overload
 
 import torch
 from torch import nn
 
+from actors import storage
 from orchestrator.errors import UserError
 
+log = logging.getLogger(__name__)
+
 MANIFEST = "manifest.json"
+COMMIT = "COMMIT"
 FORMAT = "raypipe-checkpoint"
-VERSION = 1
+VERSION = 2
+MAX_MANIFEST_BYTES = 64 << 20
+_STEP_DIR = re.compile(r"step_(\d{8,})")
+_SHA = re.compile(r"[0-9a-f]{64}")
+
+
+class CheckpointError(UserError):
+    """A checkpoint that must not be loaded: torn, tampered, malformed or foreign."""
 
 
 def block_file(block: int) -> str:
     return f"block_{block:05d}.pt"
 
 
-def step_dir(root: str | os.PathLike[str], step: int) -> Path:
-    return Path(root) / f"step_{step:08d}"
+@overload
+def step_dir(root: Path, step: int) -> Path: ...
+@overload
+def step_dir(root: str, step: int) -> str: ...
+@overload
+def step_dir(root: str | Path, step: int) -> str | Path: ...
+def step_dir(root: str | Path, step: int) -> str | Path:
+    """``root/step_<NNNNNNNN>``; a Path for a Path, a string (local path or URI) for a string."""
+    name = f"step_{step:08d}"
+    return root / name if isinstance(root, Path) else storage.join(root, name)
 
 
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def dir_step(location: str | os.PathLike[str]) -> int | None:
+    """The step a ``step_N`` folder name promises, None for any other name."""
+    match = _STEP_DIR.fullmatch(storage.basename(location))
+    return int(match.group(1)) if match else None
 
 
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Temp name in the same directory, fsync, rename, fsync the directory."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
+# ----- writing -----
+def snapshot_block(block: int, module: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
+    """A CPU copy of one block's state, independent of later optimizer steps (so it can be
+    uploaded in the background while training goes on)."""
+    state = {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
+    opt = None
+    if optimizer is not None:
+        buffer = io.BytesIO()  # a deep copy that also detaches every tensor of the optimizer state
+        torch.save(optimizer.state_dict(), buffer)
+        buffer.seek(0)
+        opt = torch.load(buffer, map_location="cpu", weights_only=True)
+    return {"block": block, "model": state, "optimizer": opt, "shapes": {k: list(v.shape) for k, v in state.items()}}
 
 
-def write_block(directory: Path, block: int, module: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
+def write_payload(directory: str | os.PathLike[str], payload: Mapping[str, Any]) -> dict[str, Any]:
+    """Stream one block snapshot to storage; return its manifest entry (sha256 and size as written)."""
+    name = block_file(int(payload["block"]))
+    location = storage.join(directory, name)
+    with storage.open_write(location) as handle:
+        torch.save(dict(payload), handle)  # type: ignore[arg-type]  # a write-only binary file
+    return {"block": int(payload["block"]), "file": name, "sha256": handle.sha.hexdigest(), "bytes": handle.size,
+            "shapes": payload["shapes"]}
+
+
+def write_block(directory: str | os.PathLike[str], block: int, module: nn.Module,
+                optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
     """Write one block's weights and optimizer state; return its manifest entry."""
-    state = {k: v.detach().cpu() for k, v in module.state_dict().items()}
-    payload = {
-        "block": block,
-        "model": state,
-        "optimizer": optimizer.state_dict() if optimizer is not None else None,
-        "shapes": {k: list(v.shape) for k, v in state.items()},
-    }
-    buffer = io.BytesIO()
-    torch.save(payload, buffer)
-    data = buffer.getvalue()
-    name = block_file(block)
-    write_bytes_atomic(directory / name, data)
-    return {"block": block, "file": name, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data), "shapes": payload["shapes"]}
+    return write_payload(directory, snapshot_block(block, module, optimizer))
 
 
 def write_manifest(
-    directory: Path, step: int, num_blocks: int, entries: Sequence[Mapping[str, Any]], plan: Mapping[str, Any],
-    extra: Mapping[str, Any] | None = None,
-) -> Path:
-    """Written by the driver after every block file is durable; its presence marks completeness."""
+    directory: str | Path, step: int, num_blocks: int, entries: Sequence[Mapping[str, Any]], plan: Mapping[str, Any],
+    extra: Mapping[str, Any] | None = None, seed: int | None = None,
+) -> str | Path:
+    """Written by the driver once every block file is durable: the manifest, then the commit marker.
+
+    Returns the checkpoint location. The manifest is validated by the same rules a reader applies,
+    so a writer can never produce what a reader would refuse.
+    """
     by_block = {int(e["block"]): dict(e) for e in entries}
     missing = sorted(set(range(num_blocks)) - set(by_block))
     if missing:
-        raise RuntimeError(f"checkpoint {directory}: no actor wrote block(s) {missing}; not writing the manifest")
+        raise CheckpointError(f"checkpoint {directory}: no actor wrote block(s) {missing}; not committing it")
+    extra = dict(extra or {})
     payload = {
-        "format": FORMAT,
-        "version": VERSION,
-        "step": step,
-        "num_blocks": num_blocks,
-        "plan": dict(plan),
-        "files": [by_block[b] for b in range(num_blocks)],
-        "extra": dict(extra or {}),
+        "format": FORMAT, "version": VERSION, "step": step, "num_blocks": num_blocks,
+        "seed": seed if seed is not None else extra.get("seed"),
+        "plan": dict(plan), "files": [by_block[b] for b in range(num_blocks)], "extra": extra,
     }
-    write_bytes_atomic(directory / MANIFEST, json.dumps(payload, indent=1).encode())
-    return directory / MANIFEST
+    data = json.dumps(payload, indent=1, sort_keys=True).encode()
+    validate_manifest(json.loads(data), str(directory), step)
+    storage.write_bytes(storage.join(directory, MANIFEST), data)
+    commit(directory, step, data)
+    return directory
 
 
+def commit(directory: str | os.PathLike[str], step: int, manifest: bytes) -> None:
+    """The commit marker, written last: a checkpoint without it does not exist for any reader."""
+    marker = {"format": FORMAT, "version": VERSION, "step": step,
+              "manifest_sha256": hashlib.sha256(manifest).hexdigest(), "manifest_bytes": len(manifest)}
+    storage.write_bytes(storage.join(directory, COMMIT), json.dumps(marker, sort_keys=True).encode())
+
+
+# ----- reading -----
 def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
-    """The manifest of a complete checkpoint, or a UserError saying why it is not one."""
-    path = Path(directory) / MANIFEST
-    if not Path(directory).is_dir():
-        raise UserError(f"checkpoint {directory}: no such directory")
-    if not path.is_file():
-        raise UserError(f"checkpoint {directory}: missing {MANIFEST} (the checkpoint is torn or was never completed)")
+    """The manifest of a committed checkpoint whose marker matches it, validated field by field."""
+    return read_committed(directory)[2]
+
+
+def read_committed(directory: str | os.PathLike[str]) -> tuple[bytes, bytes, dict[str, Any]]:
+    """(commit marker bytes, manifest bytes, validated manifest): what a copy must reproduce exactly."""
+    where = os.fspath(directory)
+    marker_at, manifest_at = storage.join(where, COMMIT), storage.join(where, MANIFEST)
+    if not storage.exists(marker_at):
+        if not storage.exists(where):
+            raise CheckpointError(f"checkpoint {where}: no such checkpoint")
+        raise CheckpointError(f"checkpoint {where}: missing commit marker {COMMIT} (torn or never completed)")
+    if not storage.exists(manifest_at):
+        raise CheckpointError(f"checkpoint {where}: missing {MANIFEST}")
+    raw_marker = storage.read_bytes(marker_at, limit=1 << 16)
+    marker = _json(marker_at, raw_marker)
+    if (not isinstance(marker, dict) or marker.get("format") != FORMAT or not _is_int(marker.get("step"))
+            or not _is_int(marker.get("manifest_bytes")) or not _SHA.fullmatch(str(marker.get("manifest_sha256")))):
+        raise CheckpointError(f"checkpoint {where}: malformed commit marker {COMMIT}")
+    data = storage.read_bytes(manifest_at, limit=MAX_MANIFEST_BYTES)
+    if len(data) != marker["manifest_bytes"] or hashlib.sha256(data).hexdigest() != marker["manifest_sha256"]:
+        raise CheckpointError(f"checkpoint {where}: {MANIFEST} does not match its commit marker (edited or torn)")
+    manifest = _json(manifest_at, data)
+    validate_manifest(manifest, where, int(marker["step"]))
+    return raw_marker, data, dict(manifest)
+
+
+def _json(location: str, data: bytes) -> Any:
     try:
-        data = json.loads(path.read_bytes())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"checkpoint file {path}: unreadable manifest ({exc})") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise UserError(f"checkpoint file {path}: not a raypipe checkpoint manifest")
-    try:
-        num_blocks = int(data["num_blocks"])
-        blocks = [int(e["block"]) for e in data["files"]]
-        int(data["step"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise UserError(f"checkpoint file {path}: malformed manifest ({type(exc).__name__}: {exc})") from None
-    if sorted(blocks) != list(range(num_blocks)):
-        raise UserError(f"checkpoint file {path}: incomplete manifest (blocks {sorted(blocks)} of {num_blocks})")
-    return data
+        return json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"checkpoint file {location}: not valid JSON ({exc})") from None
+
+
+def _is_int(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def validate_manifest(manifest: Any, where: str, marker_step: int) -> None:
+    """Every field a reader uses, checked; the step agrees with the marker and the folder name."""
+    def bad(why: str) -> CheckpointError:
+        return CheckpointError(f"checkpoint {where}: malformed manifest ({why})")
+
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise CheckpointError(f"checkpoint {where}: not a raypipe checkpoint manifest")
+    if manifest.get("version") != VERSION:
+        raise bad(f"version {manifest.get('version')!r}, this reader knows {VERSION}")
+    step, num_blocks, files = manifest.get("step"), manifest.get("num_blocks"), manifest.get("files")
+    if not _is_int(step) or step < 0:
+        raise bad(f"step {step!r} is not a non-negative integer")
+    if step != marker_step:
+        raise CheckpointError(f"checkpoint {where}: manifest step {step} differs from the commit marker's {marker_step}")
+    named = dir_step(where)
+    if named is not None and named != step:
+        raise CheckpointError(f"checkpoint {where}: holds step {step} but its folder says step {named}")
+    if not _is_int(num_blocks) or num_blocks < 1:
+        raise bad(f"num_blocks {num_blocks!r} is not a positive integer")
+    if not isinstance(manifest.get("plan"), dict) or not isinstance(manifest.get("extra"), dict):
+        raise bad("plan and extra must be objects")
+    if manifest.get("seed") is not None and not _is_int(manifest.get("seed")):
+        raise bad(f"seed {manifest.get('seed')!r} is not an integer")
+    if not isinstance(files, list):
+        raise bad("files is not a list")
+    names: set[str] = set()
+    for i, entry in enumerate(files):
+        if not isinstance(entry, dict):
+            raise bad(f"files[{i}] is not an object")
+        block, name, sha, size = entry.get("block"), entry.get("file"), entry.get("sha256"), entry.get("bytes")
+        if not _is_int(block) or not 0 <= block < num_blocks:
+            raise bad(f"files[{i}].block {block!r} is not a block index below {num_blocks}")
+        if not isinstance(name, str) or "/" in name or name in (MANIFEST, COMMIT):
+            raise bad(f"files[{i}].file {name!r} is not a plain file name inside the checkpoint")
+        try:
+            storage.check_relative(name)
+        except UserError:
+            raise bad(f"files[{i}].file {name!r} is not a plain file name inside the checkpoint") from None
+        if not isinstance(sha, str) or not _SHA.fullmatch(sha):
+            raise bad(f"files[{i}].sha256 {sha!r} is not a sha256 hex digest")
+        if not _is_int(size) or size < 0:
+            raise bad(f"files[{i}].bytes {size!r} is not a non-negative integer")
+        if name in names:
+            raise bad(f"files[{i}].file {name!r} is listed twice")
+        names.add(name)
+    blocks = sorted(int(e["block"]) for e in files)
+    if blocks != list(range(num_blocks)):
+        raise CheckpointError(f"checkpoint {where}: incomplete manifest (blocks {blocks} of {num_blocks})")
 
 
 def verify(directory: str | os.PathLike[str], manifest: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Check that every listed file exists with its recorded size and sha256."""
+    """Marker, manifest and every block file (size and sha256, streamed); returns the manifest."""
     data = dict(manifest) if manifest is not None else read_manifest(directory)
     for entry in data["files"]:
-        path = Path(directory) / str(entry["file"])
-        _check_bytes(path, _read(path), entry)
+        location = storage.join(directory, entry["file"])
+        try:
+            got = storage.digest(location)
+        except storage.StorageError as exc:
+            raise CheckpointError(f"checkpoint file {location}: cannot read ({str(exc).rsplit(': ', 1)[-1]})") from None
+        _check(location, got, entry)
     return data
+
+
+def _check(location: str, got: tuple[str, int], entry: Mapping[str, Any]) -> None:
+    if got != (entry["sha256"], int(entry["bytes"])):
+        raise CheckpointError(f"checkpoint file {location}: checksum mismatch (corrupted or partially written); refusing to load")
 
 
 def check_model(manifest: Mapping[str, Any], num_blocks: int, directory: str | os.PathLike[str]) -> None:
     if int(manifest["num_blocks"]) != num_blocks:
-        raise UserError(
-            f"checkpoint {directory} holds {manifest['num_blocks']} blocks but the model has {num_blocks}: "
+        raise CheckpointError(
+            f"checkpoint {os.fspath(directory)} holds {manifest['num_blocks']} blocks but the model has {num_blocks}: "
             "it was taken from a different model"
         )
 
 
-def _read(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as exc:
-        raise UserError(f"checkpoint file {path}: cannot read ({exc.strerror or exc})") from None
-
-
-def _check_bytes(path: Path, data: bytes, entry: Mapping[str, Any]) -> None:
-    if len(data) != int(entry["bytes"]) or hashlib.sha256(data).hexdigest() != entry["sha256"]:
-        raise UserError(f"checkpoint file {path}: checksum mismatch (corrupted or partially written); refusing to load")
-
-
 def read_block(directory: str | os.PathLike[str], entry: Mapping[str, Any]) -> dict[str, Any]:
     """Load one block file after verifying its checksum against the manifest entry."""
-    path = Path(directory) / str(entry["file"])
-    data = _read(path)
-    _check_bytes(path, data, entry)
+    location = storage.join(directory, storage.check_relative(str(entry["file"])))
+    try:
+        data = storage.read_bytes(location, limit=int(entry["bytes"]))
+    except storage.StorageError as exc:
+        raise CheckpointError(f"checkpoint file {location}: cannot read ({str(exc).rsplit(': ', 1)[-1]})") from None
+    _check(location, (hashlib.sha256(data).hexdigest(), len(data)), entry)
     payload = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     if not isinstance(payload, dict) or int(payload.get("block", -1)) != int(entry["block"]):
-        raise UserError(f"checkpoint file {path}: does not hold block {entry['block']}")
+        raise CheckpointError(f"checkpoint file {location}: does not hold block {entry['block']}")
     return payload
 
 
@@ -183,32 +280,83 @@ def restore_block(
     except RuntimeError as exc:
         first = str(exc).strip().splitlines()
         detail = " ".join(line.strip() for line in first[:3])
-        raise UserError(f"checkpoint file {path}: block {payload['block']} does not match the model ({detail})") from None
+        raise CheckpointError(f"checkpoint file {path}: block {payload['block']} does not match the model ({detail})") from None
     state = payload.get("optimizer")
     if optimizer is not None and state is not None:
         try:
             optimizer.load_state_dict(state)
         except (ValueError, KeyError, RuntimeError) as exc:
-            raise UserError(f"checkpoint file {path}: optimizer state of block {payload['block']} does not fit ({exc})") from None
+            raise CheckpointError(f"checkpoint file {path}: optimizer state of block {payload['block']} does not fit ({exc})") from None
 
 
-def latest(root: str | os.PathLike[str], check_files: bool = True) -> Path | None:
-    """Newest step directory that is a complete checkpoint.
+# ----- finding the newest good one -----
+@dataclass(frozen=True)
+class Skipped:
+    """A checkpoint :func:`find_latest` passed over, and why (for the caller's event log)."""
 
-    Torn ones (no manifest) are always skipped; with ``check_files`` every block file's checksum
-    is verified too, so a corrupted newest checkpoint falls back to the one before it instead of
-    failing the restore.
-    """
-    base = Path(root)
-    if not base.is_dir():
-        return None
-    candidates = sorted(p for p in base.glob("step_*") if p.is_dir() and (p / MANIFEST).is_file())
-    for path in reversed(candidates):
-        if not check_files:
-            return path
+    location: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Found:
+    location: str | None
+    step: int | None
+    skipped: tuple[Skipped, ...]
+
+
+def candidates(root: str | os.PathLike[str]) -> list[str]:
+    """``step_N`` folders under ``root``, newest first."""
+    named = [(dir_step(n), n) for n in storage.listdir(root)]
+    return [storage.join(root, n) for s, n in sorted(((s, n) for s, n in named if s is not None), reverse=True)]
+
+
+def find_latest(root: str | os.PathLike[str], check_files: bool = True) -> Found:
+    """The newest checkpoint under ``root`` that passes every check, and every newer one skipped
+    with its reason (each skip is also logged). Folders without a commit marker are still being
+    written or were torn; they are skipped too."""
+    skipped: list[Skipped] = []
+    for location in candidates(root):
         try:
-            verify(path)
-        except UserError:
+            manifest = verify(location) if check_files else read_manifest(location)
+        except UserError as exc:
+            log.warning("skipping checkpoint %s: %s", location, exc)
+            skipped.append(Skipped(location, str(exc)))
             continue
-        return path
-    return None
+        return Found(location, int(manifest["step"]), tuple(skipped))
+    return Found(None, None, tuple(skipped))
+
+
+@overload
+def latest(root: Path, check_files: bool = True) -> Path | None: ...
+@overload
+def latest(root: str, check_files: bool = True) -> str | None: ...
+@overload
+def latest(root: str | Path, check_files: bool = True) -> str | Path | None: ...
+def latest(root: str | Path, check_files: bool = True) -> str | Path | None:
+    """Newest valid checkpoint under ``root`` (same type as ``root``), None when there is none."""
+    found = find_latest(root, check_files)
+    if found.location is None:
+        return None
+    return Path(found.location) if isinstance(root, Path) else found.location
+
+
+def is_checkpoint(location: str | os.PathLike[str]) -> bool:
+    """Whether ``location`` is meant as one checkpoint (rather than a folder holding several)."""
+    return dir_step(location) is not None or storage.exists(storage.join(location, MANIFEST)) \
+        or storage.exists(storage.join(location, COMMIT))
+
+
+def check(location: str | os.PathLike[str]) -> tuple[str, dict[str, Any], tuple[Skipped, ...]]:
+    """What ``orchestrator checkpoint verify`` checks: one checkpoint, or the newest valid one under
+    a location holding several. Returns (checkpoint, manifest, skipped); raises naming the reason."""
+    where = os.fspath(location)
+    if is_checkpoint(where):
+        return where, verify(where), ()
+    found = find_latest(where)
+    if found.location is None:
+        if found.skipped:
+            last = found.skipped[0]
+            raise CheckpointError(f"{where}: no valid checkpoint ({len(found.skipped)} damaged; newest: {last.reason})")
+        raise CheckpointError(f"{where}: no checkpoint here")
+    return found.location, read_manifest(found.location), found.skipped

@@ -1,4 +1,4 @@
-"""Command line: ``orchestrator profile | plan | simulate | demo | prices | cost-sim``.
+"""Command line: ``orchestrator profile | plan | simulate | demo | checkpoint | prices | cost-sim``.
 
 Every user mistake becomes one line on stderr and exit code 2 (argparse's own errors included);
 only bugs show a traceback.
@@ -143,6 +143,24 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(Path(args.out))
 
 
+def cmd_checkpoint_verify(args: argparse.Namespace) -> int:
+    from actors import checkpoint as ckpt
+
+    where, manifest, skipped = ckpt.check(args.path)
+    size = sum(int(e["bytes"]) for e in manifest["files"])
+    note = f"; skipped {len(skipped)} damaged newer: {skipped[0].reason}" if skipped else ""
+    print(f"ok: {where} (step {manifest['step']}, {manifest['num_blocks']} blocks, {size} bytes verified{note})")
+    return 0
+
+
+def cmd_checkpoint_copy(args: argparse.Namespace) -> int:
+    from actors.checkpoint_transfer import copy_checkpoint
+
+    report = copy_checkpoint(args.src, args.dst)
+    print(f"copied: {report.source} -> {report.dest} (step {report.step}, {report.bytes} bytes verified)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from orchestrator.planners.base import available
 
@@ -187,6 +205,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="the end-to-end demo on this machine")
     p.add_argument("--out", default="out/demo", help="folder for timelines and plots")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("checkpoint", help="check or copy checkpoints (local paths, s3://, gs://, az://)")
+    ck = p.add_subparsers(dest="checkpoint_command", required=True, parser_class=_Parser)
+    q = ck.add_parser("verify", help="exit 0 if intact: one checkpoint, or the newest valid one under a location")
+    q.add_argument("path", help="a step_N checkpoint, or the folder/URI holding several")
+    q.set_defaults(func=cmd_checkpoint_verify)
+    q = ck.add_parser("copy", help="copy one checkpoint between storage locations, verified, commit marker last")
+    q.add_argument("src")
+    q.add_argument("dst")
+    q.set_defaults(func=cmd_checkpoint_copy)
 
     try:
         from cloud.cli import add_parsers

@@ -293,12 +293,12 @@ class JobManager:
         return new
 
     def _transfer(self, checkpoint: Path) -> Path:
-        from cloud.transfer import copy_checkpoint
+        from actors.checkpoint_transfer import copy_checkpoint
 
         assert self.config.checkpoint_store is not None
         dest = Path(self.config.checkpoint_store) / checkpoint.name
         t0 = self.clock()
-        copy_checkpoint(str(checkpoint), str(dest))
+        copy_checkpoint(checkpoint, dest)
         self._emit("checkpoint_transferred", source=str(checkpoint), dest=str(dest), seconds=round(self.clock() - t0, 4))
         return dest
 
@@ -312,9 +312,11 @@ class JobManager:
         return True
 
     def _resume_point(self) -> Path | None:
-        found = ckpt.latest(self.config.checkpoint_dir) if self.config.checkpoint_dir.exists() else None
-        self._last_durable = found
-        return found
+        found = ckpt.find_latest(self.config.checkpoint_dir) if self.config.checkpoint_dir.exists() else None
+        for skip in found.skipped if found is not None else ():
+            self._emit("checkpoint_skipped", path=skip.location, reason=skip.reason)
+        self._last_durable = Path(found.location) if found is not None and found.location is not None else None
+        return self._last_durable
 
     def _record_step(self, session: Session, seconds: float) -> None:
         if self.metrics is None or seconds <= 0:

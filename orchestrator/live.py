@@ -191,7 +191,7 @@ class RayPipeline:
         t0 = time.perf_counter()
         trainer, group = self.trainer, self._group()
         before = trainer.step
-        source: Path | None = None
+        source: str | Path | None = None
         if not from_checkpoint and self._failed_step is None:
             # A planned restart keeps the live state: write it out first, read it back after.
             base = trainer.checkpoint_dir or Path(tempfile.mkdtemp(prefix="raypipe-restart-"))

@@ -85,7 +85,11 @@ def test_missing_manifest_and_missing_file_are_detected(saved: Path, tmp_path: P
     incomplete = _copy(saved, tmp_path / "incomplete")
     manifest = json.loads((incomplete / ckpt.MANIFEST).read_text())
     manifest["files"] = manifest["files"][:-1]
-    (incomplete / ckpt.MANIFEST).write_text(json.dumps(manifest))
+    data = json.dumps(manifest).encode()
+    (incomplete / ckpt.MANIFEST).write_bytes(data)
+    with pytest.raises(UserError, match="does not match its commit marker"):
+        ckpt.read_manifest(incomplete)
+    ckpt.commit(incomplete, 3, data)  # even a re-signed marker does not make it whole
     with pytest.raises(UserError, match="incomplete manifest"):
         ckpt.read_manifest(incomplete)
 
@@ -95,7 +99,23 @@ def test_manifest_records_plan_step_and_checksums(saved: Path) -> None:
     assert manifest["step"] == 3 and manifest["num_blocks"] == 5
     assert manifest["plan"]["num_stages"] == 3 and len(manifest["files"]) == 5
     assert all(len(e["sha256"]) == 64 for e in manifest["files"])
+    assert manifest["seed"] == 0 and (saved / ckpt.COMMIT).is_file()
     assert not list(saved.glob(".*tmp*"))  # no temporary files left behind
+
+
+@pytest.mark.ray
+def test_resume_latest_without_a_valid_checkpoint(worker_group: Any, saved: Path, tmp_path: Path) -> None:
+    """Every checkpoint damaged: 'latest' is an error naming the reason, 'latest_or_fresh' starts
+    from the seed; either way the skip is recorded for the caller's event log."""
+    root = tmp_path / "root"
+    damaged = _copy(saved, root / saved.name)
+    (damaged / ckpt.COMMIT).unlink()
+    t = trainer(worker_group, checkpoint_dir=root, resume="latest")
+    with pytest.raises(UserError, match="no valid checkpoint under .*missing commit marker"):
+        t.fit(1)
+    fresh = trainer(worker_group, checkpoint_dir=root, resume="latest_or_fresh")
+    assert fresh.fit(1).steps == [0]
+    assert [s.location for s in fresh.skipped_checkpoints] == [str(damaged)]
 
 
 def test_block_roundtrip_without_ray(tmp_path: Path) -> None:
@@ -105,7 +125,8 @@ def test_block_roundtrip_without_ray(tmp_path: Path) -> None:
     block(torch.randn(4, 3)).sum().backward()
     opt.step()
     entry = ckpt.write_block(tmp_path, 7, block, opt)
-    ckpt.write_manifest(tmp_path, 1, 8, [{**entry, "block": b} if b != 7 else entry for b in range(8)], {"stages": []})
+    others = [ckpt.write_block(tmp_path, b, torch.nn.Linear(3, 2), None) for b in range(7)]
+    ckpt.write_manifest(tmp_path, 1, 8, [*others, entry], {"stages": []})
     fresh = torch.nn.Linear(3, 2)
     fresh_opt = torch.optim.Adam(fresh.parameters())
     ckpt.restore_block(ckpt.read_block(tmp_path, entry), fresh, fresh_opt, "x")

@@ -1,72 +1,62 @@
-import base64
-import hashlib
-import io
+"""Checkpoint transfer on local folders (the object-store cases run against real local servers in
+tests/test_storage_servers.py), and the cloud price CLI."""
+
 import json
-
-import boto3
-import pytest
-from botocore.response import StreamingBody
-from botocore.stub import ANY, Stubber
-
+import os
 from pathlib import Path
 
+import pytest
+
+from actors import checkpoint as ckpt
+from actors import storage
+from actors.checkpoint_transfer import TransferError, copy_checkpoint
 from cloud.cli import main
-from cloud.transfer import MANIFEST, TransferError, copy_checkpoint
+from orchestrator.errors import UserError
+from tests.test_checkpoint_format import edit_manifest, flip_byte, write_checkpoint
 
 SNAP = str(Path(__file__).resolve().parents[2] / "pricing_data")
 
 
-def make_ckpt(root):
-    (root / "shard").mkdir(parents=True)
-    (root / "model.pt").write_bytes(b"weights" * 100)
-    (root / "shard" / "opt.pt").write_bytes(b"\x00\x01" * 50)
-    return root
-
-
 def test_local_copy_verifies_and_is_atomic(tmp_path):
-    src = make_ckpt(tmp_path / "src")
-    manifest = copy_checkpoint(str(src), str(tmp_path / "dst"))
-    assert set(manifest) == {"model.pt", "shard/opt.pt"}
-    assert (tmp_path / "dst" / "shard" / "opt.pt").read_bytes() == b"\x00\x01" * 50
-    assert json.loads((tmp_path / "dst" / MANIFEST).read_text()) == manifest
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["dst", "src"]  # no staging left behind
+    src = write_checkpoint(tmp_path / "src", 3)
+    report = copy_checkpoint(src, tmp_path / "dst" / "step_00000003")
+    dst = tmp_path / "dst" / "step_00000003"
+    assert report.step == 3 and report.files == 5 and report.bytes == sum(p.stat().st_size for p in dst.iterdir())
+    assert sorted(os.listdir(dst)) == sorted(os.listdir(src))
+    assert (dst / ckpt.COMMIT).read_bytes() == (Path(src) / ckpt.COMMIT).read_bytes()
+    assert ckpt.verify(dst)["step"] == 3 and os.listdir(tmp_path / "dst") == ["step_00000003"]  # no staging left
+    again = copy_checkpoint(src, dst)  # replacing an older copy of the same step
+    assert again.step == 3 and os.listdir(tmp_path / "dst") == ["step_00000003"]
 
 
-def test_download_with_corrupt_file_fails_and_leaves_nothing(tmp_path):
-    src = make_ckpt(tmp_path / "src")
-    copy_checkpoint(str(src), str(tmp_path / "mid"))
-    (tmp_path / "mid" / "model.pt").write_bytes(b"tampered")
-    s3 = boto3.client("s3", region_name="us-east-1", aws_access_key_id="testing", aws_secret_access_key="testing")
-    files = {p.relative_to(tmp_path / "mid").as_posix(): p.read_bytes() for p in (tmp_path / "mid").rglob("*") if p.is_file()}
-    with Stubber(s3) as stub:
-        for key in (MANIFEST, "model.pt", "shard/opt.pt"):
-            body = files[key]
-            stub.add_response("get_object", {"Body": StreamingBody(io.BytesIO(body), len(body)), "ContentLength": len(body)},
-                              {"Bucket": "b", "Key": f"ck/{key}"})
-        with pytest.raises(TransferError, match="model.pt differs"):
-            copy_checkpoint("s3://b/ck", str(tmp_path / "out"), src_client=s3)
-    assert not (tmp_path / "out").exists()
+def test_hostile_manifest_key_writes_nothing_outside(tmp_path):
+    src = write_checkpoint(tmp_path / "src", 3)
+    edit_manifest(src, lambda m: m["files"][0].update(file="../../escaped.txt"), resign=True)
+    with pytest.raises(UserError, match=r"files\[0\]\.file '\.\./\.\./escaped\.txt' is not a plain file name"):
+        copy_checkpoint(src, tmp_path / "out" / "deep" / "step_00000003")
+    assert not (tmp_path / "escaped.txt").exists() and not (tmp_path / "out").exists()
 
 
-def test_s3_upload_sends_sha256_and_manifest_last(tmp_path):
-    src = make_ckpt(tmp_path / "src")
-    s3 = boto3.client("s3", region_name="us-east-1", aws_access_key_id="testing", aws_secret_access_key="testing")
-    with Stubber(s3) as stub:
-        for key in ("model.pt", "shard/opt.pt"):
-            digest = base64.b64encode(hashlib.sha256((src / key).read_bytes()).digest()).decode()
-            stub.add_response("put_object", {"ETag": '"x"'}, {"Bucket": "b", "Key": f"run/{key}", "Body": ANY,
-                                                            "ChecksumAlgorithm": "SHA256", "ChecksumSHA256": digest})
-        stub.add_response("put_object", {"ETag": '"m"'}, {"Bucket": "b", "Key": f"run/{MANIFEST}", "Body": ANY,
-                                                        "ChecksumAlgorithm": "SHA256", "ChecksumSHA256": ANY})
-        copy_checkpoint(str(src), "s3://b/run", dst_client=s3)
-        stub.assert_no_pending_responses()
+def test_corrupt_source_fails_mid_copy_and_leaves_nothing(tmp_path):
+    src = write_checkpoint(tmp_path / "src", 3)
+    flip_byte(Path(src) / ckpt.block_file(2))  # the first two blocks copy fine, the third does not
+    with pytest.raises(TransferError, match=r"block_00002\.pt: checksum mismatch while copying"):
+        copy_checkpoint(src, tmp_path / "dst" / "x")
+    assert os.listdir(tmp_path / "dst") == []
 
 
-def test_unknown_scheme_and_missing_folder(tmp_path):
-    with pytest.raises(TransferError, match="does not exist"):
-        copy_checkpoint(str(tmp_path / "nope"), str(tmp_path / "x"))
-    with pytest.raises(Exception, match="unsupported scheme 'ftp'"):
-        copy_checkpoint("ftp://host/x", str(tmp_path / "x"))
+def test_uncommitted_source_step_mismatch_and_unknown_scheme(tmp_path):
+    src = write_checkpoint(tmp_path / "src", 3)
+    with pytest.raises(TransferError, match="folder says step 4 but .* holds step 3"):
+        copy_checkpoint(src, tmp_path / "step_00000004")
+    (Path(src) / ckpt.COMMIT).unlink()
+    with pytest.raises(UserError, match="missing commit marker"):
+        copy_checkpoint(src, tmp_path / "x")
+    with pytest.raises(UserError, match="no such checkpoint"):
+        copy_checkpoint(tmp_path / "nope", tmp_path / "x")
+    with pytest.raises(storage.StorageError, match="unsupported storage scheme 'ftp'"):
+        copy_checkpoint("ftp://host/x", tmp_path / "x")
+    assert sorted(os.listdir(tmp_path)) == ["src"]
 
 
 def test_cli_cheapest_json_sorted_and_filtered(capsys):

@@ -1,0 +1,402 @@
+"""The one storage layer: local paths and s3://, gs://, az:// URIs behind the same few functions.
+
+Why one layer: checkpoints are written by every stage worker from its own node, read back under
+any plan, verified from the command line and copied between clouds for a migration. If each of
+those spoke to S3, GCS and Azure Blob in its own way there would be four sets of bugs (the old
+hand-written transfer read whole objects into memory and capped S3 at one ``put_object``). Here
+everything goes through fsspec (s3fs, gcsfs, adlfs), whose file objects already do multipart /
+resumable / block uploads and ranged reads, so reads and copies are streamed in chunks.
+
+Credentials and endpoints come from each cloud's usual environment variables, read when a
+filesystem is made (so tests can point them at local servers):
+
+- S3: the botocore chain (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``, instance
+  roles) and ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` for S3-compatible servers;
+- GCS: ``GOOGLE_APPLICATION_CREDENTIALS`` or the metadata server; ``STORAGE_EMULATOR_HOST``;
+- Azure Blob: ``AZURE_STORAGE_CONNECTION_STRING`` (Azurite), or ``AZURE_STORAGE_ACCOUNT_NAME`` with
+  ``AZURE_STORAGE_ACCOUNT_KEY`` / ``AZURE_STORAGE_SAS_TOKEN`` / Azure AD credentials.
+
+Local writes are atomic (temporary name in the same directory, fsync, rename, fsync of the
+directory) and never replace anything that is not a regular file: a symlink, a device or a
+directory at the target is refused. Remote writes become visible only when the upload is
+completed; an error aborts it (multipart uploads are discarded), so a reader never sees half an
+object. Every failure is a :class:`StorageError`: one line naming the location and the reason,
+never a secret.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import posixpath
+import stat
+import uuid
+from typing import IO, Any, Iterator
+
+import fsspec
+from fsspec.spec import AbstractFileSystem
+
+from orchestrator.errors import UserError
+
+CHUNK = 1 << 20
+"""Bytes per read/write when streaming; never a whole object."""
+
+_PROTOCOLS = {"file": "file", "s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "az", "abfs": "abfs", "abfss": "abfs"}
+SUPPORTED = "a local path, file://, s3://, gs://, az:// or abfs://"
+
+
+class StorageError(UserError):
+    """A storage location that cannot be used: bad scheme, unreachable, no credentials, missing object."""
+
+
+def scheme(location: str | os.PathLike[str]) -> str:
+    """The URI scheme, '' for a plain local path."""
+    text = os.fspath(location)
+    head, sep, _ = text.partition("://")
+    return head.lower() if sep and head.isascii() and head.replace("+", "").isalnum() else ""
+
+
+def is_local(location: str | os.PathLike[str]) -> bool:
+    return scheme(location) in ("", "file")
+
+
+def local_path(location: str | os.PathLike[str]) -> str:
+    """The filesystem path of a local location (``file:///x`` -> ``/x``)."""
+    text = os.fspath(location)
+    return text[len("file://"):] if scheme(text) == "file" else text
+
+
+def join(location: str | os.PathLike[str], *names: str) -> str:
+    """``location/name/...`` with each name checked to be a plain relative path (no ``..``)."""
+    text = os.fspath(location)
+    for name in names:
+        check_relative(name)
+    if scheme(text) in ("", "file"):
+        return os.path.join(text, *names)
+    return "/".join([text.rstrip("/"), *names])
+
+
+def basename(location: str | os.PathLike[str]) -> str:
+    text = os.fspath(location).rstrip("/")
+    return posixpath.basename(text) if not is_local(text) else os.path.basename(local_path(text))
+
+
+def parent(location: str | os.PathLike[str]) -> str:
+    text = os.fspath(location).rstrip("/")
+    if is_local(text):
+        return os.path.dirname(text) or "."
+    return text.rsplit("/", 1)[0] if text.count("/") > 2 else text
+
+
+def check_relative(name: str) -> str:
+    """Refuse anything but a relative path of plain components (no ``..``, no absolute, no ``\\``)."""
+    parts = name.split("/")
+    if (not isinstance(name, str) or not name or "\\" in name or "\x00" in name or name.startswith("/")
+            or any(p in ("", ".", "..") for p in parts) or ":" in parts[0]):
+        raise StorageError(f"{name!r} is not a plain relative name (it could point outside its folder)")
+    return name
+
+
+def filesystem(location: str | os.PathLike[str]) -> tuple[AbstractFileSystem, str]:
+    """The fsspec filesystem for a location and the path inside it."""
+    text = os.fspath(location)
+    sch = scheme(text)
+    if sch == "":
+        return fsspec.filesystem("file"), text
+    protocol = _PROTOCOLS.get(sch)
+    if protocol is None:
+        raise StorageError(f"{text}: unsupported storage scheme {sch!r} (use {SUPPORTED})")
+    if protocol == "file":
+        return fsspec.filesystem("file"), local_path(text)
+    kwargs = _options(protocol, text)
+    try:
+        fs = fsspec.filesystem(protocol, **kwargs)
+    except ImportError as exc:
+        raise StorageError(f"{text}: the {protocol} filesystem is not installed ({exc})") from None
+    except (ValueError, TypeError) as exc:
+        raise StorageError(f"{text}: {_credentials_hint(protocol)} ({_first_line(exc)})") from None
+    return fs, fs._strip_protocol(text)
+
+
+def _options(protocol: str, text: str) -> dict[str, Any]:
+    """Endpoints and credentials from the environment; short connect timeouts so an unreachable
+    endpoint is reported in seconds, not after minutes of retries."""
+    env = os.environ
+    if protocol == "s3":
+        endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+        opts: dict[str, Any] = {"use_listings_cache": False, "retries": 2,
+                                "config_kwargs": {"connect_timeout": 5, "retries": {"max_attempts": 2, "mode": "standard"}}}
+        if endpoint:
+            opts["endpoint_url"] = endpoint
+        return opts
+    if protocol == "gcs":
+        opts = {"use_listings_cache": False}
+        emulator = env.get("STORAGE_EMULATOR_HOST")
+        if emulator:
+            opts["endpoint_url"] = emulator if "://" in emulator else f"http://{emulator}"
+            opts["token"] = "anon"
+        return opts
+    opts = {"use_listings_cache": False}
+    if env.get("AZURE_STORAGE_CONNECTION_STRING"):
+        opts["connection_string"] = env["AZURE_STORAGE_CONNECTION_STRING"]
+    elif env.get("AZURE_STORAGE_ACCOUNT_NAME"):
+        opts["account_name"] = env["AZURE_STORAGE_ACCOUNT_NAME"]
+        if not (env.get("AZURE_STORAGE_ACCOUNT_KEY") or env.get("AZURE_STORAGE_SAS_TOKEN")):
+            opts["anon"] = False  # Azure AD credentials (DefaultAzureCredential)
+    else:
+        raise StorageError(f"{text}: {_credentials_hint(protocol)}")
+    return opts
+
+
+def _credentials_hint(protocol: str) -> str:
+    return {
+        "s3": "no AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)",
+        "gcs": "no Google credentials: set GOOGLE_APPLICATION_CREDENTIALS (or STORAGE_EMULATOR_HOST)",
+    }.get(protocol, "no Azure storage credentials: set AZURE_STORAGE_CONNECTION_STRING or AZURE_STORAGE_ACCOUNT_NAME")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    line = text[0] if text else type(exc).__name__
+    return line if len(line) <= 200 else line[:197] + "..."
+
+
+@contextlib.contextmanager
+def errors(location: str | os.PathLike[str], action: str) -> Iterator[None]:
+    """Turn whatever the SDKs raise into one :class:`StorageError` line naming location and reason."""
+    try:
+        yield
+    except StorageError:
+        raise
+    except UserError:
+        raise
+    except FileNotFoundError:
+        raise StorageError(f"{os.fspath(location)}: cannot {action}: no such file or object") from None
+    except PermissionError as exc:
+        raise StorageError(f"{os.fspath(location)}: cannot {action}: permission denied ({_first_line(exc)})") from None
+    except Exception as exc:  # noqa: BLE001 - every SDK has its own hierarchy; classify by name
+        raise StorageError(f"{os.fspath(location)}: cannot {action}: {_classify(location, exc)}") from None
+
+
+def _classify(location: str | os.PathLike[str], exc: BaseException) -> str:
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    protocol = _PROTOCOLS.get(scheme(location), "file")
+    if names & {"NoCredentialsError", "PartialCredentialsError", "DefaultCredentialsError", "ClientAuthenticationError",
+                "CredentialUnavailableError"}:
+        return _credentials_hint(protocol)
+    if names & {"EndpointConnectionError", "ConnectTimeoutError", "ClientConnectorError", "ServerDisconnectedError",
+                "ServiceRequestError", "ConnectionError", "ConnectError"} or (
+            isinstance(exc, OSError) and exc.errno in (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH)):
+        return f"storage endpoint unreachable ({_endpoint(protocol)})"
+    if isinstance(exc, IsADirectoryError):
+        return "it is a directory"
+    if isinstance(exc, NotADirectoryError):
+        return "a parent is not a directory"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return f"{type(exc).__name__}: {_first_line(exc)}"
+
+
+def _endpoint(protocol: str) -> str:
+    env = os.environ
+    if protocol == "s3":
+        return env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or "AWS S3"
+    if protocol == "gcs":
+        return env.get("STORAGE_EMULATOR_HOST") or "Google Cloud Storage"
+    return "Azure Blob Storage"
+
+
+# ----- reading -----
+@contextlib.contextmanager
+def open_read(location: str | os.PathLike[str]) -> Iterator[IO[bytes]]:
+    fs, path = filesystem(location)
+    with errors(location, "read"):
+        handle = fs.open(path, "rb")
+    try:
+        yield handle  # errors inside are the caller's; SDK errors while reading are mapped by read_chunks
+    finally:
+        handle.close()
+
+
+def read_chunks(location: str | os.PathLike[str], chunk: int = CHUNK) -> Iterator[bytes]:
+    with open_read(location) as handle, errors(location, "read"):
+        while True:
+            data = handle.read(chunk)
+            if not data:
+                return
+            yield data
+
+
+def read_bytes(location: str | os.PathLike[str], limit: int | None = None) -> bytes:
+    """A small object whole (manifests, markers); ``limit`` refuses anything larger."""
+    out = bytearray()
+    for data in read_chunks(location):
+        out += data
+        if limit is not None and len(out) > limit:
+            raise StorageError(f"{os.fspath(location)}: larger than {limit} bytes; refusing to read it")
+    return bytes(out)
+
+
+def digest(location: str | os.PathLike[str]) -> tuple[str, int]:
+    """sha256 hex and size, streamed."""
+    sha, size = hashlib.sha256(), 0
+    for data in read_chunks(location):
+        sha.update(data)
+        size += len(data)
+    return sha.hexdigest(), size
+
+
+# ----- writing -----
+class _Hashing:
+    """A write-only file that hashes and counts what passes through (torch.save writes into it)."""
+
+    def __init__(self, inner: IO[bytes]) -> None:
+        self.inner, self.sha, self.size = inner, hashlib.sha256(), 0
+
+    def write(self, data: bytes) -> int:
+        self.sha.update(data)
+        self.size += len(data)
+        self.inner.write(data)
+        return len(data)
+
+    def flush(self) -> None:
+        self.inner.flush()
+
+
+@contextlib.contextmanager
+def open_write(location: str | os.PathLike[str], block_size: int | None = None) -> Iterator[_Hashing]:
+    """A streamed, all-or-nothing write; the handle's ``sha``/``size`` say what was written."""
+    if is_local(location):
+        with _local_write(local_path(location)) as handle:
+            out = _Hashing(handle)
+            yield out
+        return
+    fs, path = filesystem(location)
+    with errors(location, "write"):
+        handle = fs.open(path, "wb", **({"block_size": block_size} if block_size else {}))
+    out = _Hashing(handle)
+    try:
+        with errors(location, "write"):
+            yield out
+            handle.close()  # completes the (multipart) upload: the object appears only now
+    except BaseException:
+        with contextlib.suppress(Exception):
+            handle.discard()  # abort a multipart upload; the object never appears
+        handle.closed = True
+        raise
+
+
+@contextlib.contextmanager
+def _local_write(path: str) -> Iterator[IO[bytes]]:
+    refuse_non_regular(path)
+    directory = os.path.dirname(path) or "."
+    with errors(path, "create the folder"):
+        os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        with errors(path, "write"):
+            handle = open(tmp, "xb")
+        with handle:
+            yield handle
+            with errors(path, "write"):
+                handle.flush()
+                os.fsync(handle.fileno())
+        refuse_non_regular(path)  # something may have appeared meanwhile
+        with errors(path, "write"):
+            os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(directory)
+
+
+def refuse_non_regular(path: str) -> None:
+    """Only a regular file may be replaced: never a symlink, a device, a FIFO or a directory."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise StorageError(f"{path}: cannot inspect ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(mode):
+        kind = "a symlink" if stat.S_ISLNK(mode) else "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+        raise StorageError(f"{path}: is {kind}; refusing to replace it")
+
+
+def fsync_dir(directory: str) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_bytes(location: str | os.PathLike[str], data: bytes) -> None:
+    with open_write(location) as handle:
+        handle.write(data)
+
+
+def copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, expect: tuple[str, int] | None = None,
+         block_size: int | None = None, chunk: int = CHUNK) -> tuple[str, int]:
+    """Stream one object from ``src`` to ``dst``; with ``expect`` (sha256, size) a mismatch aborts
+    the write before the destination appears. Returns what was copied."""
+    with open_write(dst, block_size=block_size) as out:
+        for data in read_chunks(src, chunk):
+            out.write(data)
+            if expect is not None and out.size > expect[1]:
+                raise StorageError(f"{os.fspath(src)}: larger than the {expect[1]} bytes recorded; not copied")
+        got = (out.sha.hexdigest(), out.size)
+        if expect is not None and got != expect:
+            raise StorageError(f"{os.fspath(src)}: checksum mismatch while copying (corrupted source); not copied")
+    return got
+
+
+# ----- listing and removing -----
+def exists(location: str | os.PathLike[str]) -> bool:
+    fs, path = filesystem(location)
+    with errors(location, "check"):
+        return bool(fs.exists(path))
+
+
+def isdir(location: str | os.PathLike[str]) -> bool:
+    fs, path = filesystem(location)
+    with errors(location, "check"):
+        return bool(fs.isdir(path))
+
+
+def listdir(location: str | os.PathLike[str]) -> list[str]:
+    """Names of the direct children (files and folders), sorted; [] when there is nothing."""
+    fs, path = filesystem(location)
+    try:
+        with errors(location, "list"):
+            entries = fs.ls(path, detail=False)
+    except StorageError:
+        if not exists(location):
+            return []
+        raise
+    names = {posixpath.basename(str(e).rstrip("/")) for e in entries}
+    names.discard("")
+    return sorted(names)
+
+
+def remove(location: str | os.PathLike[str]) -> None:
+    """Delete a file or a whole folder/prefix; nothing there is fine."""
+    fs, path = filesystem(location)
+    with errors(location, "remove"):
+        if fs.exists(path):
+            fs.rm(path, recursive=True)
+
+
+def check_writable(location: str | os.PathLike[str]) -> None:
+    """Write and delete a probe, so an unusable location fails at start, not at the first checkpoint."""
+    probe = join(location, f".raypipe-probe-{uuid.uuid4().hex[:8]}")
+    write_bytes(probe, b"ok")
+    remove(probe)
