@@ -1,119 +1,181 @@
-"""AWS price source: EC2 spot price history plus on-demand list prices from the bundled snapshot.
+"""AWS price source: on-demand list prices from the Pricing API, spot prices from EC2.
 
-Spot prices come from ``describe_spot_price_history`` through its paginator (a single call stops
-at 1000 records - the training_on_a_dime trace of us-east-1/p2.xlarge shows exactly that
-truncation). GPU model, count and memory come from ``describe_instance_types`` so a new instance
-type needs no code change; the static table in :mod:`cloud.records` is only the fallback.
-On-demand prices are AWS list prices that change rarely, so a bundled table is enough (the
-Pricing API is optional and not used).
+- Regions come from ``describe_regions`` (the ones this account may use), unless given.
+- On-demand: ``pricing.get_products`` (the Pricing API lives in us-east-1) filtered to the rows a
+  training job pays for - Linux, shared tenancy, no pre-installed software, ``capacitystatus``
+  Used (the other capacity statuses are reservation bookkeeping rows with the same price keys).
+  Each ``PriceList`` entry is a JSON *string* holding ``product.attributes`` and the nested
+  ``terms.OnDemand.<offer>.priceDimensions.<rate>.pricePerUnit.USD``.
+- Spot: ``describe_spot_price_history``. A first refresh asks for the price in effect now, which
+  EC2 answers with the latest price per availability zone; an incremental refresh asks for the
+  window since the newest price held.
+- GPU model and count come from ``describe_instance_types``; the static table in
+  :mod:`cloud.records` is only the fallback.
+
+Every call goes through a botocore paginator on a client configured with botocore's standard
+retry mode, so a throttled page is retried by botocore and pagination resumes from that page.
+A region that refuses us (an opt-in region: ``AuthFailure``/``OptInRequired``) is reported in
+``skipped`` and the other regions are still returned; a region that fails half-way yields none of
+its records, so nothing half-fetched reaches the store.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import json
+import logging
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from .errors import CloudError
 from .records import INSTANCE_GPUS, PriceRecord, normalize_gpu, utc
-from .sources import CloudError, retry_call
+from .sources import botocore_config, call, short
 
-DEFAULT_REGIONS: tuple[str, ...] = ("us-east-1", "us-east-2", "us-west-2", "eu-west-1", "eu-central-1")
-TRANSIENT_CODES = frozenset({
-    "RequestLimitExceeded", "Throttling", "ThrottlingException", "InternalError", "InternalFailure",
-    "ServiceUnavailable", "Unavailable", "RequestTimeout", "SlowDown",
+log = logging.getLogger(__name__)
+HOME_REGION = "us-east-1"  # describe_regions and the Pricing API endpoint
+PRICING_FILTERS: tuple[tuple[str, str], ...] = (
+    ("operatingSystem", "Linux"), ("tenancy", "Shared"), ("preInstalledSw", "NA"), ("capacitystatus", "Used"),
+)
+#: Errors that concern the whole account (never one region): raised, not skipped.
+CREDENTIAL_CODES = frozenset({
+    "ExpiredToken", "ExpiredTokenException", "RequestExpired", "InvalidClientTokenId", "SignatureDoesNotMatch",
+    "UnrecognizedClientException", "InvalidAccessKeyId",
 })
+#: Errors that mean "this region is not open to this account".
+REGION_CODES = frozenset({"AuthFailure", "OptInRequired", "UnauthorizedOperation", "Blocked"})
+
+ClientFactory = Callable[[str, str], Any]
 
 
 def classify(exc: BaseException) -> str | None:
-    """Map a boto3/botocore exception to transient / a permanent reason / ``None`` (not ours)."""
+    """One-line reason for a boto3/botocore failure (credentials named, never printed)."""
     from botocore import exceptions as bex
 
     if isinstance(exc, (bex.NoCredentialsError, bex.PartialCredentialsError)):
-        return "no AWS credentials found by the standard chain (env, ~/.aws, instance role)"
-    if isinstance(exc, (bex.EndpointConnectionError, bex.ConnectTimeoutError, bex.ReadTimeoutError)):
-        return "transient"
+        return "no AWS credentials found by the standard chain (AWS_PROFILE, AWS_ACCESS_KEY_ID, ~/.aws, instance role)"
     if isinstance(exc, bex.ClientError):
         error = exc.response.get("Error", {})
         code = str(error.get("Code", ""))
         status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-        if code in TRANSIENT_CODES or status >= 500:
-            return "transient"
-        return f"{code or 'HTTP ' + str(status)}: {str(error.get('Message', ''))[:200]}"
+        if code in CREDENTIAL_CODES:
+            return f"{code}: the AWS credentials of the standard chain are expired or invalid; refresh them"
+        if status == 429 or status >= 500:
+            return f"{code or 'HTTP ' + str(status)}: still failing after botocore's retries"
+        return f"{code or 'HTTP ' + str(status)}: {' '.join(str(error.get('Message', '')).split())[:200]}"
     if isinstance(exc, bex.BotoCoreError):
-        return f"{type(exc).__name__}: {exc}"
+        return short(exc)
     return None
 
 
-class AwsPriceSource:
-    """Spot history and GPU facts from EC2, per region.
+def _is_region_refusal(exc: CloudError) -> bool:
+    return exc.reason.split(":", 1)[0] in REGION_CODES
 
-    ``client_factory(region)`` returns an EC2 client; tests pass one wrapped in botocore's
-    Stubber. The default uses ``boto3.Session().client("ec2", region_name=region)`` and hence the
-    standard credential chain.
+
+class AwsPriceSource:
+    """On-demand and spot prices of GPU instance types, region by region.
+
+    ``client_factory(service, region)`` returns a boto3 client (tests pass clients wrapped in
+    botocore's Stubber, or pointed at a loopback server); the default is a client of the standard
+    credential chain with :func:`cloud.sources.botocore_config`.
     """
 
     name = "aws"
 
     def __init__(
         self,
-        client_factory: Callable[[str], Any] | None = None,
+        client_factory: ClientFactory | None = None,
         product_description: str = "Linux/UNIX",
-        zones: Sequence[str] = (),
         window: timedelta = timedelta(days=7),
-        sleep: Callable[[float], None] | None = None,
-        on_demand: Callable[[], Iterable[PriceRecord]] | None = None,
     ) -> None:
         self._client_factory = client_factory or _default_client
         self.product_description = product_description
-        self.zones = tuple(zones)
         self.window = window
-        self._retry_kw: dict[str, Any] = {"sleep": sleep} if sleep else {}
-        self._on_demand = on_demand
+        self.skipped: list[str] = []
 
-    def _call(self, call: str, fn: Callable[[], Any]) -> Any:
-        return retry_call(fn, cloud="aws", call=call, classify=classify, **self._retry_kw)
+    def _pages(self, service: str, region: str, operation: str, about: str = "", **kwargs: Any) -> list[dict[str, Any]]:
+        """Every page of ``operation`` (botocore retries each page; a failure names ``about``)."""
+        client = self._client_factory(service, region)
+        paginator = client.get_paginator(operation)
+        where = f"{'pricing.' if service == 'pricing' else ''}{operation} ({about or region})"
+        pages: list[dict[str, Any]] = call(lambda: list(paginator.paginate(**kwargs)), cloud="aws",
+                                           call=where, classify=classify)
+        return pages
 
-    def gpu_info(self, region: str, instance_types: Sequence[str]) -> dict[str, tuple[str, int, int]]:
-        """instance type -> (GPU model, GPU count, total GPU memory MiB) from describe_instance_types."""
-        client = self._client_factory(region)
-        paginator = client.get_paginator("describe_instance_types")
+    def regions(self) -> list[str]:
+        """Regions this account can use (opt-in regions only once opted in)."""
+        client = self._client_factory("ec2", HOME_REGION)
+        answer = call(lambda: client.describe_regions(AllRegions=False), cloud="aws", call="describe_regions",
+                      classify=classify)
+        return sorted(str(r["RegionName"]) for r in answer.get("Regions", []))
+
+    def gpu_info(self, region: str, instance_types: Sequence[str]) -> dict[str, tuple[str, int]]:
+        """instance type -> (GPU model, GPU count) from describe_instance_types."""
         kwargs: dict[str, Any] = {}
         if instance_types:
             kwargs["Filters"] = [{"Name": "instance-type", "Values": list(instance_types)}]
-        pages = self._call("describe_instance_types", lambda: list(paginator.paginate(**kwargs)))
-        info: dict[str, tuple[str, int, int]] = {}
-        for page in pages:
+        info: dict[str, tuple[str, int]] = {}
+        for page in self._pages("ec2", region, "describe_instance_types", **kwargs):
             for item in page.get("InstanceTypes", []):
                 gpus = item.get("GpuInfo", {}).get("Gpus", [])
-                if not gpus:
-                    continue
                 count = sum(int(g.get("Count", 0)) for g in gpus)
-                memory = int(item["GpuInfo"].get("TotalGpuMemoryInMiB", 0))
-                info[item["InstanceType"]] = (normalize_gpu(gpus[0]["Name"]), count, memory)
+                if count:
+                    info[str(item["InstanceType"])] = (normalize_gpu(str(gpus[0]["Name"])), count)
         return info
 
-    def spot_history(
-        self, region: str, instance_types: Sequence[str], start: datetime, end: datetime
-    ) -> list[dict[str, Any]]:
-        """Raw SpotPriceHistory items of one region (all pages, per requested zone)."""
-        client = self._client_factory(region)
-        items: list[dict[str, Any]] = []
-        for zone in self.zones or (None,):
-            kwargs: dict[str, Any] = {
-                "InstanceTypes": list(instance_types),
-                "ProductDescriptions": [self.product_description],
-                "StartTime": start,
-                "EndTime": end,
-            }
-            if zone is not None:
-                if not zone.startswith(region):
-                    continue
-                kwargs["AvailabilityZone"] = zone
-            paginator = client.get_paginator("describe_spot_price_history")
-            pages = self._call("describe_spot_price_history", lambda: list(paginator.paginate(**kwargs)))
-            for page in pages:
-                items.extend(page.get("SpotPriceHistory", []))
+    def on_demand(self, region: str, instance_types: Sequence[str]) -> dict[str, float]:
+        """instance type -> on-demand USD/hour from the Pricing API."""
+        filters = [{"Type": "TERM_MATCH", "Field": "regionCode", "Value": region}]
+        filters += [{"Type": "TERM_MATCH", "Field": f, "Value": v} for f, v in PRICING_FILTERS]
+        if instance_types:
+            filters.append({"Type": "ANY_OF", "Field": "instanceType", "Value": ",".join(instance_types)})
+        pages = self._pages("pricing", HOME_REGION, "get_products", region, ServiceCode="AmazonEC2", Filters=filters)
+        prices: dict[str, float] = {}
+        for page in pages:
+            for entry in page.get("PriceList", []):
+                itype, price = parse_price_item(entry, region)
+                if itype and price > 0:
+                    prices[itype] = price
+        return prices
+
+    def spot(self, region: str, instance_types: Sequence[str], start: datetime | None, end: datetime) -> list[dict[str, Any]]:
+        """SpotPriceHistory items; with no ``start``, the latest price per zone and type only."""
+        kwargs: dict[str, Any] = {"InstanceTypes": list(instance_types), "ProductDescriptions": [self.product_description]}
+        kwargs.update({"StartTime": start, "EndTime": end} if start else {"StartTime": end})
+        items = [i for page in self._pages("ec2", region, "describe_spot_price_history", **kwargs)
+                 for i in page.get("SpotPriceHistory", [])]
+        if start is None:
+            latest: dict[tuple[str, str], dict[str, Any]] = {}
+            for item in items:
+                key = (str(item["AvailabilityZone"]), str(item["InstanceType"]))
+                if key not in latest or _stamp(item) > _stamp(latest[key]):
+                    latest[key] = item
+            items = list(latest.values())
         return items
+
+    def fetch_region(
+        self, region: str, instance_types: Sequence[str], start: datetime | None, end: datetime
+    ) -> list[PriceRecord]:
+        """All records of one region, or a :class:`CloudError` (never a partial list)."""
+        gpus = {t: g for t, g in INSTANCE_GPUS["aws"].items() if t in instance_types}
+        gpus.update(self.gpu_info(region, instance_types))
+        out: list[PriceRecord] = []
+        for item in self.spot(region, instance_types, start, end):
+            itype = str(item["InstanceType"])
+            gpu, count = gpus.get(itype, ("", 0))
+            if count:
+                out.append(PriceRecord(
+                    timestamp=_stamp(item), cloud="aws", region=region, zone=str(item["AvailabilityZone"]),
+                    instance_type=itype, gpu_type=gpu, gpu_count=count, spot=True,
+                    usd_per_hour=_price("describe_spot_price_history", item.get("SpotPrice")),
+                    source="aws:describe_spot_price_history"))
+        for itype, price in sorted(self.on_demand(region, instance_types).items()):
+            gpu, count = gpus.get(itype, ("", 0))
+            if count:
+                out.append(PriceRecord(
+                    timestamp=end, cloud="aws", region=region, zone="", instance_type=itype, gpu_type=gpu,
+                    gpu_count=count, spot=False, usd_per_hour=price, source="aws:pricing.get_products"))
+        return out
 
     def fetch(
         self,
@@ -123,49 +185,59 @@ class AwsPriceSource:
         end: datetime | None = None,
     ) -> Iterator[PriceRecord]:
         end_t = utc(end) if end else datetime.now(timezone.utc)
-        start_t = utc(start) if start else end_t - self.window
+        start_t = utc(start) if start else None
         types = tuple(instance_types) or tuple(INSTANCE_GPUS["aws"])
-        for region in regions or DEFAULT_REGIONS:
-            gpus = self.gpu_info(region, types)
-            for item in self.spot_history(region, types, start_t, end_t):
-                itype = item["InstanceType"]
-                gpu, count = _gpu_of(itype, gpus)
-                if count == 0:
-                    continue
-                stamp = item["Timestamp"]
-                yield PriceRecord(
-                    timestamp=utc(stamp if isinstance(stamp, datetime) else str(stamp)),
-                    cloud="aws", region=region, zone=item["AvailabilityZone"],
-                    instance_type=itype, gpu_type=gpu, gpu_count=count, spot=True,
-                    usd_per_hour=float(item["SpotPrice"]), source="aws:describe_spot_price_history",
-                )
-            yield from self._on_demand_records(region, types, end_t)
-
-    def _on_demand_records(self, region: str, types: Sequence[str], when: datetime) -> Iterator[PriceRecord]:
-        if self._on_demand is not None:
-            rows: Iterable[PriceRecord] = self._on_demand()
-        else:
-            from .importers import load_snapshot
-
-            frame = load_snapshot()
-            rows = (
-                PriceRecord(**{**r, "timestamp": when})  # type: ignore[arg-type]
-                for r in frame[(frame.cloud == "aws") & ~frame.spot].to_dict("records")
-            )
-        for rec in rows:
-            if rec.region == region and rec.instance_type in types and not rec.spot:
-                yield rec
+        wanted = list(regions) or self.regions()
+        done = 0
+        for region in wanted:
+            try:
+                records = self.fetch_region(region, types, start_t, end_t)
+            except CloudError as exc:
+                if not _is_region_refusal(exc):
+                    raise
+                self.skipped.append(str(exc))
+                log.warning("skipping region: %s", exc)
+                continue
+            done += 1
+            yield from records
+        if wanted and not done:
+            raise CloudError("aws", "fetch", f"every region refused the request ({self.skipped[0]})")
 
 
-def _gpu_of(itype: str, gpus: dict[str, tuple[str, int, int]]) -> tuple[str, int]:
-    if itype in gpus:
-        return gpus[itype][0], gpus[itype][1]
-    return INSTANCE_GPUS["aws"].get(itype, ("", 0))
-
-
-def _default_client(region: str) -> Any:
+def parse_price_item(entry: str | Mapping[str, Any], region: str) -> tuple[str, float]:
+    """(instance type, USD/hour) of one ``PriceList`` entry; CloudError when malformed."""
+    where = f"pricing.get_products ({region})"
     try:
-        import boto3
-    except ImportError as exc:  # pragma: no cover - boto3 is a dependency
-        raise CloudError("aws", "import boto3", str(exc)) from None
-    return boto3.session.Session().client("ec2", region_name=region)
+        item = json.loads(entry) if isinstance(entry, str) else entry
+        attributes = item["product"]["attributes"]
+        itype = str(attributes["instanceType"])
+        terms = item["terms"]["OnDemand"]
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise CloudError("aws", where, f"malformed PriceList entry ({short(exc)})") from None
+    prices = [
+        _price(where, dim.get("pricePerUnit", {}).get("USD"))
+        for term in terms.values() for dim in term.get("priceDimensions", {}).values()
+        if str(dim.get("unit", "")).lower() in ("hrs", "hours")
+    ]
+    return itype, max(prices, default=0.0)
+
+
+def _price(where: str, value: object) -> float:
+    try:
+        price = float(str(value))
+    except ValueError:
+        price = math.nan
+    if not math.isfinite(price) or price < 0:
+        raise CloudError("aws", where, f"price is not a number: {str(value)[:40]!r}")
+    return price
+
+
+def _stamp(item: Mapping[str, Any]) -> datetime:
+    value = item["Timestamp"]
+    return utc(value if isinstance(value, datetime) else str(value))
+
+
+def _default_client(service: str, region: str) -> Any:
+    import boto3
+
+    return boto3.session.Session().client(service, region_name=region, config=botocore_config())  # type: ignore[call-overload]

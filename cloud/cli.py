@@ -1,7 +1,7 @@
 """``prices`` and ``cost-sim`` subcommands; registered on the orchestrator's CLI by ``add_parsers``.
 
 Also runnable alone (``python -m cloud.cli prices cheapest ...``) through :func:`main`, which
-turns a :class:`UserError` into one ``error: ...`` line on stderr and exit code 2.
+turns a :class:`~cloud.errors.CloudError` into one ``error: ...`` line on stderr and exit code 2.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-from orchestrator.errors import UserError
+from .errors import CloudError, CloudInputError
 
 from .records import CLOUDS, canonical_cloud, did_you_mean, normalize_gpu
 
@@ -89,7 +89,7 @@ def cmd_refresh(args: argparse.Namespace) -> int:
 
 
 def select_offers(frame: pd.DataFrame, args: argparse.Namespace) -> pd.DataFrame:
-    """Latest price per offer, filtered by the request; UserError with suggestions when nothing matches."""
+    """Latest price per offer, filtered by the request; CloudInputError with suggestions when nothing matches."""
     from .store import PriceStore
 
     store = PriceStore(frame)
@@ -101,16 +101,16 @@ def select_offers(frame: pd.DataFrame, args: argparse.Namespace) -> pd.DataFrame
         gpu = normalize_gpu(args.gpu)
         known = sorted(set(latest.gpu_type) - {""})
         if gpu not in known:
-            raise UserError(f"no prices for GPU {args.gpu!r}{did_you_mean(gpu, known)}")
+            raise CloudInputError(f"no prices for GPU {args.gpu!r}{did_you_mean(gpu, known)}")
         latest = latest[latest.gpu_type == gpu]
     if args.count is not None:
         if args.count <= 0:
-            raise UserError(f"--count must be positive, got {args.count}")
+            raise CloudInputError(f"--count must be positive, got {args.count}")
         latest = latest[latest.gpu_count == args.count]
     if args.instance_type:
         known = sorted(set(latest.instance_type))
         if args.instance_type not in known:
-            raise UserError(f"unknown instance type {args.instance_type!r}{did_you_mean(args.instance_type, known)}")
+            raise CloudInputError(f"unknown instance type {args.instance_type!r}{did_you_mean(args.instance_type, known)}")
         latest = latest[latest.instance_type == args.instance_type]
     latest = latest[latest.spot == bool(args.spot)]
     return latest.sort_values(["usd_per_hour", "cloud", "region", "zone", "instance_type"], kind="stable")
@@ -120,7 +120,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     offers = select_offers(load_catalog(args.catalog), args)
     if offers.empty:
         kind = "spot" if args.spot else "on-demand"
-        raise UserError(f"no {kind} offer matches (gpu={args.gpu}, count={args.count}, clouds={args.cloud or list(CLOUDS)})")
+        raise CloudInputError(f"no {kind} offer matches (gpu={args.gpu}, count={args.count}, clouds={args.cloud or list(CLOUDS)})")
     shown = offers.head(args.limit) if args.limit > 0 else offers
     if args.json:
         rows = [{**{c: _plain(r[c]) for c in OUTPUT_COLUMNS}, "timestamp": r["timestamp"].isoformat(), "source": r["source"]}
@@ -152,7 +152,7 @@ def cmd_cost_sim(args: argparse.Namespace) -> int:
     for model in models:
         samples = args.days * 24 * 3600 * table.get(model, "V100", 1)
         if samples <= 0:
-            raise UserError(f"{model!r} has no V100 throughput to size the job")
+            raise CloudInputError(f"{model!r} has no V100 throughput to size the job")
         results = [replay(trace, p, table, model, samples, start) for p in policies]
         base = results[0].cost_usd
         for r in results:
@@ -176,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.func(args)
         return code
-    except UserError as exc:
+    except CloudError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

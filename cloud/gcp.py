@@ -1,79 +1,87 @@
-"""GCP price source: Compute Engine catalog (google-cloud-compute) + Cloud Billing Catalog prices.
+"""GCP price source: Compute Engine (google-cloud-compute) + Cloud Billing Catalog (google-cloud-billing).
 
-On GCP a GPU is not an instance type: it is attached to a host VM (N1 for K80/P100/V100/T4) or
-bundled into an accelerator-optimized type (A2 for A100). The Billing Catalog prices GPUs, vCPUs
-and RAM separately, per region, with ``usageType`` ``OnDemand`` or ``Preemptible`` (spot). We
-price each (zone, GPU, count) as the GPUs plus the cheapest host VM in that zone able to carry
-them, so GCP offers compare directly with AWS/Azure instances.
+On GCP a GPU is attached to a host VM or built into an accelerator-optimized type, and the
+Billing Catalog prices GPUs, vCPUs and RAM separately per region (``usageType`` ``OnDemand`` or
+``Preemptible`` = spot). Each (zone, GPU, count) offer is priced as the GPUs plus the cheapest
+legal host in that zone, each host family with its own core and RAM SKUs:
 
-The Billing Catalog is read through its REST endpoint (``base_url`` injectable), with the
-credentials of ``google.auth.default()`` unless a session is given.
+- N1 carries T4, V100, P100 and P4 (vCPUs per GPU bounded, see :data:`N1_MAX_VCPUS_PER_GPU`);
+- A2 has A100 built in (a2-highgpu / a2-megagpu; a2-ultragpu for A100 80GB);
+- A3 has H100 (a3-highgpu, a3-megagpu, a3-edgegpu) and H200 (a3-ultragpu);
+- G2 has L4 (g2-standard-8 carries one L4; 24/48/96 vCPUs carry 2/4/8).
+
+Accelerators past end of support (K80) and names we cannot map are skipped; unknown names are
+listed in ``skipped`` so a new GPU shows up as a one-line note rather than a wrong price.
+
+Both clients page themselves and retry each page with google-api-core's Retry
+(:func:`cloud.sources.google_retry`), so a failing page is retried and paging resumes.
 """
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 import pandas as pd
 
-from .records import PriceRecord, normalize_gpu, utc
-from .sources import CloudError, http_status_verdict, retry_call
+from .errors import CloudError
+from .records import INSTANCE_GPUS, PriceRecord, utc
+from .sources import call, google_retry, short
 
 COMPUTE_SERVICE_ID = "6F81-5844-456A"  # "Compute Engine" in the Cloud Billing Catalog
-BILLING_URL = "https://cloudbilling.googleapis.com"
 #: Most vCPUs an N1 host may have per attached GPU (GCP GPU docs); used to pick legal hosts.
-N1_MAX_VCPUS_PER_GPU: dict[str, int] = {"K80": 8, "P100": 16, "V100": 12, "T4": 24, "P4": 24}
-#: GPUs that come bundled in an accelerator-optimized family rather than attached to N1.
-BUNDLED_FAMILY: dict[str, str] = {"A100": "a2-highgpu", "A100-80GB": "a2-ultragpu", "L4": "g2-standard", "H100": "a3-highgpu"}
+N1_MAX_VCPUS_PER_GPU: dict[str, int] = {"P100": 16, "V100": 12, "T4": 24, "P4": 24}
+#: acceleratorType name -> (GPU model, catalog SKU key). Only these are priced.
+ACCELERATORS: dict[str, tuple[str, str]] = {
+    "nvidia-tesla-t4": ("T4", "T4"), "nvidia-tesla-v100": ("V100", "V100"), "nvidia-tesla-p100": ("P100", "P100"),
+    "nvidia-tesla-p4": ("P4", "P4"), "nvidia-tesla-a100": ("A100", "A100"), "nvidia-a100-80gb": ("A100-80GB", "A100-80GB"),
+    "nvidia-l4": ("L4", "L4"), "nvidia-h100-80gb": ("H100", "H100-80GB"), "nvidia-h100-mega-80gb": ("H100", "H100-80GB-MEGA"),
+    "nvidia-h200-141gb": ("H200", "H200-141GB"),
+}
+#: End of support: never offered even when a zone still lists them.
+DEPRECATED: frozenset[str] = frozenset({"nvidia-tesla-k80"})
+#: Virtual-workstation variants carry a licence; the job does not want them.
+_VWS = re.compile(r"-vws$")
+_GPU_SKU = re.compile(
+    r"^(?:Spot Preemptible )?(?:Nvidia )?(?:Tesla )?(?P<model>[A-Z]\d+[A-Z]?)(?: (?P<mem>\d+GB))?(?P<mega> Mega)? GPU "
+    r"(?:attached to Spot Preemptible VMs )?running in ", re.I)
+_HOST_SKU = re.compile(
+    r"^(?:Spot Preemptible )?(?P<family>N1 Predefined|A2|A3 ?Ultra|A3 ?Mega|A3 ?Edge|A3|G2) Instance (?P<kind>Core|Ram) "
+    r"running in ", re.I)
 
 
-def classify(exc: BaseException) -> str | None:
-    from google.api_core import exceptions as gex
-    from google.auth import exceptions as aex
-
-    if isinstance(exc, aex.DefaultCredentialsError):
-        return "no GCP credentials found by google.auth.default() (gcloud auth application-default login)"
-    if isinstance(exc, (gex.TooManyRequests, gex.ServiceUnavailable, gex.InternalServerError, gex.GatewayTimeout)):
-        return "transient"
-    if isinstance(exc, gex.GoogleAPICallError):
-        return http_status_verdict(int(exc.code or 0) or None, str(exc.message))
-    import requests
-
-    if isinstance(exc, (requests.ConnectionError, requests.Timeout)):
-        return "transient"
-    if isinstance(exc, requests.HTTPError) and exc.response is not None:
-        return http_status_verdict(exc.response.status_code, exc.response.text)
-    return None
-
-
-def gpu_from_accelerator(name: str) -> str:
-    """``nvidia-tesla-v100`` -> ``V100``; ``nvidia-a100-80gb`` -> ``A100-80GB``."""
-    return normalize_gpu(name)
+def host_family(instance_type: str) -> str:
+    """Catalog family of a machine type: ``n1``, ``a2``, ``a3``, ``a3ultra``, ``a3mega``, ``a3edge``, ``g2``."""
+    prefix = instance_type.split("-")[0]
+    if prefix == "a3":
+        sub = instance_type.split("-")[1] if "-" in instance_type else ""
+        return {"ultragpu": "a3ultra", "megagpu": "a3mega", "edgegpu": "a3edge"}.get(sub, "a3")
+    return prefix
 
 
 def host_options(gpu: str, count: int, hosts: pd.DataFrame, zone: str, min_vcpus_per_gpu: int = 1) -> pd.DataFrame:
-    """Host VMs in ``zone`` that can carry ``count`` x ``gpu`` (columns instance_type, vcpus, price...).
+    """Host VMs in ``zone`` that can carry ``count`` x ``gpu`` (``hosts`` has instance_type, vcpus...).
 
-    N1-attached GPUs allow N1 hosts with ``count * min_vcpus_per_gpu <= vCPUs <= limit``; bundled
-    GPUs (A100, L4, H100) need the matching family's type whose built-in GPU count equals ``count``.
+    Built-in GPUs (A100, H100, H200, L4) need a machine type whose built-in GPUs are exactly
+    ``count`` x ``gpu``; N1-attached GPUs allow N1 hosts with
+    ``count * min_vcpus_per_gpu <= vCPUs <= N1_MAX_VCPUS_PER_GPU[gpu] * count``.
     """
     in_zone = hosts[hosts.zone == zone] if "zone" in hosts and zone else hosts
-    family = BUNDLED_FAMILY.get(gpu)
-    if family:
-        pattern = f"{family}-{count}g" if family != "g2-standard" else f"g2-standard-{4 * count}"
-        return in_zone[in_zone.instance_type == pattern]
-    limit = min(96, N1_MAX_VCPUS_PER_GPU.get(gpu, 12) * count)
-    n1 = in_zone[in_zone.instance_type.str.startswith("n1-")]
-    return n1[(n1.vcpus >= count * min_vcpus_per_gpu) & (n1.vcpus <= limit)]
+    if gpu in N1_MAX_VCPUS_PER_GPU:
+        limit = min(96, N1_MAX_VCPUS_PER_GPU[gpu] * count)
+        n1 = in_zone[in_zone.instance_type.str.startswith("n1-")]
+        return n1[(n1.vcpus >= count * min_vcpus_per_gpu) & (n1.vcpus <= limit)]
+    built_in = {t for t, g in INSTANCE_GPUS["gcp"].items() if g == (gpu, count)}
+    return in_zone[in_zone.instance_type.isin(built_in)]
 
 
 @dataclass(frozen=True, slots=True)
-class _Rates:
-    """Per-region unit prices read from the Billing Catalog: (kind, region, spot) -> USD/h."""
+class Rates:
+    """Per-region unit prices read from the Billing Catalog: (kind, region, spot) -> USD/h (RAM: per GiB h)."""
 
     table: Mapping[tuple[str, str, bool], float]
 
@@ -81,50 +89,71 @@ class _Rates:
         return self.table.get((kind, region, spot))
 
 
-_SKU_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("gpu:", re.compile(r"Nvidia (?:Tesla )?([A-Z0-9]+(?: 80GB)?) GPU", re.I)),
-    ("n1-core", re.compile(r"N1 Predefined Instance Core", re.I)),
-    ("n1-ram", re.compile(r"N1 Predefined Instance Ram", re.I)),
-    ("a2-core", re.compile(r"A2 Instance Core", re.I)),
-    ("a2-ram", re.compile(r"A2 Instance Ram", re.I)),
-)
+def sku_kind(description: str) -> str | None:
+    """``gpu:H100-80GB``, ``a3-core``, ``n1-ram``... for a catalog description, else None."""
+    gpu = _GPU_SKU.match(description)
+    if gpu:
+        key = gpu["model"].upper() + (f"-{gpu['mem'].upper()}" if gpu["mem"] else "") + ("-MEGA" if gpu["mega"] else "")
+        return f"gpu:{key}"
+    host = _HOST_SKU.match(description)
+    if host:
+        family = host["family"].lower().replace(" predefined", "").replace(" ", "")
+        return f"{family}-{host['kind'].lower()}"
+    return None
 
 
-def parse_skus(skus: Sequence[Mapping[str, Any]]) -> _Rates:
-    """Unit prices from raw Billing Catalog SKU objects (their real JSON shape)."""
+def parse_skus(skus: Sequence[Mapping[str, Any]]) -> Rates:
+    """Unit prices from Billing Catalog SKUs in their JSON shape (commitments, DWS, sole tenancy ignored)."""
     table: dict[tuple[str, str, bool], float] = {}
     for sku in skus:
-        category = sku.get("category", {})
-        usage = category.get("usageType", "")
+        usage = sku.get("category", {}).get("usageType", "")
         if usage not in ("OnDemand", "Preemptible"):
-            continue  # commitments
-        description = str(sku.get("description", ""))
-        kind = None
-        for name, pattern in _SKU_PATTERNS:
-            match = pattern.search(description)
-            if match:
-                kind = name + normalize_gpu(match.group(1).replace(" ", "-")) if name == "gpu:" else name
-                break
-        if kind is None or "Commitment" in description or "Sole Tenancy" in description:
             continue
+        kind = sku_kind(str(sku.get("description", "")))
         infos = sku.get("pricingInfo") or []
-        if not infos:
+        if kind is None or not infos:
             continue
         rates = infos[-1].get("pricingExpression", {}).get("tieredRates") or []
         if not rates:
             continue
         money = rates[-1].get("unitPrice", {})
-        price = float(money.get("units", 0) or 0) + float(money.get("nanos", 0) or 0) / 1e9
+        try:
+            price = float(money.get("units", 0) or 0) + float(money.get("nanos", 0) or 0) / 1e9
+        except (TypeError, ValueError):
+            raise CloudError("gcp", "cloudbilling.services.skus.list",
+                             f"price of {sku.get('skuId', '?')} is not a number: {money!r}"[:200]) from None
         for region in sku.get("serviceRegions", []):
-            table[(kind, region, usage == "Preemptible")] = price
-    return _Rates(table)
+            table[(kind, str(region), usage == "Preemptible")] = price
+    return Rates(table)
+
+
+def classify(exc: BaseException) -> str | None:
+    """One-line reason for a google-auth / google-api-core / proto failure (credentials never printed)."""
+    from google.api_core import exceptions as gex
+    from google.auth import exceptions as aex
+    from google.protobuf.json_format import ParseError
+
+    if isinstance(exc, aex.DefaultCredentialsError):
+        return "no GCP credentials found by google.auth.default() (GOOGLE_APPLICATION_CREDENTIALS or gcloud auth application-default login)"
+    if isinstance(exc, aex.RefreshError):
+        return "the GCP credentials could not be refreshed (expired or revoked): run gcloud auth application-default login"
+    if isinstance(exc, gex.RetryError):
+        return f"still failing after google-api-core's retries: {short(exc.cause) if exc.cause else short(exc)}"
+    if isinstance(exc, gex.GoogleAPICallError):
+        status = int(exc.code or 0)
+        if status in (401, 403):
+            return f"not authorized (HTTP {status}): check the credentials of google.auth.default() ({str(exc.message)[:120]})"
+        return f"HTTP {status}: {' '.join(str(exc.message).split())[:200]}"
+    if isinstance(exc, (ParseError, json.JSONDecodeError, KeyError)):
+        return f"malformed page ({short(exc)})"
+    return None
 
 
 class GcpPriceSource:
-    """GPU prices per zone from the Compute and Billing APIs.
+    """GPU prices per zone from the Compute and Billing Catalog APIs.
 
-    ``compute_options`` go to every google-cloud-compute client (tests pass ``credentials`` and a
-    loopback ``client_options``); ``session`` is a ``requests.Session`` for the Billing Catalog.
+    ``client_options`` and ``credentials`` go to every client (tests pass anonymous credentials
+    and a loopback ``api_endpoint``); the default is ``google.auth.default()`` and Google's endpoints.
     """
 
     name = "gcp"
@@ -132,21 +161,23 @@ class GcpPriceSource:
     def __init__(
         self,
         project: str | None = None,
-        compute_options: Mapping[str, Any] | None = None,
-        session: Any = None,
-        billing_url: str = BILLING_URL,
-        sleep: Callable[[float], None] | None = None,
+        credentials: Any = None,
+        client_options: Mapping[str, Any] | None = None,
         counts: Sequence[int] = (1, 2, 4, 8),
+        retry_deadline_s: float = 120.0,
     ) -> None:
         self._project = project
-        self._compute_options = dict(compute_options or {})
-        self._session = session
-        self.billing_url = billing_url.rstrip("/")
-        self._retry_kw: dict[str, Any] = {"sleep": sleep} if sleep else {}
+        self._client_kw: dict[str, Any] = {"transport": "rest"}
+        if credentials is not None:
+            self._client_kw["credentials"] = credentials
+        if client_options:
+            self._client_kw["client_options"] = dict(client_options)
         self.counts = tuple(counts)
+        self._retry = google_retry(retry_deadline_s)
+        self.skipped: list[str] = []
 
-    def _call(self, call: str, fn: Callable[[], Any]) -> Any:
-        return retry_call(fn, cloud="gcp", call=call, classify=classify, **self._retry_kw)
+    def _call(self, what: str, fn: Any) -> Any:
+        return call(fn, cloud="gcp", call=what, classify=classify)
 
     def _project_id(self) -> str:
         if self._project:
@@ -160,62 +191,55 @@ class GcpPriceSource:
         return self._project
 
     def accelerators(self) -> pd.DataFrame:
-        """zone, gpu_type, max_cards for every accelerator type (aggregated over zones)."""
+        """zone, accelerator, gpu_type, sku, max_cards of every priced accelerator type."""
         from google.cloud import compute_v1
 
-        client = compute_v1.AcceleratorTypesClient(transport="rest", **self._compute_options)
+        client = compute_v1.AcceleratorTypesClient(**self._client_kw)
         pages = self._call("acceleratorTypes.aggregatedList",
-                           lambda: list(client.aggregated_list(project=self._project_id())))
-        rows = [
-            {"zone": scope.split("/")[-1], "gpu_type": gpu_from_accelerator(acc.name),
-             "max_cards": int(acc.maximum_cards_per_instance)}
-            for scope, scoped in pages for acc in scoped.accelerator_types
-        ]
-        return pd.DataFrame(rows, columns=["zone", "gpu_type", "max_cards"])
+                           lambda: list(client.aggregated_list(project=self._project_id(), retry=self._retry)))
+        rows, unknown = [], set()
+        for scope, scoped in pages:
+            for acc in scoped.accelerator_types:
+                name = str(acc.name)
+                deprecated = acc.deprecated.state if "deprecated" in acc else ""
+                if name in DEPRECATED or _VWS.search(name) or deprecated in ("DEPRECATED", "OBSOLETE", "DELETED"):
+                    continue
+                if name not in ACCELERATORS:
+                    unknown.add(name)
+                    continue
+                gpu, sku = ACCELERATORS[name]
+                rows.append({"zone": scope.split("/")[-1], "accelerator": name, "gpu_type": gpu, "sku": sku,
+                             "max_cards": int(acc.maximum_cards_per_instance)})
+        self.skipped += [f"gcp: acceleratorTypes.aggregatedList: unknown accelerator {n!r} not priced" for n in sorted(unknown)]
+        return pd.DataFrame(rows, columns=["zone", "accelerator", "gpu_type", "sku", "max_cards"])
 
     def machine_types(self) -> pd.DataFrame:
-        """zone, instance_type, vcpus, memory_gb of N1/A2/G2 machine types."""
+        """zone, instance_type, vcpus, memory_gb of the N1/A2/A3/G2 machine types."""
         from google.cloud import compute_v1
 
-        client = compute_v1.MachineTypesClient(transport="rest", **self._compute_options)
+        client = compute_v1.MachineTypesClient(**self._client_kw)
         pages = self._call("machineTypes.aggregatedList",
-                           lambda: list(client.aggregated_list(project=self._project_id())))
+                           lambda: list(client.aggregated_list(project=self._project_id(), retry=self._retry)))
         rows = [
             {"zone": scope.split("/")[-1], "instance_type": mt.name, "vcpus": int(mt.guest_cpus),
              "memory_gb": mt.memory_mb / 1024}
             for scope, scoped in pages for mt in scoped.machine_types
-            if mt.name.startswith(("n1-", "a2-", "g2-", "a3-"))
+            if mt.name.startswith("n1-") or mt.name in INSTANCE_GPUS["gcp"]
         ]
         return pd.DataFrame(rows, columns=["zone", "instance_type", "vcpus", "memory_gb"])
 
     def skus(self) -> list[dict[str, Any]]:
-        """All Compute Engine SKUs, following ``nextPageToken``."""
-        session = self._session or self._authorized_session()
-        url = f"{self.billing_url}/v1/services/{COMPUTE_SERVICE_ID}/skus"
-        out: list[dict[str, Any]] = []
-        token = ""
-        while True:
-            params = {"currencyCode": "USD", "pageSize": "5000", **({"pageToken": token} if token else {})}
+        """All Compute Engine SKUs in their JSON shape, through google-cloud-billing's pager."""
+        from google.cloud import billing_v1
 
-            def get(params: dict[str, str] = params) -> dict[str, Any]:
-                response = session.get(url, params=params, timeout=60)
-                response.raise_for_status()
-                payload: dict[str, Any] = response.json()
-                return payload
+        def read() -> list[dict[str, Any]]:
+            client = billing_v1.CloudCatalogClient(**self._client_kw)
+            pager = client.list_skus(request={"parent": f"services/{COMPUTE_SERVICE_ID}", "currency_code": "USD",
+                                              "page_size": 5000}, retry=self._retry)
+            return [json.loads(billing_v1.Sku.to_json(sku)) for sku in pager]
 
-            page = self._call("cloudbilling.services.skus.list", get)
-            out.extend(page.get("skus", []))
-            token = page.get("nextPageToken", "")
-            if not token:
-                return out
-
-    def _authorized_session(self) -> Any:
-        import google.auth
-        from google.auth.transport.requests import AuthorizedSession
-
-        scopes = ["https://www.googleapis.com/auth/cloud-billing.readonly"]
-        credentials, _ = self._call("google.auth.default", lambda: google.auth.default(scopes=scopes))
-        return AuthorizedSession(credentials)
+        skus: list[dict[str, Any]] = self._call("cloudbilling.services.skus.list", read)
+        return skus
 
     def fetch(
         self,
@@ -228,45 +252,43 @@ class GcpPriceSource:
         when = utc(end) if end else datetime.now(timezone.utc)
         rates = parse_skus(self.skus())
         hosts = self.machine_types()
-        hosts["region"] = hosts.zone.str.rsplit("-", n=1).str[0]
         accels = self.accelerators()
+        records: list[PriceRecord] = []
         for acc in accels.to_dict("records"):
-            zone, gpu_type, max_cards = str(acc["zone"]), str(acc["gpu_type"]), int(acc["max_cards"])
+            zone, gpu, sku, max_cards = str(acc["zone"]), str(acc["gpu_type"]), str(acc["sku"]), int(acc["max_cards"])
             region = zone.rsplit("-", 1)[0]
             if regions and region not in regions:
                 continue
             for spot in (True, False):
-                gpu_rate = rates.get(f"gpu:{gpu_type}", region, spot)
+                gpu_rate = rates.get(f"gpu:{sku}", region, spot)
                 if gpu_rate is None:
                     continue
                 zone_hosts = hosts[hosts.zone == zone].copy()
-                zone_hosts["price"] = [
-                    _host_price(str(h["instance_type"]), float(h["vcpus"]), float(h["memory_gb"]), region, spot, rates)
-                    for h in zone_hosts.to_dict("records")
-                ]
+                zone_hosts["price"] = [_host_price(str(h["instance_type"]), float(h["vcpus"]), float(h["memory_gb"]),
+                                                   region, spot, rates) for h in zone_hosts.to_dict("records")]
                 zone_hosts = zone_hosts.dropna(subset=["price"])
                 for count in self.counts:
-                    if count > max_cards:
-                        continue
-                    options = host_options(gpu_type, count, zone_hosts, zone)
+                    options = host_options(gpu, count, zone_hosts, zone) if count <= max_cards else zone_hosts[:0]
+                    # the Mega H100 is its own accelerator (and SKU) and comes only on a3-megagpu
+                    options = options[options.instance_type.str.startswith("a3-megagpu") == sku.endswith("-MEGA")]
                     if instance_types:
                         options = options[options.instance_type.isin(instance_types)]
                     if options.empty:
                         continue
                     best = options.iloc[int(options.price.to_numpy().argmin())]
-                    yield PriceRecord(
-                        timestamp=when, cloud="gcp", region=region, zone=zone,
-                        instance_type=str(best.instance_type), gpu_type=gpu_type, gpu_count=count,
-                        spot=spot, usd_per_hour=round(float(best.price) + gpu_rate * count, 6),
-                        source="gcp:cloudbilling+compute",
-                    )
+                    records.append(PriceRecord(
+                        timestamp=when, cloud="gcp", region=region, zone=zone, instance_type=str(best.instance_type),
+                        gpu_type=gpu, gpu_count=count, spot=spot,
+                        usd_per_hour=round(float(best.price) + gpu_rate * count, 6), source="gcp:cloudbilling+compute"))
+        yield from records
 
 
-def _host_price(name: str, vcpus: float, memory_gb: float, region: str, spot: bool, rates: _Rates) -> float | None:
-    family = "a2" if name.startswith("a2-") else "n1" if name.startswith("n1-") else None
-    if family is None:
-        return None
-    core, ram = rates.get(f"{family}-core", region, spot), rates.get(f"{family}-ram", region, spot)
+def _host_price(name: str, vcpus: float, memory_gb: float, region: str, spot: bool, rates: Rates) -> float | None:
+    family = host_family(name)
+    core = rates.get(f"{family}-core", region, spot)
+    ram = rates.get(f"{family}-ram", region, spot)
+    if (core is None or ram is None) and family.startswith("a3"):
+        core, ram = rates.get("a3-core", region, spot), rates.get("a3-ram", region, spot)
     if core is None or ram is None:
         return None
     return vcpus * core + memory_gb * ram

@@ -6,7 +6,7 @@
     the cheapest host VM that can carry them);
 (c) our own schema CSV (``pricing_data/gpu_prices.csv`` and the store cache).
 
-A single bad file is a :class:`UserError` naming the file; a folder imports every file it
+A single bad file is a :class:`CloudInputError` naming the file; a folder imports every file it
 recognises and fails only when it recognises none.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from orchestrator.errors import UserError
+from .errors import CloudInputError
 
 from .records import INSTANCE_GPUS, SCHEMA, normalize_azure_size, normalize_gpu
 from .store import normalize
@@ -39,7 +39,7 @@ def load_schema_csv(path: Path) -> pd.DataFrame:
     try:
         frame = pd.read_csv(path, keep_default_na=False, dtype={"zone": str, "region": str})
     except (pd.errors.ParserError, UnicodeDecodeError, OSError, EOFError) as exc:
-        raise UserError(f"{path}: unreadable price CSV ({exc})") from None
+        raise CloudInputError(f"{path}: unreadable price CSV ({exc})") from None
     return normalize(frame, str(path))
 
 
@@ -49,7 +49,7 @@ def load_aws_spot_json(path: Path) -> pd.DataFrame:
         payload = json.loads(path.read_text())
         items = payload["SpotPriceHistory"]
     except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as exc:
-        raise UserError(f"{path}: not a describe-spot-price-history JSON ({type(exc).__name__}: {exc})") from None
+        raise CloudInputError(f"{path}: not a describe-spot-price-history JSON ({type(exc).__name__}: {exc})") from None
     if not items:
         return normalize(pd.DataFrame(columns=list(SCHEMA)), str(path))
     raw = pd.DataFrame(items)
@@ -69,19 +69,19 @@ def load_azure_daily_csv(path: Path) -> pd.DataFrame:
     try:
         raw = pd.read_csv(path, dtype=str)
     except (pd.errors.ParserError, UnicodeDecodeError, OSError) as exc:
-        raise UserError(f"{path}: unreadable CSV ({exc})") from None
+        raise CloudInputError(f"{path}: unreadable CSV ({exc})") from None
     region = AZURE_TRACE_REGIONS.get(path.stem, path.stem.replace("_", ""))
     long = raw.melt(id_vars=["Date"], var_name="size", value_name="price").dropna(subset=["price"])
     long["size"] = long["size"].map(normalize_azure_size)
     unknown = sorted(set(long["size"]) - set(INSTANCE_GPUS["azure"]))
     if unknown:
-        raise UserError(f"{path}: unknown Azure VM size {unknown[0]!r}")
+        raise CloudInputError(f"{path}: unknown Azure VM size {unknown[0]!r}")
     gpus = long["size"].map(INSTANCE_GPUS["azure"])
     try:
         prices = long.price.str.replace("$", "", regex=False).str.replace(",", "", regex=False).astype(float)
         stamps = pd.to_datetime(long.Date, format="%m/%d/%Y", utc=True)
     except ValueError as exc:
-        raise UserError(f"{path}: bad value ({exc})") from None
+        raise CloudInputError(f"{path}: bad value ({exc})") from None
     frame = pd.DataFrame({
         "timestamp": stamps, "cloud": "azure", "region": region, "zone": "", "instance_type": long["size"],
         "gpu_type": gpus.str[0], "gpu_count": gpus.str[1], "spot": True, "usd_per_hour": prices,
@@ -94,7 +94,7 @@ def load_gcp_spinup(path: Path) -> pd.DataFrame:
     """GCP spin-up log: one line per preemptible VM that could be created (price is computed)."""
     match = _STAMP_IN_NAME.search(path.name)
     if not match:
-        raise UserError(f"{path}: GCP spin-up log name must carry its ISO timestamp")
+        raise CloudInputError(f"{path}: GCP spin-up log name must carry its ISO timestamp")
     rows = []
     for line in path.read_text().splitlines():
         m = _GCP_LINE.search(line)
@@ -115,7 +115,7 @@ def load_skypilot(path: Path, cloud: str | None = None) -> pd.DataFrame:
     raw = pd.read_csv(path)
     need = {"InstanceType", "AcceleratorName", "AcceleratorCount", "Price", "SpotPrice", "Region"}
     if not need <= set(raw.columns):
-        raise UserError(f"{path}: not a SkyPilot vms.csv (missing {', '.join(sorted(need - set(raw.columns)))})")
+        raise CloudInputError(f"{path}: not a SkyPilot vms.csv (missing {', '.join(sorted(need - set(raw.columns)))})")
     cloud = cloud or _guess_cloud(path, raw)
     if "AvailabilityZone" not in raw.columns:
         raw["AvailabilityZone"] = ""
@@ -167,7 +167,7 @@ def _guess_cloud(path: Path, raw: pd.DataFrame) -> str:
         return "gcp"
     if re.fullmatch(r"[a-z]+\d?", region):
         return "azure"
-    raise UserError(f"{path}: cannot tell which cloud this SkyPilot catalog is for (put it under aws/, gcp/ or azure/)")
+    raise CloudInputError(f"{path}: cannot tell which cloud this SkyPilot catalog is for (put it under aws/, gcp/ or azure/)")
 
 
 def detect(path: Path) -> Callable[[Path], pd.DataFrame] | None:
@@ -196,11 +196,11 @@ def load_any(path: Path | str) -> pd.DataFrame:
     """Load a price file or a folder of them (any mix of the three formats) into the schema."""
     p = Path(path)
     if not p.exists():
-        raise UserError(f"{p}: no such price file or folder")
+        raise CloudInputError(f"{p}: no such price file or folder")
     if p.is_file():
         loader = detect(p)
         if loader is None:
-            raise UserError(f"{p}: not a recognised price file (AWS spot JSON, Azure daily CSV, SkyPilot vms.csv or price CSV)")
+            raise CloudInputError(f"{p}: not a recognised price file (AWS spot JSON, Azure daily CSV, SkyPilot vms.csv or price CSV)")
         return loader(p)
     frames = []
     for file in sorted(q for q in p.rglob("*") if q.is_file() and "availability" not in q.parts):
@@ -209,5 +209,5 @@ def load_any(path: Path | str) -> pd.DataFrame:
             frames.append(loader(file))
     frames = [f for f in frames if len(f)]
     if not frames:
-        raise UserError(f"{p}: no price files found in this folder")
+        raise CloudInputError(f"{p}: no price files found in this folder")
     return normalize(pd.concat(frames, ignore_index=True), str(p))

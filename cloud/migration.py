@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from orchestrator.errors import UserError
+from .errors import CloudInputError
 
 from .records import Offer
 from .throughput import ThroughputTable
@@ -45,9 +45,9 @@ class MigrationCosts:
     def __post_init__(self) -> None:
         for name in ("checkpoint_gb", "restart_s", "replan_s", "hysteresis", "min_saving_usd", "checkpoint_interval_s"):
             if getattr(self, name) < 0:
-                raise UserError(f"migration costs: {name} must be >= 0")
+                raise CloudInputError(f"migration costs: {name} must be >= 0")
         if self.upload_gbps <= 0 or self.download_gbps <= 0:
-            raise UserError("migration costs: bandwidth must be > 0")
+            raise CloudInputError("migration costs: bandwidth must be > 0")
 
     @property
     def upload_h(self) -> float:
@@ -75,7 +75,7 @@ class Move:
 
     def __post_init__(self) -> None:
         if self.expected_saving_usd < 0:
-            raise UserError("a move must be expected to save money")
+            raise CloudInputError("a move must be expected to save money")
 
 
 Decision = Stay | Move
@@ -123,7 +123,7 @@ def choose(move: np.ndarray, stay: float, current: int, costs: MigrationCosts) -
     best = int(np.argmin(move))
     if not np.isfinite(stay):
         if not np.isfinite(move[best]):
-            raise UserError("no offer can run this job: every candidate lacks a price or a throughput")
+            raise CloudInputError("no offer can run this job: every candidate lacks a price or a throughput")
         return best, 0.0  # forced: the current offer is gone
     saving = stay - float(move[best])
     if best != current and saving > max(costs.min_saving_usd, costs.hysteresis * stay):

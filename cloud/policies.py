@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import linprog
 
-from orchestrator.errors import UserError
+from .errors import CloudInputError
 
 from .records import Offer
 from .throughput import ThroughputTable, cost_normalized
@@ -32,7 +32,7 @@ class JobSpec:
 
     def __post_init__(self) -> None:
         if self.samples <= 0 or self.max_instances <= 0:
-            raise UserError(f"job {self.name}: samples and max_instances must be positive")
+            raise CloudInputError(f"job {self.name}: samples and max_instances must be positive")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +68,7 @@ def rank(offers: pd.DataFrame, throughputs: ThroughputTable, model: str) -> pd.D
     """Offers by cost-normalized throughput (samples per dollar), best first."""
     ranked = cost_normalized(offers, throughputs, model)
     if ranked.empty:
-        raise UserError(f"no offer can run {model!r} (no throughput measured for any offered GPU)")
+        raise CloudInputError(f"no offer can run {model!r} (no throughput measured for any offered GPU)")
     return ranked
 
 
@@ -87,7 +87,7 @@ def min_cost_with_deadline(
     hours = job.samples / ranked.throughput / 3600.0
     fits = ranked[hours <= deadline_h]
     if fits.empty:
-        raise UserError(f"job {job.name}: no offer finishes within {deadline_h:g} h (fastest needs {hours.min():.1f} h)")
+        raise CloudInputError(f"job {job.name}: no offer finishes within {deadline_h:g} h (fastest needs {hours.min():.1f} h)")
     cost = hours[fits.index] * fits.usd_per_hour
     pick = int(np.argmin(cost.to_numpy()))
     best = fits.iloc[pick]
@@ -104,13 +104,13 @@ def min_makespan_within_budget(
     LP only gets cheaper. Each probe is one :func:`min_cost_allocation` LP.
     """
     if budget_usd <= 0:
-        raise UserError("budget must be positive")
+        raise CloudInputError("budget must be positive")
 
     def probe(makespan_h: float) -> Allocation | None:
         rates = {j.name: j.samples / (makespan_h * 3600.0) for j in jobs}
         try:
             alloc = min_cost_allocation(offers, throughputs, jobs, rates, quotas)
-        except UserError:
+        except CloudInputError:
             return None
         return alloc if alloc.usd_per_hour * makespan_h <= budget_usd else None
 
@@ -118,7 +118,7 @@ def min_makespan_within_budget(
     while probe(hi) is None:
         hi *= 2
         if hi > 1e6:
-            raise UserError(f"no allocation finishes within budget ${budget_usd:g}")
+            raise CloudInputError(f"no allocation finishes within budget ${budget_usd:g}")
     lo = 0.0
     while hi - lo > tolerance_h:
         mid = (lo + hi) / 2
@@ -143,7 +143,7 @@ def _quota_rows(usable: pd.DataFrame, n_jobs: int, quotas: Mapping[str, float] |
         region_key = usable.cloud + "/" + usable.region
         member = ((usable.cloud == key) | (region_key == key) | (usable.gpu_type == key)).to_numpy()
         if not member.any():
-            raise UserError(f"quota {key!r} matches no offer")
+            raise CloudInputError(f"quota {key!r} matches no offer")
         rows.append(np.tile(member * usable.gpu_count.to_numpy(float), n_jobs))
         bounds.append(float(limit))
     return rows, bounds
@@ -159,7 +159,7 @@ def max_throughput_allocation(
     n_j, n_m = tput.shape
     best = tput.max(axis=1, keepdims=True)
     if (best <= 0).any():
-        raise UserError("a job has no offer it can run on")
+        raise CloudInputError("a job has no offer it can run on")
     c = -(tput / best).ravel()
     a_ub, b_ub = _quota_rows(usable, n_j, quotas)
     for j, job in enumerate(jobs):
@@ -173,7 +173,7 @@ def max_throughput_allocation(
     bounds = [(0, None if t > 0 else 0) for t in tput.ravel()]
     res = linprog(c, A_ub=np.vstack(a_ub), b_ub=b_ub, bounds=bounds, method="highs")
     if res.status != 0:
-        raise UserError(f"throughput LP failed: {res.message}")
+        raise CloudInputError(f"throughput LP failed: {res.message}")
     return _allocation(res.x, usable, tput, jobs)
 
 
@@ -197,7 +197,7 @@ def min_cost_allocation(
         b_ub.append(job.max_instances)
     res = linprog(c, A_ub=np.vstack(a_ub), b_ub=b_ub, bounds=(0, None), method="highs")
     if res.status != 0:
-        raise UserError(f"min-cost LP infeasible: {res.message}")
+        raise CloudInputError(f"min-cost LP infeasible: {res.message}")
     return _allocation(res.x, usable, tput, jobs)
 
 

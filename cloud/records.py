@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from orchestrator.errors import UserError
+from .errors import CloudInputError
 
 CLOUDS: tuple[str, ...] = ("aws", "gcp", "azure")
 CLOUD_ALIASES: dict[str, str] = {
@@ -39,20 +39,30 @@ INSTANCE_GPUS: dict[str, dict[str, tuple[str, int]]] = {
         "p3dn.24xlarge": ("V100", 8), "p4d.24xlarge": ("A100", 8), "p5.48xlarge": ("H100", 8),
         "g4dn.xlarge": ("T4", 1), "g4dn.2xlarge": ("T4", 1), "g4dn.12xlarge": ("T4", 4),
         "g4dn.metal": ("T4", 8), "g5.xlarge": ("A10G", 1), "g5.2xlarge": ("A10G", 1),
-        "g5.12xlarge": ("A10G", 4), "g5.48xlarge": ("A10G", 8),
+        "g5.12xlarge": ("A10G", 4), "g5.48xlarge": ("A10G", 8), "p4de.24xlarge": ("A100-80GB", 8),
+        "p5e.48xlarge": ("H200", 8), "p5en.48xlarge": ("H200", 8), "g6.xlarge": ("L4", 1),
+        "g6.12xlarge": ("L4", 4), "g6.48xlarge": ("L4", 8), "g6e.xlarge": ("L40S", 1), "g6e.12xlarge": ("L40S", 4),
     },
-    "azure": {
+    # Names exactly as the Azure API spells them (``Standard_`` prefix); lookups accept both.
+    "azure": {f"Standard_{k}": v for k, v in {
+        "NC6s_v3": ("V100", 1), "NC12s_v3": ("V100", 2), "NC24s_v3": ("V100", 4), "NC24rs_v3": ("V100", 4),
+        "NC4as_T4_v3": ("T4", 1), "NC8as_T4_v3": ("T4", 1), "NC16as_T4_v3": ("T4", 1), "NC64as_T4_v3": ("T4", 4),
+        "ND96asr_v4": ("A100", 8), "ND96amsr_A100_v4": ("A100-80GB", 8), "NC24ads_A100_v4": ("A100-80GB", 1),
+        "NC48ads_A100_v4": ("A100-80GB", 2), "NC96ads_A100_v4": ("A100-80GB", 4), "ND96isr_H100_v5": ("H100", 8),
+        "NC40ads_H100_v5": ("H100", 1), "NC80adis_H100_v5": ("H100", 2), "ND96isr_H200_v5": ("H200", 8),
+        # retired sizes, kept so the 2020 training_on_a_dime traces still import
         "NC6": ("K80", 1), "NC12": ("K80", 2), "NC24": ("K80", 4), "NC24r": ("K80", 4),
-        "NC6s_v2": ("P100", 1), "NC12s_v2": ("P100", 2), "NC24s_v2": ("P100", 4),
-        "NC24rs_v2": ("P100", 4), "NC6s_v3": ("V100", 1), "NC12s_v3": ("V100", 2),
-        "NC24s_v3": ("V100", 4), "NC24rs_v3": ("V100", 4), "NC4as_T4_v3": ("T4", 1),
-        "NC64as_T4_v3": ("T4", 4), "ND96asr_v4": ("A100", 8), "NC24ads_A100_v4": ("A100", 1),
-    },
+        "NC6s_v2": ("P100", 1), "NC12s_v2": ("P100", 2), "NC24s_v2": ("P100", 4), "NC24rs_v2": ("P100", 4),
+    }.items()},
+    # GCP types with GPUs built in (N1 hosts carry attached GPUs and are priced per request).
     "gcp": {
-        "a2-highgpu-1g": ("A100", 1), "a2-highgpu-2g": ("A100", 2), "a2-highgpu-4g": ("A100", 4),
-        "a2-highgpu-8g": ("A100", 8), "a2-megagpu-16g": ("A100", 16),
-        "a2-ultragpu-1g": ("A100-80GB", 1), "a2-ultragpu-8g": ("A100-80GB", 8),
-        "g2-standard-4": ("L4", 1), "a3-highgpu-8g": ("H100", 8),
+        **{f"a2-highgpu-{n}g": ("A100", n) for n in (1, 2, 4, 8)}, "a2-megagpu-16g": ("A100", 16),
+        **{f"a2-ultragpu-{n}g": ("A100-80GB", n) for n in (1, 2, 4, 8)},
+        **{f"a3-highgpu-{n}g": ("H100", n) for n in (1, 2, 4, 8)}, "a3-megagpu-8g": ("H100", 8),
+        "a3-edgegpu-8g": ("H100", 8), "a3-ultragpu-8g": ("H200", 8),
+        # G2: one L4 up to 16 vCPUs and on g2-standard-32; 2, 4, 8 on the 24, 48, 96 vCPU types
+        **{f"g2-standard-{v}": ("L4", n) for v, n in ((4, 1), (8, 1), (12, 1), (16, 1), (32, 1), (24, 2),
+                                                       (48, 4), (96, 8))},
     },
 }
 
@@ -72,10 +82,14 @@ def normalize_gpu(name: str) -> str:
 
 
 def normalize_azure_size(name: str) -> str:
-    """``Standard_NC6s_v3`` / ``NC6s v3`` -> ``NC6s_v3`` (the key of :data:`INSTANCE_GPUS`)."""
+    """``NC6s_v3`` / ``NC6s v3`` / ``standard_NC6s_v3`` -> ``Standard_NC6s_v3``, the API's spelling.
+
+    Azure's APIs, its price sheets and every catalog name sizes ``Standard_...``; older traces
+    (training_on_a_dime's daily CSVs) drop the prefix, so both spellings are accepted.
+    """
     text = str(name).strip()
-    text = re.sub(r"^Standard_", "", text)
-    return text.replace(" ", "_")
+    text = re.sub(r"^standard_", "", text, flags=re.I)
+    return "Standard_" + text.replace(" ", "_") if text else ""
 
 
 def canonical_cloud(name: str) -> str:
@@ -83,7 +97,7 @@ def canonical_cloud(name: str) -> str:
     key = str(name).strip().lower()
     if key in CLOUD_ALIASES:
         return CLOUD_ALIASES[key]
-    raise UserError(f"unknown cloud {name!r}{did_you_mean(key, CLOUD_ALIASES)}")
+    raise CloudInputError(f"unknown cloud {name!r}{did_you_mean(key, CLOUD_ALIASES)}")
 
 
 def did_you_mean(word: str, choices: object) -> str:
@@ -94,12 +108,12 @@ def did_you_mean(word: str, choices: object) -> str:
 
 
 def instance_gpus(cloud: str, instance_type: str) -> tuple[str, int]:
-    """GPU model and count of a known instance type; :class:`UserError` with a suggestion if unknown."""
+    """GPU model and count of a known instance type; :class:`CloudInputError` with a suggestion if unknown."""
     table = INSTANCE_GPUS[canonical_cloud(cloud)]
     key = normalize_azure_size(instance_type) if cloud == "azure" else instance_type
     if key in table:
         return table[key]
-    raise UserError(f"unknown {cloud} instance type {instance_type!r}{did_you_mean(key, table)}")
+    raise CloudInputError(f"unknown {cloud} instance type {instance_type!r}{did_you_mean(key, table)}")
 
 
 def utc(value: datetime | str) -> datetime:
@@ -125,13 +139,13 @@ class PriceRecord:
 
     def __post_init__(self) -> None:
         if self.cloud not in CLOUDS:
-            raise UserError(f"price record: unknown cloud {self.cloud!r}{did_you_mean(self.cloud, CLOUDS)}")
+            raise CloudInputError(f"price record: unknown cloud {self.cloud!r}{did_you_mean(self.cloud, CLOUDS)}")
         if not self.instance_type:
-            raise UserError("price record: empty instance_type")
+            raise CloudInputError("price record: empty instance_type")
         if self.gpu_count < 0:
-            raise UserError(f"price record {self.instance_type}: negative gpu_count {self.gpu_count}")
+            raise CloudInputError(f"price record {self.instance_type}: negative gpu_count {self.gpu_count}")
         if not math.isfinite(self.usd_per_hour) or self.usd_per_hour < 0:
-            raise UserError(f"price record {self.instance_type}: bad price {self.usd_per_hour!r}")
+            raise CloudInputError(f"price record {self.instance_type}: bad price {self.usd_per_hour!r}")
         if self.timestamp.tzinfo is None:
             object.__setattr__(self, "timestamp", utc(self.timestamp))
 
@@ -154,9 +168,9 @@ class Offer:
 
     def __post_init__(self) -> None:
         if self.gpu_count <= 0:
-            raise UserError(f"offer {self.instance_type}: needs at least one GPU")
+            raise CloudInputError(f"offer {self.instance_type}: needs at least one GPU")
         if not math.isfinite(self.usd_per_hour) or self.usd_per_hour <= 0:
-            raise UserError(f"offer {self.instance_type}: bad price {self.usd_per_hour!r}")
+            raise CloudInputError(f"offer {self.instance_type}: bad price {self.usd_per_hour!r}")
 
     @property
     def key(self) -> tuple[str, str, str, str, bool]:

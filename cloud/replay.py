@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from orchestrator.errors import UserError
+from .errors import CloudInputError
 
 from .migration import MigrationCosts, choose, egress_usd_per_gb, move_scores, risk_vector
 from .records import normalize_gpu
@@ -62,9 +62,9 @@ class ReplayPolicy:
 
     def __post_init__(self) -> None:
         if self.initial not in ("cheapest_price", "best_value"):
-            raise UserError(f"policy {self.name}: unknown initial rule {self.initial!r}")
+            raise CloudInputError(f"policy {self.name}: unknown initial rule {self.initial!r}")
         if self.max_gpus < 1 or self.decide_every_h <= 0:
-            raise UserError(f"policy {self.name}: max_gpus >= 1 and decide_every_h > 0 required")
+            raise CloudInputError(f"policy {self.name}: max_gpus >= 1 and decide_every_h > 0 required")
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +92,7 @@ def replay(
     mask = candidate_mask(trace.meta, policy)
     tput = np.where(mask, throughputs.column(model, trace.meta.gpu_type, trace.meta.gpu_count), 0.0)
     if not (tput > 0).any():
-        raise UserError(f"policy {policy.name}: no candidate offer can run {model!r}")
+        raise CloudInputError(f"policy {policy.name}: no candidate offer can run {model!r}")
     prices = np.where(mask & (tput > 0), trace.prices, np.nan)
     if start is None:
         live = np.isfinite(prices).any(axis=1)
@@ -100,7 +100,7 @@ def replay(
     else:
         t0 = int(trace.times.searchsorted(_utc(start)))
     if t0 >= len(trace.times):
-        raise UserError(f"start {start} is after the end of the trace")
+        raise CloudInputError(f"start {start} is after the end of the trace")
     costs = policy.costs
     risk = risk_vector(trace.meta, costs)
     clouds, regions = trace.meta.cloud.to_numpy(), trace.meta.region.to_numpy()
@@ -132,7 +132,7 @@ def replay(
                 cur, busy, migrations = target, costs.resume_h, migrations + 1
                 path.append(_label(trace.meta, cur))
             elif gone:
-                raise UserError(f"policy {policy.name}: no offer left at {trace.times[min(step, len(prices) - 1)]}")
+                raise CloudInputError(f"policy {policy.name}: no offer left at {trace.times[min(step, len(prices) - 1)]}")
         price, left = float(row[cur]), dt
         if busy > 0:
             used = min(busy, left)
@@ -150,7 +150,7 @@ def _utc(value: pd.Timestamp | str) -> pd.Timestamp:
     try:
         stamp = pd.Timestamp(value)
     except ValueError:
-        raise UserError(f"bad start time {value!r}") from None
+        raise CloudInputError(f"bad start time {value!r}") from None
     return stamp.tz_localize("UTC") if stamp.tzinfo is None else stamp.tz_convert("UTC")
 
 
@@ -162,14 +162,14 @@ def common_start(trace: Trace, policies: Sequence[ReplayPolicy]) -> pd.Timestamp
     for policy in policies:
         live &= np.isfinite(np.where(candidate_mask(trace.meta, policy), trace.prices, np.nan)).any(axis=1)
     if not live.any():
-        raise UserError("the trace has no time at which every policy has an offer")
+        raise CloudInputError("the trace has no time at which every policy has an offer")
     return pd.Timestamp(trace.times[int(np.argmax(live))])
 
 
 def _initial(row: np.ndarray, tput: np.ndarray, rule: str) -> int:
     ok = np.isfinite(row) & (tput > 0)
     if not ok.any():
-        raise UserError("no candidate offer is available at the start time")
+        raise CloudInputError("no candidate offer is available at the start time")
     if rule == "cheapest_price":
         return int(np.argmin(np.where(ok, row, np.inf)))
     return int(np.argmax(np.where(ok, tput / np.where(ok, row, 1.0), -np.inf)))

@@ -1,52 +1,68 @@
-"""The price-source interface, the registry of clouds, and the retry rule all sources share.
+"""The price-source interface, the registry of clouds, and the one retry layer: each SDK's own.
 
 Each cloud lives in its own module (``cloud.aws``, ``cloud.gcp``, ``cloud.azure``) and is only
 imported when asked for by name, so importing :mod:`cloud` never pulls an SDK or touches the
 network. Credentials are whatever each SDK's standard chain finds; this code never reads, prints
 or stores them.
+
+Why no retry loop here: botocore, google-api-core and azure-core already retry throttling, 5xx
+and dropped connections per request (per *page* when paging), so a loop around a whole paginated
+call would multiply their attempts and restart pagination from page 1. The SDKs are configured
+once below (:func:`botocore_config`, :func:`google_retry`, :data:`AZURE_RETRY`); :func:`call`
+only turns what is left - a permanent error, or a transient one the SDK gave up on - into one
+:class:`~cloud.errors.CloudError` line.
 """
 
 from __future__ import annotations
 
 import importlib
-import logging
-import random
-import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from orchestrator.errors import UserError
-
+from .errors import CloudError
 from .records import CLOUD_ALIASES, PriceRecord, canonical_cloud
 
-log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-
-class CloudError(UserError):
-    """A permanent failure talking to a cloud: names the cloud, the call and the reason."""
-
-    def __init__(self, cloud: str, call: str, reason: str) -> None:
-        super().__init__(f"{cloud}: {call} failed: {reason}")
-        self.cloud, self.call, self.reason = cloud, call, reason
+#: Attempts per request (first try included) for every SDK; a page is one request.
+MAX_ATTEMPTS = 5
+#: azure-core RetryPolicy settings (keyword arguments of any azure client or PipelineClient).
+AZURE_RETRY: dict[str, Any] = {"retry_total": MAX_ATTEMPTS - 1, "retry_backoff_factor": 0.5, "retry_backoff_max": 20}
 
 
-class TransientError(Exception):
-    """Raised by a source's classifier for errors worth retrying (throttling, 5xx, timeouts)."""
+def botocore_config(**overrides: Any) -> Any:
+    """botocore's ``standard`` retry mode (throttling, 5xx, connection errors; jittered backoff)."""
+    from botocore.config import Config
+
+    options: dict[str, Any] = {
+        "retries": {"mode": "standard", "max_attempts": MAX_ATTEMPTS},
+        "connect_timeout": 10, "read_timeout": 60,
+    }
+    options.update(overrides)
+    return Config(**options)
+
+
+def google_retry(deadline_s: float = 120.0) -> Any:
+    """google-api-core's Retry on transient errors (429, 500, 503, connection resets)."""
+    from google.api_core import retry as gretry
+
+    return gretry.Retry(predicate=gretry.if_transient_error, initial=0.5, maximum=20.0, multiplier=2.0,
+                        timeout=deadline_s)
 
 
 @runtime_checkable
 class PriceSource(Protocol):
     """What every cloud module provides.
 
-    ``fetch`` yields spot and on-demand prices of GPU instances in ``regions`` (all known GPU
-    regions when empty) observed in ``[start, end]``; on-demand list prices carry the time they
-    were read. Sources may yield more than asked (a catalog has no time filter); the store
-    de-duplicates.
+    ``fetch`` yields spot and on-demand prices of GPU instances in ``regions`` (all the cloud's
+    regions when empty) observed in ``[start, end]``. A region that refuses the caller (an opt-in
+    region, a disabled API) is skipped and described in ``skipped``; every other failure raises
+    :class:`CloudError` before any record of the failing region is yielded.
     """
 
     name: str
+    skipped: list[str]
 
     def fetch(
         self,
@@ -78,58 +94,48 @@ def get_source(name: str, **options: object) -> PriceSource:
     return source
 
 
-def retry_call(
+def call(
     fn: Callable[[], T],
     *,
     cloud: str,
     call: str,
     classify: Callable[[BaseException], str | None],
-    attempts: int = 5,
-    base_delay_s: float = 0.5,
-    max_delay_s: float = 20.0,
-    sleep: Callable[[float], None] = time.sleep,
 ) -> T:
-    """Run ``fn``; retry transient failures with exponential backoff and jitter.
+    """Run ``fn`` once (the SDK inside retries); a classified failure becomes :class:`CloudError`.
 
-    ``classify(exc)`` returns ``"transient"`` to retry, a reason string for a permanent failure
-    (raised as :class:`CloudError`), or ``None`` to let the exception through untouched (a bug).
-    The last transient failure also becomes a :class:`CloudError`, so callers see one kind of
-    error naming the cloud and the call.
+    ``classify(exc)`` returns a reason string, or ``None`` to let the exception through untouched
+    (a bug in our code keeps its traceback).
     """
-    for attempt in range(1, attempts + 1):
-        try:
-            return fn()
-        except CloudError:
+    try:
+        return fn()
+    except CloudError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - classified below
+        reason = classify(exc)
+        if reason is None:
             raise
-        except Exception as exc:  # noqa: BLE001 - classified below
-            verdict = classify(exc)
-            if verdict is None:
-                raise
-            if verdict != "transient":
-                raise CloudError(cloud, call, verdict) from None
-            if attempt == attempts:
-                raise CloudError(cloud, call, f"still failing after {attempts} attempts: {_short(exc)}") from None
-            delay = min(max_delay_s, base_delay_s * 2 ** (attempt - 1)) * (0.5 + random.random() / 2)
-            log.info("%s %s: transient error (%s), retry %d in %.1fs", cloud, call, _short(exc), attempt, delay)
-            sleep(delay)
-    raise AssertionError("unreachable")
+        raise CloudError(cloud, call, reason) from None
 
 
-def _short(exc: BaseException) -> str:
+def short(exc: BaseException) -> str:
+    """``Type: first line`` of an exception, at most 200 characters."""
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:200]
 
 
 def http_status_verdict(status: int | None, message: str) -> str:
-    """Shared HTTP classification: 429/5xx/timeouts retry, 401/403 name credentials, else permanent."""
-    if status is None or status == 429 or status >= 500:
-        return "transient"
+    """Reason for an HTTP failure the SDK did not (or could no longer) retry."""
+    first = " ".join(str(message).split())[:200]
     if status in (401, 403):
-        return f"not authorized (HTTP {status}): check the credentials of the standard chain ({message[:120]})"
-    return f"HTTP {status}: {message[:200]}"
+        return f"not authorized (HTTP {status}): check the credentials of the standard chain ({first[:120]})"
+    if status is None:
+        return f"no answer: {first}"
+    if status == 429 or status >= 500:
+        return f"still failing after {MAX_ATTEMPTS} attempts (HTTP {status}): {first}"
+    return f"HTTP {status}: {first}"
 
 
 __all__ = [
-    "CLOUD_ALIASES", "CloudError", "PriceSource", "TransientError", "available_sources",
-    "get_source", "http_status_verdict", "retry_call",
+    "AZURE_RETRY", "CLOUD_ALIASES", "CloudError", "MAX_ATTEMPTS", "PriceSource", "available_sources",
+    "botocore_config", "call", "get_source", "google_retry", "http_status_verdict", "short",
 ]

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from orchestrator.errors import UserError
+from .errors import CloudInputError
 
-from .records import OFFER_KEY, SCHEMA, Offer, PriceRecord, utc
+from .records import OFFER_KEY, SCHEMA, Offer, PriceRecord, normalize_azure_size, utc
 from .sources import PriceSource
 
 SERIES_KEY: list[str] = [*OFFER_KEY[:4], "gpu_type", "gpu_count", "spot"]
@@ -35,23 +35,26 @@ def empty_frame() -> pd.DataFrame:
 
 
 def normalize(frame: pd.DataFrame, origin: str = "price table") -> pd.DataFrame:
-    """Coerce to the schema (column order, dtypes, UTC timestamps) or raise one-line UserError."""
+    """Coerce to the schema (column order, dtypes, UTC timestamps) or raise one-line CloudInputError."""
     missing = [c for c in SCHEMA if c not in frame.columns]
     if missing:
-        raise UserError(f"{origin}: missing columns {', '.join(missing)}")
+        raise CloudInputError(f"{origin}: missing columns {', '.join(missing)}")
     out = frame.loc[:, list(SCHEMA)].copy()
     try:
         out["timestamp"] = pd.to_datetime(out["timestamp"], utc=True, format="mixed")
         out["usd_per_hour"] = pd.to_numeric(out["usd_per_hour"]).astype(float)
         out["gpu_count"] = pd.to_numeric(out["gpu_count"]).astype(int)
     except (ValueError, TypeError) as exc:
-        raise UserError(f"{origin}: bad value ({str(exc).splitlines()[0][:160]})") from None
+        raise CloudInputError(f"{origin}: bad value ({str(exc).splitlines()[0][:160]})") from None
     if out["spot"].dtype != bool:
         out["spot"] = out["spot"].map(_as_bool)
     for col in ("cloud", "region", "zone", "instance_type", "gpu_type", "source"):
         out[col] = out[col].fillna("").astype(str)
+    azure = out.cloud == "azure"
+    if azure.any():  # one spelling (the API's, ``Standard_NC6s_v3``) whatever the file used
+        out.loc[azure, "instance_type"] = out.loc[azure, "instance_type"].map(normalize_azure_size)
     if (out.usd_per_hour < 0).any():
-        raise UserError(f"{origin}: negative price")
+        raise CloudInputError(f"{origin}: negative price")
     return out.reset_index(drop=True)
 
 
@@ -61,7 +64,7 @@ def _as_bool(value: object) -> bool:
         return True
     if text in ("false", "0", "no", "on-demand", "ondemand", ""):
         return False
-    raise UserError(f"spot column: not a boolean: {value!r}")
+    raise CloudInputError(f"spot column: not a boolean: {value!r}")
 
 
 def write_frame_atomic(frame: pd.DataFrame, path: Path) -> None:
@@ -104,7 +107,7 @@ class PriceStore:
         try:
             return cls(pd.read_csv(p, keep_default_na=False, dtype={"zone": str, "region": str}))
         except (pd.errors.ParserError, UnicodeDecodeError, EOFError, OSError) as exc:
-            raise UserError(f"{p}: unreadable price cache ({exc})") from None
+            raise CloudInputError(f"{p}: unreadable price cache ({exc})") from None
 
     def save(self, path: Path | str) -> None:
         write_frame_atomic(self.frame, Path(path))
@@ -184,7 +187,7 @@ class PriceStore:
         """
         f = self.frame
         if f.empty:
-            raise UserError("price store is empty")
+            raise CloudInputError("price store is empty")
         lo = pd.Timestamp(start) if start is not None else f.timestamp.min()
         hi = pd.Timestamp(end) if end is not None else f.timestamp.max()
         index = pd.date_range(lo.floor(freq), hi.ceil(freq), freq=freq)

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from orchestrator.errors import UserError
+from .errors import CloudInputError
 
 from .records import did_you_mean, normalize_gpu
 
@@ -37,11 +37,11 @@ class ThroughputTable:
 
     def __post_init__(self) -> None:
         if not 0 < self.scaling_efficiency <= 1:
-            raise UserError(f"scaling efficiency must be in (0, 1], got {self.scaling_efficiency}")
+            raise CloudInputError(f"scaling efficiency must be in (0, 1], got {self.scaling_efficiency}")
         clean: dict[tuple[str, str, int], float] = {}
         for (model, gpu, count), value in self.table.items():
             if count <= 0 or not np.isfinite(value) or value < 0:
-                raise UserError(f"throughput of {model} on {count}x{gpu}: bad value {value!r}")
+                raise CloudInputError(f"throughput of {model} on {count}x{gpu}: bad value {value!r}")
             clean[(str(model), normalize_gpu(gpu), int(count))] = float(value)
         object.__setattr__(self, "table", clean)
         object.__setattr__(self, "models", tuple(sorted({m for m, _, _ in clean})))
@@ -59,7 +59,7 @@ class ThroughputTable:
 
     def check_model(self, model: str) -> str:
         if model not in self.models:
-            raise UserError(f"no throughput for model {model!r}{did_you_mean(model, self.models)}")
+            raise CloudInputError(f"no throughput for model {model!r}{did_you_mean(model, self.models)}")
         return model
 
     def column(self, model: str, gpu_types: pd.Series, counts: pd.Series) -> np.ndarray:
@@ -74,7 +74,7 @@ class ThroughputTable:
             payload = json.loads(Path(path).read_text())
             table = {(job, gpu, 1): float(v["null"]) for gpu, jobs in payload.items() for job, v in jobs.items()}
         except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
-            raise UserError(f"{path}: not an oracle throughput JSON ({type(exc).__name__}: {exc})") from None
+            raise CloudInputError(f"{path}: not an oracle throughput JSON ({type(exc).__name__}: {exc})") from None
         return cls(table, scaling_efficiency)
 
     @classmethod
@@ -85,15 +85,15 @@ class ThroughputTable:
             rows = zip(frame.model, frame.gpu_type, frame.gpu_count.astype(int), frame.throughput.astype(float))
             return cls({(m, g, int(c)): float(t) for m, g, c, t in rows}, scaling_efficiency)
         except (OSError, pd.errors.ParserError, AttributeError, ValueError) as exc:
-            if isinstance(exc, UserError):
+            if isinstance(exc, CloudInputError):
                 raise
-            raise UserError(f"{path}: need columns model, gpu_type, gpu_count, throughput ({exc})") from None
+            raise CloudInputError(f"{path}: need columns model, gpu_type, gpu_count, throughput ({exc})") from None
 
     @classmethod
     def load(cls, path: Path | str, scaling_efficiency: float = 1.0) -> ThroughputTable:
         p = Path(path)
         if not p.exists():
-            raise UserError(f"{p}: no such throughput file")
+            raise CloudInputError(f"{p}: no such throughput file")
         if p.suffix == ".json":
             return cls.from_oracle_json(p, scaling_efficiency)
         return cls.from_csv(p, scaling_efficiency)

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from cloud.errors import CloudError
 from orchestrator.errors import UserError
 
 
@@ -229,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         return int(args.func(args) or 0)
-    except UserError as exc:
+    except (UserError, CloudError) as exc:  # cloud/ has its own error type (it imports nothing of ours)
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 import yaml
 
+from cloud.errors import CloudError
 from cloud.records import instance_gpus
 from orchestrator.errors import UserError
 
@@ -70,7 +71,7 @@ class ClusterSpec:
             # attached GPUs, so they need gpu_type/gpus_per_node given explicitly.
             try:
                 known_gpu, known_count = instance_gpus(self.cloud, self.instance_type)
-            except UserError as exc:
+            except CloudError as exc:
                 raise UserError(f"{exc}; or give gpu_type and gpus_per_node") from None
             gpu, count = gpu or known_gpu, count or known_count
         if self.cloud == "gcp" and not self.instance_type.startswith(GCP_GPU_MACHINE_FAMILIES) and gpu not in GCP_ACCELERATOR:

@@ -29,16 +29,20 @@ class Loopback:
         class Handler(BaseHTTPRequestHandler):
             def _serve(self) -> None:
                 headers = {k.lower(): v for k, v in self.headers.items()}
+                length = int(headers.get("content-length", 0) or 0)
+                if length:  # a POSTed form (EC2's query protocol) reaches the route as ":body"
+                    headers[":body"] = self.rfile.read(length).decode()
                 outer.requests.append((self.command, self.path, headers))
                 status, body = outer.route(self.command, self.path, headers)
                 data = body if isinstance(body, bytes) else (body if isinstance(body, str) else json.dumps(body)).encode()
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                kind = "text/xml" if data.lstrip().startswith(b"<") else "application/json"
+                self.send_header("Content-Type", kind)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
 
-            do_GET = do_PUT = _serve
+            do_GET = do_PUT = do_POST = _serve
 
             def log_message(self, *args: Any) -> None:
                 pass

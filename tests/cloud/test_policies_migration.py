@@ -10,7 +10,7 @@ from cloud.records import Offer
 from cloud.replay import FREE_MOVES, ReplayPolicy, Trace, replay
 from cloud.store import PriceStore
 from cloud.throughput import ThroughputTable
-from orchestrator.errors import UserError
+from cloud.errors import CloudError
 
 TPUT = ThroughputTable({("m", "K80", 1): 1.0, ("m", "V100", 1): 4.0, ("n", "K80", 1): 3.0, ("n", "V100", 1): 4.0})
 
@@ -37,7 +37,7 @@ def test_deadline_forces_faster_offer():
     assert P.min_cost_with_deadline(OFFERS, TPUT, job, 20).offer.gpu_type == "K80"
     fast = P.min_cost_with_deadline(OFFERS, TPUT, job, 8)
     assert fast.hours <= 8 and fast.offer.instance_type == "NC6s_v3"
-    with pytest.raises(UserError, match="no offer finishes within 1"):
+    with pytest.raises(CloudError, match="no offer finishes within 1"):
         P.min_cost_with_deadline(OFFERS, TPUT, job, 1)
 
 
@@ -54,7 +54,7 @@ def test_lps_respect_quotas_and_requirements():
     assert all(cost.throughput[k] >= v - 1e-6 for k, v in need.items())
     # b meets 2/s on K80 (3/s for 0.3 $/h) more cheaply than on V100: LP must find it
     assert cost.x.loc["b"].filter(like="K80").sum() > 0
-    with pytest.raises(UserError):
+    with pytest.raises(CloudError):
         P.min_cost_allocation(OFFERS, TPUT, jobs, {"a": 100.0, "b": 1.0})
 
 

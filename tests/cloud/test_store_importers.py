@@ -7,7 +7,7 @@ import pytest
 from cloud.importers import load_any, load_snapshot
 from cloud.records import PriceRecord, canonical_cloud, instance_gpus, normalize_gpu
 from cloud.store import PriceStore
-from orchestrator.errors import UserError
+from cloud.errors import CloudError
 
 
 def rec(hour: int, price: float, zone: str = "us-east-1a", itype: str = "p3.2xlarge") -> PriceRecord:
@@ -17,11 +17,11 @@ def rec(hour: int, price: float, zone: str = "us-east-1a", itype: str = "p3.2xla
 def test_names_normalise_and_suggest():
     assert {normalize_gpu(x) for x in ("nvidia-tesla-v100", "Tesla V100", "v100", "NVIDIA V100")} == {"V100"}
     assert canonical_cloud("Google") == "gcp"
-    with pytest.raises(UserError, match="did you mean 'azure'"):
+    with pytest.raises(CloudError, match="did you mean 'azure'"):
         canonical_cloud("azuer")
-    with pytest.raises(UserError, match="did you mean 'p3.8xlarge'"):
+    with pytest.raises(CloudError, match="did you mean 'p3.8xlarge'"):
         instance_gpus("aws", "p3.8xlarg")
-    with pytest.raises(UserError):
+    with pytest.raises(CloudError):
         rec(0, -1.0)
 
 
@@ -74,7 +74,7 @@ def test_trace_formats_detected(tmp_path):
     assert (aws.region, aws.gpu_type, aws.gpu_count, aws.usd_per_hour) == ("us-east-1", "V100", 4, 3.67)
     azure = frame[frame.cloud == "azure"]
     assert len(azure) == 3 and set(azure.region) == {"eastus"}
-    assert azure[azure.instance_type == "NC24s_v3"].gpu_count.tolist() == [4]
+    assert azure[azure.instance_type == "Standard_NC24s_v3"].gpu_count.tolist() == [4]
 
 
 def test_skypilot_gcp_gpu_priced_with_cheapest_host(tmp_path):
@@ -103,18 +103,18 @@ def test_skypilot_azure_without_zone_column(tmp_path):
     path.write_text("InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo,Price,SpotPrice,Region\n"
                     "Standard_NC6s_v3,V100,1,6,112,,3.06,0.31,eastus\nStandard_D2s_v3,,,2,8,,0.096,0.01,eastus\n")
     frame = load_any(path)
-    assert set(frame.instance_type) == {"NC6s_v3"} and set(frame.zone) == {""} and set(frame.cloud) == {"azure"}
+    assert set(frame.instance_type) == {"Standard_NC6s_v3"} and set(frame.zone) == {""} and set(frame.cloud) == {"azure"}
 
 
 @pytest.mark.parametrize("content,match", [
     ('{"SpotPriceHistory": [{"InstanceType": "p3.2xlarge"', "not a describe-spot-price-history JSON"),
     ("Date,NC6\n2/24/2020,$abc\n", "bad value"),
-    ("Date,NC7x\n2/24/2020,$0.1\n", "unknown Azure VM size 'NC7x'"),
+    ("Date,NC7x\n2/24/2020,$0.1\n", "unknown Azure VM size 'Standard_NC7x'"),
 ])
 def test_bad_price_files_give_one_line(tmp_path, content, match):
     path = tmp_path / ("x.json" if content.startswith("{") else "x.csv")
     path.write_text(content)
-    with pytest.raises(UserError, match=match) as info:
+    with pytest.raises(CloudError, match=match) as info:
         load_any(path)
     assert "\n" not in str(info.value)
 
