@@ -33,6 +33,8 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from actors.stage_worker import JobSpec, StageWorker
 from orchestrator.errors import UserError
 from orchestrator.plan import Plan
+from orchestrator.schedule.lowering import lower
+from orchestrator.schedule.nccl import replay
 
 
 class PipelineActorError(RuntimeError):
@@ -49,8 +51,13 @@ class WorkerGroup:
     def __init__(self, size: int, use_gpu: bool | None = None, cpus_per_worker: float = 0.01) -> None:
         if not ray.is_initialized():
             ray.init(ignore_reinit_error=True, log_to_driver=False)
+        gpus = int(ray.cluster_resources().get("GPU", 0))
         if use_gpu is None:
-            use_gpu = ray.cluster_resources().get("GPU", 0) >= size
+            if 0 < gpus < size:  # a GPU cluster too small for the plan: never fall back to CPU silently
+                raise UserError(f"the plan needs {size} GPUs (one per stage worker) but the Ray cluster has {gpus}")
+            use_gpu = gpus >= size
+        elif use_gpu and gpus < size:
+            raise UserError(f"the plan needs {size} GPUs (one per stage worker) but the Ray cluster has {gpus}")
         self.size, self.use_gpu, self.cpus_per_worker = size, use_gpu, cpus_per_worker
         self.actors: list[Any] = []
         self.pg: Any = None
@@ -120,6 +127,7 @@ class WorkerGroup:
             self.restart()
         if any(slots[d] in self.dead for d in devices):
             raise UserError(f"device(s) {sorted(d for d in devices if slots[d] in self.dead)} have no live worker")
+        replay(lower(plan))  # proof the plan cannot hang under NCCL's rules (milliseconds; see schedule/nccl.py)
         self.plan, self.spec = plan, spec
         self.rank_of = {d: i for i, d in enumerate(devices)}
         self.slot_of = {d: slots[d] for d in devices}
@@ -156,6 +164,7 @@ class WorkerGroup:
         old_groups = set() if rejoin else {g for g in self.plan.device_groups if len(g) > 1}
         create = [g for g in plan.device_groups if len(g) > 1 and g not in old_groups]
         leaving = [d for d in self.rank_of if d not in rank_of and self.slot_of[d] not in self.dead]
+        replay(lower(plan))
         self.plan, self.rank_of = plan, rank_of
         order = [tuple(t) for t in sorted(transfers)]
         newcomers = {d for d in new_members if d not in old_members}
@@ -279,10 +288,13 @@ class WorkerGroup:
         return [results[d] for d in devs]
 
     def _cancel(self, pending: dict[Any, int]) -> None:
+        """Cancel calls still queued; a call already running (blocked on a dead peer) cannot be
+        cancelled on an actor (Ray refuses ``force`` there): the group is broken and the next
+        :meth:`configure` kills those processes, and the per-operation timeout ends the wait."""
         for ref in pending:
             try:
-                ray.cancel(ref, force=True)
-            except Exception:  # noqa: BLE001 - actor tasks may not be cancellable; restart kills them
+                ray.cancel(ref)
+            except Exception:  # noqa: BLE001 - finished already, or its actor is gone
                 pass
 
     def _stages(self, device: int) -> list[int]:

@@ -1,0 +1,109 @@
+"""The GPU path's pieces that can be checked without a GPU: dtype buckets, host copies of
+live-move state, device selection, and a boundary dtype change caught before it reaches NCCL."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, Iterator
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from actors.execution import Executor, dtype_buckets
+from actors.stage_worker import JobSpec, _to_cpu
+from actors.transport import select_device
+from orchestrator.errors import UserError
+from orchestrator.plan import Plan, ScheduleKind, Stage, straight_plan
+from orchestrator.schedule import lower
+
+
+@pytest.fixture
+def world_of_one() -> Iterator[None]:
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _mixed_block() -> nn.Module:
+    block = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    block[1].to(torch.bfloat16)
+    return block
+
+
+def test_dtype_buckets_keep_each_dtype_together_in_order() -> None:
+    params = list(_mixed_block().parameters())
+    buckets = dtype_buckets(params)
+    assert [{p.dtype for p in b} for b in buckets] == [{torch.float32}, {torch.bfloat16}]
+    assert [p for b in buckets for p in b] == params
+
+
+def test_all_reduce_of_a_mixed_dtype_stage_keeps_gradient_dtypes(world_of_one: None) -> None:
+    """One flat buffer would promote bf16 to fp32 and ``p.grad = g`` would then fail."""
+    block = _mixed_block()
+    plan = Plan((Stage(0, 1, (0, 1)),), 1)  # one stage replicated on two devices (only device 0 here)
+    for p in block.parameters():
+        p.grad = torch.full_like(p, 0.5)
+    spec = JobSpec(_unused, _unused, _unused, _unused)
+    ex = Executor(spec, plan, 0, {0: 0, 1: 1}, lower(plan).programs[0], {0: block}, {}, {(0, 1): dist.group.WORLD},
+                  [((4,), torch.float32)] * 2, 4, torch.device("cpu"))
+    ex.t0, ex.spans, ex.cursor, ex.events = 0.0, [], 0, []
+    ex.labels = ["0ALL_REDUCE"]
+    ex._all_reduce(lower(plan).programs[0][0])
+    for p in block.parameters():
+        assert p.grad is not None and p.grad.dtype == p.dtype
+        assert torch.equal(p.grad, torch.full_like(p, 0.5))  # a world of one: the sum is itself
+
+
+def test_live_move_payload_is_copied_to_host() -> None:
+    module = nn.Linear(3, 2)
+    optimizer = torch.optim.Adam(module.parameters())
+    module(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    payload = {0: (module.state_dict(), optimizer.state_dict())}
+    copied: Any = _to_cpu(payload)
+    weights, state = copied[0]
+    assert all(t.device.type == "cpu" for t in weights.values())
+    assert torch.equal(weights["weight"], module.weight.detach())
+    assert state["state"][0]["exp_avg"].device.type == "cpu" and isinstance(state["param_groups"], list)
+
+
+def test_select_device_without_a_gpu_is_the_cpu() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU; tests/test_gpu.py covers it")
+    assert select_device() == torch.device("cpu")
+
+
+def test_a_boundary_that_changes_dtype_is_one_clear_error() -> None:
+    """On NCCL the receiver's buffer is sized from the probe; a different dtype would corrupt or hang."""
+    plan = straight_plan([0, 1, 2], 1, ScheduleKind.GPIPE)
+    schedule = lower(plan)
+    data = partial(_batch, rows=2)
+    spec = JobSpec(_unused, lambda out, y: out.float().sum(), _unused, data, recv_lookahead=1)
+    doubled = nn.Sequential(nn.Linear(3, 3)).to(torch.float64)  # emits float64 where the probe said float32
+    ex = Executor(spec, plan, 0, {0: 0, 1: 1}, schedule.programs[0], {0: _Cast(doubled)}, {}, {},
+                  [((3,), torch.float32)] * 3, 2, torch.device("cpu"))
+    with pytest.raises(UserError, match=r"stage 0 on device 0 sends float64 \[3\] per row to device 1.*float32 \[3\]"):
+        ex.run(0)
+
+
+class _Cast(nn.Module):
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x.double())
+
+
+def _batch(step: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.ones(rows, 3), torch.zeros(rows, 3)
+
+
+def _unused(*_: object) -> None:
+    raise AssertionError("not called")
