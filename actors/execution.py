@@ -71,6 +71,11 @@ try:  # the engine call behind torch.autograd.backward, without its per-call arg
 except ImportError:  # pragma: no cover - older/newer torch: the public API is equivalent
     _run_backward = None
 
+# What ProcessGroupNCCL maps to an NCCL type (bool travels as uint8).
+NCCL_DTYPES = frozenset({
+    torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool,
+})
+
 _perf = time.perf_counter
 _thread_time = time.thread_time
 
@@ -126,6 +131,8 @@ class Executor:
             elif a.kind is Kind.BACKWARD and a.stage < self.last and a.stage + 1 in mine:
                 self.consumers[("B", a.stage + 1, a.unit)] += 1
         self._compile()
+        if self.cuda:
+            self._check_nccl_dtypes()
         self.held_bytes: dict[int, int] = {}  # forward index -> bytes kept for backward (first iteration)
         self.spans: list[tuple[str, str, float, float]] = []
         self.sends: list[tuple[str, int, int, float]] = []
@@ -206,6 +213,18 @@ class Executor:
                 self.info[i] = ((direction, a.stage, a.unit), (mine[1] - mine[0], *shape), dtype, lo - mine[0], hi - mine[0],
                                 (lo, hi) == mine, self.rank_of[a.peer], tag(direction, sender, a.microbatch, a.part),
                                 self.links.get((a.peer, self.device)))
+
+    def _check_nccl_dtypes(self) -> None:
+        """Refuse at setup what NCCL cannot carry (e.g. complex boundaries), naming stage and device."""
+        for a, info in zip(self.program, self.info):
+            if a.kind in (Kind.RECV_F, Kind.RECV_B) and info is not None and info[2] not in NCCL_DTYPES:
+                raise UserError(f"stage {a.stage} on device {self.device}: NCCL cannot carry {info[2]} "
+                                f"activations or gradients between stages; cast the block boundary to a real dtype")
+        for stage in self.plan.stages_of_device(self.device):
+            if self.plan.stages[stage].replicas > 1:
+                for p in self._stage_params(stage):
+                    if p.dtype not in NCCL_DTYPES:
+                        raise UserError(f"stage {stage} on device {self.device}: NCCL cannot all-reduce {p.dtype} gradients")
 
     # ----- the iteration -----
     def run(self, step: int) -> dict[str, Any]:

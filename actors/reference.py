@@ -32,9 +32,11 @@ class ReferenceTrainer:
         num_microbatches: int,
         sliced_microbatches: int = 0,
         seed: int = 0,
+        device: str | torch.device = "cpu",
     ) -> None:
         torch.manual_seed(seed)
-        self.blocks = list(model_factory())
+        self.device = torch.device(device)  # a GPU reference compares GPU runs with the same kernels
+        self.blocks = [m.to(self.device) for m in model_factory()]
         self.optimizers = {
             b: optimizer_factory(m.parameters()) for b, m in enumerate(self.blocks) if any(True for _ in m.parameters())
         }
@@ -47,9 +49,10 @@ class ReferenceTrainer:
     def for_plan(
         cls, plan: Plan, model_factory: Callable[[], list[nn.Module]], loss_fn: Callable[[Tensor, Tensor], Tensor],
         optimizer_factory: Callable[[Any], torch.optim.Optimizer], data_fn: Callable[[int], tuple[Tensor, Tensor]], seed: int = 0,
+        device: str | torch.device = "cpu",
     ) -> "ReferenceTrainer":
         """The reference with ``plan``'s micro-batch and slicing counts (its stages do not matter)."""
-        return cls(model_factory, loss_fn, optimizer_factory, data_fn, plan.num_microbatches, plan.sliced_microbatches, seed)
+        return cls(model_factory, loss_fn, optimizer_factory, data_fn, plan.num_microbatches, plan.sliced_microbatches, seed, device)
 
     def train(self, steps: int) -> list[float]:
         """Run ``steps`` iterations from the current step; returns their full-batch losses."""
@@ -62,6 +65,7 @@ class ReferenceTrainer:
 
     def _iteration(self, step: int) -> float:
         inputs, targets = self.data_fn(step)
+        inputs, targets = inputs.to(self.device), targets.to(self.device)
         rows = int(inputs.shape[0])
         whole = Plan((Stage(0, len(self.blocks), (0,)),), self.num_microbatches, sliced_microbatches=self.sliced)
         total = 0.0
@@ -81,7 +85,7 @@ class ReferenceTrainer:
         return total
 
     def state_dicts(self) -> dict[int, dict[str, Tensor]]:
-        return {b: {k: v.detach().clone() for k, v in m.state_dict().items()} for b, m in enumerate(self.blocks)}
+        return {b: {k: v.detach().cpu().clone() for k, v in m.state_dict().items()} for b, m in enumerate(self.blocks)}
 
 
 def max_difference(a: dict[int, dict[str, Tensor]], b: dict[int, dict[str, Tensor]]) -> float:
