@@ -5,6 +5,16 @@ least 30 s). The job manager wants one thing: "you must be gone by <deadline>", 
 a checkpoint and ask the migration planner where to go. Each watcher speaks its cloud's protocol,
 polls on a daemon thread with bounded per-request timeouts, calls the callback once, and stops
 cleanly on :meth:`PreemptionWatcher.stop`. The base URL is injectable for tests.
+
+Three things a real VM needs that a test on a laptop does not show:
+
+- The metadata endpoints are link-local; an ``HTTP(S)_PROXY`` in the environment must not see
+  them (the IMDSv2 token PUT would go to the proxy and fail). Every request goes through an
+  opener with an empty ``ProxyHandler``.
+- A watcher that cannot reach its endpoint protects nothing, so ``warn_after`` consecutive
+  failures log a WARNING (once, until it recovers) instead of DEBUG lines nobody reads.
+- AWS sends a *rebalance recommendation* before (or instead of) the 2-minute interruption
+  notice; it is delivered as an early notice with a conservative deadline.
 """
 
 from __future__ import annotations
@@ -24,23 +34,43 @@ log = logging.getLogger(__name__)
 METADATA_URL = "http://169.254.169.254"
 GCP_METADATA_URL = "http://metadata.google.internal"
 
+
+def _opener() -> urllib.request.OpenerDirector:
+    """An opener that never uses a proxy: the metadata service is link-local to this VM.
+
+    Built per request, like urllib's default, so it is this line - not import order - that
+    keeps a proxy set later in the environment away from the metadata service.
+    """
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
 Callback = Callable[[datetime], None]
 
 
+class MetadataError(OSError):
+    """The metadata service answered with a status the protocol does not expect."""
+
+
 class PreemptionWatcher:
-    """Base: ``check()`` returns the deadline of a pending preemption or None; a thread polls it."""
+    """Base: ``check()`` returns the deadline of a pending preemption or None; a thread polls it.
+
+    ``notice`` names what fired (``"interruption"``, ``"rebalance"``, ``"preempted"``...).
+    """
 
     cloud = ""
 
     def __init__(self, callback: Callback, base_url: str = METADATA_URL, poll_interval_s: float = 5.0,
-                 request_timeout_s: float = 2.0, clock: Callable[[], datetime] | None = None) -> None:
-        if poll_interval_s <= 0 or request_timeout_s <= 0:
-            raise ValueError("poll interval and request timeout must be positive")
+                 request_timeout_s: float = 2.0, clock: Callable[[], datetime] | None = None,
+                 warn_after: int = 3) -> None:
+        if poll_interval_s <= 0 or request_timeout_s <= 0 or warn_after < 1:
+            raise ValueError("poll interval and request timeout must be positive, warn_after at least 1")
         self.callback = callback
         self.base_url = base_url.rstrip("/")
         self.poll_interval_s = poll_interval_s
         self.request_timeout_s = request_timeout_s
         self.clock = clock or (lambda: datetime.now(timezone.utc))
+        self.warn_after = warn_after
+        self.failures = 0
+        self.notice = ""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.fired: datetime | None = None
@@ -48,14 +78,18 @@ class PreemptionWatcher:
     def check(self) -> datetime | None:
         raise NotImplementedError
 
-    def _request(self, path: str, headers: dict[str, str], method: str = "GET",
-                 timeout: float | None = None) -> tuple[int, bytes]:
+    def _request(self, path: str, headers: dict[str, str], method: str = "GET", timeout: float | None = None,
+                 ok: tuple[int, ...] = (200,)) -> tuple[int, bytes, dict[str, str]]:
+        """(status, body, headers); a status outside ``ok`` raises :class:`MetadataError`."""
         request = urllib.request.Request(self.base_url + path, headers=headers, method=method)
         try:
-            with urllib.request.urlopen(request, timeout=timeout or self.request_timeout_s) as response:
-                return int(response.status), response.read()
+            with _opener().open(request, timeout=timeout or self.request_timeout_s) as response:
+                status, body, answer = int(response.status), response.read(), dict(response.headers.items())
         except urllib.error.HTTPError as exc:
-            return int(exc.code), b""
+            status, body, answer = int(exc.code), b"", dict(exc.headers.items()) if exc.headers else {}
+        if status not in ok:
+            raise MetadataError(f"{method} {path.split('?')[0]} returned HTTP {status}")
+        return status, body, answer
 
     def start(self) -> PreemptionWatcher:
         if self._thread is None:
@@ -78,13 +112,26 @@ class PreemptionWatcher:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    def poll_once(self) -> datetime | None:
+        """One poll: the deadline, or None (a failure is counted and warned about, never raised)."""
+        try:
+            deadline = self.check()
+        except (OSError, ValueError) as exc:  # unreachable, refused, malformed: keep polling, but say so
+            self.failures += 1
+            if self.failures == self.warn_after:
+                log.warning("%s preemption watcher: %d metadata polls failed in a row (last: %s); "
+                            "spot notices may be missed", self.cloud, self.failures, exc)
+            else:
+                log.debug("%s metadata poll failed: %s", self.cloud, exc)
+            return None
+        if self.failures >= self.warn_after:
+            log.warning("%s preemption watcher: metadata service reachable again", self.cloud)
+        self.failures = 0
+        return deadline
+
     def _run(self) -> None:
         while not self._stop.is_set():
-            try:
-                deadline = self.check()
-            except (OSError, ValueError) as exc:  # metadata server hiccup: keep polling
-                log.debug("%s metadata poll failed: %s", self.cloud, exc)
-                deadline = None
+            deadline = self.poll_once()
             if deadline is not None:
                 self.fired = deadline
                 self.callback(deadline)
@@ -93,58 +140,79 @@ class PreemptionWatcher:
 
 
 class AwsSpotWatcher(PreemptionWatcher):
-    """IMDSv2 ``spot/instance-action``: PUT a session token, then GET with it; 404 = no notice."""
+    """IMDSv2: PUT a session token, then GET ``spot/instance-action`` (404 = none) and
+    ``events/recommendations/rebalance`` (404 = none) with it.
+
+    A rebalance recommendation has no deadline of its own; the interruption that may follow
+    comes with two minutes' notice, so its deadline is ``max(noticeTime, now) + 2 min``.
+    """
 
     cloud = "aws"
     token_ttl_s = 21600
+    interruption_notice_s = 120.0
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._token: str | None = None
 
     def _fetch_token(self) -> str:
-        status, body = self._request("/latest/api/token", {"X-aws-ec2-metadata-token-ttl-seconds": str(self.token_ttl_s)}, "PUT")
-        if status != 200:
-            raise OSError(f"IMDSv2 token request returned HTTP {status}")
+        _, body, _ = self._request("/latest/api/token", {"X-aws-ec2-metadata-token-ttl-seconds": str(self.token_ttl_s)}, "PUT")
         return body.decode().strip()
 
-    def check(self) -> datetime | None:
+    def _get(self, path: str) -> tuple[int, bytes]:
         if self._token is None:
             self._token = self._fetch_token()
-        status, body = self._request("/latest/meta-data/spot/instance-action", {"X-aws-ec2-metadata-token": self._token})
-        if status == 401:  # token expired: get a new one next poll
+        status, body, _ = self._request(path, {"X-aws-ec2-metadata-token": self._token}, ok=(200, 401, 404))
+        if status == 401:  # token expired: a new one next poll
             self._token = None
+        return status, body
+
+    def check(self) -> datetime | None:
+        status, body = self._get("/latest/meta-data/spot/instance-action")
+        if status == 200:
+            action = json.loads(body)
+            if action.get("action") in ("terminate", "stop", "hibernate"):
+                self.notice = "interruption"
+                return utc(str(action["time"]))
+        if status == 401:
             return None
-        if status != 200:
-            return None
-        action = json.loads(body)
-        if action.get("action") not in ("terminate", "stop", "hibernate"):
-            return None
-        return utc(str(action["time"]))
+        status, body = self._get("/latest/meta-data/events/recommendations/rebalance")
+        if status == 200:
+            notice_time = utc(str(json.loads(body)["noticeTime"]))
+            self.notice = "rebalance"
+            return max(notice_time, self.clock()) + timedelta(seconds=self.interruption_notice_s)
+        return None
 
 
 class GcpPreemptionWatcher(PreemptionWatcher):
-    """``instance/preempted`` with ``Metadata-Flavor: Google``; hanging GET ``?wait_for_change=true``.
+    """``instance/preempted`` with ``Metadata-Flavor: Google``.
 
-    GCP gives ~30 s from the flip to TRUE, so the deadline is now + ``notice_s``.
+    The first GET reads the value and its ``ETag``; later GETs hang with
+    ``?wait_for_change=true&last_etag=<etag>`` until the value changes (or ``timeout_sec``), so
+    a flip is seen at once without a busy loop. GCP gives ~30 s from the flip to TRUE, so the
+    deadline is now + ``notice_s``.
     """
 
     cloud = "gcp"
     notice_s = 30.0
+    path = "/computeMetadata/v1/instance/preempted"
 
     def __init__(self, callback: Callback, base_url: str = GCP_METADATA_URL, **kwargs: object) -> None:
         super().__init__(callback, base_url, **kwargs)  # type: ignore[arg-type]
-        self._etag: str | None = None
+        self.etag: str | None = None
 
     def check(self) -> datetime | None:
-        path = "/computeMetadata/v1/instance/preempted?wait_for_change=true&timeout_sec=" + str(max(1, int(self.poll_interval_s)))
-        if self._etag:
-            path += f"&last_etag={self._etag}"
-        status, body = self._request(path, {"Metadata-Flavor": "Google"},
-                                     timeout=self.request_timeout_s + self.poll_interval_s)
-        if status != 200:
-            return None
+        path, timeout = self.path, self.request_timeout_s
+        if self.etag:
+            wait_s = max(1, int(self.poll_interval_s))
+            path += f"?wait_for_change=true&last_etag={self.etag}&timeout_sec={wait_s}"
+            timeout += wait_s
+        _, body, headers = self._request(path, {"Metadata-Flavor": "Google"}, timeout=timeout)
+        etag = {k.lower(): v for k, v in headers.items()}.get("etag")
+        if etag:
+            self.etag = etag.strip()
         if body.decode().strip().upper() == "TRUE":
+            self.notice = "preempted"
             return self.clock() + timedelta(seconds=self.notice_s)
         return None
 
@@ -156,14 +224,13 @@ class AzureScheduledEventsWatcher(PreemptionWatcher):
     path = "/metadata/scheduledevents?api-version=2020-07-01"
 
     def check(self) -> datetime | None:
-        status, body = self._request(self.path, {"Metadata": "true"})
-        if status != 200:
-            return None
+        _, body, _ = self._request(self.path, {"Metadata": "true"})
         events = json.loads(body).get("Events", [])
         for event in events:
             if event.get("EventType") == "Preempt":
                 not_before = event.get("NotBefore") or ""
                 parsed = email.utils.parsedate_to_datetime(not_before) if not_before else None
+                self.notice = "preempt"
                 return utc(parsed) if parsed else self.clock() + timedelta(seconds=30)
         return None
 

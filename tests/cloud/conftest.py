@@ -15,11 +15,14 @@ import pytest
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
 TRACES = SHARED / "pricing_traces" / "training_on_a_dime"
 
-Route = Callable[[str, str, dict[str, str]], tuple[int, Any]]
+Route = Callable[[str, str, dict[str, str]], tuple[Any, ...]]
 
 
 class Loopback:
-    """127.0.0.1 server on an ephemeral port; ``route(method, path, headers) -> (status, body)``."""
+    """127.0.0.1 server on an ephemeral port; ``route(method, path, headers) -> (status, body[, headers])``.
+
+    A POSTed body reaches the route as ``headers[":body"]``.
+    """
 
     def __init__(self, route: Route) -> None:
         self.route = route
@@ -33,12 +36,16 @@ class Loopback:
                 if length:  # a POSTed form (EC2's query protocol) reaches the route as ":body"
                     headers[":body"] = self.rfile.read(length).decode()
                 outer.requests.append((self.command, self.path, headers))
-                status, body = outer.route(self.command, self.path, headers)
+                answer = outer.route(self.command, self.path, headers)
+                status, body = answer[0], answer[1]
+                extra: dict[str, str] = answer[2] if len(answer) > 2 else {}  # type: ignore[misc]
                 data = body if isinstance(body, bytes) else (body if isinstance(body, str) else json.dumps(body)).encode()
                 self.send_response(status)
                 kind = "text/xml" if data.lstrip().startswith(b"<") else "application/json"
                 self.send_header("Content-Type", kind)
                 self.send_header("Content-Length", str(len(data)))
+                for key, value in extra.items():
+                    self.send_header(key, value)
                 self.end_headers()
                 self.wfile.write(data)
 

@@ -1,8 +1,25 @@
+"""Watchers against loopback metadata servers, with a dead proxy in the environment: every test
+here would fail if the watchers let urllib route link-local requests through HTTP(S)_PROXY."""
+
+from __future__ import annotations
+
+import logging
 import threading
 import time
 from datetime import datetime, timedelta, timezone
 
+import pytest
+
 from cloud.preemption import AwsSpotWatcher, AzureScheduledEventsWatcher, GcpPreemptionWatcher, watcher_for
+
+
+@pytest.fixture(autouse=True)
+def dead_proxy(monkeypatch):
+    """A proxy that refuses every connection, for every scheme, and nothing exempted."""
+    for key in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.setenv(key, "http://127.0.0.1:9")
+    for key in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(key, raising=False)
 
 
 def collect():
@@ -24,6 +41,8 @@ def test_aws_imdsv2_token_then_instance_action(loopback):
             assert headers["x-aws-ec2-metadata-token-ttl-seconds"]
             return 200, "TOKEN123"
         assert headers.get("x-aws-ec2-metadata-token") == "TOKEN123"
+        if path.endswith("/rebalance"):
+            return 404, "Not Found"
         state["polls"] += 1
         if state["polls"] < 3:
             return 404, "Not Found"
@@ -34,16 +53,35 @@ def test_aws_imdsv2_token_then_instance_action(loopback):
     with AwsSpotWatcher(callback, base_url=server.url, poll_interval_s=0.02) as watcher:
         assert event.wait(5)
     assert got == [datetime(2024, 6, 1, 8, 22, tzinfo=timezone.utc)] and not watcher.running
+    assert watcher.notice == "interruption"
     assert sum(1 for m, p, h in server.requests if m == "PUT") == 1
 
 
-def test_gcp_preempted_flag(loopback):
+def test_aws_rebalance_recommendation_is_an_early_notice(loopback):
+    now = datetime(2026, 11, 1, 8, 0, tzinfo=timezone.utc)
+
+    def route(method, path, headers):
+        if method == "PUT":
+            return 200, "T"
+        if path.endswith("/rebalance"):
+            return 200, {"noticeTime": "2026-11-01T07:59:30Z"}
+        return 404, "Not Found"
+
+    server = loopback(route)
+    got, event, callback = collect()
+    with AwsSpotWatcher(callback, base_url=server.url, poll_interval_s=0.02, clock=lambda: now) as watcher:
+        assert event.wait(5)
+    assert got == [now + timedelta(seconds=120)] and watcher.notice == "rebalance"
+
+
+def test_gcp_reads_the_etag_then_waits_for_change_with_it(loopback):
     flips = {"n": 0}
 
     def route(method, path, headers):
-        assert headers.get("metadata-flavor") == "Google" and "wait_for_change=true" in path
+        assert headers.get("metadata-flavor") == "Google"
         flips["n"] += 1
-        return 200, "TRUE" if flips["n"] >= 2 else "FALSE"
+        etag = f"etag{flips['n']}"
+        return 200, "TRUE" if flips["n"] >= 3 else "FALSE", {"ETag": etag}
 
     server = loopback(route)
     got, event, callback = collect()
@@ -51,6 +89,10 @@ def test_gcp_preempted_flag(loopback):
     with GcpPreemptionWatcher(callback, base_url=server.url, poll_interval_s=0.02, clock=lambda: now):
         assert event.wait(5)
     assert got == [now + timedelta(seconds=30)]
+    paths = [p for _, p, _ in server.requests]
+    assert paths[0] == "/computeMetadata/v1/instance/preempted"  # first read: value + ETag
+    assert "wait_for_change=true" in paths[1] and "last_etag=etag1" in paths[1]
+    assert "last_etag=etag2" in paths[2]
 
 
 def test_azure_scheduled_events_preempt(loopback):
@@ -77,13 +119,37 @@ def test_no_notice_means_no_callback_and_stop_is_prompt(loopback):
     began = time.perf_counter()
     watcher.stop()
     assert time.perf_counter() - began < 1.0 and not watcher.running and got == []
-    assert len(server.requests) >= 3
+    assert len(server.requests) >= 3 and watcher.failures == 0
 
 
-def test_unreachable_metadata_keeps_polling_without_crash():
+def test_repeated_failures_warn_once_then_recovery_is_logged(loopback, caplog):
+    state = {"n": 0}
+
+    def route(method, path, headers):
+        state["n"] += 1
+        return (500, "oops") if state["n"] <= 4 else (200, {"Events": []})
+
+    server = loopback(route)
+    watcher = AzureScheduledEventsWatcher(lambda d: None, base_url=server.url, warn_after=3)
+    with caplog.at_level(logging.DEBUG, logger="cloud.preemption"):
+        for _ in range(6):
+            assert watcher.poll_once() is None
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2
+    assert "3 metadata polls failed in a row" in warnings[0] and "HTTP 500" in warnings[0]
+    assert "reachable again" in warnings[1] and watcher.failures == 0
+
+
+def test_unreachable_metadata_keeps_polling_and_warns(caplog):
     got, event, callback = collect()
-    watcher = AwsSpotWatcher(callback, base_url="http://127.0.0.1:9", poll_interval_s=0.02, request_timeout_s=0.2).start()
-    time.sleep(0.2)
-    assert watcher.running
-    watcher.stop()
+    watcher = AwsSpotWatcher(callback, base_url="http://127.0.0.1:9", poll_interval_s=0.02, request_timeout_s=0.2,
+                             warn_after=2)
+    with caplog.at_level(logging.WARNING, logger="cloud.preemption"):
+        watcher.start()
+        deadline = time.monotonic() + 5
+        while watcher.failures < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert watcher.running
+        watcher.stop()
     assert not watcher.running and got == []
+    assert any("spot notices may be missed" in r.getMessage() for r in caplog.records)
