@@ -15,6 +15,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from orchestrator import limits
 from orchestrator.errors import UserError
 from orchestrator.files import read_json
 
@@ -33,10 +34,12 @@ class Device:
     kind: str = "gpu"
 
     def __post_init__(self) -> None:
-        if not (self.speed > 0 and math.isfinite(self.speed)):
-            raise UserError(f"device {self.id}: speed must be positive, got {self.speed}")
-        if not self.memory_bytes > 0:
-            raise UserError(f"device {self.id}: memory must be positive, got {self.memory_bytes}")
+        object.__setattr__(self, "id", limits.count(self.id, "device", "id", minimum=0))
+        where = f"device {self.id}"
+        limits.text(self.node, where, "node")
+        limits.text(self.kind, where, "kind")
+        object.__setattr__(self, "speed", limits.number(self.speed, where, "speed", positive=True, maximum=1e6))
+        object.__setattr__(self, "memory_bytes", limits.number(self.memory_bytes, where, "memory_bytes", positive=True, maximum=limits.MAX_BYTES))
 
 
 @dataclass(frozen=True, eq=False)
@@ -55,6 +58,7 @@ class Cluster:
         n = len(devices)
         if n == 0:
             raise UserError("cluster has no devices")
+        limits.devices(n)
         for i, d in enumerate(devices):
             if d.id != i:
                 raise UserError(f"device ids must be 0..{n - 1} in order; position {i} has id {d.id}")
@@ -171,6 +175,7 @@ def two_level(
     """``servers`` × ``gpus_per_server`` devices; fast links inside a server, slower between."""
     if servers < 1 or gpus_per_server < 1:
         raise UserError("need at least one server and one GPU per server")
+    limits.devices(servers * gpus_per_server)
     for label, value in (("intra-server", intra_gbps), ("inter-server", inter_gbps)):
         if not (value > 0 and math.isfinite(value)):
             raise UserError(f"{label} bandwidth must be a positive number of Gb/s, got {value}")
@@ -196,6 +201,7 @@ def heterogeneous_servers(
 
     ``inter_gbps`` is either one number or a servers × servers matrix of Gb/s.
     """
+    limits.devices(sum(int(g) for g in gpus_per_server))
     node_of = np.repeat(np.arange(len(gpus_per_server)), gpus_per_server)
     n = len(node_of)
     inter = np.broadcast_to(np.asarray(inter_gbps, dtype=np.float64), (len(gpus_per_server),) * 2)
@@ -218,38 +224,51 @@ def from_dict(data: Any, origin: str = "cluster") -> Cluster:
         raise UserError(f"{origin}: cluster spec must be a JSON object")
     try:
         if "servers" in data:
+            if "inter_gbps" not in data:
+                raise UserError("a two-level spec needs \"inter_gbps\"")
             return two_level(
-                int(data["servers"]),
-                int(data.get("gpus_per_server", 1)),
-                float(data["intra_gbps"] if "intra_gbps" in data else data["inter_gbps"]),
-                float(data["inter_gbps"]),
-                float(data.get("memory_bytes", DEFAULT_MEMORY)),
+                limits.count(data["servers"], "cluster", "servers", maximum=limits.MAX_DEVICES),
+                limits.count(data.get("gpus_per_server", 1), "cluster", "gpus_per_server", maximum=limits.MAX_DEVICES),
+                limits.number(data.get("intra_gbps", data["inter_gbps"]), "cluster", "intra_gbps", positive=True),
+                limits.number(data["inter_gbps"], "cluster", "inter_gbps", positive=True),
+                limits.number(data.get("memory_bytes", DEFAULT_MEMORY), "cluster", "memory_bytes", positive=True, maximum=limits.MAX_BYTES),
             )
-        devices = tuple(
-            Device(
-                int(d.get("id", i)),
-                str(d.get("node", f"node{i}")),
-                float(d.get("speed", 1.0)),
-                float(d.get("memory_bytes", DEFAULT_MEMORY)),
-                str(d.get("kind", "gpu")),
-            )
-            for i, d in enumerate(data["devices"])
-        )
-        if "bandwidth_bytes_per_s" in data:
-            bw = np.array(data["bandwidth_bytes_per_s"], dtype=np.float64)
-        else:
-            bw = np.array(data["bandwidth_gbps"], dtype=np.float64) * GBPS
-        return Cluster(devices, bw, float(data.get("message_latency_s", 0.0)))
+        raw = data.get("devices")
+        if not isinstance(raw, list):
+            raise UserError(f"\"devices\" must be a list of device objects, got {type(raw).__name__}")
+        limits.devices(len(raw))
+        devices = []
+        for i, d in enumerate(raw):
+            if not isinstance(d, dict):
+                raise UserError(f"device {i} must be an object like {{\"speed\": 1.0}}, got {limits._show(d)}")
+            devices.append(Device(d.get("id", i), d.get("node", f"node{i}"), d.get("speed", 1.0), d.get("memory_bytes", DEFAULT_MEMORY), d.get("kind", "gpu")))
+        key = "bandwidth_bytes_per_s" if "bandwidth_bytes_per_s" in data else "bandwidth_gbps"
+        bw = _matrix(data.get(key), len(devices), key) * (1.0 if key == "bandwidth_bytes_per_s" else GBPS)
+        latency = limits.number(data.get("message_latency_s", 0.0), "cluster", "message_latency_s", maximum=3600.0)
+        return Cluster(tuple(devices), bw, latency)
     except UserError as exc:
         raise UserError(f"{origin}: {exc}") from None
     except (KeyError, TypeError, ValueError) as exc:
         raise UserError(f"{origin}: malformed cluster spec ({type(exc).__name__}: {exc})") from None
 
 
+def _matrix(rows: Any, n: int, key: str) -> np.ndarray:
+    """An n×n list of lists of numbers, checked entry by entry (``true`` or ``"10"`` are not bandwidths)."""
+    if not isinstance(rows, list) or len(rows) != n:
+        raise UserError(f"\"{key}\" must be a {n}x{n} list of lists (one row per device)")
+    out = np.zeros((n, n), dtype=np.float64)
+    for i, row in enumerate(rows):
+        if not isinstance(row, list) or len(row) != n:
+            raise UserError(f"\"{key}\" row {i} must be a list of {n} numbers")
+        for j, value in enumerate(row):
+            out[i, j] = 0.0 if i == j else limits.number(value, f"link {i}->{j}", key, maximum=limits.MAX_BYTES)
+    return out
+
+
 def load_cluster(path: str | Path) -> Cluster:
     p = Path(path)
     data = read_json(p, "cluster")
-    return from_dict(data, origin=str(p))
+    return from_dict(data, origin=f"cluster {p}")
 
 
 def from_ray(intra_gbps: float = 100.0, inter_gbps: float = 10.0, memory_bytes: float | None = None) -> Cluster:

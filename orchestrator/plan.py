@@ -17,6 +17,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Sequence
 
+from orchestrator import limits
 from orchestrator.errors import UserError
 from orchestrator.files import read_json
 
@@ -45,7 +46,9 @@ class Stage:
     devices: tuple[int, ...]
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "devices", tuple(int(d) for d in self.devices))
+        object.__setattr__(self, "first", limits.count(self.first, "stage", "first block", minimum=0))
+        object.__setattr__(self, "last", limits.count(self.last, f"stage starting at block {self.first}", "last block", minimum=0))
+        object.__setattr__(self, "devices", tuple(limits.count(d, f"stage [{self.first}, {self.last})", "device", minimum=0) for d in self.devices))
         if self.last <= self.first:
             raise UserError(f"stage [{self.first}, {self.last}) is empty")
         if not self.devices:
@@ -81,17 +84,28 @@ class Plan:
         object.__setattr__(self, "schedule", ScheduleKind(self.schedule))
         if not self.stages:
             raise UserError("plan has no stages")
-        if self.num_microbatches < 1:
-            raise UserError("plan needs at least one micro-batch")
+        object.__setattr__(self, "num_microbatches", limits.count(self.num_microbatches, "plan", "num_microbatches", maximum=limits.MAX_MICROBATCHES))
+        object.__setattr__(self, "sliced_microbatches", limits.count(self.sliced_microbatches, "plan", "sliced_microbatches", minimum=0))
         if self.stages[0].first != 0:
             raise UserError("the first stage must start at block 0")
         for a, b in zip(self.stages, self.stages[1:]):
             if b.first != a.last:
                 raise UserError(f"stages must be contiguous: [{a.first},{a.last}) is followed by [{b.first},{b.last})")
+        owner: dict[int, tuple[int, ...]] = {}
+        for j, stage in enumerate(self.stages):
+            for d in stage.devices:
+                if owner.setdefault(d, stage.devices) != stage.devices:
+                    raise UserError(
+                        f"device {d} is in two stages with different device groups: {list(owner[d])} and stage {j}'s "
+                        f"{list(stage.devices)} (a device belongs to one group)"
+                    )
         groups = self.device_groups
         p = len(groups)
         if len(self.stages) % p:
-            raise UserError("interleaved stages must cycle over the device groups")
+            raise UserError(
+                f"{len(self.stages)} stages on {p} device groups: a device group may hold several stages only in the "
+                f"interleaved pattern (stage j on group j mod {p}), which needs a multiple of {p} stages"
+            )
         for j, stage in enumerate(self.stages):
             if stage.devices != groups[j % p]:
                 raise UserError(
@@ -178,12 +192,26 @@ class Plan:
         if not isinstance(data, dict) or "stages" not in data:
             raise UserError(f"{origin}: not a plan JSON (no \"stages\")")
         try:
-            stages = tuple(Stage(int(s["blocks"][0]), int(s["blocks"][1]), tuple(s["devices"])) for s in data["stages"])
+            raw = data["stages"]
+            if not isinstance(raw, list):
+                raise UserError(f"\"stages\" must be a list, got {type(raw).__name__}")
+            stages = []
+            for j, s in enumerate(raw):
+                if not isinstance(s, dict) or not isinstance(s.get("blocks"), list) or len(s["blocks"]) != 2:
+                    raise UserError(f"stage {j} must be an object with \"blocks\": [first, last] and \"devices\"")
+                if not isinstance(s.get("devices"), list):
+                    raise UserError(f"stage {j}: \"devices\" must be a list of device ids")
+                where = f"stage {j}"
+                stages.append(Stage(limits.count(s["blocks"][0], where, "first block", minimum=0),
+                                    limits.count(s["blocks"][1], where, "last block", minimum=0),
+                                    tuple(limits.count(d, where, "device", minimum=0) for d in s["devices"])))
+            if "num_microbatches" not in data:
+                raise UserError("missing \"num_microbatches\"")
             return cls(
-                stages=stages,
-                num_microbatches=int(data["num_microbatches"]),
-                schedule=ScheduleKind.parse(str(data.get("schedule", "1f1b"))),
-                sliced_microbatches=int(data.get("sliced_microbatches", 0)),
+                stages=tuple(stages),
+                num_microbatches=data["num_microbatches"],
+                schedule=ScheduleKind.parse(limits.text(data.get("schedule", "1f1b"), "plan", "schedule")),
+                sliced_microbatches=data.get("sliced_microbatches", 0),
                 algorithm=str(data.get("algorithm", "")),
             )
         except UserError as exc:

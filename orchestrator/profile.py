@@ -12,7 +12,7 @@ can evaluate any contiguous range in O(1) with numpy.
 
 from __future__ import annotations
 
-import math
+import dataclasses
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,7 +21,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from orchestrator.errors import UserError
-from orchestrator.files import read_json, write_json_atomic
+from orchestrator import limits
+from orchestrator.files import parse_json, read_text, write_json_atomic
 
 __all__ = ["Block", "Profile", "load_profile", "write_json_atomic"]
 
@@ -45,12 +46,15 @@ class Block:
     stash_bytes: float = -1.0
 
     def __post_init__(self) -> None:
+        where = f"block {self.name!r}"
+        limits.text(self.name, "block", "name")
         for attr in ("forward_s", "backward_s", "activation_bytes", "param_bytes"):
-            value = getattr(self, attr)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise UserError(f"block {self.name!r}: {attr} must be a finite number >= 0, got {value!r}")
-        if self.stash_bytes < 0:
-            object.__setattr__(self, "stash_bytes", float(self.activation_bytes))
+            top = limits.MAX_SECONDS if attr.endswith("_s") else limits.MAX_BYTES
+            object.__setattr__(self, attr, limits.number(getattr(self, attr), where, attr, maximum=top))
+        if isinstance(self.stash_bytes, (int, float)) and not isinstance(self.stash_bytes, bool) and self.stash_bytes == -1:
+            object.__setattr__(self, "stash_bytes", float(self.activation_bytes))  # the default: the output activation
+        else:
+            object.__setattr__(self, "stash_bytes", limits.number(self.stash_bytes, where, "stash_bytes", maximum=limits.MAX_BYTES))
 
 
 @dataclass(frozen=True)
@@ -66,11 +70,15 @@ class Profile:
     _prefix: dict[str, np.ndarray] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        where = f"profile {self.name!r}"
         if not self.blocks:
-            raise UserError(f"profile {self.name!r} has no blocks")
-        if self.microbatch_size < 1:
-            raise UserError(f"profile {self.name!r}: microbatch_size must be >= 1")
+            raise UserError(f"{where} has no blocks")
+        limits.count(len(self.blocks), where, "number of blocks", maximum=limits.MAX_BLOCKS)
+        object.__setattr__(self, "microbatch_size", limits.count(self.microbatch_size, where, "microbatch_size"))
+        object.__setattr__(self, "input_bytes", limits.number(self.input_bytes, where, "input_bytes", maximum=limits.MAX_BYTES))
         object.__setattr__(self, "blocks", tuple(self.blocks))
+        if not any(b.forward_s > 0 or b.backward_s > 0 for b in self.blocks):
+            raise UserError(f"{where}: every block has zero forward and backward time; nothing to balance")
         for key in ("forward_s", "backward_s", "param_bytes", "stash_bytes"):
             values = np.array([getattr(b, key) for b in self.blocks], dtype=np.float64)
             prefix = np.concatenate([[0.0], np.cumsum(values)])
@@ -178,18 +186,29 @@ class Profile:
         if not isinstance(data, dict) or data.get("format") != "raypipe-profile":
             raise UserError(f"{origin}: not a raypipe profile JSON (missing \"format\": \"raypipe-profile\")")
         try:
-            blocks = tuple(Block(**b) for b in data["blocks"])
+            raw = data.get("blocks")
+            if not isinstance(raw, list):
+                raise UserError(f"\"blocks\" must be a list, got {type(raw).__name__}")
+            limits.count(len(raw), "profile", "number of blocks", minimum=0, maximum=limits.MAX_BLOCKS)
+            fields = {f.name for f in dataclasses.fields(Block)}
+            blocks = []
+            for i, b in enumerate(raw):
+                if not isinstance(b, dict):
+                    raise UserError(f"block {i} must be an object, got {type(b).__name__}")
+                unknown, missing = set(b) - fields, {"name", "forward_s", "backward_s", "activation_bytes", "param_bytes"} - set(b)
+                if unknown or missing:
+                    what = f"unknown field(s) {sorted(unknown)}" if unknown else f"missing field(s) {sorted(missing)}"
+                    raise UserError(f"block {i}: {what}")
+                blocks.append(Block(**b))
             return cls(
-                name=str(data.get("name", "model")),
-                blocks=blocks,
-                microbatch_size=int(data.get("microbatch_size", 1)),
-                input_bytes=float(data.get("input_bytes", 0.0)),
+                name=limits.text(data.get("name", "model"), "profile", "name"),
+                blocks=tuple(blocks),
+                microbatch_size=data.get("microbatch_size", 1),
+                input_bytes=data.get("input_bytes", 0.0),
                 source=str(data.get("source", "")),
             )
         except UserError as exc:
             raise UserError(f"{origin}: {exc}") from None
-        except (KeyError, TypeError, ValueError) as exc:
-            raise UserError(f"{origin}: malformed profile ({type(exc).__name__}: {exc})") from None
 
     def save(self, path: str | os.PathLike[str]) -> None:
         write_json_atomic(Path(path), self.to_dict())
@@ -198,12 +217,9 @@ class Profile:
 def load_profile(path: str | os.PathLike[str]) -> Profile:
     """Load a profile from our JSON or a PipeDream/DAPPLE ``graph.txt``, by content."""
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise UserError(f"cannot read profile {p}: {exc.strerror or exc}") from None
+    text = read_text(p, "profile")
     if text.lstrip().startswith("{"):
-        return Profile.from_dict(read_json(p, "profile"), origin=str(p))
+        return Profile.from_dict(parse_json(text, p, "profile"), origin=f"profile {p}")
     from orchestrator.graph_loader import parse_graph_txt
 
     return parse_graph_txt(text, name=p.parent.name if p.name == "graph.txt" else p.stem, source=str(p))

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
-from orchestrator.files import write_json_atomic
+from orchestrator.files import figure_output, write_json_atomic, write_outputs
 
 COLORS = {"F": "#4C72B0", "B": "#DD8452", "transfer": "#55A868", "all_reduce": "#C44E52", "step": "#8172B3"}
 
@@ -71,6 +71,11 @@ def write_chrome_trace(spans: Sequence[Span], path: str | Path, process: str = "
 
 def write_gantt_png(spans: Sequence[Span], path: str | Path, title: str = "") -> Path:
     """A Gantt chart: one row per device (compute) and per active link (transfers)."""
+    return save_figure(gantt_figure(spans, title), path)
+
+
+def gantt_figure(spans: Sequence[Span], title: str = "") -> Any:
+    """The matplotlib figure of :func:`write_gantt_png` (the caller saves and closes it)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -93,17 +98,15 @@ def write_gantt_png(spans: Sequence[Span], path: str | Path, title: str = "") ->
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
     ax.legend(handles, list(COLORS.keys()), loc="upper right", fontsize=7)
     fig.tight_layout()
-    return save_figure(fig, path)
+    return fig
 
 
 def save_figure(fig: object, path: str | Path, dpi: int = 110) -> Path:
-    """Save a matplotlib figure atomically (temporary name, then rename) and close it."""
+    """Save a matplotlib figure through the one writer (:mod:`orchestrator.files`: checked path,
+    atomic, usual permissions) and close it."""
     import matplotlib.pyplot as plt
 
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp.png")
-    fig.savefig(tmp, dpi=dpi)  # type: ignore[attr-defined]
-    plt.close(fig)  # type: ignore[arg-type]
-    tmp.replace(out)
-    return out
+    try:
+        return write_outputs([figure_output(path, fig, "figure", dpi)])[0]
+    finally:
+        plt.close(fig)  # type: ignore[arg-type]
