@@ -17,9 +17,10 @@ import pandas as pd
 
 from .errors import CloudError, CloudInputError
 
-from .records import CLOUDS, canonical_cloud, did_you_mean, normalize_gpu
+from .records import CLOUDS, canonical_cloud, did_you_mean, is_estimate, normalize_gpu
 
 OUTPUT_COLUMNS = ["cloud", "region", "zone", "instance_type", "gpu_type", "gpu_count", "usd_per_hour", "spot"]
+TEXT_COLUMNS = [*OUTPUT_COLUMNS, "estimate", "observed"]
 THESIS_MODELS = ("ResNet-50 (batch size 64)", "Transformer (batch size 64)", "A3C", "CycleGAN", "ResNet-18 (batch size 64)")
 
 
@@ -61,13 +62,15 @@ def add_parsers(subparsers: Any) -> None:
 
 
 def load_catalog(path: Path | None) -> pd.DataFrame:
+    """``--catalog``, else the cache over the bundled snapshot (clouds never refreshed keep their snapshot rows)."""
     from .importers import load_any, load_snapshot
     from .store import PriceStore, default_cache_path
 
     if path is not None:
         return load_any(path)
+    snapshot = PriceStore(load_snapshot())
     cache = default_cache_path()
-    return PriceStore.load(cache).frame if cache.exists() else load_snapshot()
+    return PriceStore.load(cache).overlay(snapshot).frame if cache.exists() else snapshot.frame
 
 
 def cmd_refresh(args: argparse.Namespace) -> int:
@@ -82,7 +85,10 @@ def cmd_refresh(args: argparse.Namespace) -> int:
         options["subscription_id"] = args.subscription
     cache = args.cache or default_cache_path()
     store = PriceStore.load(cache)
-    updated = store.refresh(get_source(cloud, **options), args.region, args.instance_type)
+    source = get_source(cloud, **options)
+    updated = store.refresh(source, args.region, args.instance_type)  # all fetched before anything is saved
+    for note in source.skipped:
+        print(f"warning: skipped {note}", file=sys.stderr)
     updated.save(cache)
     print(f"{cloud}: {len(updated) - len(store)} new price records; {len(updated)} in {cache}")
     return 0
@@ -121,13 +127,20 @@ def cmd_show(args: argparse.Namespace) -> int:
     if offers.empty:
         kind = "spot" if args.spot else "on-demand"
         raise CloudInputError(f"no {kind} offer matches (gpu={args.gpu}, count={args.count}, clouds={args.cloud or list(CLOUDS)})")
+    from .store import PriceStore
+
     shown = offers.head(args.limit) if args.limit > 0 else offers
-    if args.json:
-        rows = [{**{c: _plain(r[c]) for c in OUTPUT_COLUMNS}, "timestamp": r["timestamp"].isoformat(), "source": r["source"]}
+    if args.json:  # a list of offer rows; each says where its price came from and when it was read
+        rows = [{**{c: _plain(r[c]) for c in OUTPUT_COLUMNS}, "timestamp": r["timestamp"].isoformat(),
+                 "source": r["source"], "observed_at": r["observed_at"].isoformat(), "estimate": is_estimate(r["source"])}
                 for r in shown.to_dict("records")]
         print(json.dumps(rows, indent=1))
     else:
-        print(shown[OUTPUT_COLUMNS].to_string(index=False))
+        table = shown.assign(estimate=shown.source.map(is_estimate), observed=shown.observed_at.dt.strftime("%Y-%m-%d"))
+        print(table[TEXT_COLUMNS].to_string(index=False))
+        print(f"compared {len(offers)} offers from:")
+        for line in PriceStore(offers).provenance():
+            print(f"  {line}")
     return 0
 
 

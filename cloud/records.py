@@ -23,11 +23,15 @@ CLOUD_ALIASES: dict[str, str] = {
     "azure": "azure", "az": "azure", "microsoft": "azure",
 }
 
-#: Columns of every price frame, in order. ``spot`` is a bool; ``timestamp`` is tz-aware UTC.
+#: Columns of every price frame, in order. ``spot`` is a bool; ``timestamp`` (when the price took
+#: effect) and ``observed_at`` (when we read it: a refresh, a trace, the snapshot's compile date)
+#: are tz-aware UTC. ``source`` says where a row came from; an ``estimate:`` source marks a value
+#: nobody observed (see :func:`is_estimate`).
 SCHEMA: tuple[str, ...] = (
     "timestamp", "cloud", "region", "zone", "instance_type", "gpu_type", "gpu_count",
-    "spot", "usd_per_hour", "source",
+    "spot", "usd_per_hour", "source", "observed_at",
 )
+ESTIMATE_PREFIX = "estimate:"
 #: A price series is identified by these columns; a row is one observation of that series.
 OFFER_KEY: tuple[str, ...] = ("cloud", "region", "zone", "instance_type", "spot")
 
@@ -92,6 +96,11 @@ def normalize_azure_size(name: str) -> str:
     return "Standard_" + text.replace(" ", "_") if text else ""
 
 
+def is_estimate(source: str) -> bool:
+    """True for rows nobody observed (``estimate: 30% of on-demand ...``): outputs must say so."""
+    return str(source).startswith(ESTIMATE_PREFIX)
+
+
 def canonical_cloud(name: str) -> str:
     """Resolve a cloud name or alias, or fail with a "did you mean" suggestion."""
     key = str(name).strip().lower()
@@ -136,6 +145,7 @@ class PriceRecord:
     spot: bool
     usd_per_hour: float
     source: str
+    observed_at: datetime | None = None  # None: the same as ``timestamp``
 
     def __post_init__(self) -> None:
         if self.cloud not in CLOUDS:
@@ -148,6 +158,7 @@ class PriceRecord:
             raise CloudInputError(f"price record {self.instance_type}: bad price {self.usd_per_hour!r}")
         if self.timestamp.tzinfo is None:
             object.__setattr__(self, "timestamp", utc(self.timestamp))
+        object.__setattr__(self, "observed_at", utc(self.observed_at) if self.observed_at else self.timestamp)
 
     def as_row(self) -> dict[str, object]:
         return {name: getattr(self, name) for name in SCHEMA}

@@ -19,7 +19,7 @@ import pandas as pd
 
 from .errors import CloudInputError
 
-from .records import OFFER_KEY, SCHEMA, Offer, PriceRecord, normalize_azure_size, utc
+from .records import OFFER_KEY, SCHEMA, Offer, PriceRecord, is_estimate, normalize_azure_size, utc
 from .sources import PriceSource
 
 SERIES_KEY: list[str] = [*OFFER_KEY[:4], "gpu_type", "gpu_count", "spot"]
@@ -36,12 +36,16 @@ def empty_frame() -> pd.DataFrame:
 
 def normalize(frame: pd.DataFrame, origin: str = "price table") -> pd.DataFrame:
     """Coerce to the schema (column order, dtypes, UTC timestamps) or raise one-line CloudInputError."""
+    if "observed_at" not in frame.columns and "timestamp" in frame.columns:
+        frame = frame.assign(observed_at=frame["timestamp"])  # caches written before the column existed
     missing = [c for c in SCHEMA if c not in frame.columns]
     if missing:
         raise CloudInputError(f"{origin}: missing columns {', '.join(missing)}")
     out = frame.loc[:, list(SCHEMA)].copy()
     try:
         out["timestamp"] = pd.to_datetime(out["timestamp"], utc=True, format="mixed")
+        out["observed_at"] = pd.to_datetime(out["observed_at"].replace("", None), utc=True, format="mixed")
+        out["observed_at"] = out["observed_at"].fillna(out["timestamp"])
         out["usd_per_hour"] = pd.to_numeric(out["usd_per_hour"]).astype(float)
         out["gpu_count"] = pd.to_numeric(out["gpu_count"]).astype(int)
     except (ValueError, TypeError) as exc:
@@ -125,6 +129,12 @@ class PriceStore:
         both = both.drop_duplicates(subset=["timestamp", *SERIES_KEY], keep="last")
         return PriceStore(both.sort_values(["timestamp", *SERIES_KEY], kind="stable"))
 
+    def clouds(self) -> set[str]:
+        return set(self.frame.cloud)
+
+    def without_cloud(self, cloud: str) -> PriceStore:
+        return PriceStore(self.frame[self.frame.cloud != cloud])
+
     def refresh(
         self,
         source: PriceSource,
@@ -132,11 +142,39 @@ class PriceStore:
         instance_types: Sequence[str] = (),
         now: datetime | None = None,
     ) -> PriceStore:
-        """Fetch only what is newer than what we hold for this cloud, and merge it in."""
+        """Fetch what is newer than what we hold for ``source``'s cloud; other clouds' rows are untouched.
+
+        Everything is fetched before anything is merged, so a source that fails half-way leaves the
+        store (and the cache the caller saves) as it was. Fetched rows are stamped ``observed_at=now``.
+        """
         now_t = utc(now) if now else datetime.now(timezone.utc)
         mine = self.frame[self.frame.cloud == source.name]
         start = mine.timestamp.max().to_pydatetime() if len(mine) else None
-        return self.merge(PriceStore.from_records(source.fetch(regions, instance_types, start, now_t)))
+        fetched = PriceStore.from_records(list(source.fetch(regions, instance_types, start, now_t)))
+        stamped = fetched.frame.assign(observed_at=pd.Timestamp(now_t))
+        return self.without_cloud(source.name).merge(PriceStore(mine).merge(stamped))
+
+    def overlay(self, base: PriceStore) -> PriceStore:
+        """This store, plus ``base``'s rows of every cloud this store has no rows of.
+
+        The bundled snapshot under a cache: refreshing one cloud replaces that cloud's snapshot
+        rows and keeps the others, so ``prices cheapest`` still compares all three clouds.
+        """
+        held = self.clouds()
+        return self.merge(base.frame[~base.frame.cloud.isin(sorted(held))])
+
+    def provenance(self) -> list[str]:
+        """One line per (cloud, source): how many rows, estimate or observed, and when observed."""
+        f = self.frame
+        if f.empty:
+            return []
+        lines = []
+        for (cloud, source), rows in f.groupby(["cloud", "source"], sort=True):
+            first, last = rows.observed_at.min(), rows.observed_at.max()
+            when = f"{first:%Y-%m-%d}" if first.date() == last.date() else f"{first:%Y-%m-%d}..{last:%Y-%m-%d}"
+            kind = "ESTIMATE" if is_estimate(str(source)) else "observed"
+            lines.append(f"{cloud}: {len(rows)} rows, {kind} {when}, source {source}")
+        return lines
 
     def select(
         self,

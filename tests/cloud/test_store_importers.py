@@ -51,17 +51,6 @@ def test_cache_roundtrip_is_atomic(tmp_path):
     assert [p.name for p in path.parent.iterdir()] == ["prices.csv.gz"]
 
 
-def test_bundled_snapshot_has_sources_and_dates():
-    snap = load_snapshot()
-    assert set(snap.cloud) == {"aws", "gcp", "azure"}
-    assert snap.source.str.startswith("https://").all()
-    assert snap[snap.spot].source.str.contains("APPROXIMATE").all()
-    # spot cheaper than on-demand for every offer
-    pivot = snap.pivot_table(index=["cloud", "region", "instance_type", "gpu_type", "gpu_count"], columns="spot",
-                             values="usd_per_hour")
-    assert (pivot[True] < pivot[False]).all()
-
-
 def test_trace_formats_detected(tmp_path):
     (tmp_path / "us-east-1").mkdir()
     (tmp_path / "us-east-1" / "p3.8xlarge.json").write_text(json.dumps({"NextToken": "", "SpotPriceHistory": [
