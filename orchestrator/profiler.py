@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
+from actors import user_code
 from orchestrator.errors import UserError
 from orchestrator.models import EXAMPLE_MODELS, example_batch, load_factory, resolve_spec
 from orchestrator.profile import Block, Profile
@@ -178,7 +179,7 @@ def profile_factory(
             raise UserError(f"--input-shape {list(shape)} must be positive integers")
         sample = torch.randn((microbatch_size, *shape), generator=gen).to(_DTYPES[dtype])
     elif callable(getattr(module, "example_input", None)):
-        sample = module.example_input(microbatch_size)
+        sample = user_code.call("example_input", module.example_input, microbatch_size)
         if not isinstance(sample, Tensor):
             raise UserError(f"{spec}: example_input() must return a torch.Tensor, got {type(sample).__name__}")
     else:
@@ -187,5 +188,6 @@ def profile_factory(
             "or define example_input(batch_size) in the factory's module"
         )
     torch.manual_seed(seed)
-    blocks = build()
+    blocks = user_code.blocks(build)
+    user_code.probe(blocks, sample)  # blocks that do not chain: one line naming the block, not a torch traceback
     return profile_blocks(blocks, sample, name or spec.rpartition(":")[2], microbatch_size, **kw)

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from orchestrator import limits
 from orchestrator.cluster import Cluster
 from orchestrator.plan import Plan
 from orchestrator.profile import Profile
@@ -129,6 +130,7 @@ def simulate(
 ) -> SimResult:
     """Time one iteration of ``plan``; raises :class:`ScheduleError` on deadlock."""
     plan.check_against(profile.num_blocks, cluster.size)
+    limits.sim_events(len(plan.stages), plan.num_microbatches + plan.sliced_microbatches)  # before lowering allocates
     options = options or SimOptions()
     schedule = schedule or lower(plan, check=False)
     costs = _Costs(plan, profile, cluster, options)
