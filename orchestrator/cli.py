@@ -7,13 +7,19 @@ only bugs show a traceback.
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
 from cloud.errors import CloudError
+from orchestrator import limits
 from orchestrator.errors import UserError
+
+MAX_PROFILE_MICROBATCH = 4096  # samples in the one micro-batch profiled on this machine
+MAX_SAMPLE_BYTES = 2**30  # its float32 input tensor
 
 
 class _Parser(argparse.ArgumentParser):
@@ -36,16 +42,21 @@ def build_cluster(args: argparse.Namespace, default_devices: int | None = None) 
 
     if args.cluster:
         return cl.load_cluster(args.cluster)
-    gpus = args.gpus or default_devices
-    if not gpus:
+    gpus = args.gpus if args.gpus is not None else default_devices
+    if gpus is None:
         raise UserError("give the cluster: --gpus N --inter-gbps Y [--servers S --intra-gbps X], or --cluster FILE")
     if gpus < 1:
         raise UserError(f"--gpus must be >= 1, got {gpus}")
+    limits.devices(gpus, "--gpus")
     if args.inter_gbps is None:
         raise UserError("--inter-gbps is required with --gpus")
+    for flag, value in (("--inter-gbps", args.inter_gbps), ("--intra-gbps", args.intra_gbps)):
+        if value is not None:
+            limits.number(value, flag, "bandwidth", positive=True, maximum=1e9)
+    limits.number(args.memory_gib, "--memory-gib", "memory per GPU", positive=True, maximum=2.0**30)
     memory = args.memory_gib * 2**30
-    if args.memory_gib <= 0:
-        raise UserError("--memory-gib must be positive")
+    if args.servers is not None and args.servers < 1:
+        raise UserError(f"--servers must be >= 1, got {args.servers}")
     if args.servers:
         if gpus % args.servers:
             raise UserError(f"--gpus {gpus} is not divisible by --servers {args.servers}")
@@ -54,11 +65,34 @@ def build_cluster(args: argparse.Namespace, default_devices: int | None = None) 
     return cl.flat(gpus, args.inter_gbps, memory)
 
 
+def _input_shape(text: str | None, microbatch_size: int) -> list[int] | None:
+    """``--input-shape 3,224,224``: positive integers, and one micro-batch of them within 1 GiB."""
+    if text is None:
+        return None
+    try:
+        shape = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise UserError(f"--input-shape {text!r} must be comma-separated positive integers, e.g. 3,224,224") from None
+    if not shape or any(d < 1 for d in shape):
+        raise UserError(f"--input-shape {text!r} must be comma-separated positive integers, e.g. 3,224,224")
+    size = 4.0 * microbatch_size
+    for d in shape:
+        size *= d
+    if size > MAX_SAMPLE_BYTES:
+        raise UserError(f"--input-shape {text} x --microbatch-size {microbatch_size} is a {size / 2**30:.3g} GiB float32 input; "
+                        f"the limit is {MAX_SAMPLE_BYTES / 2**30:.0f} GiB")
+    return shape
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     from orchestrator import profiler
+    from orchestrator.files import check_output
 
+    check_output(args.out, "profile")
+    limits.count(args.microbatch_size, "--microbatch-size", "value", maximum=MAX_PROFILE_MICROBATCH)
+    limits.count(args.repeats, "--repeats", "value", maximum=1000)
     if args.factory:
-        shape = [int(x) for x in args.input_shape.split(",")] if args.input_shape else None
+        shape = _input_shape(args.input_shape, args.microbatch_size)
         prof = profiler.profile_factory(args.factory, microbatch_size=args.microbatch_size, input_shape=shape, repeats=args.repeats)
     else:
         prof = profiler.profile_example(args.model, microbatch_size=args.microbatch_size, repeats=args.repeats)
@@ -70,13 +104,18 @@ def cmd_profile(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     from orchestrator.plan import ScheduleKind
     from orchestrator.planners.base import PlannerOptions, run_planner
-    from orchestrator.files import write_json_atomic
+    from orchestrator.files import check_outputs, json_output, write_outputs
     from orchestrator.profile import load_profile
 
+    check_outputs([(args.out, "plan"), (args.trace, "trace"), (args.png, "figure")])
+    limits.count(args.microbatches, "--microbatches", "value", maximum=limits.MAX_MICROBATCHES)
+    if args.max_stages is not None and args.max_stages < 1:
+        raise UserError(f"--max-stages must be >= 1, got {args.max_stages}")
     profile = load_profile(args.profile)
     cluster = build_cluster(args)
-    if args.microbatches < 1:
-        raise UserError("--microbatches must be >= 1")
+    # the planners simulate plans of up to min(devices, blocks) stages (x chunks when interleaving)
+    stages = min(cluster.size, profile.num_blocks) if not args.interleave else profile.num_blocks
+    limits.sim_events(stages, args.microbatches, "plan")
     options = PlannerOptions(
         num_microbatches=args.microbatches,
         schedule=ScheduleKind.parse(args.schedule),
@@ -87,15 +126,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
     )
     result = run_planner(args.algorithm, profile, cluster, options)
     payload = result.to_json()
-    if args.out:
-        write_json_atomic(Path(args.out), dict(payload, cluster=cluster.to_dict()))
-    _write_timelines(result.sim, args.trace, args.png, f"{result.algorithm}: {result.plan.describe()}")
+    outputs = [json_output(args.out, dict(payload, cluster=cluster.to_dict()), "plan")] if args.out else []
+    write_outputs(outputs + _timelines(result.sim, args.trace, args.png, f"{result.algorithm}: {result.plan.describe()}"))
     if args.json:
         print(json.dumps(payload))
     else:
+        ratio = f"{result.iteration_time_s / result.lower_bound_s:.3f}" if result.lower_bound_s > 0 else "n/a"
         print(f"algorithm      {result.plan.algorithm or result.algorithm}")
         print(f"plan           {result.plan.describe()}")
-        print(f"iteration      {result.iteration_time_s * 1e3:.3f} ms (lower bound {result.lower_bound_s * 1e3:.3f} ms, ratio {result.iteration_time_s / result.lower_bound_s:.3f})")
+        print(f"iteration      {result.iteration_time_s * 1e3:.3f} ms (lower bound {result.lower_bound_s * 1e3:.3f} ms, ratio {ratio})")
         if result.objective_s is not None:
             print(f"objective      {result.objective_s * 1e3:.3f} ms")
         print(f"planning time  {result.planning_time_s * 1e3:.2f} ms")
@@ -104,14 +143,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from orchestrator import cluster as cl
-    from orchestrator.files import read_json
+    from orchestrator.files import check_outputs, read_json, write_outputs
     from orchestrator.plan import Plan
     from orchestrator.profile import load_profile
     from orchestrator.simulator import simulate
 
+    check_outputs([(args.trace, "trace"), (args.png, "figure")])
     profile = load_profile(args.profile)
     data = read_json(args.plan, "plan")
-    plan = Plan.from_dict(data, origin=args.plan)
+    plan = Plan.from_dict(data, origin=f"plan {args.plan}")
     if args.cluster or args.gpus:
         cluster = build_cluster(args)
     elif isinstance(data, dict) and "cluster" in data:
@@ -119,7 +159,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     else:
         raise UserError(f"{args.plan} has no cluster; give --gpus/--inter-gbps or --cluster")
     sim = simulate(plan, profile, cluster)
-    _write_timelines(sim, args.trace, args.png, plan.describe())
+    write_outputs(_timelines(sim, args.trace, args.png, plan.describe()))
     summary = dict(sim.summary(), critical_path=sim.critical_path_labels()[:50])
     if args.json:
         print(json.dumps(summary))
@@ -128,20 +168,34 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_timelines(sim: Any, trace: str | None, png: str | None, title: str) -> None:
-    from orchestrator.timeline import spans_from_events, write_chrome_trace, write_gantt_png
+def _timelines(sim: Any, trace: str | None, png: str | None, title: str) -> list[Any]:
+    """The ``--trace`` and ``--png`` outputs, rendered only when written (see :func:`write_outputs`)."""
+    from orchestrator.files import Output, figure_output, json_output
+    from orchestrator.timeline import chrome_trace, gantt_figure, spans_from_events
 
     spans = spans_from_events(sim.events)
+    outputs: list[Output] = []
     if trace:
-        write_chrome_trace(spans, trace, "simulated")
+        outputs.append(json_output(trace, chrome_trace(spans, "simulated"), "trace"))
     if png:
-        write_gantt_png(spans, png, title)
+        def render(handle: Any) -> None:
+            import matplotlib.pyplot as plt
+
+            fig = gantt_figure(spans, title)
+            try:
+                figure_output(png, fig).render(handle)
+            finally:
+                plt.close(fig)
+
+        outputs.append(Output(Path(png), "figure", render))
+    return outputs
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from orchestrator.demo import run_demo
+    from orchestrator.files import check_output_dir
 
-    return run_demo(Path(args.out))
+    return run_demo(check_output_dir(args.out, "demo output folder"))
 
 
 def cmd_checkpoint_verify(args: argparse.Namespace) -> int:
@@ -231,11 +285,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         return int(args.func(args) or 0)
     except (UserError, CloudError) as exc:  # cloud/ has its own error type (it imports nothing of ours)
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # ``orchestrator plan ... | head -1``: the reader left; everything was computed and written.
+        _silence_stdout()
+        return 0
+
+
+def _one_line(exc: BaseException) -> str:
+    """The message on one line: a user's file name or a quoted exception may hold newlines."""
+    return " ".join(str(exc).split())
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush does not raise BrokenPipeError again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        pass
 
 
 if __name__ == "__main__":
