@@ -120,3 +120,14 @@ def test_http_403_names_call_and_credentials(loopback):
     server = loopback(lambda m, p, h: (403, {"error": {"code": 403, "message": "denied", "status": "PERMISSION_DENIED"}}))
     with pytest.raises(CloudError, match=r"gcp: cloudbilling.services.skus.list failed: not authorized \(HTTP 403\)"):
         source_for(server.url).skus()
+
+
+def test_credentials_are_named_never_printed():
+    from google.auth import exceptions as aex
+
+    from cloud.gcp import classify
+
+    missing = classify(aex.DefaultCredentialsError("File /home/u/key.json was not found"))
+    expired = classify(aex.RefreshError("invalid_grant: token ya29.SECRET-TOKEN expired"))
+    assert missing is not None and "GOOGLE_APPLICATION_CREDENTIALS" in missing and "key.json" not in missing
+    assert expired is not None and "could not be refreshed" in expired and "ya29" not in expired
