@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pandas as pd
 
 from .errors import CloudError, CloudInputError
 
 from .records import CLOUDS, canonical_cloud, did_you_mean, is_estimate, normalize_gpu
+
+MAX_COST_SIM_DAYS = 3650.0  # ten years of one-V100 work: 87,600 hourly steps per policy, seconds to replay
 
 OUTPUT_COLUMNS = ["cloud", "region", "zone", "instance_type", "gpu_type", "gpu_count", "usd_per_hour", "spot"]
 TEXT_COLUMNS = [*OUTPUT_COLUMNS, "estimate", "observed"]
@@ -154,6 +157,9 @@ def cmd_cost_sim(args: argparse.Namespace) -> int:
     from .store import PriceStore
     from .throughput import ThroughputTable
 
+    _check_amount("--days", args.days, MAX_COST_SIM_DAYS, positive=True,
+                  note=lambda d: f" (about {d * 24:.3g} one-hour replay steps per policy and model)")
+    _check_amount("--checkpoint-gb", args.checkpoint_gb, 1e6)
     table = ThroughputTable.load(args.throughputs)
     models = args.model or [m for m in THESIS_MODELS if m in table.models] or list(table.models[:5])
     for model in models:
@@ -176,6 +182,16 @@ def cmd_cost_sim(args: argparse.Namespace) -> int:
     else:
         print(pd.DataFrame(rows).to_string(index=False))
     return 0
+
+
+def _check_amount(flag: str, value: float, limit: float, positive: bool = False,
+                  note: Callable[[float], str] = lambda v: "") -> None:
+    """A finite amount in ``[0, limit]`` (``> 0`` when ``positive``): ``nan`` and ``1e9`` days are typos
+    that would otherwise divide by zero or replay for ever."""
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise CloudInputError(f"{flag} must be a finite number {'> 0' if positive else '>= 0'}, got {value}")
+    if value > limit:
+        raise CloudInputError(f"{flag} {value:g}{note(value)} is above the limit of {limit:g}")
 
 
 def build_parser() -> argparse.ArgumentParser:
