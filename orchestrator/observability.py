@@ -3,7 +3,8 @@
 Every state change of a job (start, iteration, move, checkpoint, preemption notice, migration,
 restart) is one JSON object per line with a wall-clock timestamp, so a run can be replayed,
 grepped, or loaded into pandas (``pandas.read_json(path, lines=True)``). Secrets never enter an
-event: :func:`redact` strips keys that look like credentials before anything is written.
+event: :func:`redact` replaces credential-looking keys *and* values (nested lists and dicts, exception
+text) before anything is written.
 """
 
 from __future__ import annotations
@@ -19,20 +20,53 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from orchestrator.timeline import save_figure
 
-_SECRET_KEY = re.compile(r"(secret|password|token|credential|access_key|api_key|sas|signature)", re.I)
+_SECRET_KEY = re.compile(r"(secret|password|passwd|token|credential|access[_-]?key|account[_-]?key|api[_-]?key|private[_-]?key|sas|signature|auth)", re.I)
+_SECRET_WORD = r"(?:[A-Za-z0-9_.-]*(?:secret|password|passwd|token|credential|access[_-]?key|account[_-]?key|api[_-]?key|private[_-]?key|signature|auth)[A-Za-z0-9_.-]*|sig|sas|se?cret)"
+_SECRET_TEXT = [
+    (re.compile(r"\b(Bearer|Basic)\s+[A-Za-z0-9._~+/=-]+", re.I), r"\1 ***"),
+    # key=value, key: value, "key": "value" (query strings, connection strings, repr of dicts, CLI flags)
+    (re.compile(rf"""({_SECRET_WORD}["']?\s*[=:]\s*["']?)([^\s"'&;,)}}\]]+)""", re.I), r"\1***"),
+    (re.compile(rf"(--{_SECRET_WORD}[ =])(\S+)", re.I), r"\1***"),
+    (re.compile(r"\b((?:AKIA|ASIA|AGPA|AIDA|AROA)[0-9A-Z]{16})\b"), "***"),  # AWS key ids
+    (re.compile(r"(?<![A-Za-z0-9/+])(?=[A-Za-z0-9/+]*[/+])(?=[A-Za-z0-9/+]*[a-z])(?=[A-Za-z0-9/+]*[A-Z])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])"), "***"),  # AWS secret keys
+    (re.compile(r"([a-z][a-z0-9+.-]*://)[^/\s:@]+:[^/\s@]+@", re.I), r"\1***@"),  # user:password@ in URLs
+    (re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?(-----END [A-Z ]*PRIVATE KEY-----|$)", re.S), "***"),
+]
+_MIN_ENV_SECRET = 8
+_ENV_SECRET = re.compile(r"(secret|password|passwd|token|credential|(^|_)key($|_)|sas|auth|connection_string)", re.I)
 
 
-def redact(payload: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of ``payload`` with credential-looking keys replaced by ``"***"`` (recursively)."""
-    out: dict[str, Any] = {}
-    for key, value in payload.items():
-        if _SECRET_KEY.search(str(key)):
-            out[key] = "***"
-        elif isinstance(value, Mapping):
-            out[key] = redact(value)
-        else:
-            out[key] = value
-    return out
+def _env_secrets() -> list[str]:
+    """Values of this process's credential-looking environment variables (long enough to be specific)."""
+    return sorted((v for k, v in os.environ.items() if _ENV_SECRET.search(k) and len(v) >= _MIN_ENV_SECRET), key=len, reverse=True)
+
+
+def redact_text(text: str, secrets: Sequence[str] | None = None) -> str:
+    """``text`` with credential-looking pieces replaced by ``***``: ``key=value`` pairs with a secret
+    key name, AWS key ids and secret keys, bearer tokens, ``user:password@`` in URLs, PEM private
+    keys, and the literal value of any credential environment variable (an exception message from
+    an SDK may quote one)."""
+    for value in _env_secrets() if secrets is None else secrets:
+        text = text.replace(value, "***")
+    for pattern, replacement in _SECRET_TEXT:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def redact(payload: Any, _secrets: Sequence[str] | None = None) -> Any:
+    """A copy of ``payload`` safe to write: credential-looking keys become ``"***"`` and every string
+    value (in nested dicts, lists and tuples too, exception text included) goes through
+    :func:`redact_text`. Exceptions are written as ``"Type: message"``, redacted."""
+    secrets = _env_secrets() if _secrets is None else _secrets
+    if isinstance(payload, Mapping):
+        return {key: "***" if _SECRET_KEY.search(str(key)) else redact(value, secrets) for key, value in payload.items()}
+    if isinstance(payload, (list, tuple, set, frozenset)):
+        return [redact(v, secrets) for v in payload]
+    if isinstance(payload, BaseException):
+        return redact_text(f"{type(payload).__name__}: {payload}", secrets)
+    if isinstance(payload, (str, os.PathLike)):
+        return redact_text(os.fspath(payload) if not isinstance(payload, str) else payload, secrets)
+    return payload
 
 
 @dataclass
