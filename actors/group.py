@@ -31,6 +31,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from actors.stage_worker import JobSpec, StageWorker
+from actors import waits
 from orchestrator.errors import UserError
 from orchestrator.plan import Plan
 from orchestrator.schedule.lowering import lower
@@ -131,7 +132,8 @@ class WorkerGroup:
         self.plan, self.spec = plan, spec
         self.rank_of = {d: i for i, d in enumerate(devices)}
         self.slot_of = {d: slots[d] for d in devices}
-        host, port = ray.get(self.actor_of(devices[0]).endpoint.remote(), timeout=timeout_s)
+        first = self.actor_of(devices[0])
+        host, port = waits.get(first.endpoint.remote(), first, self._name(devices[0]), "with its process-group endpoint", timeout_s)
         refs = [self.actor_of(d).configure.remote(spec, plan.to_dict(), d, self.rank_of, host, port) for d in devices]
         used = set(self.slot_of.values())
         idle = [a.shutdown.remote() for i, a in enumerate(self.actors) if i not in used and i not in self.dead]
@@ -160,7 +162,9 @@ class WorkerGroup:
         old_members = set(self.rank_of)
         rejoin = new_members != sorted(old_members)
         rank_of = {d: i for i, d in enumerate(new_members)} if rejoin else dict(self.rank_of)
-        endpoint = ray.get(self.actor_of(new_members[0]).endpoint.remote(), timeout=timeout_s) if rejoin else None
+        lead = self.actor_of(new_members[0])
+        endpoint = waits.get(lead.endpoint.remote(), lead, self._name(new_members[0]), "with its process-group endpoint",
+                             timeout_s) if rejoin else None
         old_groups = set() if rejoin else {g for g in self.plan.device_groups if len(g) > 1}
         create = [g for g in plan.device_groups if len(g) > 1 and g not in old_groups]
         leaving = [d for d in self.rank_of if d not in rank_of and self.slot_of[d] not in self.dead]
