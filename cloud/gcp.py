@@ -141,9 +141,10 @@ def classify(exc: BaseException) -> str | None:
         return f"still failing after google-api-core's retries: {short(exc.cause) if exc.cause else short(exc)}"
     if isinstance(exc, gex.GoogleAPICallError):
         status = int(exc.code or 0)
+        message = re.sub(r"^[A-Z]+ \S+: ", "", " ".join(str(exc.message).split()))  # drop "GET <url>: "
         if status in (401, 403):
-            return f"not authorized (HTTP {status}): check the credentials of google.auth.default() ({str(exc.message)[:120]})"
-        return f"HTTP {status}: {' '.join(str(exc.message).split())[:200]}"
+            return f"not authorized (HTTP {status}): check the credentials of google.auth.default() ({message[:120]})"
+        return f"HTTP {status}: {message[:200]}"
     if isinstance(exc, (ParseError, json.JSONDecodeError, KeyError)):
         return f"malformed page ({short(exc)})"
     return None
