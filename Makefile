@@ -20,7 +20,14 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(PY) -m orchestrator demo
 
-test: $(STAMP)
+# Azurite (the Azure Blob emulator, from npm) for the storage tests; without npm those tests skip
+# with a reason. Installed under .venv so `make clean` removes it with the rest.
+AZURITE := $(VENV)/node/node_modules/.bin/azurite-blob
+$(AZURITE): $(STAMP)
+	if command -v npm >/dev/null 2>&1; then npm install --silent --no-audit --no-fund --prefix $(VENV)/node azurite@3 || echo "azurite not installed: the Azure Blob tests will skip"; \
+	else echo "npm not found: the Azure Blob tests will skip"; fi
+
+test: $(STAMP) $(AZURITE)
 	$(PY) -m mypy orchestrator cloud actors
 	$(PY) -m pytest -q
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import hashlib
 import os
 import posixpath
@@ -112,7 +113,14 @@ def filesystem(location: str | os.PathLike[str]) -> tuple[AbstractFileSystem, st
         return fsspec.filesystem("file"), local_path(text)
     kwargs = _options(protocol, text)
     try:
-        fs = fsspec.filesystem(protocol, **kwargs)
+        if protocol == "gcs" and os.environ.get("STORAGE_EMULATOR_HOST"):
+            # The plain JSON-API filesystem: emulators do not serve the gRPC control plane that
+            # gcsfs's default (extended) class asks first, and each such call waits 60 s.
+            from gcsfs.core import GCSFileSystem
+
+            fs = GCSFileSystem(**kwargs)
+        else:
+            fs = fsspec.filesystem(protocol, **kwargs)
     except ImportError as exc:
         raise StorageError(f"{text}: the {protocol} filesystem is not installed ({exc})") from None
     except (ValueError, TypeError) as exc:
@@ -126,10 +134,12 @@ def _options(protocol: str, text: str) -> dict[str, Any]:
     env = os.environ
     if protocol == "s3":
         endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
-        opts: dict[str, Any] = {"use_listings_cache": False, "retries": 2,
+        opts: dict[str, Any] = {"use_listings_cache": False,
                                 "config_kwargs": {"connect_timeout": 5, "retries": {"max_attempts": 2, "mode": "standard"}}}
         if endpoint:
             opts["endpoint_url"] = endpoint
+        if not _aws_credentials(*(env.get(k) for k in _AWS_ENV)):
+            raise StorageError(f"{text}: {_credentials_hint(protocol)}")
         return opts
     if protocol == "gcs":
         opts = {"use_listings_cache": False}
@@ -148,6 +158,23 @@ def _options(protocol: str, text: str) -> dict[str, Any]:
     else:
         raise StorageError(f"{text}: {_credentials_hint(protocol)}")
     return opts
+
+
+_AWS_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+            "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "AWS_EC2_METADATA_DISABLED",
+            "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_WEB_IDENTITY_TOKEN_FILE")
+
+
+@functools.lru_cache(maxsize=8)
+def _aws_credentials(*env: str | None) -> bool:
+    """Whether botocore's chain finds credentials (asked once per environment): s3fs would
+    otherwise fall back to unsigned requests and report every object as missing."""
+    import botocore.session
+
+    try:
+        return botocore.session.get_session().get_credentials() is not None
+    except Exception:  # noqa: BLE001 - a broken profile is "no usable credentials"
+        return False
 
 
 def _credentials_hint(protocol: str) -> str:
