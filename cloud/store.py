@@ -164,16 +164,26 @@ class PriceStore:
         return self.merge(base.frame[~base.frame.cloud.isin(sorted(held))])
 
     def provenance(self) -> list[str]:
-        """One line per (cloud, source): how many rows, estimate or observed, and when observed."""
+        """One line per (cloud, source): how many rows, ESTIMATE or observed, and when observed.
+
+        Estimates that differ only in their fraction (``estimate: 30% of on-demand ...``) share a
+        line that gives the range of fractions.
+        """
         f = self.frame
         if f.empty:
             return []
+        pct = f.source.str.extract(r"^estimate: (\d+)% ", expand=False)
+        label = f.source.where(pct.isna(), f.source.str.replace(r"^estimate: \d+% ", "estimate: {pct} ", regex=True))
         lines = []
-        for (cloud, source), rows in f.groupby(["cloud", "source"], sort=True):
+        for (cloud, text), rows in f.assign(label=label, pct=pct).groupby(["cloud", "label"], sort=True):
             first, last = rows.observed_at.min(), rows.observed_at.max()
             when = f"{first:%Y-%m-%d}" if first.date() == last.date() else f"{first:%Y-%m-%d}..{last:%Y-%m-%d}"
-            kind = "ESTIMATE" if is_estimate(str(source)) else "observed"
-            lines.append(f"{cloud}: {len(rows)} rows, {kind} {when}, source {source}")
+            if is_estimate(str(text)):
+                values = sorted({int(v) for v in rows.pct.dropna()})
+                span = f"{values[0]}%" if len(values) == 1 else f"{values[0]}-{values[-1]}%"
+                lines.append(f"{cloud}: {len(rows)} rows, ESTIMATE {when}, source {str(text).replace('{pct}', span)}")
+            else:
+                lines.append(f"{cloud}: {len(rows)} rows, observed {when}, source {text}")
         return lines
 
     def select(

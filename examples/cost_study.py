@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cloud.importers import load_any, load_snapshot  # noqa: E402
 from cloud.migration import MigrationCosts, plan_migration  # noqa: E402
 from cloud.policies import JobSpec, cheapest, min_cost_with_deadline  # noqa: E402
+from cloud.records import Offer, is_estimate  # noqa: E402
 from cloud.store import PriceStore  # noqa: E402
 from cloud.throughput import ThroughputTable  # noqa: E402
 
@@ -32,12 +33,23 @@ def main() -> int:
              else ThroughputTable({(model, "V100", 1): 5.46, (model, "T4", 1): 1.9, (model, "A100", 1): 12.0}, 0.9))
     job = JobSpec("resnet50", model, samples=4 * 24 * 3600 * table.get(model, "V100", 1))
     offers = store.latest()
+
+    def basis(offer: Offer) -> str:
+        """Say when a price is an estimate (the bundled spot rows are), never let it pass as observed."""
+        row = offers[(offers.cloud == offer.cloud) & (offers.region == offer.region) & (offers.zone == offer.zone)
+                     & (offers.instance_type == offer.instance_type) & (offers.spot == offer.spot)].iloc[0]
+        return f"[ESTIMATE: {row.source}]" if is_estimate(row.source) else f"[observed {row.observed_at:%Y-%m-%d}]"
+
     best = cheapest(offers, table, job)
-    print(f"best value: {best.offer.label()} {best.hours:.1f} h ${best.cost_usd:.2f}")
+    print(f"best value: {best.offer.label()} {best.hours:.1f} h ${best.cost_usd:.2f} {basis(best.offer)}")
     fast = min_cost_with_deadline(offers, table, job, args.deadline_h)
-    print(f"cheapest within {args.deadline_h:g} h: {fast.offer.label()} {fast.hours:.1f} h ${fast.cost_usd:.2f}")
+    print(f"cheapest within {args.deadline_h:g} h: {fast.offer.label()} {fast.hours:.1f} h ${fast.cost_usd:.2f} "
+          f"{basis(fast.offer)}")
     decision = plan_migration(fast.offer, offers, table, model, job.samples / 2, MigrationCosts(checkpoint_gb=0.2))
     print(f"halfway through on {fast.offer.label()}: {decision}")
+    print("prices compared:")
+    for line in PriceStore(offers).provenance():
+        print(f"  {line}")
     return 0
 
 
