@@ -38,7 +38,7 @@ def main() -> int:
         """Say when a price is an estimate (the bundled spot rows are), never let it pass as observed."""
         row = offers[(offers.cloud == offer.cloud) & (offers.region == offer.region) & (offers.zone == offer.zone)
                      & (offers.instance_type == offer.instance_type) & (offers.spot == offer.spot)].iloc[0]
-        return f"[ESTIMATE: {row.source}]" if is_estimate(row.source) else f"[observed {row.observed_at:%Y-%m-%d}]"
+        return f"[{row.source}]" if is_estimate(row.source) else f"[observed {row.observed_at:%Y-%m-%d}]"
 
     best = cheapest(offers, table, job)
     print(f"best value: {best.offer.label()} {best.hours:.1f} h ${best.cost_usd:.2f} {basis(best.offer)}")

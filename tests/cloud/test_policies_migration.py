@@ -21,7 +21,7 @@ def offers(rows):
 
 
 OFFERS = offers([("aws", "us-east-1", "p2.xlarge", "K80", 1, 0.3), ("aws", "us-east-1", "p3.2xlarge", "V100", 1, 0.9),
-                 ("azure", "eastus", "NC6s_v3", "V100", 1, 0.8), ("aws", "us-east-1", "p3.8xlarge", "V100", 4, 4.0)])
+                 ("azure", "eastus", "Standard_NC6s_v3", "V100", 1, 0.8), ("aws", "us-east-1", "p3.8xlarge", "V100", 4, 4.0)])
 
 
 def test_cheapest_is_max_samples_per_dollar_by_brute_force():
@@ -36,7 +36,7 @@ def test_deadline_forces_faster_offer():
     job = P.JobSpec("j", "n", 3.0 * 3600 * 10)  # K80 needs 10 h
     assert P.min_cost_with_deadline(OFFERS, TPUT, job, 20).offer.gpu_type == "K80"
     fast = P.min_cost_with_deadline(OFFERS, TPUT, job, 8)
-    assert fast.hours <= 8 and fast.offer.instance_type == "NC6s_v3"
+    assert fast.hours <= 8 and fast.offer.instance_type == "Standard_NC6s_v3"
     with pytest.raises(CloudError, match="no offer finishes within 1"):
         P.min_cost_with_deadline(OFFERS, TPUT, job, 1)
 
@@ -71,7 +71,7 @@ def current():
 
 
 def test_migration_moves_only_when_saving_beats_costs():
-    cheap = offers([("aws", "us-east-1", "p3.2xlarge", "V100", 1, 0.9), ("azure", "eastus", "NC6s_v3", "V100", 1, 0.3)])
+    cheap = offers([("aws", "us-east-1", "p3.2xlarge", "V100", 1, 0.9), ("azure", "eastus", "Standard_NC6s_v3", "V100", 1, 0.3)])
     long_job = plan_migration(current(), cheap, TPUT, "m", 4.0 * 3600 * 48, MigrationCosts(checkpoint_gb=5))
     assert isinstance(long_job, Move) and long_job.target.cloud == "azure" and long_job.expected_saving_usd > 20
     short_job = plan_migration(current(), cheap, TPUT, "m", 4.0 * 600, MigrationCosts(checkpoint_gb=5))
@@ -82,7 +82,7 @@ def test_migration_moves_only_when_saving_beats_costs():
 
 
 def test_preemption_risk_keeps_job_on_stable_offer():
-    cheap = offers([("aws", "us-east-1", "p3.2xlarge", "V100", 1, 0.9), ("azure", "eastus", "NC6s_v3", "V100", 1, 0.8)])
+    cheap = offers([("aws", "us-east-1", "p3.2xlarge", "V100", 1, 0.9), ("azure", "eastus", "Standard_NC6s_v3", "V100", 1, 0.8)])
     calm = plan_migration(current(), cheap, TPUT, "m", 4.0 * 3600 * 48, MigrationCosts(checkpoint_gb=0.1))
     assert isinstance(calm, Move)
     risky = MigrationCosts(checkpoint_gb=0.1, preemptions_per_hour={("azure", "eastusa", "V100", 1): 0.5})
@@ -144,12 +144,12 @@ def test_forced_move_picks_the_cheapest_target_not_the_first_row() -> None:
 
     rows = [
         ("aws", "us-east-1", "", "p3.8xlarge", "V100", 4, False, 12.24),
-        ("azure", "eastus", "", "NC24s_v3", "V100", 4, True, 2.448),
+        ("azure", "eastus", "", "Standard_NC24s_v3", "V100", 4, True, 2.448),
         ("gcp", "us-west1", "us-west1-b", "n1-standard-8", "V100", 4, True, 3.04),
     ]
     cols = ["cloud", "region", "zone", "instance_type", "gpu_type", "gpu_count", "spot", "usd_per_hour"]
     offers = pd.DataFrame(rows, columns=cols)
-    gone = Offer("azure", "westus2", "", "NC24s_v3", "V100", 4, True, 2.448)
+    gone = Offer("azure", "westus2", "", "Standard_NC24s_v3", "V100", 4, True, 2.448)
     table = ThroughputTable({("m", "V100", 4): 100.0})
     decision = plan_migration(gone, offers, table, "m", 1e6, MigrationCosts())
     assert isinstance(decision, Move) and decision.target.region == "eastus"
