@@ -167,7 +167,7 @@ class AwsPriceSource:
                 out.append(PriceRecord(
                     timestamp=_stamp(item), cloud="aws", region=region, zone=str(item["AvailabilityZone"]),
                     instance_type=itype, gpu_type=gpu, gpu_count=count, spot=True,
-                    usd_per_hour=_price("describe_spot_price_history", item.get("SpotPrice")),
+                    usd_per_hour=_price(f"describe_spot_price_history ({region})", item.get("SpotPrice")),
                     source="aws:describe_spot_price_history"))
         for itype, price in sorted(self.on_demand(region, instance_types).items()):
             gpu, count = gpus.get(itype, ("", 0))
