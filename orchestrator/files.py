@@ -179,6 +179,8 @@ def check_outputs(paths: Iterable[tuple[str | os.PathLike[str] | None, str]]) ->
 def check_output_dir(path: str | os.PathLike[str], what: str = "output folder") -> Path:
     """A folder a command writes into: reused if it is one, created later if missing, refused if it
     is anything else (a file, a link to a file, a device)."""
+    if not str(path):
+        raise UserError(f"{what}: an empty path is not a folder name")
     p = Path(path)
     if p.exists() or p.is_symlink():
         if not p.is_dir():
