@@ -129,9 +129,14 @@ def loss(loss_fn: Callable[[Tensor, Tensor], Any], out: Tensor, targets: Tensor)
     return value
 
 
-def check_writable(directory: str | os.PathLike[str], what: str = "checkpoint_dir") -> Path:
+def check_writable(directory: str | os.PathLike[str], what: str = "checkpoint_dir") -> str | Path:
     """Create ``directory`` if needed and prove a file can be written there (found now, not after training)."""
-    path = Path(directory)
+    from actors import storage
+
+    if not storage.is_local(directory):  # s3://, gs://, az://: write and delete a probe object
+        storage.check_writable(directory)
+        return os.fspath(directory)
+    path = Path(storage.local_path(directory))
     try:
         path.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=".raypipe-write-test.", dir=path)

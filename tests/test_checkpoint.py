@@ -12,6 +12,7 @@ import torch
 
 from actors import checkpoint as ckpt
 from actors.reference import ReferenceTrainer, allclose, max_difference
+from orchestrator.cli import main
 from orchestrator.errors import UserError
 from orchestrator.models import example_batch, loss_fn, mlp
 from orchestrator.plan import ScheduleKind, straight_plan
@@ -100,6 +101,7 @@ def test_manifest_records_plan_step_and_checksums(saved: Path) -> None:
     assert manifest["plan"]["num_stages"] == 3 and len(manifest["files"]) == 5
     assert all(len(e["sha256"]) == 64 for e in manifest["files"])
     assert manifest["seed"] == 0 and (saved / ckpt.COMMIT).is_file()
+    assert main(["checkpoint", "verify", str(saved)]) == 0  # what the runtime writes, the CLI accepts
     assert not list(saved.glob(".*tmp*"))  # no temporary files left behind
 
 
