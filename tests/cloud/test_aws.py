@@ -92,9 +92,10 @@ def test_regions_from_describe_regions_opt_in_region_skipped_rest_kept(clients):
     assert {r.zone: r.usd_per_hour for r in spot}["us-east-1a"] == pytest.approx(98.32 * 0.4)
 
 
-def test_every_region_refused_is_an_error(clients):
-    clients.stub("ec2", "ap-south-2").add_client_error("describe_instance_types", **fx.auth_failure("ap-south-2"))
-    with pytest.raises(CloudError, match=r"aws: fetch failed: every region refused.*AuthFailure") as info:
+@pytest.mark.parametrize("code", ["AuthFailure", "OptInRequired"])
+def test_every_region_refused_is_an_error(clients, code):
+    clients.stub("ec2", "ap-south-2").add_client_error("describe_instance_types", code, "region not enabled", 401)
+    with pytest.raises(CloudError, match=rf"aws: fetch failed: every region refused.*{code}") as info:
         list(AwsPriceSource(client_factory=clients).fetch(["ap-south-2"], fx.TYPES, end=fx.NOW))
     assert "\n" not in str(info.value)
 
