@@ -227,11 +227,11 @@ def from_dict(data: Any, origin: str = "cluster") -> Cluster:
             if "inter_gbps" not in data:
                 raise UserError("a two-level spec needs \"inter_gbps\"")
             return two_level(
-                limits.count(data["servers"], "cluster", "servers", maximum=limits.MAX_DEVICES),
-                limits.count(data.get("gpus_per_server", 1), "cluster", "gpus_per_server", maximum=limits.MAX_DEVICES),
-                limits.number(data.get("intra_gbps", data["inter_gbps"]), "cluster", "intra_gbps", positive=True),
-                limits.number(data["inter_gbps"], "cluster", "inter_gbps", positive=True),
-                limits.number(data.get("memory_bytes", DEFAULT_MEMORY), "cluster", "memory_bytes", positive=True, maximum=limits.MAX_BYTES),
+                limits.count(data["servers"], "two-level spec", "servers", maximum=limits.MAX_DEVICES),
+                limits.count(data.get("gpus_per_server", 1), "two-level spec", "gpus_per_server", maximum=limits.MAX_DEVICES),
+                limits.number(data.get("intra_gbps", data["inter_gbps"]), "two-level spec", "intra_gbps", positive=True),
+                limits.number(data["inter_gbps"], "two-level spec", "inter_gbps", positive=True),
+                limits.number(data.get("memory_bytes", DEFAULT_MEMORY), "two-level spec", "memory_bytes", positive=True, maximum=limits.MAX_BYTES),
             )
         raw = data.get("devices")
         if not isinstance(raw, list):
@@ -244,7 +244,7 @@ def from_dict(data: Any, origin: str = "cluster") -> Cluster:
             devices.append(Device(d.get("id", i), d.get("node", f"node{i}"), d.get("speed", 1.0), d.get("memory_bytes", DEFAULT_MEMORY), d.get("kind", "gpu")))
         key = "bandwidth_bytes_per_s" if "bandwidth_bytes_per_s" in data else "bandwidth_gbps"
         bw = _matrix(data.get(key), len(devices), key) * (1.0 if key == "bandwidth_bytes_per_s" else GBPS)
-        latency = limits.number(data.get("message_latency_s", 0.0), "cluster", "message_latency_s", maximum=3600.0)
+        latency = limits.number(data.get("message_latency_s", 0.0), "spec", "message_latency_s", maximum=3600.0)
         return Cluster(tuple(devices), bw, latency)
     except UserError as exc:
         raise UserError(f"{origin}: {exc}") from None
