@@ -24,8 +24,9 @@ from orchestrator.simulator import DEFAULT_STATE_FACTOR, SimOptions, SimResult, 
 class PlannerOptions:
     num_microbatches: int
     """Micro-batches per iteration (the gradient-accumulation count)."""
-    schedule: ScheduleKind = ScheduleKind.ONE_F_ONE_B
-    """Schedule the plan will run; planners that choose their own may override it."""
+    schedule: ScheduleKind | None = None
+    """Schedule the plan must run (CLI ``--schedule``); None lets the planner choose (``auto``
+    searches all of them, the others use their own, 1F1B by default)."""
     straight: bool = False
     """Forbid stage replication: one device per stage (PipeDream's straight pipeline)."""
     max_stages: int | None = None
@@ -42,6 +43,11 @@ class PlannerOptions:
             raise UserError("the micro-batch count must be >= 1")
         if self.max_stages is not None and self.max_stages < 1:
             raise UserError("max_stages must be >= 1")
+
+    @property
+    def kind(self) -> ScheduleKind:
+        """The schedule a planner without a choice of its own builds its plans for."""
+        return ScheduleKind.ONE_F_ONE_B if self.schedule in (None, ScheduleKind.INTERLEAVED) else self.schedule
 
     @property
     def sim_options(self) -> SimOptions:
@@ -134,10 +140,7 @@ def run_planner(name: str, profile: Profile, cluster: Cluster, options: PlannerO
         raise UserError(f"asked for up to {options.max_stages} stages but the cluster has {cluster.size} devices")
     start = time.perf_counter()
     plan = spec.fn(profile, cluster, options)
-    if options.extra.get("interleave") and plan.virtual_chunks == 1:
-        from orchestrator.planners.interleaving import best_interleaving
-
-        plan = best_interleaving(plan, profile, cluster, options)
+    plan = _honour_schedule(spec.name, plan, profile, cluster, options)
     elapsed = time.perf_counter() - start
     plan.check_against(profile.num_blocks, cluster.size)
     sim = evaluate(plan, profile, cluster, options)
@@ -146,6 +149,35 @@ def run_planner(name: str, profile: Profile, cluster: Cluster, options: PlannerO
     if objective is None and spec.objective is not None:
         objective = spec.objective(plan, profile, cluster, options)
     return PlanResult(spec.name, plan, sim, lower_bound(profile, cluster, options.num_microbatches), elapsed, objective)
+
+
+def _honour_schedule(name: str, plan: Plan, profile: Profile, cluster: Cluster, options: PlannerOptions) -> Plan:
+    """The planner's plan under the schedule the user asked for (``--schedule``, ``--interleave``).
+
+    A planner's partition is re-timed under GPipe or 1F1B when it chose the other one; the
+    interleaved schedule is reached by re-cutting the plan into virtual chunks, and a plan that
+    cannot be interleaved (one stage, or a micro-batch count that is not a multiple of the depth)
+    is one line of error naming the planner and the schedule."""
+    from orchestrator.planners.interleaving import best_interleaving
+
+    want = options.schedule
+    if want is ScheduleKind.INTERLEAVED:
+        if plan.virtual_chunks == 1:
+            plan = best_interleaving(replace(plan, schedule=ScheduleKind.ONE_F_ONE_B), profile, cluster, options, min_chunks=2)
+        if plan.virtual_chunks == 1:
+            raise UserError(
+                f"{name}: cannot produce the interleaved schedule for this plan ({plan.num_physical_stages} stage(s), "
+                f"{plan.num_microbatches} micro-batches: needs >= 2 stages, a micro-batch count that is a multiple of the depth, "
+                "and a fitting re-cut)"
+            )
+        return plan
+    if want is not None and plan.schedule is not want:
+        if plan.virtual_chunks > 1:
+            raise UserError(f"{name}: its plan is interleaved and cannot run the {want.value} schedule")
+        plan = replace(plan, schedule=want)
+    if options.extra.get("interleave") and plan.virtual_chunks == 1:
+        plan = best_interleaving(plan, profile, cluster, options)
+    return plan
 
 
 _LOADED = False

@@ -22,7 +22,7 @@ def plan_even(profile: Profile, cluster: Cluster, options: PlannerOptions) -> Pl
     n = profile.num_blocks
     cuts = [round(i * n / k) for i in range(k + 1)]
     order = devices_by_speed_order(cluster)
-    return straight_plan(cuts, options.num_microbatches, options.schedule, [(order[i],) for i in range(k)], "even")
+    return straight_plan(cuts, options.num_microbatches, options.kind, [(order[i],) for i in range(k)], "even")
 
 
 register(PlannerSpec("even", plan_even, "equal block counts per stage, one device each (GPipe-style)"))

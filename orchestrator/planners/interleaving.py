@@ -12,7 +12,8 @@ plan is returned unchanged. AutoPipe's slicing does not combine with interleavin
 would break that rule), so interleaved candidates drop it.
 
 Use: ``options.extra["interleave"] = True`` (CLI ``--interleave``) makes :func:`run_planner` pass every planner's
-plan through here; ``auto`` always offers interleaving to its three fastest candidates.
+plan through here; ``auto`` offers interleaving to every candidate and keeps those its bounds
+cannot rule out.
 """
 
 from __future__ import annotations
@@ -47,11 +48,14 @@ def interleaved_plan(plan: Plan, profile: Profile, v: int) -> Plan:
     return replace(out, algorithm=plan.algorithm, objective_s=plan.objective_s)
 
 
-def best_interleaving(plan: Plan, profile: Profile, cluster: Cluster, options: PlannerOptions) -> Plan:
-    """The plan with the number of virtual chunks that minimizes simulated time within memory."""
+def best_interleaving(plan: Plan, profile: Profile, cluster: Cluster, options: PlannerOptions, min_chunks: int = 1) -> Plan:
+    """The plan with the number of virtual chunks (>= ``min_chunks``) that minimizes simulated
+    time within memory; ``plan`` itself when none qualifies."""
     best: tuple[float, Plan] | None = None
     sim_options = options.sim_options
     for v in candidate_chunks(plan, profile):
+        if v < min_chunks:
+            continue
         try:
             cand = plan if v == 1 else interleaved_plan(plan, profile, v)
         except UserError:

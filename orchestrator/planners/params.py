@@ -20,7 +20,7 @@ def plan_params(profile: Profile, cluster: Cluster, options: PlannerOptions) -> 
     weights = [b.param_bytes for b in profile.blocks]
     cuts = min_max_partition(weights, k)  # type: ignore[arg-type]
     order = devices_by_speed_order(cluster)
-    return straight_plan(cuts, options.num_microbatches, options.schedule, [(order[i],) for i in range(k)], "params")
+    return straight_plan(cuts, options.num_microbatches, options.kind, [(order[i],) for i in range(k)], "params")
 
 
 def max_stage_params(plan: Plan, profile: Profile, cluster: Cluster, options: PlannerOptions) -> float:

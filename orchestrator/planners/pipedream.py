@@ -349,7 +349,7 @@ def _plan_capped(profile: Profile, cluster: Cluster, options: PlannerOptions, ca
 def _finish(stages: list[Stage], options: PlannerOptions, objective: float) -> Plan:
     if options.max_stages is not None and len(stages) > options.max_stages:
         raise UserError(f"pipedream chose {len(stages)} stages, more than --max-stages {options.max_stages}")
-    return Plan(tuple(stages), options.num_microbatches, options.schedule, algorithm="pipedream", objective_s=objective)
+    return Plan(tuple(stages), options.num_microbatches, options.kind, algorithm="pipedream", objective_s=objective)
 
 
 def bottleneck(plan: Plan, profile: Profile, cluster: Cluster, options: PlannerOptions) -> float:

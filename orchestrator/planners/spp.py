@@ -58,7 +58,7 @@ from orchestrator.errors import UserError
 from orchestrator.plan import Plan, ScheduleKind, Stage
 from orchestrator.planners.base import PlannerOptions, PlannerSpec, register
 from orchestrator.profile import Profile
-from orchestrator.schedule.ir import overlap, row_share
+from orchestrator.group_sim import all_reduce_time, row_shares
 
 INF = np.inf
 
@@ -66,21 +66,13 @@ INF = np.inf
 # ----------------------------------------------------------------------------------------------
 # Cost model shared by the literature planners (the simulator's, per micro-batch).
 # ----------------------------------------------------------------------------------------------
-@lru_cache(maxsize=4096)
-def _shares(ra: int, rb: int) -> np.ndarray:
-    out = np.array([[overlap(row_share(i, ra), row_share(j, rb)) for j in range(rb)] for i in range(ra)])
-    out[out <= 1e-12] = 0.0
-    out.flags.writeable = False
-    return out
-
-
 def seconds_per_byte(cluster: Cluster, src: Sequence[int], dst: Sequence[int]) -> float:
     """Seconds per boundary byte: replicas exchange overlapping row shares in parallel on their own
     links, so the slowest pair decides."""
     if not src or not dst:
         return 0.0
     links = cluster.effective[np.ix_(list(src), list(dst))]
-    return float(np.max(_shares(len(src), len(dst)) / links))
+    return float(np.max(row_shares(len(src), len(dst)) / links))
 
 
 def boundary_time(cluster: Cluster, src: Sequence[int], dst: Sequence[int], nbytes: float) -> float:
@@ -89,13 +81,6 @@ def boundary_time(cluster: Cluster, src: Sequence[int], dst: Sequence[int], nbyt
     if not src or not dst:
         return 0.0
     return cluster.latency_s + nbytes * seconds_per_byte(cluster, src, dst)
-
-
-def all_reduce_time(cluster: Cluster, group: Sequence[int], param_bytes: float) -> float:
-    k = len(group)
-    if k < 2:
-        return 0.0
-    return 2.0 * (k - 1) / k * param_bytes / cluster.ring_bandwidth(group)
 
 
 @dataclass(frozen=True)
@@ -504,7 +489,8 @@ def prm_stages(res: PRMResult, tables: PRMTables, S: int, a: int, r: int) -> lis
 
 def _best_schedule(plan: Plan, profile: Profile, cluster: Cluster, options: PlannerOptions, costs: PipelineCosts | None = None, bar: float | None = None) -> tuple[float, Plan] | None:
     best: tuple[float, Plan] | None = None
-    kinds = [ScheduleKind.ONE_F_ONE_B, ScheduleKind.GPIPE] if options.schedule is not ScheduleKind.GPIPE else [ScheduleKind.GPIPE]
+    asked = options.schedule
+    kinds = [asked] if asked in (ScheduleKind.ONE_F_ONE_B, ScheduleKind.GPIPE) else [ScheduleKind.ONE_F_ONE_B, ScheduleKind.GPIPE]
     fr = unit_fractions(plan.num_microbatches, plan.sliced_microbatches)
     for kind in kinds:
         cand = Plan(plan.stages, plan.num_microbatches, kind, algorithm=plan.algorithm)

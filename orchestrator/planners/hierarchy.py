@@ -1,0 +1,120 @@
+"""Planning on large clusters of identical servers: one pipeline over a share, replicated.
+
+Every literature planner's cost grows with the device count (SPP's and DAPPLE's DPs over device
+runs, PipeDream's over levels, the simulator over every device), so a 1024-GPU cluster is out of
+their reach. Large clusters are regular, though: identical servers, one intra-server and one
+inter-server bandwidth. On such a cluster a good plan is a pipeline over a *share* of ``g``
+devices (a few servers, or part of one) copied ``R = n/g`` times as data parallelism — in our plan
+model, stage ``j`` of the copy runs on the union of the ``R`` copies' devices, and since every
+stage has ``R·t`` replicas laid out copy by copy, each replica exchanges activations only inside
+its own copy; the gradient all-reduce spans the copies.
+
+So the search is over replica counts and stage counts, never over device permutations:
+
+* for every ``g`` that is a whole number of servers or divides one server (``g <= MAX_SHARE``),
+  the planners run on the first ``g`` devices with the profile scaled to ``1/R`` of each
+  micro-batch's rows (compute, activations and stash), and their plans are replicated;
+* for every depth ``S`` dividing ``g``, the balanced (min-max of forward + backward) partition
+  with ``g/S`` replicas per stage is added.
+
+Every candidate is then scored by ``auto``'s bounds and the simulator's group-level mode, whose
+cost grows with stages and micro-batches, not devices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from orchestrator.cluster import Cluster
+from orchestrator.errors import UserError
+from orchestrator.plan import Plan, Stage
+from orchestrator.planners.base import PlannerOptions, get_planner
+from orchestrator.planners.partition import min_max_partition
+from orchestrator.profile import Profile
+
+MAX_SHARE = 64
+"""Largest share a planner runs on (beyond it their cost grows too fast to repeat per share)."""
+HEAVY = {"spp": 32, "dapple": 32}
+"""Planners whose cost grows fastest run on shares of at most this many devices."""
+
+
+def regular_servers(cluster: Cluster) -> list[int] | None:
+    """Devices server by server when all servers are identical (same GPU count, speed, memory, one
+    intra- and one inter-server bandwidth); None otherwise."""
+    nodes = list(cluster.nodes().values())
+    if len(nodes) < 2 or len({len(ids) for ids in nodes}) != 1:
+        return None
+    if np.ptp(cluster.speeds) > 0 or np.ptp(cluster.memories) > 0:
+        return None
+    order = [d for ids in nodes for d in ids]
+    node_of = np.empty(cluster.size, dtype=np.int64)
+    for k, ids in enumerate(nodes):
+        node_of[ids] = k
+    same = node_of[:, None] == node_of[None, :]
+    np.fill_diagonal(same, False)
+    bw = cluster.effective
+    diff = ~same
+    np.fill_diagonal(diff, False)
+    for mask in (same, diff):
+        vals = bw[mask]
+        if vals.size and float(np.ptp(vals)) > 1e-9 * float(vals.max()):
+            return None
+    return order
+
+
+def shares(n: int, per_server: int, num_blocks: int) -> list[int]:
+    """Share sizes g: whole servers or divisors of one server, dividing n, at most MAX_SHARE."""
+    out = []
+    for g in range(1, min(n, MAX_SHARE) + 1):
+        if n % g == 0 and (g % per_server == 0 or per_server % g == 0):
+            out.append(g)
+    return out
+
+
+def replicate(plan: Plan, order: list[int], g: int, copies: int) -> tuple[Stage, ...]:
+    """The stages of ``plan`` (on devices 0..g-1 of the share) on all ``copies`` shares, copy-major."""
+    return tuple(
+        Stage(s.first, s.last, tuple(order[r * g + d] for r in range(copies) for d in s.devices))
+        for s in plan.stages[: plan.num_physical_stages]
+    )
+
+
+def replicated_plans(profile: Profile, cluster: Cluster, options: PlannerOptions, names: list[str], failures: list[str]) -> list[tuple[str, Plan]]:
+    """(label, plan) candidates for a regular cluster (see the module docstring)."""
+    order = regular_servers(cluster)
+    assert order is not None
+    n = cluster.size
+    per_server = len(next(iter(cluster.nodes().values())))
+    M = options.num_microbatches
+    L = profile.num_blocks
+    weights = np.array([b.forward_s + b.backward_s for b in profile.blocks])
+    cap = options.max_stages or n
+    out: list[tuple[str, Plan]] = []
+    for g in shares(n, per_server, L):
+        R = n // g
+        sub = cluster.subset(order[:g])
+        # each copy computes 1/R of every micro-batch's rows: its own view of the model
+        sub_profile = profile.scaled(1.0 / R).with_activation_scale(1.0 / R)
+        for S in range(1, min(g, L, cap) + 1):
+            if g % S or (options.straight and g // S > 1):
+                continue
+            t = g // S
+            cuts = min_max_partition(weights, S)
+            base = Plan(tuple(Stage(cuts[i], cuts[i + 1], tuple(range(i * t, (i + 1) * t))) for i in range(S)), M)
+            out.append((f"hier:{R}x{S}x{t}", Plan(replicate(base, order, g, R), M)))
+        if options.straight and R > 1:
+            continue
+        sub_options = replace(options, max_stages=min(cap, g))
+        for name in names:
+            if g > HEAVY.get(name, MAX_SHARE):
+                continue
+            try:
+                plan = get_planner(name).fn(sub_profile, sub, sub_options)
+            except UserError as exc:
+                failures.append(f"{name} on {g} devices: {exc}")
+                continue
+            lifted = replicate(plan, order, g, R)
+            out.append((f"{name}@{R}x{g}", replace(plan, stages=lifted, algorithm=name)))
+    return out

@@ -1,0 +1,72 @@
+"""Exhaustive plan search: the test oracle for ``auto`` (test machinery, not part of the product).
+
+Every plan of the space a planner may choose from is built and timed by the project's own
+simulator, with no bound, heuristic or symmetry argument that could hide a mistake in ``auto``:
+
+* every contiguous partition into 1..``max_stages`` stages;
+* every placement: each stage gets a non-empty set of devices (several = data-parallel replicas),
+  sets disjoint, in every order, devices may stay idle;
+* GPipe and 1F1B, each with every count of sliced warm-up micro-batches (AutoPipe's slicing);
+* interleaved 1F1B: ``p`` device groups with ``v >= 2`` chunks each (``p·v <= max_stages``), every
+  partition into ``p·v`` stages, whenever the micro-batch count is a multiple of ``p``.
+
+A plan that exceeds a device's memory (the simulator's accounting) is not a candidate. The
+space grows fast; keep instances at <= 12 blocks and <= 4 devices.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+from orchestrator.cluster import Cluster
+from orchestrator.plan import Plan, ScheduleKind, Stage
+from orchestrator.profile import Profile
+from orchestrator.simulator import SimOptions, memory_error, simulate
+
+
+def placements(num_devices: int, k: int, straight: bool = False) -> Iterator[tuple[tuple[int, ...], ...]]:
+    """Ordered ``k``-tuples of disjoint non-empty device sets (devices not listed stay idle)."""
+    for owner in itertools.product(range(k + 1), repeat=num_devices):  # 0 = idle, s = stage s-1
+        groups = tuple(tuple(d for d in range(num_devices) if owner[d] == s + 1) for s in range(k))
+        if all(groups) and (not straight or all(len(g) == 1 for g in groups)):
+            yield groups
+
+
+def partitions(num_blocks: int, k: int) -> Iterator[tuple[int, ...]]:
+    for inner in itertools.combinations(range(1, num_blocks), k - 1):
+        yield (0, *inner, num_blocks)
+
+
+def plan_space(profile: Profile, cluster: Cluster, M: int, max_stages: int = 4, straight: bool = False) -> Iterator[Plan]:
+    L, n = profile.num_blocks, cluster.size
+    for k in range(1, min(max_stages, L, n) + 1):
+        for groups in placements(n, k, straight):
+            for cuts in partitions(L, k):
+                stages = tuple(Stage(cuts[i], cuts[i + 1], groups[i]) for i in range(k))
+                for kind in (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B):
+                    for sliced in range(M + 1):
+                        yield Plan(stages, M, kind, sliced)
+    for p in range(2, min(max_stages, n) + 1):
+        if M % p:
+            continue
+        for v in range(2, max_stages // p + 1):
+            if p * v > L:
+                continue
+            for groups in placements(n, p, straight):
+                for cuts in partitions(L, p * v):
+                    stages = tuple(Stage(cuts[i], cuts[i + 1], groups[i % p]) for i in range(p * v))
+                    yield Plan(stages, M, ScheduleKind.INTERLEAVED)
+
+
+def optimum(profile: Profile, cluster: Cluster, M: int, state_factor: float, max_stages: int = 4, straight: bool = False) -> tuple[float, Plan | None, int]:
+    """(least simulated iteration time of a plan that fits memory, that plan, plans simulated)."""
+    opts = SimOptions(state_factor=state_factor)
+    best: tuple[float, Plan | None] = (float("inf"), None)
+    count = 0
+    for plan in plan_space(profile, cluster, M, max_stages, straight):
+        res = simulate(plan, profile, cluster, opts)
+        count += 1
+        if memory_error(res, cluster) is None and res.iteration_s < best[0]:
+            best = (res.iteration_s, plan)
+    return best[0], best[1], count

@@ -1,0 +1,94 @@
+"""``auto`` against the exhaustive oracle (tests/oracle.py): optimal for its own simulator.
+
+On small random instances — heterogeneous device speeds, random bandwidth, per-message latency,
+memory limits that rule out some plans, 2–4 micro-batches — and on slices of the shared profiles,
+the oracle simulates every plan of the space (every partition into 1–4 stages, every placement
+with replication and order, GPipe and 1F1B with every slicing count, interleaving) with the full
+simulator and keeps the fastest that fits. ``auto`` must find a plan at least that fast, checked by
+the full simulator too (it may be faster only through interleavings the oracle does not list).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from orchestrator.cluster import GBPS, Cluster, Device
+from orchestrator.plan import ScheduleKind
+from orchestrator.planners.base import PlannerOptions, run_planner
+from orchestrator.profile import Block, Profile, load_profile
+from tests.helpers import SHARED, random_profile
+from tests.oracle import optimum
+
+STATE = 4.0
+
+
+def random_cluster(rng: np.random.Generator, n: int, profile: Profile, M: int) -> Cluster:
+    """Random speeds, bandwidths and latency; memory between 'fits nowhere alone' and 'fits anywhere'."""
+    bw = rng.uniform(2, 50, size=(n, n)) * GBPS
+    bw = (bw + bw.T) / 2
+    np.fill_diagonal(bw, 0.0)
+    whole = profile.total_param_bytes * STATE + M * profile.stash_bytes(0, profile.num_blocks)
+    memory = whole * float(rng.uniform(0.35, 1.2))
+    speeds = rng.uniform(0.5, 1.5, size=n)
+    latency = float(rng.choice([0.0, 1e-3]))
+    return Cluster(tuple(Device(i, f"n{i // 2}", float(speeds[i]), memory) for i in range(n)), bw, latency)
+
+
+def check(profile: Profile, cluster: Cluster, M: int) -> None:
+    best, plan, count = optimum(profile, cluster, M, STATE)
+    opts = PlannerOptions(num_microbatches=M, state_factor=STATE)
+    if plan is None:
+        with pytest.raises(Exception):
+            run_planner("auto", profile, cluster, opts)
+        return
+    got = run_planner("auto", profile, cluster, opts)
+    assert got.iteration_time_s <= best * (1 + 1e-9), (
+        f"auto {got.iteration_time_s:.6g} s ({got.plan.describe()}) vs optimum {best:.6g} s ({plan.describe()}) over {count} plans"
+    )
+
+
+# (blocks, devices, micro-batches) per seed: 3-device spaces cost ~1 s of oracle, 4-device ~5 s.
+RANDOM = [(0, 6, 3, 4), (1, 7, 3, 2), (2, 5, 3, 3), (3, 6, 3, 2), (4, 7, 3, 4), (5, 6, 3, 3), (6, 5, 4, 2), (7, 6, 4, 2), (8, 6, 2, 4), (9, 8, 2, 3)]
+
+
+@pytest.mark.parametrize("seed,L,n,M", RANDOM)
+def test_auto_equals_exhaustive_optimum_random(seed: int, L: int, n: int, M: int) -> None:
+    rng = np.random.default_rng(100 + seed)
+    profile = random_profile(L, seed)
+    check(profile, random_cluster(rng, n, profile, M), M)
+
+
+SLICES = [("dapple/profiling_results/bert-24-pbs-6.txt", 3, 6, 3, 4), ("dapple/profiling_results/bert-48-pbs-2.txt", 20, 6, 3, 3), ("pipedream", 0, 6, 4, 2)]
+
+
+@pytest.mark.parametrize("path,start,L,n,M", SLICES)
+def test_auto_equals_exhaustive_optimum_shared_slices(path: str, start: int, L: int, n: int, M: int) -> None:
+    root = SHARED / "profiles"
+    if not root.exists():
+        pytest.skip("../shared is absent")
+    if path == "pipedream":
+        found = sorted((root / "pipedream").rglob("graph.txt"))
+        if not found:
+            pytest.skip("no PipeDream profile")
+        full = load_profile(found[0])
+    else:
+        full = load_profile(root / path)
+    blocks = full.blocks[start : start + L]
+    profile = Profile(f"{full.name}[{start}:{start + L}]", tuple(Block(b.name, b.forward_s, b.backward_s, b.activation_bytes, b.param_bytes, b.stash_bytes) for b in blocks), input_bytes=full.boundary_bytes(start))
+    rng = np.random.default_rng(start + L)
+    check(profile, random_cluster(rng, n, profile, M), M)
+
+
+def test_auto_honours_the_asked_schedule_and_stays_optimal_in_it() -> None:
+    profile = random_profile(6, 11)
+    rng = np.random.default_rng(11)
+    cluster = random_cluster(rng, 3, profile, 4)
+    start = time.perf_counter()
+    got = run_planner("auto", profile, cluster, PlannerOptions(num_microbatches=4, state_factor=STATE, schedule=ScheduleKind.GPIPE))
+    assert time.perf_counter() - start < 5
+    assert got.plan.schedule is ScheduleKind.GPIPE
+    free = run_planner("auto", profile, cluster, PlannerOptions(num_microbatches=4, state_factor=STATE))
+    assert free.iteration_time_s <= got.iteration_time_s * (1 + 1e-12)
