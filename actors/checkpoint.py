@@ -108,6 +108,48 @@ def write_block(directory: str | os.PathLike[str], block: int, module: nn.Module
     return write_payload(directory, snapshot_block(block, module, optimizer))
 
 
+class BackgroundWrite:
+    """Block snapshots uploaded by a thread while training goes on (the asynchronous checkpoint).
+
+    Why a snapshot first: the next optimizer step changes the weights in place, so the state is
+    copied to CPU (:func:`snapshot_block`) before this returns, and only the copies are uploaded.
+    The stall seen by training is the copy, not the upload. :meth:`result` waits and returns the
+    manifest entries (or raises what the upload raised); nothing is committed here, so a process
+    that dies mid-upload leaves a folder without commit marker, which no reader trusts.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], payloads: Sequence[Mapping[str, Any]]) -> None:
+        import threading
+
+        self.directory, self.entries, self.error = os.fspath(directory), [], None
+        self._payloads: list[Mapping[str, Any]] = list(payloads)
+        self._thread = threading.Thread(target=self._run, name="checkpoint-upload", daemon=True)
+        self._thread.start()
+
+    entries: list[dict[str, Any]]
+    error: BaseException | None
+
+    def _run(self) -> None:
+        try:
+            for payload in self._payloads:
+                self.entries.append(write_payload(self.directory, payload))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller of result()
+            self.error = exc
+        finally:
+            self._payloads = []  # free the snapshot as soon as it is uploaded
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def result(self, timeout_s: float | None = None) -> list[dict[str, Any]]:
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            raise CheckpointError(f"checkpoint {self.directory}: upload still running after {timeout_s} s")
+        if self.error is not None:
+            raise self.error
+        return list(self.entries)
+
+
 def write_manifest(
     directory: str | Path, step: int, num_blocks: int, entries: Sequence[Mapping[str, Any]], plan: Mapping[str, Any],
     extra: Mapping[str, Any] | None = None, seed: int | None = None,

@@ -316,17 +316,28 @@ class StageWorker:
                 "group_s": t_group - t0, "transfer_s": done - t_group, "pid": os.getpid()}
 
     # ----- checkpoints -----
-    def save_blocks(self, directory: str) -> list[dict[str, Any]]:
-        """Write the blocks this worker owns (replica 0 of each stage only)."""
+    def save_blocks(self, directory: str, background: bool = False) -> list[dict[str, Any]]:
+        """Write the blocks this worker owns (replica 0 of each stage only), from this node.
+
+        ``background``: snapshot them now and upload in a thread while training goes on; the
+        entries then come from :meth:`finish_blocks` (this returns [])."""
         ex = self._ready()
-        out = []
+        payloads = []
         for j in ex.plan.stages_of_device(self.device_id):
             stage = ex.plan.stages[j]
             if stage.devices[0] != self.device_id:
                 continue
-            for b in range(stage.first, stage.last):
-                out.append(ckpt.write_block(directory, b, ex.modules[b], ex.optimizers.get(b)))
-        return out
+            payloads += [ckpt.snapshot_block(b, ex.modules[b], ex.optimizers.get(b)) for b in range(stage.first, stage.last)]
+        if background:
+            self.finish_blocks()  # one upload at a time; an earlier one's error surfaces here
+            self.upload: ckpt.BackgroundWrite | None = ckpt.BackgroundWrite(directory, payloads)
+            return []
+        return [ckpt.write_payload(directory, p) for p in payloads]
+
+    def finish_blocks(self) -> list[dict[str, Any]]:
+        """Wait for the background upload (if any) and return its manifest entries."""
+        upload, self.upload = getattr(self, "upload", None), None
+        return upload.result() if upload is not None else []
 
     def load_blocks(self, directory: str, manifest: dict[str, Any]) -> int:
         """Restore every block this worker holds (all replicas load the same files)."""

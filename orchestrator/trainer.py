@@ -109,6 +109,7 @@ class PipelineTrainer:
             None if checkpoint_dir is None else checkpoint_dir if isinstance(checkpoint_dir, str) and not storage.is_local(checkpoint_dir)
             else Path(storage.local_path(checkpoint_dir)))
         self.skipped_checkpoints: list[ckpt.Skipped] = []  # damaged ones passed over by resume/recovery, with reasons
+        self._uploading: tuple[str | Path, int, int, dict[str, Any], dict[str, Any], list[int]] | None = None
         self.checkpoint_every, self.max_failures = checkpoint_every, max_failures
         self.progress, self.iteration_timeout_s = progress, iteration_timeout_s
         self.resume = resume
@@ -269,22 +270,42 @@ class PipelineTrainer:
 
     # ----- checkpoints -----
     @overload
-    def save_checkpoint(self, directory: Path) -> Path: ...
+    def save_checkpoint(self, directory: Path, background: bool = False) -> Path: ...
     @overload
-    def save_checkpoint(self, directory: str | Path | None = None) -> str | Path: ...
-    def save_checkpoint(self, directory: str | Path | None = None) -> str | Path:
+    def save_checkpoint(self, directory: str | Path | None = None, background: bool = False) -> str | Path: ...
+    def save_checkpoint(self, directory: str | Path | None = None, background: bool = False) -> str | Path:
         """Every block once (replica 0 writes, from its own node), then the manifest and the commit
-        marker (driver); returns the checkpoint location (a Path for a local one)."""
+        marker (driver); returns the checkpoint location (a Path for a local one).
+
+        ``background``: the workers snapshot their blocks (a CPU copy: the only stall) and upload
+        them while training continues; :meth:`finish_checkpoint` waits and commits. Until then the
+        folder has no commit marker and is not a checkpoint for any reader."""
         group = self._workers()
         if directory is None:
             if self.checkpoint_dir is None:
                 raise UserError("no checkpoint_dir configured and no directory given")
             directory = ckpt.step_dir(self.checkpoint_dir, self.step)
         target = Path(directory) if storage.scheme(directory) == "" else str(directory)
-        entries = [e for part in group.call("save_blocks", str(target), what="checkpoint") for e in part]
         extra = {"seed": self.spec.seed, "data_position": self.step, "rng": "reseeded from (seed, step, device) every step",
                  "losses": {str(s): v for s, v in sorted(self.history.items())}}
+        if background:
+            self.finish_checkpoint()  # one upload at a time
+            devices = group.plan_devices()
+            group.call("save_blocks", str(target), True, devices=devices, what="checkpoint snapshot")
+            self._uploading = (target, self.step, self.plan.num_blocks, self.plan.to_dict(), extra, devices)
+            return target
+        entries = [e for part in group.call("save_blocks", str(target), what="checkpoint") for e in part]
         ckpt.write_manifest(target, self.step, self.plan.num_blocks, entries, self.plan.to_dict(), extra, seed=self.spec.seed)
+        return target
+
+    def finish_checkpoint(self) -> str | Path | None:
+        """Wait for the background checkpoint (if any), then commit it; returns its location."""
+        if self._uploading is None:
+            return None
+        (target, step, num_blocks, plan, extra, devices), self._uploading = self._uploading, None
+        entries = [e for part in self._workers().call("finish_blocks", devices=devices, what=f"checkpoint upload to {target}")
+                   for e in part]
+        ckpt.write_manifest(target, step, num_blocks, entries, plan, extra, seed=self.spec.seed)
         return target
 
     def restore(self, source: str | Path) -> int:

@@ -141,3 +141,23 @@ def _copy(src: Path, dst: Path) -> Path:
     for f in src.iterdir():
         (dst / f.name).write_bytes(f.read_bytes())
     return dst
+
+
+@pytest.mark.ray
+def test_background_checkpoint_holds_the_snapshot_not_later_weights(worker_group: Any, tmp_path: Path) -> None:
+    """Snapshot at step 2, upload while steps 2-3 train, commit after: restores the step-2 state
+    bit-exact; before the commit the folder is not a checkpoint."""
+    t = trainer(worker_group, checkpoint_dir=tmp_path)
+    t.fit(2)
+    at_snapshot = t.state_dicts()
+    where = t.save_checkpoint(background=True)
+    assert not (Path(where) / ckpt.COMMIT).exists() and ckpt.latest(tmp_path) is None
+    t.fit(2)  # weights change while the workers upload
+    later = t.state_dicts()
+    assert t.finish_checkpoint() == where and t.finish_checkpoint() is None
+    assert ckpt.verify(where)["step"] == 2
+    other = trainer(worker_group, plan=straight_plan([0, 3, 5], 4), validate=False)
+    assert other.restore(where) == 2
+    got = other.state_dicts()
+    assert all(torch.equal(got[b][k], at_snapshot[b][k]) for b in at_snapshot for k in at_snapshot[b])
+    assert not all(torch.equal(later[b][k], at_snapshot[b][k]) for b in at_snapshot for k in at_snapshot[b])

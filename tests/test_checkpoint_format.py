@@ -160,3 +160,29 @@ def test_storage_errors_are_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyP
     for bad in ("../x", "a/../b", "/abs", "", ".", "a\\b", "c:/x"):
         with pytest.raises(storage.StorageError, match="not a plain relative name"):
             storage.join(str(tmp_path), bad)
+
+
+def test_background_write_uploads_the_snapshot_even_if_weights_change(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    block = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(block.parameters(), lr=0.5)
+    snapshot = ckpt.snapshot_block(0, block, opt)
+    want = {k: v.clone() for k, v in block.state_dict().items()}
+    gate = threading.Event()
+    original = ckpt.write_payload
+
+    def held(directory: Any, payload: Any) -> Any:
+        assert gate.wait(10)
+        return original(directory, payload)
+
+    monkeypatch.setattr(ckpt, "write_payload", held)
+    upload = ckpt.BackgroundWrite(str(tmp_path), [snapshot])
+    block(torch.randn(3, 4)).sum().backward()
+    opt.step()  # the live weights move on while the upload has not even started
+    assert not upload.done()
+    gate.set()
+    entries = upload.result(timeout_s=10)
+    payload = ckpt.read_block(str(tmp_path), entries[0])
+    assert all(torch.equal(payload["model"][k], want[k]) for k in want)
+    assert not torch.equal(block.weight, want["weight"])
