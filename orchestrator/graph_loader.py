@@ -1,26 +1,30 @@
 """Read PipeDream/DAPPLE ``graph.txt`` per-node profiles into a chain :class:`Profile`.
 
 The planners only understand a chain of blocks, but these files describe a DAG (residual
-branches, Inception/NASNet cells, LSTM state outputs, transformer attention masks). A pipeline
-stage boundary is only sound where the model can be split in two with *one* tensor flowing
-across (the PipeDream antichain of size 1), so we topologically order the nodes, find the
-positions where that holds, and merge everything between two such cuts into one block.
+branches, Inception/NASNet cells, LSTM state outputs, transformer attention masks). Any prefix of
+a topological order is downward closed -- nothing before it reads anything after it -- so a
+pipeline boundary may fall after any position of such an order; what crosses it is every tensor
+produced before it and read after it (PipeDream's antichain cut: several tensors, each counted
+once however many later nodes read it). The profile is that order cut into one block per node with
+training work, each boundary placed where the fewest bytes cross among the positions between two
+such nodes; a block's ``activation_bytes`` is the total crossing its boundary, which is all that
+the planners, the simulator and the controller read. This is what lets a 4-worker GNMT plan reach
+PipeDream's own optimum (its cuts are crossed by the LSTM state, the attention context and the
+residual at once), where cutting only where one tensor crosses could not.
 
-One pragmatic extension: tensors that never receive a gradient (every node up to and including
-their producer has zero backward time -- attention masks, one-hot segment ids, dropout masks in
-the DAPPLE transformer files) are forwarded to each later stage but do not forbid a cut;
-otherwise a BERT whose mask feeds all 24 layers could never be pipelined at all. Their bytes are
-added to the bytes crossing each cut they span. The data-loader ``Input`` nodes are exempt from
-that byte count because every stage can read the batch itself.
-
-Blocks with neither backward time nor parameters (reshapes, masks, the zeroed ``Input``) carry
-no training work worth a boundary of their own, so they are folded into the following block.
+The order keeps gradient-free side inputs (attention masks, one-hot segment ids, dropout masks in
+the DAPPLE transformer files) first and otherwise follows the nodes' numbering, which is the
+model's program order in these files. The data-loader ``Input`` nodes never count as crossing:
+every stage can read the batch itself. Very large graphs are thinned to :data:`MAX_BLOCKS` blocks
+(:func:`_thin`), since the planners' cost grows with the chain's length.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 import re
+from dataclasses import dataclass
 
 import networkx as nx
 import numpy as np
@@ -35,6 +39,8 @@ _TRAILING_INT = re.compile(r"(\d+)$")
 #: Bytes of one 3xHxW fp32 image (224: most CNNs, 299: Inception); PipeDream's image profiles
 #: record the batch size only through the Input activation.
 _IMAGE_BYTES = (3 * 224 * 224 * 4, 3 * 299 * 299 * 4)
+#: Longest chain handed to the planners (see :func:`_thin`).
+MAX_BLOCKS = 256
 
 
 def _number(text: str, where: str, key: str) -> float:
@@ -68,14 +74,73 @@ def _parse_stats(text: str, where: str) -> list[float]:
     return [values[k] for k in _FIELDS]
 
 
-def parse_graph_txt(text: str, name: str, source: str = "") -> Profile:
+@dataclass(frozen=True)
+class _Graph:
+    """The parsed file: per node id, op text and ``[fwd ms, bwd ms, activation B, param B]``."""
+
+    ids: list[str]
+    ops: list[str]
+    data: np.ndarray
+    is_input: np.ndarray
+    graph: nx.DiGraph
+
+
+def parse_graph_txt(text: str, name: str, source: str = "", max_blocks: int | None = None) -> Profile:
     """Parse a graph.txt profile (times in ms per profiled batch) into a chain profile in seconds.
 
     The profiled batch becomes one micro-batch; its size comes from ``pbs-K`` in ``source``
     (DAPPLE names), else from the Input node's activation as a whole number of 224x224 (or
     299x299) RGB fp32 images, else 1. Malformed input raises UserError("<source>:<line>: ...").
+    ``max_blocks`` (default :data:`MAX_BLOCKS`) caps the chain's length.
     """
-    origin = source or name or "<graph>"
+    g = _read(text, source or name or "<graph>")
+    order, ends, crossing = _chain(g, MAX_BLOCKS if max_blocks is None else max_blocks)
+    data = g.data
+    ordered = data[np.asarray(order)]
+    starts = [0] + [e + 1 for e in ends[:-1]]
+    works = np.add.reduceat(ordered, np.asarray(starts), axis=0)
+    n = len(order)
+    blocks: list[Block] = []
+    for start, end, work in zip(starts, ends, works):
+        members = order[start : end + 1]
+        main = members[int(np.argmax(data[members, 0] + data[members, 1]))]  # name by heaviest node
+        label = f"{g.ids[main]}:{g.ops[main].split('(')[0][:40]}"
+        if end > start:
+            label += f"+{end - start}"
+        # The last block sends the model's output; every other one what crosses its boundary.
+        out = float(data[order[-1], 2]) if end == n - 1 else float(crossing[end])
+        blocks.append(
+            Block(
+                name=label,
+                forward_s=float(work[0]) / 1000.0,
+                backward_s=float(work[1]) / 1000.0,
+                activation_bytes=out,
+                param_bytes=float(work[3]),
+                stash_bytes=float(work[2]),
+            )
+        )
+    input_bytes = float(data[g.is_input, 2].sum())
+    return Profile(
+        name=name,
+        blocks=tuple(blocks),
+        microbatch_size=_microbatch_size(source, input_bytes),
+        input_bytes=input_bytes,
+        source=source,
+    )
+
+
+def block_nodes(text: str, source: str = "", max_blocks: int | None = None) -> list[tuple[str, ...]]:
+    """The node ids of each block of :func:`parse_graph_txt`'s chain, in order.
+
+    Maps a plan's block ranges back to the graph's nodes (what PipeDream writes as ``stage_id``).
+    """
+    g = _read(text, source or "<graph>")
+    order, ends, _ = _chain(g, MAX_BLOCKS if max_blocks is None else max_blocks)
+    starts = [0] + [e + 1 for e in ends[:-1]]
+    return [tuple(g.ids[v] for v in order[a : b + 1]) for a, b in zip(starts, ends)]
+
+
+def _read(text: str, origin: str) -> _Graph:
     ids: list[str] = []
     ops: list[str] = []
     stats: list[list[float]] = []
@@ -110,10 +175,10 @@ def parse_graph_txt(text: str, name: str, source: str = "") -> Profile:
             if end not in index:
                 raise UserError(f"{origin}:{lineno}: edge refers to undefined node {end!r}")
 
+
     n = len(ids)
     data = np.array(stats, dtype=np.float64)  # columns: fwd ms, bwd ms, activation B, param B
     is_input = np.array([bool(_INPUT_OP.match(op)) for op in ops])
-    input_bytes = float(data[is_input, 2].sum())
     data[is_input, 0] = 0.0  # data-loading time, not model compute
 
     graph: nx.DiGraph = nx.DiGraph()
@@ -128,16 +193,7 @@ def parse_graph_txt(text: str, name: str, source: str = "") -> Profile:
         first = min(edge_line[(int(u), int(v))] for u, v in cycle)
         path = " -> ".join(ids[int(u)] for u, _ in cycle) + f" -> {ids[int(cycle[0][0])]}"
         raise UserError(f"{origin}:{first}: edges form a cycle ({path})")
-
-    order, side = _order(graph, data[:, 1], ids)
-    blocks = _linearize(graph, order, side, is_input, data, ids, ops)
-    return Profile(
-        name=name,
-        blocks=tuple(blocks),
-        microbatch_size=_microbatch_size(source, input_bytes),
-        input_bytes=input_bytes,
-        source=source,
-    )
+    return _Graph(ids, ops, data, is_input, graph)
 
 
 def _microbatch_size(source: str, input_bytes: float) -> int:
@@ -151,13 +207,14 @@ def _microbatch_size(source: str, input_bytes: float) -> int:
     return 1
 
 
-def _order(graph: nx.DiGraph, backward_ms: np.ndarray, ids: list[str]) -> tuple[list[int], np.ndarray]:
-    """A topological order that keeps gradient-free side nodes early, plus the side-node mask.
+def _order(g: _Graph) -> list[int]:
+    """A topological order with gradient-free side nodes first, then by the ids' numbering.
 
-    True cut vertices sit at the same position in every topological order, so the order only
-    matters for nodes unrelated to the trunk; placing side inputs first keeps them from landing
-    between two trunk nodes, where they would block a cut.
+    Side inputs first keeps them out of the trunk's run of nodes; numbering keeps each branch
+    of a cell together, as the model's program runs it, so the cuts inside a branch carry that
+    branch's tensor plus the cell's inputs rather than half-finished work of several branches.
     """
+    graph, backward_ms, ids = g.graph, g.data[:, 1], g.ids
     side = np.zeros(len(ids), dtype=bool)
     for v in nx.topological_sort(graph):
         side[v] = backward_ms[v] == 0 and all(side[u] for u in graph.predecessors(v))
@@ -166,74 +223,85 @@ def _order(graph: nx.DiGraph, backward_ms: np.ndarray, ids: list[str]) -> tuple[
         m = _TRAILING_INT.search(ids[v])
         return (0 if side[v] else 1, int(m.group(1)) if m else 1 << 62, v)
 
-    return list(nx.lexicographical_topological_sort(graph, key=key)), side
+    return list(nx.lexicographical_topological_sort(graph, key=key))
 
 
-def _linearize(
-    graph: nx.DiGraph,
-    order: list[int],
-    side: np.ndarray,
-    is_input: np.ndarray,
-    data: np.ndarray,
-    ids: list[str],
-    ops: list[str],
-) -> list[Block]:
-    """Cut the ordered nodes at every legal position and sum each piece into a Block."""
+def _chain(g: _Graph, max_blocks: int) -> tuple[list[int], list[int], np.ndarray]:
+    """(order, last position of each block, bytes crossing a cut after each position).
+
+    One block per node with backward work or parameters. Between two such nodes lie only nodes
+    without either (``__getitem__``, ``Add``, ``Concat``, reshapes), so every position between
+    them splits the training work alike; the boundary goes where the fewest bytes cross (after a
+    multi-output LSTM's getitems rather than before them), the earliest on ties.
+    """
+    if max_blocks < 1:
+        raise UserError(f"max_blocks must be >= 1, got {max_blocks}")
+    order = _order(g)
     n = len(order)
     pos = np.empty(n, dtype=np.int64)
     pos[np.asarray(order)] = np.arange(n)
-    edge_arr = np.array(list(graph.edges()), dtype=np.int64).reshape(-1, 2)
-    src_pos, dst_pos = pos[edge_arr[:, 0]], pos[edge_arr[:, 1]]
-
-    # A cut after position k is blocked by a gradient-carrying edge u->w with pos(u) < k < pos(w).
-    hard = ~side[edge_arr[:, 0]]
-    blocked = np.zeros(n + 1, dtype=np.int64)
-    np.add.at(blocked, src_pos[hard] + 1, 1)
-    np.add.at(blocked, dst_pos[hard], -1)
-    blocked = np.cumsum(blocked)[:n]
-    # Bytes of gradient-free side tensors still needed downstream of each cut.
-    extra = np.zeros(n + 1, dtype=np.float64)
+    edge_arr = np.array(list(g.graph.edges()), dtype=np.int64).reshape(-1, 2)
     last_use = np.full(n, -1, dtype=np.int64)
-    np.maximum.at(last_use, edge_arr[:, 0], dst_pos)
-    for v in np.flatnonzero(side & ~is_input & (last_use >= 0)):
-        lo, hi = pos[v] + 1, last_use[v]
-        if hi > lo:
-            extra[lo] += data[v, 2]
-            extra[hi] -= data[v, 2]
-    extra = np.cumsum(extra)[:n]
+    np.maximum.at(last_use, edge_arr[:, 0], pos[edge_arr[:, 1]])
+    # crossing[k]: bytes of every tensor produced at or before position k and read after it.
+    diff = np.zeros(n + 1, dtype=np.float64)
+    live = np.flatnonzero(~g.is_input & (last_use > pos))
+    np.add.at(diff, pos[live], g.data[live, 2])
+    np.add.at(diff, last_use[live], -g.data[live, 2])
+    crossing = np.cumsum(diff)[:n]
 
-    ends = np.flatnonzero(blocked[: n - 1] <= 0).tolist() + [n - 1]
-    ordered = data[np.asarray(order)]
-    # Sum each piece directly (reduceat), not as prefix-sum differences, so an all-zero piece
-    # stays exactly zero and block values are as clean as the file's.
-    pieces = np.add.reduceat(ordered, np.asarray([0] + [e + 1 for e in ends[:-1]]), axis=0)
-    # Fold pieces without backward work or parameters into their successor (the last one into
-    # its predecessor): a boundary there would only add a stage hop, never balance compute.
-    useful = (pieces[:, 1] > 0) | (pieces[:, 3] > 0)
-    kept = [end for end, ok in zip(ends[:-1], useful[:-1]) if ok] + [n - 1]
-    if len(kept) > 1 and not useful[-1]:
-        kept.pop(-2)
-    starts = [0] + [e + 1 for e in kept[:-1]]
-    works = np.add.reduceat(ordered, np.asarray(starts), axis=0)
+    ordered = g.data[np.asarray(order)]
+    useful = np.flatnonzero((ordered[:, 1] > 0) | (ordered[:, 3] > 0))
+    ends: list[int] = []
+    for a, b in zip(useful[:-1], useful[1:]):
+        window = crossing[a:b]
+        ends.append(int(a + np.flatnonzero(window <= window.min())[0]))
+    ends = _thin(ends, crossing, np.cumsum(ordered[:, 0] + ordered[:, 1]), max_blocks)
+    return order, ends + [n - 1], crossing
 
-    blocks: list[Block] = []
-    for start, end, work in zip(starts, kept, works):
-        members = order[start : end + 1]
-        last_node = members[-1]
-        # The cut node's output crosses if something after it reads it (or it is the model output).
-        sends = float(end == n - 1 or last_use[last_node] > end)
-        main = members[int(np.argmax(data[members, 0] + data[members, 1]))]  # name by heaviest node
-        label = f"{ids[main]}:{ops[main].split('(')[0][:40]}"
-        if end > start:
-            label += f"+{end - start}"
-        blocks.append(
-            Block(
-                name=label,
-                forward_s=float(work[0]) / 1000.0,
-                backward_s=float(work[1]) / 1000.0,
-                activation_bytes=float(data[last_node, 2] * sends + extra[end]),
-                param_bytes=float(work[3]),
-                stash_bytes=float(work[2]),
-            )
-        )
-    return blocks
+
+def _thin(cuts: list[int], crossing: np.ndarray, work: np.ndarray, max_blocks: int) -> list[int]:
+    """At most ``max_blocks - 1`` of ``cuts`` (positions), dropping the least useful first.
+
+    A NASNet has over a thousand nodes with work and the planners' cost grows quadratically or
+    worse with the chain's length, while a stage rarely needs to end within a fraction of a
+    percent of the model's work of its ideal place. So cuts are removed one at a time, each time
+    the one whose two neighbouring blocks together hold the least work (the finest resolution
+    lost), but a cut with fewer bytes crossing than both neighbouring cuts goes only after all
+    the others: communication-bound plans are made of those. ``work[k]`` is the cumulative
+    compute up to and including position ``k``.
+    """
+    count = len(cuts)
+    if count < max_blocks:
+        return cuts
+    at = np.asarray(cuts, dtype=np.int64)
+    cut_bytes = crossing[at]
+    upto = np.concatenate([[0.0], work[at], [work[-1]]])  # cumulative work at cut i is upto[i + 1]
+    left = list(range(-1, count - 1))
+    right = list(range(1, count + 1))  # neighbours; -1 and ``count`` are the chain's ends
+    alive = [True] * count
+    version = [0] * count
+
+    def key(i: int) -> tuple[bool, float]:
+        lb = cut_bytes[left[i]] if left[i] >= 0 else math.inf
+        rb = cut_bytes[right[i]] if right[i] < count else math.inf
+        return (bool(cut_bytes[i] < min(lb, rb)), float(upto[right[i] + 1] - upto[left[i] + 1]))
+
+    heap = [(key(i), i, 0) for i in range(count)]
+    heapq.heapify(heap)
+    while count >= max_blocks:
+        _, i, ver = heapq.heappop(heap)
+        if not alive[i] or ver != version[i]:
+            continue
+        alive[i] = False
+        count -= 1
+        lo, hi = left[i], right[i]
+        if lo >= 0:
+            right[lo] = hi
+        if hi < len(cuts):
+            left[hi] = lo
+        for j in (lo, hi):
+            if 0 <= j < len(cuts):
+                version[j] += 1
+                heapq.heappush(heap, (key(j), j, version[j]))
+    return [c for c, keep in zip(cuts, alive) if keep]

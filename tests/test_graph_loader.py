@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import time
@@ -9,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.cluster import flat
 from orchestrator.errors import UserError
-from orchestrator.graph_loader import parse_graph_txt
+from orchestrator.graph_loader import MAX_BLOCKS, block_nodes, parse_graph_txt
+from orchestrator.planners.base import PlannerOptions, run_planner
 from orchestrator.profile import load_profile
 
 PROFILES = Path(__file__).resolve().parents[1].parent / "shared" / "profiles"
@@ -57,25 +60,60 @@ def test_lines_in_any_order_give_the_same_chain() -> None:
     assert [b.name for b in reference.blocks] == [f"node{i}:L{i}" for i in range(8)]
 
 
-def test_residual_block_is_only_cut_at_its_ends() -> None:
+def test_skip_connection_cuts_inside_carry_branch_and_skip() -> None:
     text = graph(
         [node("a", "Conv"), node("b", "Conv"), node("c", "BN"), node("add", "Add", 0, 0, 300.0, 0), node("d", "ReLU", a=7.0)],
         [("a", "b"), ("b", "c"), ("c", "add"), ("a", "add"), ("add", "d")],
     )
     prof = parse_graph_txt(text, name="t")
-    assert [b.name.split(":")[0] for b in prof.blocks] == ["a", "b", "d"]
-    assert prof.blocks[1].activation_bytes == 300.0  # the Add's output is what crosses
-    assert prof.blocks[1].stash_bytes == 100.0 + 100.0 + 300.0
-    assert prof.blocks[1].param_bytes == 20.0
+    # Inside the residual block a cut carries the branch and the skip (a's output once, though
+    # b and add both read it); the work-free Add goes where fewer bytes cross: after c (200)
+    # rather than after the Add (300).
+    assert [b.name.split(":")[0] for b in prof.blocks] == ["a", "b", "c", "d"]
+    assert [b.activation_bytes for b in prof.blocks] == [100.0, 200.0, 200.0, 7.0]
+    assert block_nodes(text) == [("a",), ("b",), ("c",), ("add", "d")]
+    assert prof.blocks[3].stash_bytes == 300.0 + 7.0
 
 
-def test_branch_that_rejoins_only_at_the_end_cannot_be_cut_inside() -> None:
-    names = ["p", "q", "a", "b", "c", "x", "y", "z"]
-    edges = [("p", "q"), ("q", "a"), ("a", "b"), ("b", "c"), ("c", "z"), ("a", "x"), ("x", "y"), ("y", "z")]
-    prof = parse_graph_txt(graph([node(n, n.upper()) for n in names], edges), name="t")
-    assert prof.num_blocks == 4
-    assert [b.name for b in prof.blocks[:3]] == ["p:P", "q:Q", "a:A"]
-    assert prof.blocks[3].forward_s == pytest.approx(5 * 0.001)  # b, c, x, y, z together
+def test_diamond_cut_between_the_branches_carries_both_tensors() -> None:
+    text = graph(
+        [node("n1", "A", a=10.0), node("n2", "B", a=20.0), node("n3", "C", a=40.0), node("n4", "D", a=5.0)],
+        [("n1", "n2"), ("n1", "n3"), ("n2", "n4"), ("n3", "n4")],
+    )
+    prof = parse_graph_txt(text, name="diamond")
+    assert block_nodes(text) == [("n1",), ("n2",), ("n3",), ("n4",)]
+    # After A: A (read by B and C, counted once); after B: A (still needed by C) + B.
+    assert [b.activation_bytes for b in prof.blocks] == [10.0, 30.0, 60.0, 5.0]
+    assert prof.boundary_bytes(2) == 30.0
+
+
+def test_best_cut_is_crossed_by_two_tensors() -> None:
+    """Two heavy parallel branches: the balanced 2-stage cut runs between them, and both the
+    finished branch's output and the split point's output cross it. Cutting only where one
+    tensor crosses would leave one stage with both branches."""
+    nodes = [node("node1", "split", 1, 1, 1e6, 10), node("node2", "left0", 10, 20, 2e6, 10),
+             node("node3", "left1", 10, 20, 3e6, 10), node("node4", "right0", 10, 20, 4e6, 10),
+             node("node5", "right1", 10, 20, 5e6, 10), node("node6", "join", 1, 1, 6e6, 10)]
+    edges = [("node1", "node2"), ("node2", "node3"), ("node3", "node6"), ("node1", "node4"), ("node4", "node5"),
+             ("node5", "node6")]
+    text = graph(nodes, edges)
+    prof = parse_graph_txt(text, name="branches")
+    cut = [n[-1] for n in block_nodes(text)].index("node3") + 1  # boundary after the left branch
+    assert prof.boundary_bytes(cut) == 1e6 + 3e6
+    fast = flat(2, 1000.0)  # 1000 Gb/s: compute-bound
+    res = run_planner("pipedream", prof, fast, PlannerOptions(num_microbatches=1, straight=True, check_memory=False))
+    assert [(s.first, s.last) for s in res.plan.stages] == [(0, cut), (cut, prof.num_blocks)]
+    assert res.objective_s == pytest.approx(0.062)  # (1+1) + 2*(10+20) ms per stage, not 122 ms
+    assert parse_graph_txt(text, name="b", max_blocks=3).num_blocks == 3
+
+
+def test_mask_with_gradient_upstream_crosses_with_the_hidden_state() -> None:
+    nodes = [node("n1", "a"), node("n2", "ctx"), node("n3", "l0"), node("n4", "l1"), node("n5", "l2")]
+    edges = [("n1", "n2"), ("n1", "n3"), ("n3", "n4"), ("n4", "n5"), ("n2", "n4"), ("n2", "n5")]
+    # ctx needs a gradient back from every layer; it simply crosses every later cut.
+    prof = parse_graph_txt(graph(nodes, edges), name="t")
+    assert [b.name for b in prof.blocks] == ["n1:a", "n2:ctx", "n3:l0", "n4:l1", "n5:l2"]
+    assert [b.activation_bytes for b in prof.blocks] == [100.0, 200.0, 200.0, 200.0, 100.0]
 
 
 def test_gradient_free_side_input_does_not_block_cuts_but_its_bytes_cross() -> None:
@@ -90,13 +128,6 @@ def test_gradient_free_side_input_does_not_block_cuts_but_its_bytes_cross() -> N
     assert [b.activation_bytes for b in prof.blocks] == [150.0, 150.0, 150.0, 100.0]
 
 
-def test_mask_with_gradient_upstream_does_block_cuts() -> None:
-    nodes = [node("n1", "a"), node("n2", "ctx"), node("n3", "l0"), node("n4", "l1"), node("n5", "l2")]
-    edges = [("n1", "n2"), ("n1", "n3"), ("n3", "n4"), ("n4", "n5"), ("n2", "n4"), ("n2", "n5")]
-    # ctx needs a gradient back from every layer, so no single tensor separates the layers.
-    assert [b.name for b in parse_graph_txt(graph(nodes, edges), name="t").blocks] == ["n1:a", "n2:ctx+3"]
-
-
 def test_quirks_space_edges_stage_ids_and_pbs() -> None:
     text = (
         node("node1", "Input", 9.0, 0, 40.0, 0) + " -- stage_id=0\n"
@@ -109,9 +140,10 @@ def test_quirks_space_edges_stage_ids_and_pbs() -> None:
     assert prof.blocks[0].forward_s == pytest.approx(0.001)  # Input's 9 ms of data loading dropped
 
 
-def test_all_zero_graph_is_one_block() -> None:
+def test_all_zero_graph_is_rejected() -> None:
     text = graph([node(str(i), f"t{i}", 0, 0, 0, 0) for i in range(4)], [("0", "1"), ("2", "3"), ("1", "3")])
-    assert parse_graph_txt(text, name="t").num_blocks == 1
+    with pytest.raises(UserError, match="nothing to balance"):
+        parse_graph_txt(text, name="t")
 
 
 @pytest.mark.parametrize(
@@ -167,8 +199,12 @@ def test_shared_profile_totals(path: Path | None) -> None:
     if path is None:
         pytest.skip("../shared/profiles not present")
     text = path.read_text()
-    prof = load_profile(path)
     compute_ms, params, _ = file_sums(text)
+    if compute_ms == 0:  # PipeDream's graph-code test fixtures carry no timings
+        with pytest.raises(UserError, match="nothing to balance"):
+            load_profile(path)
+        return
+    prof = load_profile(path)
     assert prof.num_blocks >= 1
     assert prof.total_compute_s == pytest.approx(compute_ms / 1000.0, rel=1e-9, abs=1e-12)
     assert prof.total_param_bytes == pytest.approx(params, rel=1e-9)
@@ -212,3 +248,79 @@ def test_dag_models_keep_many_cut_points_and_parse_fast() -> None:
     start = time.perf_counter()
     parse_graph_txt(text, name="nasnetalarge", source=str(nasnet))
     assert time.perf_counter() - start < 1.0
+
+
+# ---------------------------------------------------------------- legality on random DAGs
+def random_dag(seed: int) -> tuple[str, dict[str, float], set[str], list[tuple[str, str]]]:
+    """A random DAG whose node numbering is unrelated to its topology, with work-free nodes,
+    data-loader inputs and multi-reader tensors; returns (text, activation bytes, inputs, edges)."""
+    rng = random.Random(seed)
+    n = rng.randint(2, 28)
+    names = [f"node{k}" for k in rng.sample(range(100), n)]
+    acts = {name: float(rng.randint(1, 50)) for name in names}
+    inputs = {names[i] for i in range(n) if i > 0 and rng.random() < 0.1}
+    lines = []
+    for i, name in enumerate(names):
+        work_free = i > 0 and rng.random() < 0.35
+        op = "Input" if name in inputs else f"op{i}"
+        f, b, p = (0.0, 0.0, 0.0) if work_free or name in inputs else (rng.uniform(0.1, 5), rng.uniform(0.1, 5), 1.0)
+        lines.append(node(name, op, f, b, acts[name], p))
+    edges = [(names[i], names[j]) for j in range(n) for i in range(j) if rng.random() < 0.25 and names[j] not in inputs]
+    rng.shuffle(lines)
+    return graph(lines, edges), acts, inputs, edges
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_every_boundary_is_a_downward_closed_prefix_and_bytes_are_the_crossing_sum(seed: int) -> None:
+    text, acts, inputs, edges = random_dag(seed)
+    for cap in (None, 3):
+        prof = parse_graph_txt(text, name="r", max_blocks=cap)
+        members = block_nodes(text, max_blocks=cap)
+        assert len(members) == prof.num_blocks and (cap is None or prof.num_blocks <= cap)
+        assert sorted(m for block in members for m in block) == sorted(acts)
+        before: set[str] = set()
+        for k, block in enumerate(members[:-1]):
+            before |= set(block)
+            assert not any(dst in before and src not in before for src, dst in edges), "not downward closed"
+            senders = {src for src, dst in edges if src in before and dst not in before and src not in inputs}
+            assert prof.blocks[k].activation_bytes == pytest.approx(sum(acts[s] for s in senders))
+
+
+# ---------------------------------------------------------------- PipeDream's own optimum
+GNMT = PROFILES / "pipedream/profiler/translation/profiles/gnmt/graph.txt"
+
+
+def test_gnmt_reaches_pipedreams_published_optimizer_on_4_workers(capsys: pytest.CaptureFixture[str]) -> None:
+    """PipeDream's optimizer_graph_hierarchical.py on this file (4 machines, 1.25e9 B/s, straight,
+    activations counted) reports 25.868 ms per stage; single-tensor cuts could only reach 36.6 ms."""
+    if not GNMT.is_file():
+        pytest.skip("PipeDream's GNMT profile not present")
+    from orchestrator.cli import main
+
+    argv = ["plan", "--profile", str(GNMT), "--gpus", "4", "--inter-gbps", "10", "--algorithm", "pipedream",
+            "--straight", "--microbatches", "1", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["bottleneck_s"] <= 0.02587
+    assert out["bottleneck_s"] == pytest.approx(0.025868, abs=1e-6)
+    # Its cuts are crossed by several tensors at once (LSTM output plus the residual, or the
+    # attention context plus the decoder state), which the old loader could not cut at.
+    members = block_nodes(GNMT.read_text())
+    edges = [tuple(part.strip() for part in line.split(" -- ")) for line in GNMT.read_text().splitlines()
+             if line.startswith("\t")]
+    widths = []
+    for stage in out["stages"][:-1]:
+        before = {m for block in members[: stage["blocks"][1]] for m in block}
+        widths.append(len({src for src, dst in edges if src in before and dst not in before}))
+    assert max(widths) >= 2
+
+
+def test_big_dags_are_thinned_to_the_cap_keeping_legal_cuts() -> None:
+    nasnet = PROFILES / "pipedream/profiler/image_classification/profiles/nasnetalarge/graph.txt"
+    if not nasnet.is_file():
+        pytest.skip("nasnetalarge not present")
+    prof = load_profile(nasnet)
+    assert prof.num_blocks == MAX_BLOCKS
+    full = parse_graph_txt(nasnet.read_text(), name="n", max_blocks=10_000)
+    assert full.num_blocks > 1000  # one per node with work
+    assert prof.total_compute_s == pytest.approx(full.total_compute_s)
