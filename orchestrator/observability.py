@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from orchestrator.errors import UserError
+from orchestrator.files import read_text
 from orchestrator.timeline import save_figure
 
 _SECRET_KEY = re.compile(r"(secret|password|passwd|token|credential|access[_-]?key|account[_-]?key|api[_-]?key|private[_-]?key|sas|signature|auth)", re.I)
@@ -93,7 +95,14 @@ class EventLog:
     def read(self) -> list[dict[str, Any]]:
         if not self.path.exists():
             return []
-        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        records = []
+        for lineno, line in enumerate(read_text(self.path, "event log").splitlines(), start=1):
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise UserError(f"event log {self.path}:{lineno}: invalid JSON ({exc.msg})") from None
+        return records
 
 
 def _jsonable(value: Any) -> Any:
