@@ -33,7 +33,10 @@ FORMAT_VERSION = 1
 class Block:
     """One indivisible piece of the model.
 
-    ``stash_bytes`` is the memory a stage keeps per in-flight micro-batch for this block's
+    ``activation_bytes`` is everything that crosses a stage boundary placed right after this
+    block, summed over all the tensors that cross it (a DAG's cut may carry a hidden state, a
+    residual and an attention mask at once; a tensor read further on is relayed, so it counts at
+    every boundary it spans). ``stash_bytes`` is the memory a stage keeps per in-flight micro-batch for this block's
     backward pass (saved activations); it defaults to the output activation size, which is what
     PipeDream/DAPPLE profiles give.
     """
@@ -122,7 +125,7 @@ class Profile:
         return float(p[last] - p[first])
 
     def boundary_bytes(self, cut: int) -> float:
-        """Bytes crossing a cut placed before block ``cut`` (the previous block's output)."""
+        """Bytes crossing a cut placed before block ``cut`` (all tensors the previous block's boundary carries)."""
         if cut <= 0:
             return float(self.input_bytes)
         return float(self.activations[cut - 1])
