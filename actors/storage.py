@@ -147,6 +147,8 @@ def _options(protocol: str, text: str) -> dict[str, Any]:
         if emulator:
             opts["endpoint_url"] = emulator if "://" in emulator else f"http://{emulator}"
             opts["token"] = "anon"
+        elif not _google_credentials(env.get("GOOGLE_APPLICATION_CREDENTIALS"), env.get("CLOUDSDK_CONFIG")):
+            raise StorageError(f"{text}: {_credentials_hint(protocol)}")
         return opts
     opts = {"use_listings_cache": False}
     if env.get("AZURE_STORAGE_CONNECTION_STRING"):
@@ -175,6 +177,19 @@ def _aws_credentials(*env: str | None) -> bool:
         return botocore.session.get_session().get_credentials() is not None
     except Exception:  # noqa: BLE001 - a broken profile is "no usable credentials"
         return False
+
+
+@functools.lru_cache(maxsize=8)
+def _google_credentials(*env: str | None) -> bool:
+    """Whether google-auth finds credentials (gcsfs would otherwise go anonymous, and every
+    private object would look missing)."""
+    try:
+        import google.auth
+
+        google.auth.default()
+    except Exception:  # noqa: BLE001 - DefaultCredentialsError, a malformed key file, ...
+        return False
+    return True
 
 
 def _credentials_hint(protocol: str) -> str:

@@ -157,6 +157,10 @@ def test_storage_errors_are_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyP
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(storage.StorageError, match="set AZURE_STORAGE_CONNECTION_STRING or AZURE_STORAGE_ACCOUNT_NAME"):
         storage.exists("az://container/ckpt")
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "no-such-key.json"))
+    with pytest.raises(storage.StorageError, match="no Google credentials: set GOOGLE_APPLICATION_CREDENTIALS"):
+        storage.exists("gs://bucket/ckpt")
     for bad in ("../x", "a/../b", "/abs", "", ".", "a\\b", "c:/x"):
         with pytest.raises(storage.StorageError, match="not a plain relative name"):
             storage.join(str(tmp_path), bad)

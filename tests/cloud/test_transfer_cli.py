@@ -59,6 +59,19 @@ def test_uncommitted_source_step_mismatch_and_unknown_scheme(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["src"]
 
 
+def test_checkpoint_copy_command(tmp_path, capsys):
+    from orchestrator.cli import main as orchestrator
+
+    src = write_checkpoint(tmp_path / "src", 2)
+    assert orchestrator(["checkpoint", "copy", src, str(tmp_path / "dst" / "step_00000002")]) == 0
+    assert capsys.readouterr().out.startswith(f"copied: {src} -> {tmp_path / 'dst' / 'step_00000002'} (step 2, ")
+    flip_byte(Path(src) / ckpt.block_file(0))
+    assert orchestrator(["checkpoint", "copy", src, str(tmp_path / "again")]) == 2
+    err = capsys.readouterr().err
+    assert "block_00000.pt: checksum mismatch while copying" in err and err.count("\n") == 1
+    assert not (tmp_path / "again").exists()
+
+
 def test_cli_cheapest_json_sorted_and_filtered(capsys):
     assert main(["prices", "cheapest", "--catalog", SNAP, "--gpu", "v100", "--count", "1", "--spot", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
