@@ -13,6 +13,11 @@ Sections (all figures measured in this one run, side by side):
    with intra-server bandwidth U[96,128] Gb/s, 5 with U[160,200], inter-server U[32,40] (seed 0),
    and the variations of their figures 6–11.
 4. Planning time at 48 layers × 32 GPUs (median of 3 runs; two topologies).
+5. Multi-tensor cuts (``--only cuts``, printed, not written): every PipeDream graph.txt loaded by
+   the current loader and by the loader at ``--before-rev`` (single-tensor cuts), the pipedream
+   planner's straight bottleneck on 4/8/16 workers at 10 Gb/s against PipeDream's published
+   optimizer run on the same file (benchmarks/pipedream_reference.py ``solve_graph``), and the
+   planning time of ``pipedream`` and ``auto`` on the largest graphs at 32 GPUs.
 
 Exits 0 with a message when ../shared is absent. Not run in CI.
 """
@@ -21,8 +26,10 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -110,14 +117,100 @@ def reference_timing(path: Path, timeout: float) -> tuple[float, float] | None:
     return q.get() if not q.empty() else None
 
 
+def _graph_ref_worker(path: str, workers: int, q: Any) -> None:
+    from benchmarks import pipedream_reference as ref
+
+    t = time.perf_counter()
+    value, states = ref.solve_graph(path, [(workers, 10 * GBPS)], straight=True)
+    q.put((time.perf_counter() - t, value, states))
+
+
+def graph_reference(path: Path, workers: int, timeout: float) -> tuple[float, float, int] | None:
+    """(seconds, published optimizer's bottleneck, antichain states), or None past ``timeout``."""
+    q: Any = mp.Queue()
+    proc = mp.Process(target=_graph_ref_worker, args=(str(path), workers, q))
+    proc.start()
+    proc.join(timeout)
+    if proc.is_alive():
+        proc.terminate()
+        proc.join()
+        return None
+    return q.get() if not q.empty() else None
+
+
+def loader_at(rev: str) -> Any:
+    """``parse_graph_txt`` of orchestrator/graph_loader.py as committed at ``rev`` (the "before")."""
+    src = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:orchestrator/graph_loader.py"],
+                         capture_output=True, text=True, check=True).stdout
+    mod = types.ModuleType("graph_loader_before")
+    exec(compile(src, f"{rev}:graph_loader.py", "exec"), mod.__dict__)
+    return mod.parse_graph_txt
+
+
+def cuts_section(before_rev: str, ref_timeout: float) -> list[str]:
+    """The "Multi-tensor cuts" tables (see the module docstring, item 5)."""
+    old_parse = loader_at(before_rev)
+    lines = ["## Multi-tensor cuts", "",
+             f"Loader before (`{before_rev}`: cut only where one tensor crosses) and after (any topological prefix, the "
+             "bytes of every tensor crossing). `pipedream` planner, straight pipeline, M = 1, flat 10 Gb/s: its "
+             "bottleneck (slowest stage or 2·bytes/B of a cut) against PipeDream's published optimizer "
+             "(`optimizer_graph_hierarchical.py --straight_pipeline --activation_compression_ratio 1`, transcribed "
+             f"in benchmarks/pipedream_reference.py) on the same file; reference cut off after {ref_timeout:.0f} s.", "",
+             "| profile | nodes | blocks before / after | workers | bottleneck before | after | published optimizer (states, time) | after ≤ published |",
+             "|---|---|---|---|---|---|---|---|"]
+    graphs = {k: v for k, v in profiles().items() if not k.startswith("dapple/")}
+    loaded: dict[str, tuple[Profile, Profile]] = {}
+    for name, path in graphs.items():
+        text = path.read_text()
+        try:
+            before, after = old_parse(text, name=name, source=str(path)), load_profile(path)
+        except UserError as exc:
+            print(f"{name}: {exc}", flush=True)
+            continue
+        loaded[name] = (before, after)
+        nodes = sum(1 for line in text.splitlines() if line.strip() and not line.startswith("\t"))
+        ref: tuple[float, float, int] | None = None
+        for workers in (4, 8, 16):
+            opts = PlannerOptions(num_microbatches=1, straight=True, check_memory=False)
+            b = run_planner("pipedream", before, flat(workers, 10), opts).objective_s
+            a = run_planner("pipedream", after, flat(workers, 10), opts).objective_s
+            # The antichain DAG does not depend on the workers: past the cut-off once, always.
+            ref = graph_reference(path, workers, ref_timeout) if workers == 4 or ref is not None else None
+            ref_cell = f"{ref[1] * 1e3:.3f} ms ({ref[2]}, {ref[0]:.1f} s)" if ref else "did not finish"
+            ok = ("yes" if a <= ref[1] * (1 + 1e-9) else "**no**") if ref and a is not None else "n/a"
+            lines.append(f"| {name} | {nodes} | {before.num_blocks} / {after.num_blocks} | {workers} | "
+                         f"{(b or 0) * 1e3:.3f} ms | {(a or 0) * 1e3:.3f} ms | {ref_cell} | {ok} |")
+            print(lines[-1], flush=True)
+    lines += ["", "Planning time on the largest graphs, 32 GPUs, M = 32, one run each (simulated iteration time / "
+              "planning time), before → after:", "",
+              "| profile | topology | pipedream before | after | auto before | after |", "|---|---|---|---|---|---|"]
+    for name in ("nasnetalarge", "densenet121", "inception_v3", "resnet101"):
+        if name not in loaded:
+            continue
+        for topo, cl in (("flat 10G", flat(32, 10)), ("2-level 100/10G", two_level(8, 4, 100, 10))):
+            cells = []
+            for alg in ("pipedream", "auto"):
+                for prof in loaded[name]:
+                    res = run_all(prof, cl, 32, [alg])[alg]
+                    cells.append(f"{res[0] * 1e3:.1f} ms / {res[2]:.2f} s" if isinstance(res, tuple) else str(res))
+            lines.append(f"| {name} ({loaded[name][0].num_blocks} → {loaded[name][1].num_blocks} blocks) | {topo} | " + " | ".join(cells) + " |")
+            print(lines[-1], flush=True)
+    return lines + [""]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a small subset (a few profiles, 8/32 GPUs)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "planners.md"))
     ap.add_argument("--ref-timeout", type=float, default=300.0)
+    ap.add_argument("--only", choices=["all", "cuts"], default="all", help="cuts: only section 5, printed")
+    ap.add_argument("--before-rev", default="fa8506d", help="git revision of the single-tensor-cut loader")
     args = ap.parse_args(argv)
     if not (SHARED / "profiles").exists():
         print(f"benchmarks/planners.py: {SHARED} not found; nothing to benchmark")
+        return 0
+    if args.only == "cuts":
+        print("\n".join(cuts_section(args.before_rev, args.ref_timeout)))
         return 0
     lines: list[str] = ["# Planner benchmark", "", "Cells: simulated iteration time / ratio to the lower bound / planning time.", ""]
     profs = profiles()

@@ -271,20 +271,20 @@ def _thin(cuts: list[int], crossing: np.ndarray, work: np.ndarray, max_blocks: i
     the others: communication-bound plans are made of those. ``work[k]`` is the cumulative
     compute up to and including position ``k``.
     """
-    count = len(cuts)
+    total = count = len(cuts)
     if count < max_blocks:
         return cuts
     at = np.asarray(cuts, dtype=np.int64)
     cut_bytes = crossing[at]
     upto = np.concatenate([[0.0], work[at], [work[-1]]])  # cumulative work at cut i is upto[i + 1]
     left = list(range(-1, count - 1))
-    right = list(range(1, count + 1))  # neighbours; -1 and ``count`` are the chain's ends
+    right = list(range(1, count + 1))  # neighbours; -1 and ``total`` are the chain's ends
     alive = [True] * count
     version = [0] * count
 
     def key(i: int) -> tuple[bool, float]:
         lb = cut_bytes[left[i]] if left[i] >= 0 else math.inf
-        rb = cut_bytes[right[i]] if right[i] < count else math.inf
+        rb = cut_bytes[right[i]] if right[i] < total else math.inf
         return (bool(cut_bytes[i] < min(lb, rb)), float(upto[right[i] + 1] - upto[left[i] + 1]))
 
     heap = [(key(i), i, 0) for i in range(count)]
@@ -298,10 +298,10 @@ def _thin(cuts: list[int], crossing: np.ndarray, work: np.ndarray, max_blocks: i
         lo, hi = left[i], right[i]
         if lo >= 0:
             right[lo] = hi
-        if hi < len(cuts):
+        if hi < total:
             left[hi] = lo
         for j in (lo, hi):
-            if 0 <= j < len(cuts):
+            if 0 <= j < total:
                 version[j] += 1
                 heapq.heappush(heap, (key(j), j, version[j]))
     return [c for c, keep in zip(cuts, alive) if keep]

@@ -107,6 +107,19 @@ def test_best_cut_is_crossed_by_two_tensors() -> None:
     assert parse_graph_txt(text, name="b", max_blocks=3).num_blocks == 3
 
 
+def test_thinning_keeps_the_cheap_cut_and_drops_the_finest_resolution_first() -> None:
+    nodes = [node(f"node{i}", f"l{i}", f=1.0, b=1.0, a=1.0 if i == 6 else 100.0) for i in range(10)]
+    nodes[1] = node("node1", "l1", f=5.0, b=5.0)  # heavy: the cuts around it are the last to go on work alone
+    text = graph(nodes, [(f"node{i}", f"node{i + 1}") for i in range(9)])
+    members = block_nodes(text, max_blocks=3)
+    assert len(members) == 3
+    assert members[1][-1] == "node6"  # fewer bytes than both neighbours: kept although its blocks are light
+    assert members[0][-1] in ("node0", "node1")  # then the cut that keeps the heavy node apart
+    assert parse_graph_txt(text, name="t", max_blocks=3).blocks[1].activation_bytes == 1.0
+    with pytest.raises(UserError, match="max_blocks"):
+        parse_graph_txt(text, name="t", max_blocks=0)
+
+
 def test_mask_with_gradient_upstream_crosses_with_the_hidden_state() -> None:
     nodes = [node("n1", "a"), node("n2", "ctx"), node("n3", "l0"), node("n4", "l1"), node("n5", "l2")]
     edges = [("n1", "n2"), ("n1", "n3"), ("n3", "n4"), ("n4", "n5"), ("n2", "n4"), ("n2", "n5")]
