@@ -5,10 +5,13 @@ plan (the process group is rebuilt, the model blocks re-created), which is what 
 restoring under another plan need, and what keeps the test suite from paying the actor start-up
 cost (seconds per process) for every plan it checks.
 
-Placement: with GPUs each worker asks for one GPU and the group reserves one bundle per worker
-in a Ray placement group (``PACK``: neighbours on one node when they fit), so the job either gets
-all its devices or waits, instead of starting half a pipeline. Without GPUs workers ask for a
-small CPU fraction, so several share a laptop's cores (torch threads are divided in the worker).
+Placement (:mod:`actors.placement`): worker ``i`` is pinned to slot ``i`` — a GPU or a CPU slot
+of one named node — with a hard node affinity, so device ``i`` of the cluster model the plan was
+made for is the device that runs it. Every worker reports where it actually runs at start
+(``identities``) and a worker on the wrong node or accelerator is refused with one line; a slot
+that cannot be had (its node lacks the resources) is one line naming the device and what the
+node has free, instead of a wait for ever. Without GPUs workers ask for a small CPU fraction,
+so several share a laptop's cores (torch threads are divided in the worker).
 
 Failure triage: every remote call goes through :meth:`WorkerGroup.gather`, which waits with a
 deadline and converts a dead actor into :class:`PipelineActorError` naming device and stages.
@@ -30,6 +33,7 @@ from typing import Any, Mapping, Sequence
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
+from actors.placement import Slot, actor_options, check_identity, discover, probe_pairs
 from actors.stage_worker import JobSpec, StageWorker
 from actors import waits
 from orchestrator.errors import UserError
@@ -49,7 +53,8 @@ class PipelineActorError(RuntimeError):
 class WorkerGroup:
     """``size`` stage workers; worker ``i`` runs the plan's ``i``-th device (sorted by id)."""
 
-    def __init__(self, size: int, use_gpu: bool | None = None, cpus_per_worker: float = 0.01) -> None:
+    def __init__(self, size: int, use_gpu: bool | None = None, cpus_per_worker: float = 0.01,
+                 slots: Sequence[Slot] | None = None, start_timeout_s: float = 300.0) -> None:
         if not ray.is_initialized():
             ray.init(ignore_reinit_error=True, log_to_driver=False)
         gpus = int(ray.cluster_resources().get("GPU", 0))
@@ -60,8 +65,15 @@ class WorkerGroup:
         elif use_gpu and gpus < size:
             raise UserError(f"the plan needs {size} GPUs (one per stage worker) but the Ray cluster has {gpus}")
         self.size, self.use_gpu, self.cpus_per_worker = size, use_gpu, cpus_per_worker
+        kind = "gpu" if use_gpu else "cpu"
+        self.slots = list(slots) if slots is not None else discover(kind, local_slots=size)[:size]
+        if len(self.slots) < size:
+            raise UserError(f"the plan needs {size} devices but the Ray cluster offers {len(self.slots)} {kind} slot(s)")
+        if any(s.kind != kind for s in self.slots):
+            raise UserError(f"a {kind} job was given {sorted({s.kind for s in self.slots})} slots")
+        self.start_timeout_s = start_timeout_s
+        self.identities: list[dict[str, Any]] = []  # where each worker actually runs (reported at start)
         self.actors: list[Any] = []
-        self.pg: Any = None
         self.plan: Plan | None = None
         self.spec: JobSpec | None = None
         self.rank_of: dict[int, int] = {}  # device -> process-group rank (members only)
@@ -72,22 +84,41 @@ class WorkerGroup:
 
     def _start(self) -> None:
         remote = ray.remote(StageWorker)
-        options: list[dict[str, Any]]
-        if self.use_gpu:
-            from ray.util.placement_group import placement_group
-            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-            self.pg = placement_group([{"GPU": 1, "CPU": 1}] * self.size, strategy="PACK")
-            ray.get(self.pg.ready(), timeout=600)
-            options = [
-                {"num_gpus": 1, "num_cpus": 1, "scheduling_strategy": PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i)}
-                for i in range(self.size)
-            ]
-        else:
-            options = [{"num_cpus": self.cpus_per_worker} for _ in range(self.size)]
-        self.actors = [remote.options(max_concurrency=1, **o).remote() for o in options]  # type: ignore[attr-defined]
+        self.actors = [remote.options(max_concurrency=1, **actor_options(s, self.cpus_per_worker)).remote()  # type: ignore[attr-defined]
+                       for s in self.slots]
         self.dead = set()
         self.broken = False
+        self.identities = self._await(list(range(len(self.actors))))
+
+    def _await(self, indices: list[int]) -> list[dict[str, Any]]:
+        """Wait for the workers at ``indices`` to start and check each runs where its slot says."""
+        refs = {self.actors[i].identity.remote(): i for i in indices}
+        ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=waits.stretched(self.start_timeout_s))
+        if pending:
+            stuck = sorted(refs[r] for r in pending)
+            self._kill()
+            free = {n["NodeID"]: n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")}
+            slot = self.slots[stuck[0]]
+            raise UserError(
+                f"device(s) {stuck} did not start within {self.start_timeout_s:.0f}s: device {stuck[0]} needs "
+                f"{'a GPU' if slot.kind == 'gpu' else 'a CPU share'} on node {slot.node_id[:12]}, which "
+                + ("is gone" if slot.node_id not in free else f"has {ray.available_resources().get('GPU' if slot.kind == 'gpu' else 'CPU', 0):g} free in the cluster"))
+        seen = {refs[r]: self._get_start(r, refs[r]) for r in ready}
+        for i, found in seen.items():
+            try:
+                check_identity(i, self.slots[i], found)
+            except UserError:
+                self._kill()
+                raise
+        return [seen[i] for i in indices]
+
+    def _get_start(self, ref: Any, index: int) -> dict[str, Any]:
+        try:
+            return dict(ray.get(ref))
+        except (RayActorError, RayTaskError) as exc:
+            self._kill()
+            raise UserError(f"device {index}'s worker failed to start on node {self.slots[index].node_id[:12]}: "
+                            f"{_last_line(exc)}") from None
 
     def restart(self) -> None:
         """Kill every worker (a broken process group cannot be repaired in place) and start fresh ones."""
@@ -104,11 +135,6 @@ class WorkerGroup:
             except Exception:  # noqa: BLE001 - already dead is fine
                 pass
         self.actors = []
-        if self.pg is not None:
-            from ray.util.placement_group import remove_placement_group
-
-            remove_placement_group(self.pg)
-            self.pg = None
 
     # ----- plan -----
     def configure(self, spec: JobSpec, plan: Plan, timeout_s: float = 300.0, members: Sequence[int] | None = None,
@@ -120,8 +146,8 @@ class WorkerGroup:
         an actor slot so a device keeps its process across plans (what live moves rely on).
         """
         devices = sorted(set(plan.devices) | set(members or ()))
-        if slots is None:
-            slots = {d: i for i, d in enumerate(devices)}
+        if slots is None:  # device i is slot i (the cluster model's order) when the group has it
+            slots = {d: d for d in devices} if devices[-1] < self.size else {d: i for i, d in enumerate(devices)}
         if len(devices) > self.size or any(not 0 <= slots[d] < self.size for d in devices):
             raise UserError(f"plan needs {len(devices)} workers but the group has {self.size}")
         if self.broken:
@@ -186,12 +212,30 @@ class WorkerGroup:
     def respawn(self, slots: Sequence[int]) -> None:
         """Start fresh processes in dead ``slots`` (a replaced node; tests restoring a shared pool)."""
         remote = ray.remote(StageWorker)
-        for i in slots:
-            if i in self.dead:
-                if self.use_gpu:
-                    raise UserError("respawning a single GPU worker is not supported; restart the group")
-                self.actors[i] = remote.options(max_concurrency=1, num_cpus=self.cpus_per_worker).remote()  # type: ignore[attr-defined]
-                self.dead.discard(i)
+        fresh = [i for i in slots if i in self.dead]
+        for i in fresh:
+            self.actors[i] = remote.options(max_concurrency=1, **actor_options(self.slots[i], self.cpus_per_worker)).remote()  # type: ignore[attr-defined]
+            self.dead.discard(i)
+        for i, found in zip(fresh, self._await(fresh)):
+            self.identities[i] = found
+
+    def probe(self, seconds_of: Any = None, links: bool = True,
+              timeout_s: float = 300.0) -> tuple[list[float], dict[tuple[int, int], tuple[float, float]]]:
+        """Every worker's probe seconds and, with ``links``, ``{(a, b): (latency_s, bytes_per_s)}``
+        for the pairs :func:`actors.placement.probe_pairs` picks (before any plan is configured)."""
+        everyone = list(range(len(self.actors)))
+        self.slot_of = {d: d for d in everyone}
+        seconds = self.gather([a.probe_speed.remote(seconds_of) for a in self.actors], "speed probe", timeout_s, everyone)
+        measured: dict[tuple[int, int], tuple[float, float]] = {}
+        if links and len(self.actors) > 1:
+            rank_of = {d: d for d in everyone}
+            host, port = ray.get(self.actors[0].endpoint.remote(), timeout=timeout_s)
+            self.gather([a.probe_join.remote(host, port, rank_of, d) for d, a in enumerate(self.actors)], "link probe setup",
+                        timeout_s, everyone)
+            pairs = probe_pairs(self.slots)
+            for found in self.gather([a.probe_links.remote(pairs, rank_of) for a in self.actors], "link probe", timeout_s, everyone):
+                measured.update(found)
+        return [float(s) for s in seconds], measured
 
     def actor_of(self, device: int) -> Any:
         return self.actors[self.slot_of[device]]

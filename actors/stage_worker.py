@@ -43,10 +43,11 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from actors import checkpoint as ckpt
+from actors import placement, probe
 from actors import user_code
 from actors.execution import Executor
 from actors.transport import (
-    MAX_MICROBATCHES, backend_for, destroy_groups, free_endpoint, init_group, link_groups, replica_groups, select_device,
+    MAX_MICROBATCHES, backend_for, destroy_groups, free_endpoint, init_group, link_groups, new_group, replica_groups, select_device,
     shorten_timeouts, warm_up,
 )
 from orchestrator.errors import UserError
@@ -151,6 +152,26 @@ class StageWorker:
     def pid(self) -> int:
         return os.getpid()
 
+    def identity(self) -> dict[str, Any]:
+        """Where this process runs (node, accelerator, device), for the placement check at start."""
+        select_device()
+        return placement.identity()
+
+    # ----- probes (before the first plan; see actors/probe.py) -----
+    def probe_speed(self, seconds_of: Callable[[torch.device], float] | None = None) -> float:
+        """Seconds of the probe's work on this device (``None``: the built-in matmul probe)."""
+        return (seconds_of or probe.builtin_seconds)(select_device())
+
+    def probe_join(self, host: str, port: int, rank_of: dict[int, int], device: int, timeout_s: float = 120.0) -> None:
+        torch_device = select_device()
+        self.device_id = device
+        init_group(host, port, rank_of[device], len(rank_of), backend_for(torch_device), timeout_s, torch_device)
+
+    def probe_links(self, pairs: list[tuple[int, int]], rank_of: dict[int, int]) -> dict[tuple[int, int], tuple[float, float]]:
+        out = probe.ping(pairs, self.device_id, rank_of, select_device())
+        dist.destroy_process_group()  # the job's own group is created by configure
+        return out
+
     def configure(
         self, spec: JobSpec, plan_dict: dict[str, Any], device: int, rank_of: dict[int, int], host: str, port: int
     ) -> dict[str, Any]:
@@ -176,8 +197,8 @@ class StageWorker:
         optimizers = {b: user_code.optimizer(spec.optimizer_factory, m.parameters(), b) for b, m in modules.items() if any(True for _ in m.parameters())}
         init_group(host, port, rank_of[device], len(rank_of), backend_for(torch_device), spec.pg_timeout_s, torch_device)
         schedule = lower(plan)
-        groups = replica_groups(plan, rank_of)
-        links = link_groups(directed_links(schedule), rank_of)
+        groups = replica_groups(plan, rank_of, timeout_s=spec.pg_timeout_s)
+        links = link_groups(directed_links(schedule), rank_of, timeout_s=spec.pg_timeout_s)
         warm_up(device, rank_of, links, groups, torch_device)
         self.executor = self._executor(
             spec, plan, device, rank_of, schedule.programs.get(device, ()), modules, optimizers, groups, boundary,
@@ -269,9 +290,9 @@ class StageWorker:
             groups = {g: h for g, h in old_groups.items() if g in wanted}
             destroy_groups(h for g, h in old_groups.items() if g not in wanted)
         for g in create_groups:
-            groups[tuple(g)] = dist.new_group(sorted(rank_of[d] for d in g))
+            groups[tuple(g)] = new_group(sorted(rank_of[d] for d in g), spec.pg_timeout_s)
         wanted_links = directed_links(schedule)
-        links = link_groups(wanted_links, rank_of, old_links)
+        links = link_groups(wanted_links, rank_of, old_links, spec.pg_timeout_s)
         destroy_groups(h for k, h in old_links.items() if k not in links)
         warm_up(device, rank_of, links, groups, torch_device)
         t_group = time.perf_counter()

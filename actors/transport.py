@@ -142,7 +142,14 @@ def init_group(host: str, port: int, rank: int, world: int, backend: str, timeou
                             device_id=bound)
 
 
-def replica_groups(plan: Plan, rank_of: dict[int, int], existing: Mapping[tuple[int, ...], Any] | None = None) -> dict[tuple[int, ...], Any]:
+def new_group(ranks: list[int], timeout_s: float | None) -> Any:
+    """A subgroup with the job's per-operation timeout: ``new_group`` does not inherit the default
+    group's timeout (it would wait 30 minutes for a dead peer)."""
+    return dist.new_group(ranks, timeout=None if timeout_s is None else timedelta(seconds=timeout_s))
+
+
+def replica_groups(plan: Plan, rank_of: dict[int, int], existing: Mapping[tuple[int, ...], Any] | None = None,
+                   timeout_s: float | None = None) -> dict[tuple[int, ...], Any]:
     """One subgroup per replicated device group, created in the same order on every rank.
 
     ``existing`` groups whose device set the plan still replicates are kept (no new communicator).
@@ -151,12 +158,12 @@ def replica_groups(plan: Plan, rank_of: dict[int, int], existing: Mapping[tuple[
     for devices in plan.device_groups:
         if len(devices) > 1:
             kept = (existing or {}).get(devices)
-            groups[devices] = kept if kept is not None else dist.new_group(sorted(rank_of[d] for d in devices))
+            groups[devices] = kept if kept is not None else new_group(sorted(rank_of[d] for d in devices), timeout_s)
     return groups
 
 
 def link_groups(links: Iterable[tuple[int, int]], rank_of: Mapping[int, int],
-                existing: Mapping[tuple[int, int], Any] | None = None) -> dict[tuple[int, int], Any]:
+                existing: Mapping[tuple[int, int], Any] | None = None, timeout_s: float | None = None) -> dict[tuple[int, int], Any]:
     """One two-rank process group per *directed* link ``(sender device, receiver device)``.
 
     Why: NCCL runs all point-to-point traffic of one communicator between two ranks on one
@@ -170,7 +177,7 @@ def link_groups(links: Iterable[tuple[int, int]], rank_of: Mapping[int, int],
     groups: dict[tuple[int, int], Any] = {}
     for src, dst in sorted(set(links)):
         kept = (existing or {}).get((src, dst))
-        groups[(src, dst)] = kept if kept is not None else dist.new_group(sorted((rank_of[src], rank_of[dst])))
+        groups[(src, dst)] = kept if kept is not None else new_group(sorted((rank_of[src], rank_of[dst])), timeout_s)
     return groups
 
 

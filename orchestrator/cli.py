@@ -216,6 +216,30 @@ def cmd_checkpoint_copy(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cluster(args: argparse.Namespace) -> int:
+    """The connected Ray cluster (or the local instance) as the planners see it, measured."""
+    import ray
+
+    from orchestrator.discovery import connect, discover_cluster
+
+    started = connect(args.address)
+    try:
+        found = discover_cluster(kind=args.kind, local_slots=args.slots)
+        found.group.shutdown()
+        payload = found.to_json()
+        if args.json:
+            print(json.dumps(payload))
+        else:
+            for d in payload["devices"]:
+                print(f"device {d['device']}: node {d['node_id'][:12]} {d['kind']} {d['accelerator']} speed {d['speed']:.3g} "
+                      f"({d['speed_source']}) memory {d['memory_bytes'] / 2**30:.1f} GiB")
+            print(f"median message latency {payload['message_latency_s'] * 1e6:.0f} us")
+        return 0
+    finally:
+        if started:
+            ray.shutdown()
+
+
 def build_parser() -> argparse.ArgumentParser:
     from orchestrator.planners.base import available
 
@@ -260,6 +284,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="the end-to-end demo on this machine")
     p.add_argument("--out", default="out/demo", help="folder for timelines and plots")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("cluster", help="the Ray cluster's devices, measured speeds and links (starts one probe actor per device)")
+    p.add_argument("--address", default=None, help="Ray cluster address (default: RAY_ADDRESS, else a local instance)")
+    p.add_argument("--kind", choices=("gpu", "cpu"), default=None, help="device kind (default: GPUs if the cluster has any)")
+    p.add_argument("--slots", type=int, default=None, help="CPU slots on a single-node cluster (default: one per CPU)")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    p.set_defaults(func=cmd_cluster)
 
     p = sub.add_parser("checkpoint", help="check or copy checkpoints (local paths, s3://, gs://, az://)")
     ck = p.add_subparsers(dest="checkpoint_command", required=True, parser_class=_Parser)

@@ -76,6 +76,10 @@ class TrainerSession:
     def plan(self) -> Plan:
         return self.trainer.plan
 
+    def devices(self) -> list[dict[str, Any]]:
+        """``[{"device", "node_id", ...}]``: the node each plan device's actor runs on."""
+        return self.trainer.devices()
+
     @property
     def step(self) -> int:
         return self.trainer.step

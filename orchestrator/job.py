@@ -183,7 +183,9 @@ class JobManager:
         if session is None:  # otherwise the caller already runs a session on this placement
             self.placement = self.launcher(self.placement)
             session = self.session_factory(self.placement, self._resume_point())
-        self._emit("job_started", placement=self.placement.label(), plan=session.plan.describe(), step=session.step)
+        where = getattr(session, "devices", None)  # sessions on real actors report their nodes
+        self._emit("job_started", placement=self.placement.label(), plan=session.plan.describe(), step=session.step,
+                   devices=where() if callable(where) else [])
         try:
             while session.step < self.config.total_steps:
                 notice = self._take_notice()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from orchestrator.files import figure_output, write_json_atomic, write_outputs
 
@@ -34,8 +34,10 @@ def spans_from_events(events: Iterable[object]) -> list[Span]:
     return out
 
 
-def chrome_trace(spans: Sequence[Span], process: str = "pipeline") -> dict[str, object]:
-    """Trace Event Format: compute on one thread per device, transfers on one thread per link."""
+def chrome_trace(spans: Sequence[Span], process: str = "pipeline", names: Mapping[int, str] | None = None) -> dict[str, object]:
+    """Trace Event Format: compute on one thread per device, transfers on one thread per link.
+
+    ``names``: a device's thread name (a measured trace names the node its actor ran on)."""
     events: list[dict[str, object]] = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"name": process}}]
     tids: dict[str, int] = {}
 
@@ -46,7 +48,7 @@ def chrome_trace(spans: Sequence[Span], process: str = "pipeline") -> dict[str, 
         return tids[name]
 
     for s in sorted(spans, key=lambda s: (s.device, s.start)):
-        thread = f"link {s.link[0]}->{s.link[1]}" if s.link else f"device {s.device}"
+        thread = f"link {s.link[0]}->{s.link[1]}" if s.link else (names or {}).get(s.device, f"device {s.device}")
         if s.end <= s.start and s.kind == "transfer":
             continue
         events.append(
@@ -63,9 +65,10 @@ def chrome_trace(spans: Sequence[Span], process: str = "pipeline") -> dict[str, 
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
-def write_chrome_trace(spans: Sequence[Span], path: str | Path, process: str = "pipeline") -> Path:
+def write_chrome_trace(spans: Sequence[Span], path: str | Path, process: str = "pipeline",
+                       names: Mapping[int, str] | None = None) -> Path:
     out = Path(path)
-    write_json_atomic(out, chrome_trace(spans, process))
+    write_json_atomic(out, chrome_trace(spans, process, names))
     return out
 
 

@@ -49,6 +49,7 @@ class FitResult:
     restarts: int = 0
     checkpoints: list[str] = field(default_factory=list)
     wall_s: float = 0.0
+    device_nodes: dict[int, str] = field(default_factory=dict)  # device -> Ray node id its actor runs on
 
     @property
     def final_loss(self) -> float:
@@ -63,7 +64,8 @@ class FitResult:
 
     def write_timeline(self, path: str | Path, index: int = -1) -> Path:
         """The measured iteration ``index`` as a Chrome trace (same format as the simulator's)."""
-        return write_chrome_trace(self.metrics[index].timeline(), path, process="measured")
+        names = {d: f"device {d} @ node {node[:8]}" for d, node in self.device_nodes.items()}
+        return write_chrome_trace(self.metrics[index].timeline(), path, process="measured", names=names)
 
 
 class PipelineTrainer:
@@ -92,6 +94,7 @@ class PipelineTrainer:
         use_gpu: bool | None = None,
         pipelined_dispatch: bool = True,
         validate: bool = True,
+        async_checkpoints: bool = False,
     ) -> None:
         """``validate``: check the user's functions on the driver first (see
         :func:`actors.user_code.validate_job`): one model build, one probe row, two ``data_fn(0)``."""
@@ -101,6 +104,8 @@ class PipelineTrainer:
             user_code.validate_job(model_factory, loss_fn, optimizer_factory, data_fn, num_microbatches, checkpoint_dir, seed)
         self.spec = JobSpec(model_factory, loss_fn, optimizer_factory, data_fn, seed, pg_timeout_s, kill_at=frozenset(kill_at))
         self.num_microbatches = num_microbatches
+        self.use_gpu = use_gpu
+        self._probed: WorkerGroup | None = None  # the workers that measured the cluster, kept to run the plan
         self.plan = plan if plan is not None else self._make_plan(planner, cluster)
         if self.plan.num_microbatches != num_microbatches:
             raise UserError(f"the plan has {self.plan.num_microbatches} micro-batches but num_microbatches={num_microbatches}")
@@ -113,9 +118,11 @@ class PipelineTrainer:
         self.checkpoint_every, self.max_failures = checkpoint_every, max_failures
         self.progress, self.iteration_timeout_s = progress, iteration_timeout_s
         self.resume = resume
-        self.use_gpu = use_gpu
         self.pipelined_dispatch = pipelined_dispatch
-        self.group = workers
+        # periodic checkpoints snapshot the blocks and upload while the next steps train; each
+        # commits when the next one starts or when fit returns (see save_checkpoint(background=))
+        self.async_checkpoints = async_checkpoints
+        self.group = workers if workers is not None else self._probed
         self._owns_group = workers is None
         self._started = False
         self.step = 0
@@ -124,8 +131,13 @@ class PipelineTrainer:
 
     # ----- setup -----
     def _make_plan(self, planner: str, cluster: Cluster | None) -> Plan:
-        """Profile the model on one micro-batch here and let ``planner`` choose a plan."""
-        from orchestrator.cluster import from_ray
+        """Profile the model on one micro-batch here and let ``planner`` choose a plan.
+
+        Without a ``cluster``: the Ray cluster's slots with speeds measured on a few of the
+        model's own blocks and links probed with the runtime's transport
+        (:func:`orchestrator.discovery.discover_cluster`); those workers then run the plan."""
+        from actors.probe import model_probe
+        from orchestrator.discovery import discover_cluster
         from orchestrator.planners.base import PlannerOptions, run_planner
         from orchestrator.profiler import profile_blocks
 
@@ -134,7 +146,19 @@ class PipelineTrainer:
         inputs, _ = user_code.batch(self.spec.data_fn, 0)
         sample = torch.tensor_split(inputs, self.num_microbatches)[0]
         profile = profile_blocks(blocks, sample, "model", int(sample.shape[0]), device="cpu")
-        result = run_planner(planner, profile, cluster or from_ray(), PlannerOptions(num_microbatches=self.num_microbatches))
+        if cluster is None:
+            if not ray.is_initialized():
+                ray.init(ignore_reinit_error=True, log_to_driver=False)
+            kind = None if self.use_gpu is None else ("gpu" if self.use_gpu else "cpu")
+            found = discover_cluster(kind, seconds_of=model_probe(self.spec.model_factory, self.spec.data_fn,
+                                                                  rows=int(sample.shape[0])))
+            cluster, self._probed = found.cluster, found.group
+        try:
+            result = run_planner(planner, profile, cluster, PlannerOptions(num_microbatches=self.num_microbatches))
+        except BaseException:
+            if self._probed is not None:
+                self._probed.shutdown()
+            raise
         return result.plan
 
     def _ensure_started(self) -> None:
@@ -242,20 +266,22 @@ class PipelineTrainer:
                 bar.update(1)
                 bar.set_postfix(loss=f"{m.loss:.4f}")
                 if self._checkpoint_due(self.step):
-                    written.append(str(self.save_checkpoint()))
+                    written.append(str(self.save_checkpoint(background=self.async_checkpoints)))
         finally:
             if ahead is not None:  # an error other than a worker failure left a step in flight
                 group.discard(ahead[1])
             bar.close()
+        self.finish_checkpoint()  # the last background upload commits before fit returns
         steps_done = list(range(first, target))
         return FitResult(
             steps_done, [self.history[s] for s in steps_done], [metrics[s] for s in steps_done if s in metrics],
-            self.plan, restarts, written, time.perf_counter() - start,
+            self.plan, restarts, written, time.perf_counter() - start, {d["device"]: d["node_id"] for d in self.devices()},
         )
 
     def _recover(self, exc: PipelineActorError) -> None:
         """New processes, same plan, state from the newest complete checkpoint (or the seed)."""
         assert self.group is not None
+        self._uploading = None  # an upload from a dead worker never commits; its folder stays unmarked
         fired = {(s, d) for s, d in self.spec.kill_at if s == self.step and (d == exc.device or not exc.died)}
         self.spec = replace(self.spec, kill_at=self.spec.kill_at - fired)
         self.group.restart()
@@ -336,6 +362,15 @@ class PipelineTrainer:
         return self.step
 
     # ----- inspection -----
+    def devices(self) -> list[dict[str, Any]]:
+        """Where each plan device's actor actually runs (reported by the actor at start)."""
+        group = self._workers()
+        out = []
+        for d in sorted(self.plan.devices):
+            seen = group.identities[group.slot_of[d]]
+            out.append({"device": d, "node_id": seen["node_id"], "accelerator": seen["accelerator"], "actual_device": seen["device"]})
+        return out
+
     def state_dicts(self) -> dict[int, dict[str, Tensor]]:
         """Current weights keyed by block (from replica 0 of every stage)."""
         group = self._workers()
