@@ -77,7 +77,7 @@ class Profile:
         if not self.blocks:
             raise UserError(f"{where} has no blocks")
         limits.count(len(self.blocks), where, "number of blocks", maximum=limits.MAX_BLOCKS)
-        object.__setattr__(self, "microbatch_size", limits.count(self.microbatch_size, where, "microbatch_size"))
+        object.__setattr__(self, "microbatch_size", limits.count(self.microbatch_size, where, "microbatch_size", maximum=2**31))
         object.__setattr__(self, "input_bytes", limits.number(self.input_bytes, where, "input_bytes", maximum=limits.MAX_BYTES))
         object.__setattr__(self, "blocks", tuple(self.blocks))
         if not any(b.forward_s > 0 or b.backward_s > 0 for b in self.blocks):
@@ -202,6 +202,8 @@ class Profile:
                 if unknown or missing:
                     what = f"unknown field(s) {sorted(unknown)}" if unknown else f"missing field(s) {sorted(missing)}"
                     raise UserError(f"block {i}: {what}")
+                if "stash_bytes" in b:  # in a file it is a size; leave it out for "same as activation_bytes"
+                    limits.number(b["stash_bytes"], f"block {b.get('name', i)!r}", "stash_bytes", maximum=limits.MAX_BYTES)
                 blocks.append(Block(**b))
             return cls(
                 name=limits.text(data.get("name", "model"), "profile", "name"),
