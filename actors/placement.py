@@ -59,7 +59,7 @@ def discover(kind: str | None = None, local_slots: int | None = None,
     """
     import ray
 
-    alive = [n for n in (nodes if nodes is not None else ray.nodes()) if n.get("Alive")]
+    alive = sorted((n for n in (nodes if nodes is not None else ray.nodes()) if n.get("Alive")), key=_node_order)
     if kind is None:
         kind = "gpu" if any(n.get("Resources", {}).get("GPU") for n in alive) else "cpu"
     slots: list[Slot] = []
@@ -68,6 +68,12 @@ def discover(kind: str | None = None, local_slots: int | None = None,
     if not slots:
         raise UserError(f"the Ray cluster has no alive node with {'GPUs' if kind == 'gpu' else 'CPUs'}")
     return slots
+
+
+def _node_order(node: dict[str, Any]) -> tuple[int, str, str]:
+    """Head node first (device 0 lives with the driver on a fresh cluster), then a stable order."""
+    head = "node:__internal_head__" in node.get("Resources", {})
+    return (0 if head else 1, str(node.get("NodeManagerAddress", "")), str(node.get("NodeID", "")))
 
 
 def node_slots(node: dict[str, Any], kind: str, local_slots: int | None = None) -> list[Slot]:

@@ -159,6 +159,8 @@ class RayPipeline:
             spent = time.perf_counter() - t0
             if exc.died and exc.device >= 0:
                 self._dead.add(exc.device)
+            gone = group.unreachable_slots()  # a lost node takes all its devices at once
+            self._dead |= {d for d in range(self.cluster.size) if group.slot_of.get(d, d) in gone}
             alive = self._alive_now()
             lost = tuple(sorted(set(lost) | (self._reported_alive - alive)))
             self._reported_alive = set(alive)
