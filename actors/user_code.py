@@ -67,8 +67,11 @@ def call(role: str, fn: Callable[..., T], *args: Any) -> T:
         raise UserCodeError(f"{role} ({describe(fn)}) raised {_quote(exc)}") from None
 
 
-def batch(data_fn: Callable[[int], Any], step: int, rows: int | None = None) -> tuple[Tensor, Tensor]:
-    """``data_fn(step)`` checked to be ``(inputs, targets)`` tensors with equal (and expected) rows."""
+def batch(
+    data_fn: Callable[[int], Any], step: int, rows: int | None = None, sample: tuple[tuple[int, ...], torch.dtype] | None = None,
+) -> tuple[Tensor, Tensor]:
+    """``data_fn(step)`` checked to be ``(inputs, targets)`` tensors with equal (and expected) rows
+    and, given ``sample`` (trailing shape and dtype of step 0's inputs), the same kind of rows."""
     out = call(f"data_fn({step})", data_fn, step)
     name = describe(data_fn)
     if not (isinstance(out, (tuple, list)) and len(out) == 2 and all(isinstance(t, Tensor) for t in out)):
@@ -80,7 +83,17 @@ def batch(data_fn: Callable[[int], Any], step: int, rows: int | None = None) -> 
         raise UserCodeError(f"data_fn({step}) ({name}) returned {inputs.shape[0]} input rows but {targets.shape[0]} target rows")
     if rows is not None and int(inputs.shape[0]) != rows:
         raise UserCodeError(f"data_fn({step}) ({name}) returned {inputs.shape[0]} rows; every step must have {rows}")
+    if sample is not None and (tuple(inputs.shape[1:]), inputs.dtype) != (tuple(sample[0]), sample[1]):
+        raise UserCodeError(f"data_fn({step}) ({name}) returned rows of shape {tuple(inputs.shape[1:])} {inputs.dtype}; "
+                            f"step 0 had {tuple(sample[0])} {sample[1]} and the pipeline's buffers are sized for that")
     return inputs, targets
+
+
+def block_failed(index: int, block: nn.Module, x: Tensor, exc: BaseException) -> UserError:
+    """The one-line error for block ``index`` raising on input ``x`` during training."""
+    if isinstance(exc, UserError):
+        return exc
+    return UserCodeError(f"block {index} ({type(block).__name__}) raised {_quote(exc)} on a {tuple(x.shape)} input")
 
 
 def blocks(model_factory: Callable[[], Any]) -> list[nn.Module]:
