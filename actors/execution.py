@@ -238,7 +238,7 @@ class Executor:
         self.inputs = self.targets = None
         stages = self.plan.stages_of_device(self.device)
         if 0 in stages or self.last in stages:
-            inputs, targets = user_code.batch(spec.data_fn, step, self.batch_rows)
+            inputs, targets = user_code.batch(spec.data_fn, step, self.batch_rows, self.boundary[0])
             if self.cuda:  # pinned host memory: the copy overlaps instead of blocking the host
                 inputs, targets = (t if t.is_cuda else t.pin_memory() for t in (inputs, targets))
                 inputs, targets = (t.to(self.torch_device, non_blocking=True) for t in (inputs, targets))
@@ -361,8 +361,11 @@ class Executor:
         out = x
         if hi > lo:
             modules = self.modules
-            for b in blocks:
-                out = modules[b](out)
+            try:
+                for b in blocks:
+                    out = modules[b](out)
+            except Exception as exc:  # noqa: BLE001 - deterministic in the user's model: reported once, not retried
+                raise user_code.block_failed(b, modules[b], out, exc) from None
         if a.stage == self.last:
             assert self.targets is not None
             if hi > lo:
