@@ -29,6 +29,7 @@ import hashlib
 import io
 import json
 import logging
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -246,6 +247,11 @@ def validate_manifest(manifest: Any, where: str, marker_step: int) -> None:
         raise bad("plan and extra must be objects")
     if manifest.get("seed") is not None and not _is_int(manifest.get("seed")):
         raise bad(f"seed {manifest.get('seed')!r} is not an integer")
+    losses = manifest["extra"].get("losses", {})
+    if not isinstance(losses, dict) or not all(
+            isinstance(k, str) and k.isdigit() and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            for k, v in losses.items()):
+        raise bad("extra.losses must map step numbers to finite numbers")
     if not isinstance(files, list):
         raise bad("files is not a list")
     names: set[str] = set()
@@ -308,7 +314,7 @@ def read_block(directory: str | os.PathLike[str], entry: Mapping[str, Any]) -> d
         raise CheckpointError(f"checkpoint file {location}: cannot read ({str(exc).rsplit(': ', 1)[-1]})") from None
     _check(location, (hashlib.sha256(data).hexdigest(), len(data)), entry)
     payload = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    if not isinstance(payload, dict) or int(payload.get("block", -1)) != int(entry["block"]):
+    if not isinstance(payload, dict) or payload.get("block") != int(entry["block"]) or not isinstance(payload.get("model"), dict):
         raise CheckpointError(f"checkpoint file {location}: does not hold block {entry['block']}")
     return payload
 

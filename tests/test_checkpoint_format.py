@@ -79,6 +79,8 @@ TAMPERING: list[tuple[str, Callable[[str], None], str]] = [
      r"files\[2\]\.bytes 'many'"),
     ("missing sha256", lambda d: edit_manifest(d, lambda m: m["files"][2].pop("sha256"), resign=True),
      r"files\[2\]\.sha256 None"),
+    ("loss not a number", lambda d: edit_manifest(d, lambda m: m["extra"].update(losses={"0": "low"}), resign=True),
+     "extra.losses must map step numbers to finite numbers"),
     ("step is a string", lambda d: edit_manifest(d, lambda m: m.update(step="3"), resign=True), "step '3'"),
     ("missing commit marker", lambda d: (Path(d) / ckpt.COMMIT).unlink(), "missing commit marker COMMIT"),
     ("garbage commit marker", lambda d: (Path(d) / ckpt.COMMIT).write_bytes(b"\xff\x00"), "COMMIT: not valid JSON"),
