@@ -250,6 +250,32 @@ def test_fuzz_loaders_raise_only_user_errors(payload: Any) -> None:
             assert "\n" not in str(exc)
 
 
+@FUZZ
+@given(lines=st.lists(GRAPH_LINE, max_size=8))
+def test_fuzz_graph_loader_raises_only_user_errors(lines: list[str]) -> None:
+    from orchestrator.graph_loader import parse_graph_txt
+
+    try:
+        parse_graph_txt("\n".join(lines), "fuzz")
+    except UserError as exc:
+        assert "\n" not in str(exc)
+
+
+@FEW
+@given(header=st.sampled_from(HEADERS), rows=PRICE_CSV, suffix=st.sampled_from([".csv", ".json", ".txt"]))
+def test_fuzz_price_importers_raise_only_cloud_errors(header: str, rows: list[list[str]], suffix: str) -> None:
+    from cloud.errors import CloudError
+    from cloud.importers import load_any
+
+    with _workdir() as tmp:
+        path = Path(tmp) / f"prices{suffix}"
+        path.write_text("\n".join([header] + [",".join(r) for r in rows]))
+        try:
+            load_any(path)
+        except CloudError as exc:
+            assert "\n" not in str(exc)
+
+
 def test_checkpoint_verify_on_junk_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "step_00000001").mkdir()
     (tmp_path / "step_00000001" / "manifest.json").write_bytes(b"\xff\x00junk")
