@@ -117,18 +117,18 @@ def reference_timing(path: Path, timeout: float) -> tuple[float, float] | None:
     return q.get() if not q.empty() else None
 
 
-def _graph_ref_worker(path: str, workers: int, q: Any) -> None:
+def _graph_ref_worker(path: str, workers: int, gbps: float, q: Any) -> None:
     from benchmarks import pipedream_reference as ref
 
     t = time.perf_counter()
-    value, states = ref.solve_graph(path, [(workers, 10 * GBPS)], straight=True)
+    value, states = ref.solve_graph(path, [(workers, gbps * GBPS)], straight=True)
     q.put((time.perf_counter() - t, value, states))
 
 
-def graph_reference(path: Path, workers: int, timeout: float) -> tuple[float, float, int] | None:
+def graph_reference(path: Path, workers: int, gbps: float, timeout: float) -> tuple[float, float, int] | None:
     """(seconds, published optimizer's bottleneck, antichain states), or None past ``timeout``."""
     q: Any = mp.Queue()
-    proc = mp.Process(target=_graph_ref_worker, args=(str(path), workers, q))
+    proc = mp.Process(target=_graph_ref_worker, args=(str(path), workers, gbps, q))
     proc.start()
     proc.join(timeout)
     if proc.is_alive():
@@ -152,11 +152,11 @@ def cuts_section(before_rev: str, ref_timeout: float) -> list[str]:
     old_parse = loader_at(before_rev)
     lines = ["## Multi-tensor cuts", "",
              f"Loader before (`{before_rev}`: cut only where one tensor crosses) and after (any topological prefix, the "
-             "bytes of every tensor crossing). `pipedream` planner, straight pipeline, M = 1, flat 10 Gb/s: its "
+             "bytes of every tensor crossing). `pipedream` planner, straight pipeline, M = 1, flat 10 Gb/s (and 100 Gb/s, where compute dominates): its "
              "bottleneck (slowest stage or 2·bytes/B of a cut) against PipeDream's published optimizer "
              "(`optimizer_graph_hierarchical.py --straight_pipeline --activation_compression_ratio 1`, transcribed "
              f"in benchmarks/pipedream_reference.py) on the same file; reference cut off after {ref_timeout:.0f} s.", "",
-             "| profile | nodes | blocks before / after | workers | bottleneck before | after | published optimizer (states, time) | after ≤ published |",
+             "| profile | nodes | blocks before / after | workers × Gb/s | bottleneck before | after | published optimizer (states, time) | after ≤ published |",
              "|---|---|---|---|---|---|---|---|"]
     graphs = {k: v for k, v in profiles().items() if not k.startswith("dapple/")}
     loaded: dict[str, tuple[Profile, Profile]] = {}
@@ -170,15 +170,15 @@ def cuts_section(before_rev: str, ref_timeout: float) -> list[str]:
         loaded[name] = (before, after)
         nodes = sum(1 for line in text.splitlines() if line.strip() and not line.startswith("\t"))
         ref: tuple[float, float, int] | None = None
-        for workers in (4, 8, 16):
+        for workers, gbps in ((4, 10.0), (8, 10.0), (16, 10.0), (8, 100.0)):
             opts = PlannerOptions(num_microbatches=1, straight=True, check_memory=False)
-            b = run_planner("pipedream", before, flat(workers, 10), opts).objective_s
-            a = run_planner("pipedream", after, flat(workers, 10), opts).objective_s
+            b = run_planner("pipedream", before, flat(workers, gbps), opts).objective_s
+            a = run_planner("pipedream", after, flat(workers, gbps), opts).objective_s
             # The antichain DAG does not depend on the workers: past the cut-off once, always.
-            ref = graph_reference(path, workers, ref_timeout) if workers == 4 or ref is not None else None
+            ref = graph_reference(path, workers, gbps, ref_timeout) if workers == 4 or ref is not None else None
             ref_cell = f"{ref[1] * 1e3:.3f} ms ({ref[2]}, {ref[0]:.1f} s)" if ref else "did not finish"
             ok = ("yes" if a <= ref[1] * (1 + 1e-9) else "**no**") if ref and a is not None else "n/a"
-            lines.append(f"| {name} | {nodes} | {before.num_blocks} / {after.num_blocks} | {workers} | "
+            lines.append(f"| {name} | {nodes} | {before.num_blocks} / {after.num_blocks} | {workers} × {gbps:.0f} | "
                          f"{(b or 0) * 1e3:.3f} ms | {(a or 0) * 1e3:.3f} ms | {ref_cell} | {ok} |")
             print(lines[-1], flush=True)
     lines += ["", "Planning time on the largest graphs, 32 GPUs, M = 32, one run each (simulated iteration time / "
