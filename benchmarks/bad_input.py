@@ -62,7 +62,7 @@ def cases() -> list[Case]:
     add = lambda cat, name, argv, files=(): out.append(Case(cat, name, tuple(argv), tuple(files)))  # noqa: E731
     # --- outputs ---
     targets = {"dir": "adir", "link": "link.json", "fifo": "fifo", "device": "mynull", "under-file": "good.json/x.json",
-               "proc": "/proc/x.json", "devnull": "/dev/null", "empty": ""}
+               "proc": "/proc/x.json", "empty": ""}  # never /dev/null itself: the old code replaced it (as root)
     commands = {
         "plan --out": PLAN + ["--out"], "plan --trace": PLAN + ["--trace"], "plan --png": PLAN + ["--png"],
         "simulate --trace": ["simulate", "--profile", "good.json", "--plan", "plan.json", "--gpus", "2", "--inter-gbps", "1", "--trace"],

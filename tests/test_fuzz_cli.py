@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
@@ -44,9 +45,14 @@ def _special(root: Path) -> dict[str, str]:
         (root / "link.json").symlink_to(root / "profile.json")
     if not (root / "fifo").exists():
         os.mkfifo(root / "fifo")
+    device = "fifo"  # a private device node when root; never /dev/null itself (a regression would replace it)
+    if os.geteuid() == 0:
+        if not (root / "mynull").exists():
+            os.mknod(root / "mynull", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        device = "mynull"
     return {
         "new": "out/new.json", "dir": "adir", "link": "link.json", "fifo": "fifo", "under-file": "profile.json/x.json",
-        "proc": "/proc/x.json", "devnull": "/dev/null", "empty": "",
+        "proc": "/proc/x.json", "device": device, "empty": "",
     }
 
 
@@ -180,7 +186,7 @@ PLAN_FLAGS = ["--gpus", "--servers", "--intra-gbps", "--inter-gbps", "--memory-g
 @FUZZ
 @given(values=st.dictionaries(st.sampled_from(PLAN_FLAGS), FLAG_VALUE, max_size=5),
        switches=st.sets(st.sampled_from(["--json", "--straight", "--interleave", "--ignore-memory"])),
-       outs=st.dictionaries(st.sampled_from(["--out", "--trace", "--png"]), st.sampled_from(["new", "dir", "link", "fifo", "under-file", "proc", "devnull", "empty"]), max_size=2))
+       outs=st.dictionaries(st.sampled_from(["--out", "--trace", "--png"]), st.sampled_from(["new", "dir", "link", "fifo", "under-file", "proc", "device", "empty"]), max_size=2))
 def test_fuzz_plan_flags(values: dict[str, str], switches: set[str], outs: dict[str, str]) -> None:
     with _workdir() as tmp:
         root = Path(tmp)
@@ -197,7 +203,7 @@ def test_fuzz_plan_flags(values: dict[str, str], switches: set[str], outs: dict[
 
 @FEW
 @given(values=st.dictionaries(st.sampled_from(["--microbatch-size", "--repeats", "--input-shape", "--factory", "--model"]), FLAG_VALUE, max_size=3),
-       out=st.sampled_from(["dir", "link", "fifo", "under-file", "proc", "devnull", "empty"]))
+       out=st.sampled_from(["dir", "link", "fifo", "under-file", "proc", "device", "empty"]))
 def test_fuzz_profile_flags_refused_before_profiling(values: dict[str, str], out: str) -> None:
     # every --out here is refused, so no example pays for a real profiling run
     with _workdir() as tmp:
@@ -283,7 +289,7 @@ def test_checkpoint_verify_on_junk_is_one_line(tmp_path: Path) -> None:
         _contract(["checkpoint", "verify", target], tmp_path)
 
 
-@pytest.mark.parametrize("out", ["file", "link", "fifo", "under-file", "proc", "devnull", "empty"])
+@pytest.mark.parametrize("out", ["file", "link", "fifo", "under-file", "proc", "device", "empty"])
 def test_demo_refuses_a_bad_output_folder(tmp_path: Path, out: str) -> None:
     write_good_profile(tmp_path / "profile.json")
     target = "profile.json" if out == "file" else _special(tmp_path)[out]
