@@ -24,11 +24,11 @@ from typing import Sequence
 import numpy as np
 
 from orchestrator.cluster import Cluster
-from orchestrator.plan import Plan, Stage
+from orchestrator.plan import Plan, ScheduleKind, Stage
 from orchestrator.profile import Profile
 from orchestrator.schedule.generators import GENERATORS
-from orchestrator.schedule.ir import Kind, overlap, row_share, unit_fraction, units_of
-from orchestrator.simulator import SimOptions
+from orchestrator.schedule.ir import Action, Kind, unit_fraction, units_of
+from orchestrator.simulator import SimOptions, SimResult
 
 INF = float("inf")
 
@@ -36,16 +36,44 @@ INF = float("inf")
 @lru_cache(maxsize=4096)
 def row_shares(ra: int, rb: int) -> np.ndarray:
     """[ra, rb] fraction of a micro-batch's rows replica a of one stage hands replica b of the next."""
-    out = np.array([[overlap(row_share(i, ra), row_share(j, rb)) for j in range(rb)] for i in range(ra)])
+    # ir.overlap of ir.row_share ranges, vectorized (same float operations, same values)
+    a = np.arange(ra + 1) / ra
+    b = np.arange(rb + 1) / rb
+    out = np.maximum(0.0, np.minimum(a[1:, None], b[None, 1:]) - np.maximum(a[:-1, None], b[None, :-1]))
     out[out <= 1e-12] = 0.0
     out.flags.writeable = False
     return out
 
 
 def pair_costs(cluster: Cluster, src: Sequence[int], dst: Sequence[int]) -> np.ndarray:
-    """[len(src), len(dst)] seconds per boundary byte of each replica pair (0 where rows do not overlap)."""
+    """[len(src), len(dst)] seconds per boundary byte of each replica pair (0 where rows do not
+    overlap, and between a device and itself: no message)."""
     links = cluster.effective[np.ix_(list(src), list(dst))]
     return row_shares(len(src), len(dst)) / links
+
+
+@dataclass(frozen=True)
+class PairStats:
+    """What the group mode and the bounds need of one directed boundary between device groups."""
+
+    top: float  # slowest replica pair, seconds per byte (0: no message at all)
+    first: float  # the cheapest receiver's slowest incoming pair (-1: some receiver gets no message)
+    uniform: bool  # every receiver's slowest incoming pair is the boundary's slowest
+
+
+@lru_cache(maxsize=8192)
+def pair_stats(cluster: Cluster, src: tuple[int, ...], dst: tuple[int, ...]) -> PairStats:
+    """Cached per (cluster, groups): planners score many structures over the same groups."""
+    c = pair_costs(cluster, src, dst)
+    per_recv = c.max(axis=0)
+    top = float(per_recv.max())
+    first = float(per_recv.min()) if bool(np.all(per_recv > 0)) else -1.0
+    return PairStats(top, first, bool(np.all(per_recv >= top * (1 - 1e-12))))
+
+
+@lru_cache(maxsize=8192)
+def _ring(cluster: Cluster, group: tuple[int, ...]) -> float:
+    return cluster.ring_bandwidth(group)
 
 
 def all_reduce_time(cluster: Cluster, group: Sequence[int], param_bytes: float) -> float:
@@ -53,7 +81,7 @@ def all_reduce_time(cluster: Cluster, group: Sequence[int], param_bytes: float) 
     k = len(group)
     if k < 2:
         return 0.0
-    return 2.0 * (k - 1) / k * param_bytes / cluster.ring_bandwidth(group)
+    return 2.0 * (k - 1) / k * param_bytes / _ring(cluster, tuple(group))
 
 
 @dataclass(frozen=True)
@@ -62,51 +90,84 @@ class GroupSim:
     peak_bytes: tuple[float, ...]  # per device group: static state + peak stash of one replica
     fits: bool  # every group's peak within its smallest device memory
     exact: bool  # equal to the full simulation (see the module docstring)
+    busy_s: tuple[float, ...] = ()  # per device group: compute + all-reduce seconds of one replica
+    static_bytes: tuple[float, ...] = ()  # per device group
+
+    def as_sim_result(self, plan: Plan) -> SimResult:
+        """The per-device result the full simulator would give (no events: a large plan's trace
+        would be as large as its cluster). Only meaningful when ``exact``."""
+        busy, stash, static = {}, {}, {}
+        for g, devs in enumerate(plan.device_groups):
+            for d in devs:
+                busy[d] = self.busy_s[g]
+                static[d] = self.static_bytes[g]
+                stash[d] = self.peak_bytes[g] - self.static_bytes[g]
+        return SimResult(self.iteration_s, busy, stash, static, (), ())
 
 
-def _uniform(costs: np.ndarray) -> bool:
-    """Every receiver (column) waits for a message as slow as the boundary's slowest pair."""
-    top = float(costs.max())
-    return bool(np.all(costs.max(axis=0) >= top * (1 - 1e-12)))
+_ORDERS: dict[tuple[object, ...], tuple[list[list[Action]], list[dict[int, int]]]] = {}
 
 
-def simulate_groups(plan: Plan, profile: Profile, cluster: Cluster, options: SimOptions | None = None) -> GroupSim:
-    """One iteration of ``plan`` with one timeline per device group (see the module docstring)."""
+def _orders(kind: ScheduleKind, p: int, v: int, M: int, sliced: int, plan: Plan) -> tuple[list[list[Action]], list[dict[int, int]]]:
+    """The generator's compute orders (and each stage's last backward position per group); they
+    depend only on the schedule's shape, so candidates of one shape share them."""
+    key = (kind, p, v, M, sliced)
+    got = _ORDERS.get(key)
+    if got is None:
+        orders = GENERATORS[kind](plan, units_of(plan))
+        last_backward: list[dict[int, int]] = []
+        for order in orders:
+            lb: dict[int, int] = {}
+            for pos, act in enumerate(order):
+                if act.kind is Kind.BACKWARD:
+                    lb[act.stage] = pos
+            last_backward.append(lb)
+        if len(_ORDERS) > 256:
+            _ORDERS.clear()
+        got = _ORDERS[key] = (orders, last_backward)
+    return got
+
+
+def simulate_groups(plan: Plan, profile: Profile, cluster: Cluster, options: SimOptions | None = None, lower: bool = False) -> GroupSim:
+    """One iteration of ``plan`` with one timeline per device group (see the module docstring).
+
+    ``lower=True`` gives a lower bound instead: each group at its fastest replica's speed, each
+    boundary at its cheapest receiver's slowest message. The simulator is a max-plus system over
+    fixed per-device and per-link orders, monotone in every duration, and every replica's own
+    durations are at least these, so no event of the full simulation is earlier."""
     options = options or SimOptions()
     units = units_of(plan)
-    orders = GENERATORS[plan.schedule](plan, units)
+    orders, last_backward = _orders(plan.schedule, plan.num_physical_stages, plan.virtual_chunks, plan.num_microbatches, plan.sliced_microbatches, plan)
     groups = plan.device_groups
     p = len(groups)
     stages = plan.stages
     S = len(stages)
     speeds = cluster.speeds
-    exact = not options.slowdown and options.step_s_per_param_byte == 0.0
-    slow = []
+    exact = True
+    speed = []
     for devs in groups:
-        sp = speeds[list(devs)]
-        slow.append(float(sp.min()))
-        exact = exact and float(sp.max()) == slow[-1]
-    fw = [profile.forward_time(s.first, s.last) / slow[j % p] / s.replicas for j, s in enumerate(stages)]
-    bw = [profile.backward_time(s.first, s.last) / slow[j % p] / s.replicas for j, s in enumerate(stages)]
+        sp = [float(speeds[d]) / options.slowdown.get(d, 1.0) for d in devs] if options.slowdown else [float(x) for x in speeds[list(devs)]]
+        speed.append(max(sp) if lower else min(sp))
+        exact = exact and max(sp) == min(sp)
+    fw = [profile.forward_time(s.first, s.last) / speed[j % p] / s.replicas for j, s in enumerate(stages)]
+    bw = [profile.backward_time(s.first, s.last) / speed[j % p] / s.replicas for j, s in enumerate(stages)]
     out_bytes = [profile.boundary_bytes(s.last) for s in stages]
     in_bytes = [profile.boundary_bytes(s.first) for s in stages]
-    lat = cluster.latency_s
     spb: dict[tuple[int, int], float] = {}
+    latp: dict[tuple[int, int], float] = {}
     for j in range(S - 1):
         ga, gb = j % p, (j + 1) % p
         for src_g, dst_g in ((ga, gb), (gb, ga)):
             if (src_g, dst_g) not in spb and src_g != dst_g:
-                c = pair_costs(cluster, groups[src_g], groups[dst_g])
-                spb[(src_g, dst_g)] = float(c.max())
-                exact = exact and _uniform(c)
+                stats = pair_stats(cluster, groups[src_g], groups[dst_g])
+                exact = exact and stats.uniform
+                if not lower:
+                    spb[(src_g, dst_g)], latp[(src_g, dst_g)] = stats.top, cluster.latency_s
+                elif stats.first < 0:  # some receiver gets its rows on its own device: no wait at all
+                    spb[(src_g, dst_g)], latp[(src_g, dst_g)] = 0.0, 0.0
+                else:
+                    spb[(src_g, dst_g)], latp[(src_g, dst_g)] = stats.first, cluster.latency_s
     frac = {u: unit_fraction(u[1]) for u in units}
-    last_backward: list[dict[int, int]] = []
-    for order in orders:
-        lb: dict[int, int] = {}
-        for pos, act in enumerate(order):
-            if act.kind is Kind.BACKWARD:
-                lb[act.stage] = pos
-        last_backward.append(lb)
     ar = [all_reduce_time(cluster, s.devices, profile.param_bytes(s.first, s.last)) for s in stages]
 
     arr_f: dict[tuple[int, tuple[int, int]], float] = {}
@@ -114,6 +175,7 @@ def simulate_groups(plan: Plan, profile: Profile, cluster: Cluster, options: Sim
     link: dict[tuple[int, int], float] = {}
     pc = [0] * p
     clock = [0.0] * p
+    busy = [0.0] * p
     remaining = sum(len(o) for o in orders)
     while remaining:
         progressed = False
@@ -133,13 +195,14 @@ def simulate_groups(plan: Plan, profile: Profile, cluster: Cluster, options: Sim
                             break
                         t = max(t, got)
                     t += fw[j] * fr
+                    busy[g] += fw[j] * fr
                     if j + 1 < S:
                         dst = (j + 1) % p
                         if dst == g:
                             arr_f[(j + 1, u)] = t
                         else:
                             st = max(t, link.get((g, dst), 0.0))
-                            link[(g, dst)] = st + lat + out_bytes[j] * fr * spb[(g, dst)]
+                            link[(g, dst)] = st + latp[(g, dst)] + out_bytes[j] * fr * spb[(g, dst)]
                             arr_f[(j + 1, u)] = link[(g, dst)]
                 else:
                     if j + 1 < S:
@@ -148,16 +211,18 @@ def simulate_groups(plan: Plan, profile: Profile, cluster: Cluster, options: Sim
                             break
                         t = max(t, got)
                     t += bw[j] * fr
+                    busy[g] += bw[j] * fr
                     if j > 0:
                         dst = (j - 1) % p
                         if dst == g:
                             arr_b[(j - 1, u)] = t
                         else:
                             st = max(t, link.get((g, dst), 0.0))
-                            link[(g, dst)] = st + lat + in_bytes[j] * fr * spb[(g, dst)]
+                            link[(g, dst)] = st + latp[(g, dst)] + in_bytes[j] * fr * spb[(g, dst)]
                             arr_b[(j - 1, u)] = link[(g, dst)]
                     if last_backward[g].get(j) == k:
                         t += ar[j]
+                        busy[g] += ar[j]
                 k += 1
             if k != pc[g]:
                 remaining -= k - pc[g]
@@ -165,7 +230,13 @@ def simulate_groups(plan: Plan, profile: Profile, cluster: Cluster, options: Sim
                 progressed = True
         if not progressed:
             return GroupSim(INF, (), False, False)
-    peaks = []
+    step = options.step_s_per_param_byte
+    if step:  # every device ends with its stages' optimizer steps
+        for g in range(p):
+            extra = sum(step * profile.param_bytes(stages[j].first, stages[j].last) for j in range(g, S, p))
+            clock[g] += extra
+            busy[g] += extra
+    peaks, statics = [], []
     fits = True
     for g, order in enumerate(orders):
         static = sum(profile.param_bytes(stages[j].first, stages[j].last) for j in range(g, S, p)) * options.state_factor
@@ -176,9 +247,10 @@ def simulate_groups(plan: Plan, profile: Profile, cluster: Cluster, options: Sim
             stash += delta if act.kind is Kind.FORWARD else -delta
             peak = max(peak, stash)
         peaks.append(static + peak)
+        statics.append(static)
         if static + peak > float(cluster.memories[list(groups[g])].min()):
             fits = False
-    return GroupSim(max(clock), tuple(peaks), fits, exact)
+    return GroupSim(max(clock), tuple(peaks), fits, exact, tuple(busy), tuple(statics))
 
 
 class BoundTerms:
@@ -215,17 +287,11 @@ class BoundTerms:
         self.has_msg: list[tuple[bool, bool]] = []
         for j in range(S - 1):
             src, dst = stages[j].devices, stages[j + 1].devices
-            firsts, links, has = [], [], []
-            for c, axis in ((pair_costs(cluster, src, dst), 0), (pair_costs(cluster, dst, src), 0)):
-                nz = c > 0
-                per_recv = np.where(nz, c, 0.0).max(axis=axis)
-                msg_recv = np.where(nz.any(axis=axis), per_recv, -1.0)  # -1: this receiver needs no message
-                firsts.append(float(msg_recv.min()) * out_bytes[j])
-                links.append(float(c[nz].max(initial=0.0)) * out_bytes[j])
-                has.append(bool(nz.any()))
-            self.msg_first.append((firsts[0], firsts[1]))
-            self.msg_link.append((links[0], links[1]))
-            self.has_msg.append((has[0], has[1]))
+            fw_st, bw_st = pair_stats(cluster, src, dst), pair_stats(cluster, dst, src)
+            nbytes = out_bytes[j]
+            self.msg_first.append((fw_st.first * nbytes if fw_st.first > 0 else -1.0, bw_st.first * nbytes if bw_st.first > 0 else -1.0))
+            self.msg_link.append((fw_st.top * nbytes, bw_st.top * nbytes))
+            self.has_msg.append((fw_st.top > 0, bw_st.top > 0))
         self.lat = lat
         ar = [all_reduce_time(cluster, s.devices, profile.param_bytes(s.first, s.last)) for s in stages]
         self.groups: list[tuple[int, float, float, float]] = []  # (group, compute per unit, speed, all-reduces)
@@ -269,3 +335,15 @@ def plan_lower_bound(plan: Plan, profile: Profile, cluster: Cluster) -> float:
     fmin = min(unit_fraction(part) for _, part in units)
     total = sum(unit_fraction(part) for _, part in units)
     return BoundTerms(plan.stages, profile, cluster).bound(total, fmin, len(units))
+
+
+def work_bound(stages: Sequence[Stage], profile: Profile, cluster: Cluster, total: float) -> float:
+    """The cheapest true lower bound of every schedule and slicing variant of ``stages``: per
+    device group, its compute for ``total`` micro-batches at its fastest replica plus its
+    all-reduces (no messages, so no pair costs: a few operations per group)."""
+    speeds = cluster.speeds
+    per_group: dict[tuple[int, ...], float] = {}
+    for s in stages:
+        w = profile.compute_time(s.first, s.last) * total / s.replicas / float(speeds[list(s.devices)].max())
+        per_group[s.devices] = per_group.get(s.devices, 0.0) + w + all_reduce_time(cluster, s.devices, profile.param_bytes(s.first, s.last))
+    return max(per_group.values()) * (1 - 1e-9)

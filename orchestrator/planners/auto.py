@@ -27,21 +27,26 @@ Memory is checked exactly (the group mode's accounting is the simulator's).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import heapq
+from dataclasses import dataclass, field, replace
+
+import numpy as np
 
 from orchestrator.cluster import Cluster
 from orchestrator.errors import UserError
-from orchestrator.group_sim import BoundTerms, plan_lower_bound, simulate_groups
+from orchestrator.group_sim import BoundTerms, plan_lower_bound, simulate_groups, work_bound
 from orchestrator.plan import Plan, ScheduleKind, Stage
 from orchestrator.planners import exhaustive, hierarchy
 from orchestrator.planners.base import REGISTRY, PlannerOptions, PlannerSpec, get_planner, register
-from orchestrator.planners.interleaving import candidate_chunks, interleaved_plan
+from orchestrator.planners.interleaving import MAX_CHUNKS
+from orchestrator.planners.partition import min_max_partition
 from orchestrator.profile import Profile
 from orchestrator.simulator import memory_error, simulate
 
 CANDIDATES = ("even", "params", "pipedream", "spp", "dapple", "autopipe", "2bw")
 EXACT_STRUCTURES = 4000
 FULL_SEARCH_DEVICES = 64
+REFINE = 3
 INF = float("inf")
 
 PlanKey = tuple[object, ...]
@@ -81,44 +86,84 @@ def allowed_kinds(options: PlannerOptions) -> tuple[ScheduleKind, ...]:
     return (options.schedule,)
 
 
-def _slices(M: int, depth: int, own: int, every: bool) -> list[int]:
-    if every:
+def _slices(M: int, depth: int, own: int, slicing: str) -> list[int]:
+    if slicing == "all":
         return list(range(M + 1))
     out = {0, own}
     s = 1
-    while s <= min(M, depth):
+    while s <= min(M, depth) and slicing == "some":
         out.add(s)
         s *= 2
     return sorted(x for x in out if x <= M)
 
 
-def _variants(stages: tuple[Stage, ...], own: Plan | None, label: str, profile: Profile, cluster: Cluster, options: PlannerOptions, kinds: tuple[ScheduleKind, ...], every: bool) -> list[tuple[float, str, Plan]]:
-    """(lower bound, label, plan) of every schedule variant of one structure."""
+class _Cuts:
+    """Balanced cuts (min-max of forward + backward) per part count, shared by every structure."""
+
+    def __init__(self, profile: Profile) -> None:
+        self.weights = np.array([b.forward_s + b.backward_s for b in profile.blocks])
+        self.cache: dict[int, list[int]] = {}
+        self.stages: dict[tuple[int, int, tuple[int, ...]], Stage] = {}
+
+    def stage(self, first: int, last: int, devices: tuple[int, ...]) -> Stage:
+        """One Stage object per (blocks, devices): validating a 1024-device stage is not free."""
+        key = (first, last, devices)
+        got = self.stages.get(key)
+        if got is None:
+            got = self.stages[key] = Stage(first, last, devices)
+        return got
+
+    def __call__(self, k: int) -> list[int]:
+        got = self.cache.get(k)
+        if got is None:
+            got = self.cache[k] = min_max_partition(self.weights, k)
+        return got
+
+
+@dataclass(order=True)
+class _Item:
+    """A heap entry: a structure still to expand (``kind`` None) or one plan to time."""
+
+    lo: float
+    rank: int
+    label: str = field(compare=False)
+    stages: tuple[Stage, ...] = field(compare=False)
+    kind: ScheduleKind | None = field(compare=False, default=None)
+    sliced: int = field(compare=False, default=0)
+    own: Plan | None = field(compare=False, default=None)
+
+
+def _interleaved(stages: tuple[Stage, ...], label: str, profile: Profile, options: PlannerOptions, cuts: _Cuts) -> list[tuple[str, tuple[Stage, ...]]]:
+    """Megatron's balanced re-cuts of a straight structure into ``v`` chunks per device group."""
+    p, M = len(stages), options.num_microbatches
+    if p < 2 or M % p:
+        return []
+    out = []
+    for v in range(2, min(MAX_CHUNKS, profile.num_blocks // p) + 1):
+        c = cuts(p * v)
+        out.append((f"{label}+v{v}", tuple(cuts.stage(c[i], c[i + 1], stages[i % p].devices) for i in range(p * v))))
+    return out
+
+
+def _expand(item: _Item, profile: Profile, cluster: Cluster, options: PlannerOptions, kinds: tuple[ScheduleKind, ...], slicing: str) -> list[_Item]:
+    """Every schedule variant of one structure, with its lower bound (:class:`BoundTerms`).
+    Slicing counts: ``all`` (small instances), ``some`` (0, the planner's own, powers of two up to
+    the depth) or ``own`` (0 and the planner's own: the first pass on large clusters)."""
     M = options.num_microbatches
+    stages, own = item.stages, item.own
     p = len({s.devices for s in stages})
-    out: list[tuple[float, str, Plan]] = []
-    if p < len(stages):  # an interleaved structure (exhaustive search only)
-        if ScheduleKind.INTERLEAVED in kinds and M % p == 0:
-            out.append((BoundTerms(stages, profile, cluster).bound(M, 1.0, M), label, Plan(stages, M, ScheduleKind.INTERLEAVED)))
-        return out
     terms = BoundTerms(stages, profile, cluster)
-    own_kind = own.schedule if own is not None else None
+    if p < len(stages):
+        return [_Item(terms.bound(M, 1.0, M), item.rank, item.label, stages, ScheduleKind.INTERLEAVED)]
+    out: list[_Item] = []
     own_slices = own.sliced_microbatches if own is not None else 0
     for kind in (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B):
         if kind not in kinds:
             continue
-        for s in _slices(M, p, own_slices, every):
-            same = own is not None and kind is own_kind and s == own_slices
+        for s in _slices(M, p, own_slices, slicing):
+            same = own is not None and kind is own.schedule and s == own_slices
             tag = "" if same else f"/{kind.value}" + (f"/s{s}" if s else "")
-            out.append((terms.bound(M, 0.5 if s else 1.0, M + s), label + tag, Plan(stages, M, kind, s)))
-    if ScheduleKind.INTERLEAVED in kinds and own is not None and not every:
-        base = Plan(stages, M)
-        for v in candidate_chunks(base, profile)[1:]:
-            try:
-                var = interleaved_plan(base, profile, v)
-            except UserError:
-                continue
-            out.append((plan_lower_bound(var, profile, cluster), f"{label}+v{v}", var))
+            out.append(_Item(terms.bound(M, 0.5 if s else 1.0, M + s), item.rank, item.label + tag, stages, kind, s))
     return out
 
 
@@ -139,34 +184,44 @@ def plan_auto(profile: Profile, cluster: Cluster, options: PlannerOptions) -> Pl
     names = [n for n in options.extra.get("auto_planners", CANDIDATES) if n != "auto"]
     kinds = allowed_kinds(options)
     failures: list[str] = []
-    pool: list[tuple[float, int, str, Plan]] = []
-    seen: set[PlanKey] = set()
+    M = options.num_microbatches
+    heap: list[_Item] = []
+    seen: set[tuple[Stage, ...]] = set()
+    cuts = _Cuts(profile)
 
-    def add(items: list[tuple[float, str, Plan]]) -> None:
-        for lo, label, plan in items:
-            key = plan_key(plan)
-            if key not in seen:  # several planners often return the same plan: score it once
-                seen.add(key)
-                pool.append((lo, len(pool), label, plan))
+    def push(label: str, stages: tuple[Stage, ...], own: Plan | None) -> None:
+        if stages not in seen:  # several planners often return the same structure: score it once
+            seen.add(stages)
+            heap.append(_Item(work_bound(stages, profile, cluster, M), len(heap), label, stages, None, 0, own))
 
+    interleave = ScheduleKind.INTERLEAVED in kinds
     for name, plan in _seed_plans(profile, cluster, options, names, failures):
         stages = plan.stages[: plan.num_physical_stages]
-        add(_variants(stages, plan, name, profile, cluster, options, kinds, every=False))
+        if ScheduleKind.GPIPE in kinds or ScheduleKind.ONE_F_ONE_B in kinds:
+            push(name, stages, plan)
+        if interleave:
+            for label, var in _interleaved(stages, name, profile, options, cuts):
+                push(label, var, None)
     L, n = profile.num_blocks, cluster.size
     max_stages = min(options.max_stages or n, n)
-    interleave = ScheduleKind.INTERLEAVED in kinds
-    if exhaustive.space_size(L, n, max_stages, options.straight, interleave) <= EXACT_STRUCTURES:
+    small = exhaustive.space_size(L, n, max_stages, options.straight, interleave) <= EXACT_STRUCTURES
+    if small:
         for stages in exhaustive.structures(L, n, max_stages, options.straight, interleave):
-            add(_variants(stages, None, "exhaustive", profile, cluster, options, kinds, every=True))
-    if not pool:
+            p = len({s.devices for s in stages})
+            if p == len(stages) or M % p == 0:
+                push("exhaustive", stages, None)
+    if not heap:
         detail = "; ".join(failures) or "no candidate plan"
         raise UserError(f"auto: no planner produced a plan ({detail})")
-    return _branch_and_bound(pool, profile, cluster, options, failures)
+    return _branch_and_bound(heap, profile, cluster, options, kinds, small, failures)
 
 
-def _branch_and_bound(pool: list[tuple[float, int, str, Plan]], profile: Profile, cluster: Cluster, options: PlannerOptions, failures: list[str]) -> Plan:
+def _branch_and_bound(heap: list[_Item], profile: Profile, cluster: Cluster, options: PlannerOptions, kinds: tuple[ScheduleKind, ...], every: bool, failures: list[str]) -> Plan:
+    """Best-first: pop the least lower bound; expand a structure into its variants, or time a
+    variant in the group mode; stop when the least bound reaches the best time found."""
     check = options.check_memory
     sim_options = options.sim_options
+    M = options.num_microbatches
 
     def simulate_exact(c: _Candidate) -> bool:
         """Simulate ``c`` in full (its time becomes exact); False if it exceeds device memory."""
@@ -177,23 +232,55 @@ def _branch_and_bound(pool: list[tuple[float, int, str, Plan]], profile: Profile
         c.exact = True
         return True
 
+    large = cluster.size > FULL_SEARCH_DEVICES
     alive: list[_Candidate] = []
     best_hi = INF
-    too_big = 0
-    for lo, rank, label, plan in sorted(pool, key=lambda x: (x[0], x[1])):
-        if lo >= best_hi:
-            break  # sorted by bound: nothing after this can win
-        res = simulate_groups(plan, profile, cluster, sim_options)
-        if check and not res.fits:
-            too_big += 1
-            continue
-        c = _Candidate(rank, label, plan, lo, res.iteration_s, res.exact)
-        if res.iteration_s == INF and not simulate_exact(c):
-            continue
-        alive.append(c)
-        best_hi = min(best_hi, c.hi)
+    too_big = inexact = 0
+    timed: set[tuple[object, ...]] = set()
+    refined: set[tuple[Stage, ...]] = set()
+
+    def search() -> None:
+        nonlocal best_hi, too_big, inexact
+        while heap and heap[0].lo < best_hi:  # the least bound left cannot beat the best: done
+            item = heapq.heappop(heap)
+            if item.kind is None:
+                slicing = "all" if every else ("own" if large and item.stages not in refined else "some")
+                for var in _expand(item, profile, cluster, options, kinds, slicing):
+                    if var.lo < best_hi:
+                        heapq.heappush(heap, var)
+                continue
+            key = (item.stages, item.kind, item.sliced)
+            if key in timed:
+                continue
+            timed.add(key)
+            plan = Plan(item.stages, M, item.kind, item.sliced)
+            res = simulate_groups(plan, profile, cluster, sim_options)
+            if check and not res.fits:
+                too_big += 1
+                continue
+            if large and not res.exact:  # a full simulation of a large cluster costs minutes: only exact candidates
+                inexact += 1
+                continue
+            c = _Candidate(item.rank, item.label, plan, item.lo, res.iteration_s, res.exact)
+            if res.iteration_s == INF and not simulate_exact(c):
+                continue
+            if not c.exact:  # tighten the bound before anyone pays for a full simulation
+                c.lo = max(c.lo, simulate_groups(plan, profile, cluster, sim_options, lower=True).iteration_s * (1 - 1e-9))
+            alive.append(c)
+            best_hi = min(best_hi, c.hi)
+
+    heapq.heapify(heap)
+    search()
+    if large:  # second pass: every slicing count for the REFINE best structures
+        for c in sorted(alive, key=lambda c: c.hi):
+            base = c.plan.stages
+            if len(refined) >= REFINE or c.plan.virtual_chunks > 1 or base in refined:
+                continue
+            refined.add(base)
+            heapq.heappush(heap, _Item(c.lo, c.rank, c.label.split("/")[0], base))
+        search()
     if not alive:
-        detail = "; ".join(failures + ([f"{too_big} candidate plans exceed device memory"] if too_big else []))
+        detail = "; ".join(failures + ([f"{too_big} candidate plans exceed device memory"] if too_big else []) + ([f"{inexact} not timed exactly at this scale"] if inexact else []))
         raise UserError(f"auto: no candidate plan fits device memory ({detail or 'nothing to try'})")
     # The winner W has the least upper bound; every other plan must provably be no faster:
     # its lower bound is >= W's upper bound, or it is simulated (then exact) and is not faster.

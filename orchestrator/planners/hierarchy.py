@@ -14,8 +14,9 @@ So the search is over replica counts and stage counts, never over device permuta
 * for every ``g`` that is a whole number of servers or divides one server (``g <= MAX_SHARE``),
   the planners run on the first ``g`` devices with the profile scaled to ``1/R`` of each
   micro-batch's rows (compute, activations and stash), and their plans are replicated;
-* for every depth ``S`` dividing ``g``, the balanced (min-max of forward + backward) partition
-  with ``g/S`` replicas per stage is added.
+* for every depth ``S`` (any share size, also the whole cluster), the balanced (min-max of
+  forward + backward) partition with ``floor(g/S)`` replicas per stage is added (the remainder of
+  the share, at most an eighth, stays idle).
 
 Every candidate is then scored by ``auto``'s bounds and the simulator's group-level mode, whose
 cost grows with stages and micro-batches, not devices.
@@ -64,13 +65,9 @@ def regular_servers(cluster: Cluster) -> list[int] | None:
     return order
 
 
-def shares(n: int, per_server: int, num_blocks: int) -> list[int]:
-    """Share sizes g: whole servers or divisors of one server, dividing n, at most MAX_SHARE."""
-    out = []
-    for g in range(1, min(n, MAX_SHARE) + 1):
-        if n % g == 0 and (g % per_server == 0 or per_server % g == 0):
-            out.append(g)
-    return out
+def shares(n: int, per_server: int) -> list[int]:
+    """Share sizes g: whole servers or divisors of one server, dividing n."""
+    return [g for g in range(1, n + 1) if n % g == 0 and (g % per_server == 0 or per_server % g == 0)]
 
 
 def replicate(plan: Plan, order: list[int], g: int, copies: int) -> tuple[Stage, ...]:
@@ -92,20 +89,20 @@ def replicated_plans(profile: Profile, cluster: Cluster, options: PlannerOptions
     weights = np.array([b.forward_s + b.backward_s for b in profile.blocks])
     cap = options.max_stages or n
     out: list[tuple[str, Plan]] = []
-    for g in shares(n, per_server, L):
+    for g in shares(n, per_server):
         R = n // g
-        sub = cluster.subset(order[:g])
-        # each copy computes 1/R of every micro-batch's rows: its own view of the model
-        sub_profile = profile.scaled(1.0 / R).with_activation_scale(1.0 / R)
         for S in range(1, min(g, L, cap) + 1):
-            if g % S or (options.straight and g // S > 1):
+            t = g // S  # replicas per stage; the g - S·t devices left over stay idle
+            if (options.straight and t > 1) or 8 * (g - S * t) > g:  # at most 1/8 of the share idle
                 continue
-            t = g // S
             cuts = min_max_partition(weights, S)
             base = Plan(tuple(Stage(cuts[i], cuts[i + 1], tuple(range(i * t, (i + 1) * t))) for i in range(S)), M)
             out.append((f"hier:{R}x{S}x{t}", Plan(replicate(base, order, g, R), M)))
-        if options.straight and R > 1:
+        if (options.straight and R > 1) or g > MAX_SHARE:
             continue
+        sub = cluster.subset(order[:g])
+        # each copy computes 1/R of every micro-batch's rows: its own view of the model
+        sub_profile = profile.scaled(1.0 / R).with_activation_scale(1.0 / R)
         sub_options = replace(options, max_stages=min(cap, g))
         for name in names:
             if g > HEAVY.get(name, MAX_SHARE):
