@@ -237,6 +237,28 @@ class WorkerGroup:
                 measured.update(found)
         return [float(s) for s in seconds], measured
 
+    def unresponsive(self, devices: Sequence[int], timeout_s: float) -> set[int]:
+        """Devices among ``devices`` whose worker is dead or does not answer within ``timeout_s``.
+
+        After a death the survivors finish (fail) the interrupted iteration first — each worker
+        runs one call at a time — so ``timeout_s`` should exceed the per-operation timeout. A
+        node that went away takes all its workers; only the first error names one of them.
+        """
+        refs = {self.actor_of(d).status.remote(): d for d in devices if self.slot_of.get(d, d) not in self.dead}
+        gone = {d for d in devices if self.slot_of.get(d, d) in self.dead}
+        ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except RayActorError:
+                gone.add(refs[ref])
+            except Exception:  # noqa: BLE001 - it answered (with its failed task's error): alive
+                pass
+        gone |= {refs[r] for r in pending}
+        for d in gone:
+            self.dead.add(self.slot_of.get(d, d))
+        return gone
+
     def unreachable_slots(self) -> set[int]:
         """Actor slots known dead or whose node has left the cluster (a removed or failed node
         takes every worker on it; the first error names only one of them)."""

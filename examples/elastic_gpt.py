@@ -30,6 +30,7 @@ from cloud.migration import MigrationCosts
 from cloud.preemption import watcher_for
 from cloud.records import Offer
 from orchestrator.elastic import ModelSpec, TrainerSession, cloud_launcher, local_launcher, plan_for, simulated_throughputs, snapshot_policy
+from orchestrator.discovery import connect
 from orchestrator.job import JobConfig, JobManager, Placement
 from orchestrator.launch import LaunchTarget
 from orchestrator.models import example_batch, loss_fn, tiny_transformer
@@ -84,7 +85,7 @@ def main() -> None:
         assert placement.cluster is not None
         return TrainerSession(model, plan_for(profile, placement.cluster, args.microbatches), resume)
 
-    ray.init(ignore_reinit_error=True, log_to_driver=False, include_dashboard=False)
+    connect(None)  # RAY_ADDRESS (e.g. under `ray job submit`) or a local instance
     manager = JobManager(JobConfig(name="elastic-gpt", total_steps=args.steps, checkpoint_dir=out / "checkpoints",
                                    checkpoint_every=args.checkpoint_every, rehearse_notice_at=args.inject_notice_at),
                          Placement(LaunchTarget("local"), args.gpus, current), factory, launcher, policy, EventLog(out / "events.jsonl"))

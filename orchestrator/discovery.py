@@ -14,6 +14,8 @@ published-ratio table is the prior (``speed_source: "table"``).
 from __future__ import annotations
 
 import math
+import os
+import socket
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -101,9 +103,29 @@ def connect(address: str | None) -> bool:
 
     if ray.is_initialized():
         return False
+    target = address or os.environ.get("RAY_ADDRESS")
+    _reachable(target)
     try:
-        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+        if target:
+            ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+        else:  # a fresh local instance: no dashboard to start
+            ray.init(ignore_reinit_error=True, log_to_driver=False, include_dashboard=False)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         text = " ".join(str(exc).split())[:200]
         raise UserError(f"no Ray cluster reachable at {address or 'RAY_ADDRESS'}: {text}") from None
     return True
+
+
+def _reachable(address: str | None, timeout_s: float = 5.0) -> None:
+    """Fail in seconds, with one line, when nothing listens at a ``host:port`` address (Ray itself
+    keeps retrying its control store for minutes). Other forms (``auto``, ``local``) go to Ray."""
+    if not address or address in ("auto", "local"):
+        return
+    hostport = address.split("://", 1)[-1].rsplit("/", 1)[0]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise UserError(f"not a Ray address: {address!r} (expected host:port, ray://host:port, auto or local)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise UserError(f"no Ray cluster at {address}: {exc.strerror or exc}") from None

@@ -159,8 +159,11 @@ class RayPipeline:
             spent = time.perf_counter() - t0
             if exc.died and exc.device >= 0:
                 self._dead.add(exc.device)
-            gone = group.unreachable_slots()  # a lost node takes all its devices at once
-            self._dead |= {d for d in range(self.cluster.size) if group.slot_of.get(d, d) in gone}
+            if exc.died:  # a lost node takes all its devices at once: ask every member
+                members = sorted(set(group.rank_of) - self._dead)
+                self._dead |= group.unresponsive(members, self.trainer.spec.pg_timeout_s + 30.0)
+                gone = group.unreachable_slots()
+                self._dead |= {d for d in range(self.cluster.size) if group.slot_of.get(d, d) in gone}
             alive = self._alive_now()
             lost = tuple(sorted(set(lost) | (self._reported_alive - alive)))
             self._reported_alive = set(alive)

@@ -368,7 +368,8 @@ class PipelineTrainer:
         out = []
         for d in sorted(self.plan.devices):
             seen = group.identities[group.slot_of[d]]
-            out.append({"device": d, "node_id": seen["node_id"], "accelerator": seen["accelerator"], "actual_device": seen["device"]})
+            out.append({"device": d, "node_id": seen["node_id"], "accelerator": seen["accelerator"],
+                        "actual_device": seen["device"], "pid": seen["pid"]})
         return out
 
     def state_dicts(self) -> dict[int, dict[str, Tensor]]:

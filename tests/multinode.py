@@ -30,6 +30,14 @@ def start_cluster() -> Any:
     return cluster, workers
 
 
+def actor_table(alive_only: bool = False) -> dict[int, str]:
+    """pid -> node id of StageWorkers (dead ones too unless ``alive_only``), from Ray's GCS actor table."""
+    import ray._private.state as state
+
+    return {int(a["Pid"]): a["Address"]["NodeID"] for a in state.actors().values()
+            if a.get("ActorClassName") == "StageWorker" and (a.get("State") == "ALIVE" or not alive_only)}
+
+
 def stage_actor_nodes() -> dict[int, str]:
     """pid -> node id of every alive StageWorker, as Ray's GCS actor table reports it (the state
     API's HTTP server needs the dashboard, which these test nodes do without)."""
@@ -71,7 +79,13 @@ def _placement(cluster: Any, workers: list[Any], tmp: Path) -> dict[str, Any]:
     out["cli_rc"], out["cli_stderr"] = cli.returncode, cli.stderr[-2000:]
     out["cli"] = json.loads(cli.stdout.strip().splitlines()[-1]) if cli.returncode == 0 else None
 
+    example = subprocess.run([sys.executable, "examples/elastic_gpt.py", "--steps", "2", "--out", str(tmp / "elastic")],
+                             capture_output=True, text=True, timeout=600, env=dict(env, RAY_ADDRESS=cluster.address), cwd=ROOT)
+    out["example_rc"], out["example_stderr"] = example.returncode, example.stderr[-3000:]
+    events_file = tmp / "elastic" / "events.jsonl"
+    out["example_events"] = [json.loads(line) for line in events_file.read_text().splitlines()] if events_file.exists() else []
     ray.init(address=cluster.address, log_to_driver=False)
+    out["example_actor_nodes"] = {str(pid): node for pid, node in actor_table().items()}
     model, data, sgd = partial(mlp, WIDTHS), partial(example_batch, "mlp", 10, widths=WIDTHS), partial(torch.optim.SGD, lr=0.1)
     plan = straight_plan([0, 2, 4, 5, 6, 8], 5)
     trainer = PipelineTrainer(model, loss_fn("mlp"), sgd, data, 5, plan=plan, checkpoint_dir=tmp / "ckpt",
@@ -106,11 +120,56 @@ def _placement(cluster: Any, workers: list[Any], tmp: Path) -> dict[str, Any]:
     return out
 
 
+def jobs(tmp: Path) -> dict[str, Any]:
+    """``ray job submit --working-dir . -- python examples/elastic_gpt.py`` against a head node
+    with the dashboard (the jobs server), then Ray's actor table for where the stage actors ran."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    # One head node: raylets started on one machine share the session folder, and each would
+    # unpack the job's working directory into the same place while the others import from it.
+    port = _free_port()
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 3, "include_dashboard": True,
+                                                            "dashboard_host": "127.0.0.1", "dashboard_port": port})
+    workers: list[Any] = []
+    cluster.wait_for_nodes()
+    try:
+        out_dir = tmp / "job-out"
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        submit = subprocess.run(
+            [str(Path(sys.executable).parent / "ray"), "job", "submit", "--address", f"http://127.0.0.1:{port}",
+             "--working-dir", str(ROOT), "--", sys.executable, "examples/elastic_gpt.py", "--steps", "2",
+             "--checkpoint-every", "1", "--out", str(out_dir)],
+            capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+        events = [json.loads(line) for line in (out_dir / "events.jsonl").read_text().splitlines()] if (out_dir / "events.jsonl").exists() else []
+        ray.init(address=cluster.address, log_to_driver=False)
+        import ray._private.state as state
+
+        actors = {int(a["Pid"]): a["Address"]["NodeID"] for a in state.actors().values() if a.get("ActorClassName") == "StageWorker"}
+        return {"rc": submit.returncode, "stdout": submit.stdout[-3000:], "stderr": submit.stderr[-3000:], "events": events,
+                "actor_nodes": {str(pid): node for pid, node in actors.items()},
+                "nodes": [n.node_id for n in [cluster.head_node, *workers]]}
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        current = Path("/tmp/ray/ray_current_cluster")
+        if current.exists() and current.read_text().strip() == cluster.address:
+            current.unlink()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def main() -> None:
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        result = {"placement": placement}[sys.argv[1]](Path(tmp))
+        result = {"placement": placement, "jobs": jobs}[sys.argv[1]](Path(tmp))
     print(json.dumps(result))
 
 

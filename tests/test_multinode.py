@@ -66,3 +66,33 @@ def test_a_removed_node_is_device_loss_and_training_continues_exactly(scenario: 
 @pytest.mark.ray
 def test_a_node_added_is_capacity(scenario: dict[str, Any]) -> None:
     assert scenario["gained_slots"] == 2
+
+
+@pytest.mark.ray
+def test_elastic_example_runs_on_the_cluster_at_ray_address(scenario: dict[str, Any]) -> None:
+    """examples/elastic_gpt.py with RAY_ADDRESS set: job_started names the nodes Ray ran the actors on."""
+    assert scenario["example_rc"] == 0, scenario["example_stderr"]
+    started = [e for e in scenario["example_events"] if e["event"] == "job_started"]
+    assert started and started[0]["devices"]
+    reported = scenario["example_actor_nodes"]
+    for d in started[0]["devices"]:
+        assert reported[str(d["pid"])] == d["node_id"]
+        assert d["node_id"] in scenario["nodes"]
+
+
+@pytest.fixture(scope="module")
+def submitted() -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = str(ROOT)
+    run = subprocess.run([sys.executable, "-m", "tests.multinode", "jobs"], capture_output=True, text=True,
+                         timeout=900, cwd=ROOT, env=env)
+    assert run.returncode == 0, run.stderr[-4000:]
+    return dict(json.loads(run.stdout.strip().splitlines()[-1]))
+
+
+@pytest.mark.ray
+def test_ray_job_submit_runs_the_example_to_the_end(submitted: dict[str, Any]) -> None:
+    assert submitted["rc"] == 0, submitted["stdout"][-3000:] + submitted["stderr"][-2000:]
+    assert "succeeded" in submitted["stdout"]
+    started = [e for e in submitted["events"] if e["event"] == "job_started"]
+    assert started and all(submitted["actor_nodes"][str(d["pid"])] == d["node_id"] for d in started[0]["devices"])
