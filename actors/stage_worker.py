@@ -93,6 +93,8 @@ class FaultyExecutor(Executor):
     knobs: FaultKnobs = FaultKnobs()
 
     def _slow(self, handler: Callable[[Action], None], a: Action) -> None:
+        if self.cuda:  # spans are unresolved CUDA events here, and a host sleep does not slow a GPU
+            raise UserError("slowdown injection runs on CPU workers only (a host sleep cannot slow a GPU kernel)")
         before = len(self.spans)
         handler(a)
         factor = self.knobs.slowdown
