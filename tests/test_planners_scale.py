@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from orchestrator.cluster import GBPS, Cluster, Device, heterogeneous_servers, two_level
+from orchestrator.errors import UserError
 from orchestrator.group_sim import plan_lower_bound, simulate_groups
 from orchestrator.plan import Plan, ScheduleKind, Stage
 from orchestrator.planners import auto, base, hierarchy
@@ -140,3 +141,65 @@ def test_auto_plans_256_gpus_as_a_replicated_pipeline() -> None:
     assert len(res.plan.devices) > auto.FULL_SEARCH_DEVICES
     assert res.sim.events == ()  # scored by the exact group mode
     assert res.iteration_time_s >= res.lower_bound_s
+
+
+# ------------------------------------------------------------------ memory-aware planners, --schedule
+@pytest.mark.parametrize("seed,memf", [(0, 0.3), (1, 0.5), (4, 0.3)])
+def test_pipedream_is_memory_aware(seed: int, memf: float) -> None:
+    """PipeDream's objective has no memory term: its first plan here needs more than a device has;
+    the memory-aware pass returns a plan that fits (and the simulator agrees)."""
+    from orchestrator.planners import pipedream
+
+    profile = random_profile(12, seed, act_scale=1e7)
+    cluster = two_level(2, 4, 100, 10, memory_bytes=profile.total_param_bytes * 4 * memf)
+    opts = PlannerOptions(num_microbatches=8)
+    first = pipedream._plan(profile, cluster, opts, None)
+    assert memory_error(simulate(first, profile, cluster, opts.sim_options), cluster) is not None
+    res = run_planner("pipedream", profile, cluster, opts)  # run_planner refuses a plan that does not fit
+    assert memory_error(res.sim, cluster) is None
+
+
+def test_pipedream_says_so_in_one_line_when_nothing_fits() -> None:
+    profile = random_profile(6, 1)
+    cluster = two_level(1, 2, 100, 10, memory_bytes=profile.param_bytes(0, 1) * 2)
+    with pytest.raises(UserError, match="pipedream: no pipeline fits device memory"):
+        run_planner("pipedream", profile, cluster, PlannerOptions(num_microbatches=4))
+
+
+def test_dapple_widens_its_beam_before_giving_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.planners import dapple
+
+    widths: list[int] = []
+
+    def fake(profile: object, cluster: object, options: PlannerOptions) -> Plan:
+        widths.append(int(options.extra["dapple_beam"]))
+        raise UserError("dapple: no pipeline fits device memory")
+
+    monkeypatch.setattr(dapple, "_plan_dapple", fake)
+    with pytest.raises(UserError):
+        dapple.plan_dapple(random_profile(4, 0), two_level(1, 2, 100, 10), PlannerOptions(num_microbatches=2))
+    assert widths == [dapple.DEFAULT_BEAM, dapple.DEFAULT_BEAM * 8, 0]  # 0 = no beam: DAPPLE's whole DP
+
+
+@pytest.mark.parametrize("name", ["even", "params", "pipedream", "spp", "dapple", "autopipe", "2bw", "auto"])
+@pytest.mark.parametrize("kind", [ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED])
+def test_every_planner_honours_the_asked_schedule(name: str, kind: ScheduleKind) -> None:
+    """The plan runs the asked schedule, or the planner says in one line that it cannot (a
+    one-stage plan cannot be interleaved)."""
+    profile = random_profile(12, 2, act_scale=1e7)
+    cluster = two_level(2, 2, 100, 10)
+    try:
+        res = run_planner(name, profile, cluster, PlannerOptions(num_microbatches=4, schedule=kind))
+    except UserError as exc:
+        assert kind is ScheduleKind.INTERLEAVED and str(exc).startswith(f"{name}: cannot produce the interleaved schedule")
+        assert "\n" not in str(exc)
+        return
+    assert res.plan.schedule is kind
+    if kind is ScheduleKind.INTERLEAVED:
+        assert res.plan.virtual_chunks >= 2
+
+
+def test_a_schedule_a_plan_cannot_run_is_one_line() -> None:
+    profile = random_profile(12, 2, act_scale=1e7)
+    with pytest.raises(UserError, match="cannot produce the interleaved schedule"):  # M = 3 is no multiple of any depth >= 2 here
+        run_planner("even", profile, two_level(1, 2, 100, 10), PlannerOptions(num_microbatches=3, schedule=ScheduleKind.INTERLEAVED))

@@ -36,7 +36,7 @@ micro-batch's stash; exact 1F1B in-flight memory is checked on the finished plan
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import numpy as np
@@ -456,6 +456,21 @@ def pivot_time(plan: Plan, profile: Profile, cluster: Cluster) -> float:
 
 
 def plan_dapple(profile: Profile, cluster: Cluster, options: PlannerOptions) -> Plan:
+    """DAPPLE's plan; when no final state of the beam-limited DP fits memory (the beam ranks
+    states by time alone), the DP runs again with an 8× wider beam and then none, so "no
+    pipeline fits" means none of DAPPLE's placements fits, not that the beam dropped them."""
+    beam = int(options.extra.get("dapple_beam", DEFAULT_BEAM))
+    widths = [beam, beam * 8, 0] if beam else [0]
+    for k, width in enumerate(widths):
+        try:
+            return _plan_dapple(profile, cluster, replace(options, extra=dict(options.extra, dapple_beam=width)))
+        except UserError:
+            if k == len(widths) - 1 or not options.check_memory:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _plan_dapple(profile: Profile, cluster: Cluster, options: PlannerOptions) -> Plan:
     dp = solve(profile, cluster, options)
     L = profile.num_blocks
     M = options.num_microbatches
@@ -476,13 +491,13 @@ def plan_dapple(profile: Profile, cluster: Cluster, options: PlannerOptions) -> 
         lat = _latency(*costs.pseudo(stages), M)
         if best is not None and (lat > best[0] or (lat == best[0] and idx > best_idx)):
             continue
-        plan = Plan(tuple(Stage(a, b, g) for a, b, g in stages), M, ScheduleKind.ONE_F_ONE_B, algorithm="dapple")
+        plan = Plan(tuple(Stage(a, b, g) for a, b, g in stages), M, options.kind, algorithm="dapple")
         if not fits_memory(plan, profile, cluster, options):
             continue
         best, best_idx = (lat, plan), idx
     if best is None:
         raise UserError("dapple: no pipeline fits device memory (try more devices or fewer micro-batches)")
-    out = Plan(best[1].stages, M, ScheduleKind.ONE_F_ONE_B, algorithm="dapple", objective_s=best[0])
+    out = Plan(best[1].stages, M, options.kind, algorithm="dapple", objective_s=best[0])
 
     return out
 

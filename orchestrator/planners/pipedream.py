@@ -30,14 +30,15 @@ hierarchical objective restricted to at most s flat stages (tested against brute
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from orchestrator.cluster import Cluster
 from orchestrator.errors import UserError
-from orchestrator.plan import Plan, Stage
+from orchestrator.plan import Plan, ScheduleKind, Stage
 from orchestrator.planners.base import PlannerOptions, PlannerSpec, register
+from orchestrator.planners.spp import fits_memory
 from orchestrator.profile import Profile
 
 INF = np.inf
@@ -138,13 +139,21 @@ def solve_level(compute: np.ndarray, params: np.ndarray, cut: np.ndarray, level:
     return LevelTable(best, split, last_m, used)
 
 
-def _ranges(profile: Profile) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _ranges(profile: Profile, memory: tuple[float, float, float] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Compute, parameter bytes of every range i..j, and cut bytes. ``memory`` = (device bytes,
+    bytes per parameter byte, micro-batches in flight): ranges that could not hold their state
+    and that many stashes on one device are excluded."""
     L = profile.num_blocks
     f = profile.prefix("forward_s") + profile.prefix("backward_s")
     p = profile.prefix("param_bytes")
     i = np.arange(L)[:, None]
     j = np.arange(L)[None, :]
     ok = j >= i
+    if memory is not None:
+        cap, state, in_flight = memory
+        st = profile.prefix("stash_bytes")
+        end = np.minimum(j + 1, L)
+        ok = ok & ((p[end] - p[i]) * state + in_flight * (st[end] - st[i]) <= cap)
     compute = np.where(ok, f[np.minimum(j + 1, L)] - f[i], INF)
     params = np.where(ok, p[np.minimum(j + 1, L)] - p[i], 0.0)
     cut = profile.activations.astype(np.float64)
@@ -174,12 +183,46 @@ def _unwind(table: LevelTable, i: int, j: int, m: int) -> list[tuple[int, int, i
 
 
 def plan_pipedream(profile: Profile, cluster: Cluster, options: PlannerOptions) -> Plan:
+    """PipeDream's plan. Its objective has no memory term, so when that plan does not fit, the DP
+    runs again without the ranges one device could not hold with the micro-batches a stage can keep
+    in flight — all M under GPipe; under 1F1B at most the depth, so for depth caps k = 1, 2, 4, …
+    with k in flight — conservative (replicas would share the stash), and the fitting plan with the
+    best PipeDream objective is returned."""
+    plan = _plan(profile, cluster, options, None)
+    if not options.check_memory or fits_memory(plan, profile, cluster, options, options.kind):
+        return plan
+    M = options.num_microbatches
+    cap = float(cluster.memories.min())
+    tries: list[tuple[float, int | None]] = []  # (micro-batches in flight, stage cap that guarantees it)
+    if options.kind is ScheduleKind.GPIPE:
+        tries.append((float(M), options.max_stages))
+    else:  # 1F1B keeps at most min(M, depth) in flight: cap the depth at k, assume k in flight
+        k = 1
+        while k < min(M, cluster.size):
+            tries.append((float(k), min(k, options.max_stages or k)))
+            k *= 2
+        tries.append((float(min(M, cluster.size)), options.max_stages))
+    best: Plan | None = None
+    for in_flight, stages_cap in tries:
+        try:
+            cand = _plan(profile, cluster, replace(options, max_stages=stages_cap), (cap, options.state_factor, in_flight))
+        except (UserError, IndexError, ValueError):
+            continue
+        obj = cand.objective_s if cand.objective_s is not None else INF
+        if np.isfinite(obj) and fits_memory(cand, profile, cluster, options, options.kind) and (best is None or obj < (best.objective_s or INF)):
+            best = cand
+    if best is None:
+        raise UserError("pipedream: no pipeline fits device memory: even its best plan does not fit (try more devices, fewer micro-batches or another planner)")
+    return best
+
+
+def _plan(profile: Profile, cluster: Cluster, options: PlannerOptions, memory: tuple[float, float, float] | None) -> Plan:
     L = profile.num_blocks
     if options.max_stages is not None and options.max_stages < min(cluster.size, L):
         # Every flat stage takes a block and a device, so only a smaller cap can bind.
-        return _plan_capped(profile, cluster, options, options.max_stages)
+        return _plan_capped(profile, cluster, options, options.max_stages, memory)
     levels = hierarchy(cluster)
-    compute, params, cut = _ranges(profile)
+    compute, params, cut = _ranges(profile, memory)
     straight = options.straight
     node_groups = list(cluster.nodes().values())
     if len(levels) == 1:
@@ -310,11 +353,11 @@ def _unwind_capped(table: CappedTable, i: int, j: int, m: int, s: int) -> list[t
     return out[::-1]
 
 
-def _plan_capped(profile: Profile, cluster: Cluster, options: PlannerOptions, cap: int) -> Plan:
+def _plan_capped(profile: Profile, cluster: Cluster, options: PlannerOptions, cap: int, memory: tuple[float, float, float] | None = None) -> Plan:
     """PipeDream's DP with at most ``cap`` flat stages, exact in both the flat and the two-level case
     (a top-level stage run as s' inner stages on each of its servers counts s' flat stages)."""
     levels = hierarchy(cluster)
-    compute, params, cut = _ranges(profile)
+    compute, params, cut = _ranges(profile, memory)
     L = profile.num_blocks
     node_groups = list(cluster.nodes().values())
     if len(levels) == 1:

@@ -1,0 +1,141 @@
+"""``auto`` against the exhaustive optimum of its own simulator on slices of the shared profiles.
+
+    python benchmarks/planner_oracle.py [--instances 60] [--reference PATH] [--out FILE]
+
+Each instance is a 5–7-block slice of a shared profile (PipeDream graph.txt and DAPPLE profiles),
+3 or 4 devices with random speeds (0.5–1.5), random symmetric bandwidth (2–50 Gb/s), per-message
+latency 0 or 1 ms, a memory limit between "the whole model does not fit one device" and "fits
+anywhere", and 2–4 micro-batches. The oracle (tests/oracle.py) simulates every plan of the space
+(1–4 stages, every placement with replication and order, GPipe and 1F1B with every slicing count,
+interleaving) and keeps the fastest that fits memory. ``--reference`` runs another checkout's
+``auto`` (e.g. a git worktree of the commit before) on the same instances for a before column.
+Exits 0 with a message when ../shared is absent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+
+
+def instances(count: int) -> list[dict[str, Any]]:
+    import numpy as np
+
+    paths = sorted(str(p) for p in (SHARED / "profiles").rglob("graph.txt")) + sorted(str(p) for p in (SHARED / "profiles" / "dapple" / "profiling_results").glob("*.txt"))
+    rng = np.random.default_rng(2026)
+    out = []
+    for i in range(count):
+        path = paths[i % len(paths)]
+        n = 4 if i % 5 == 4 else 3
+        L = 5 if n == 4 else int(rng.integers(5, 8))
+        out.append({"path": path, "L": L, "n": n, "M": int(rng.choice([2, 3, 4])) if n == 3 else 2, "seed": 1000 + i, "start_frac": float(rng.uniform(0, 1))})
+    return out
+
+
+def build(inst: dict[str, Any]) -> tuple[Any, Any, int]:
+    import numpy as np
+
+    from orchestrator.cluster import GBPS, Cluster, Device
+    from orchestrator.profile import Block, Profile, load_profile
+
+    full = load_profile(inst["path"])
+    L = min(inst["L"], full.num_blocks)
+    start = int(inst["start_frac"] * (full.num_blocks - L))
+    blocks = tuple(Block(b.name, b.forward_s, b.backward_s, b.activation_bytes, b.param_bytes, b.stash_bytes) for b in full.blocks[start : start + L])
+    prof = Profile(f"{Path(inst['path']).parent.name}/{Path(inst['path']).stem}[{start}:{start + L}]", blocks, input_bytes=full.boundary_bytes(start))
+    rng = np.random.default_rng(inst["seed"])
+    n, M = inst["n"], inst["M"]
+    bw = rng.uniform(2, 50, size=(n, n)) * GBPS
+    bw = (bw + bw.T) / 2
+    np.fill_diagonal(bw, 0.0)
+    whole = prof.total_param_bytes * 4.0 + M * prof.stash_bytes(0, prof.num_blocks)
+    memory = whole * float(rng.uniform(0.35, 1.2))
+    speeds = rng.uniform(0.5, 1.5, size=n)
+    cl = Cluster(tuple(Device(i, f"n{i // 2}", float(speeds[i]), memory) for i in range(n)), bw, float(rng.choice([0.0, 1e-3])))
+    return prof, cl, M
+
+
+def run_auto(insts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    from orchestrator.errors import UserError
+    from orchestrator.planners.base import PlannerOptions, run_planner
+
+    out = []
+    for inst in insts:
+        prof, cl, M = build(inst)
+        t = time.perf_counter()
+        try:
+            r = run_planner("auto", prof, cl, PlannerOptions(num_microbatches=M, state_factor=4.0))
+            out.append({"t": r.iteration_time_s, "plan": r.plan.describe(), "label": r.plan.algorithm, "s": time.perf_counter() - t})
+        except UserError as exc:
+            out.append({"t": None, "plan": str(exc)[:80], "label": "", "s": time.perf_counter() - t})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--instances", type=int, default=60)
+    ap.add_argument("--reference")
+    ap.add_argument("--out")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--root", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    sys.path.insert(0, args.root or str(ROOT))  # the checkout whose orchestrator is measured
+    if args.child:  # run that checkout's auto on the instances in the JSON file
+        print(json.dumps(run_auto(json.loads(Path(args.child).read_text()))))
+        return 0
+    if not (SHARED / "profiles").exists():
+        print(f"benchmarks/planner_oracle.py: {SHARED} not found; nothing to benchmark")
+        return 0
+    sys.path.insert(0, str(ROOT / "tests"))
+    from oracle import optimum  # noqa: E402  (test machinery: the oracle is not part of the product)
+
+    insts = instances(args.instances)
+    ours = run_auto(insts)
+    ref: list[dict[str, Any]] | None = None
+    if args.reference:
+        spec = Path("/tmp") / f"planner_oracle_{int(time.time())}.json"
+        spec.write_text(json.dumps(insts))
+        proc = subprocess.run([sys.executable, str(Path(__file__)), "--child", str(spec), "--root", args.reference], capture_output=True, text=True, check=False)
+        ref = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else None
+        spec.unlink()
+    rows = ["| instance | devices | M | optimum | plans simulated | auto / optimum | auto plan | auto time | before / optimum |", "|---|---|---|---|---|---|---|---|---|"]
+    ratios, before, equal = [], [], 0
+    for k, inst in enumerate(insts):
+        prof, cl, M = build(inst)
+        best, plan, count = optimum(prof, cl, M, 4.0)
+        mine = ours[k]["t"]
+        r = mine / best if mine is not None and plan is not None else float("nan")
+        ratios.append(r)
+        equal += int(mine is not None and plan is not None and mine <= best * (1 + 1e-9))
+        b = ref[k]["t"] / best if ref is not None and ref[k]["t"] is not None and plan is not None else float("nan")
+        before.append(b)
+        rows.append(f"| {prof.name} | {cl.size} | {M} | {best * 1e3:.3f} ms | {count} | {r:.4f} | {ours[k]['label']}: {ours[k]['plan']} | {ours[k]['s'] * 1e3:.0f} ms | {b:.4f} |")
+        print(rows[-1], flush=True)
+    import numpy as np
+
+    fin = [x for x in ratios if x == x]
+    bf = [x for x in before if x == x]
+    summary = [
+        "",
+        f"`auto` equals the optimum on {equal} of {len(insts)} instances (worst auto/optimum {max(fin):.4f}, median {float(np.median(fin)):.4f}).",
+    ]
+    if bf:
+        summary.append(f"Before (the reference checkout): optimal on {sum(1 for x in bf if x <= 1 + 1e-9)} of {len(bf)}, median {float(np.median(bf)):.4f}, worst {max(bf):.4f}.")
+    text = "\n".join(rows + summary) + "\n"
+    if args.out:
+        with open(args.out, "a") as fh:
+            fh.write(text)
+    print("\n".join(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
