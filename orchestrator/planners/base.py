@@ -181,11 +181,13 @@ def _honour_schedule(name: str, plan: Plan, profile: Profile, cluster: Cluster, 
         if plan.virtual_chunks == 1:
             plan = best_interleaving(replace(plan, schedule=ScheduleKind.ONE_F_ONE_B), profile, cluster, options, min_chunks=2)
         if plan.virtual_chunks == 1:
-            raise UserError(
-                f"{name}: cannot produce the interleaved schedule for this plan ({plan.num_physical_stages} stage(s), "
-                f"{plan.num_microbatches} micro-batches: needs >= 2 stages, a micro-batch count that is a multiple of the depth, "
-                "and a fitting re-cut)"
+            p, M = plan.num_physical_stages, plan.num_microbatches
+            why = (
+                "its plan has one stage" if p < 2
+                else f"{M} micro-batches are not a multiple of its depth {p}" if M % p
+                else "no re-cut into virtual chunks fits device memory"
             )
+            raise UserError(f"{name}: cannot produce the interleaved schedule: {why}")
         return plan
     if want is not None and plan.schedule is not want:
         if plan.virtual_chunks > 1:
