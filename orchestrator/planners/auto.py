@@ -14,13 +14,18 @@ AutoPipe's slicing of the first ``s`` micro-batches (every ``s`` on exhaustive s
 planner's own and powers of two up to the depth otherwise), and Megatron's interleaving with
 ``v = 2..MAX_CHUNKS`` balanced chunks. ``options.schedule`` (CLI ``--schedule``) restricts the kinds.
 
-Search without simulating everything, branch and bound on the simulator's own terms
-(:mod:`orchestrator.group_sim`): every variant gets a true lower bound (a few operations per
-variant once per structure); variants are visited in bound order and timed by the simulator's
-group-level mode until the bound reaches the best time found. That mode is exact when a group's
-replicas are alike (flagged); where it is only an upper bound, every contender whose bound is
-below the winner is simulated in full, so ``auto`` is never worse than any of its candidates.
-Memory is checked exactly (the group mode's accounting is the simulator's).
+Search without simulating everything: best-first branch and bound on the simulator's own terms
+(:mod:`orchestrator.group_sim`). A structure enters a heap with its cheapest bound (each group's
+compute and all-reduces); popped, it is expanded into its variants, each with a true lower bound
+(fill, drain and link terms); a popped variant is timed by the simulator's group-level mode. The
+search stops when the least bound left reaches the best time found. The group mode is exact when a
+group's replicas are alike (flagged); otherwise it is an upper bound, a second group pass gives a
+lower one, and every contender whose lower bound is below the winner is simulated in full, so
+``auto`` is never worse than any of its candidates. Memory is checked exactly (the group mode's
+accounting is the simulator's). On large clusters (``> FULL_SEARCH_DEVICES``) a full simulation
+costs minutes, so only candidates the group mode times exactly compete, the first pass offers
+slicing only as the planner chose it, and the ``REFINE`` best structures then get every slicing
+count of the powers of two up to their depth.
 
 ``options.extra["auto_planners"]`` (a list of names) restricts the planners.
 """
