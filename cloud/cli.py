@@ -87,6 +87,7 @@ def cmd_refresh(args: argparse.Namespace) -> int:
     if cloud == "azure" and args.subscription:
         options["subscription_id"] = args.subscription
     cache = args.cache or default_cache_path()
+    _check_cache_path(cache)
     store = PriceStore.load(cache)
     source = get_source(cloud, **options)
     updated = store.refresh(source, args.region, args.instance_type)  # all fetched before anything is saved
@@ -182,6 +183,27 @@ def cmd_cost_sim(args: argparse.Namespace) -> int:
     else:
         print(pd.DataFrame(rows).to_string(index=False))
     return 0
+
+
+def _check_cache_path(path: Path) -> None:
+    """The price cache is replaced by rename: refuse a link, folder, device or FIFO there (and a parent
+    that is not a folder) before any cloud is asked, as the orchestrator's own outputs do."""
+    import os
+    import stat
+
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:
+        raise CloudInputError(f"price cache {path}: {exc.strerror or exc}") from None
+    if mode is not None and not stat.S_ISREG(mode):
+        raise CloudInputError(f"price cache {path} is not a regular file (a link, folder, device or FIFO); not replaced")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise CloudInputError(f"price cache {path}: {parent} is not a directory")
+            break
 
 
 def _check_amount(flag: str, value: float, limit: float, positive: bool = False,
