@@ -256,3 +256,17 @@ def test_factory_whose_shapes_do_not_chain_is_one_line(work: Path) -> None:
     )
     refused(["profile", "--factory", "mymodel.py:blocks", "--input-shape", "4", "--microbatch-size", "2", "--out", "p.json"], work,
             "block 2 (Linear) raised RuntimeError: mat1 and mat2 shapes cannot be multiplied")
+
+
+@pytest.mark.parametrize("cache, message", [("link.csv", "is not a regular file"), ("adir", "is not a regular file"), ("good.json/x.csv", "price cache")])
+def test_price_cache_is_checked_before_any_cloud_is_asked(work: Path, cache: str, message: str) -> None:
+    (work / "adir").mkdir()
+    (work / "link.csv").symlink_to(work / "good.json")
+    refused(["prices", "refresh", "--cloud", "aws", "--cache", cache], work, message)
+
+
+def test_checkpoint_copy_of_junk_writes_nothing(work: Path) -> None:
+    (work / "src" / "step_00000001").mkdir(parents=True)
+    (work / "src" / "step_00000001" / "manifest.json").write_bytes(b"\xff\xfe junk")
+    refused(["checkpoint", "copy", "src/step_00000001", "dst/step_00000001"], work, "")
+    assert not (work / "dst").exists()
