@@ -203,3 +203,12 @@ def test_a_schedule_a_plan_cannot_run_is_one_line() -> None:
     profile = random_profile(12, 2, act_scale=1e7)
     with pytest.raises(UserError, match="cannot produce the interleaved schedule"):  # M = 3 is no multiple of any depth >= 2 here
         run_planner("even", profile, two_level(1, 2, 100, 10), PlannerOptions(num_microbatches=3, schedule=ScheduleKind.INTERLEAVED))
+
+
+def test_large_cluster_search_respects_straight_and_max_stages() -> None:
+    profile = random_profile(24, 9, act_scale=5e7)
+    cluster = two_level(16, 8, 600, 100, memory_bytes=80 * 2**30)
+    res = run_planner("auto", profile, cluster, PlannerOptions(num_microbatches=8, straight=True))
+    assert all(s.replicas == 1 for s in res.plan.stages)
+    res = run_planner("auto", profile, cluster, PlannerOptions(num_microbatches=8, max_stages=4))
+    assert res.plan.num_physical_stages <= 4

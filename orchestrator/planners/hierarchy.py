@@ -89,29 +89,39 @@ def replicated_plans(profile: Profile, cluster: Cluster, options: PlannerOptions
     weights = np.array([b.forward_s + b.backward_s for b in profile.blocks])
     cap = options.max_stages or n
     out: list[tuple[str, Plan]] = []
+    if options.straight:  # no replication at all: one pipeline on the first servers, the rest idle
+        g = min(n, max(per_server, MAX_SHARE // per_server * per_server))
+        for S in range(1, min(g, L, cap) + 1):
+            cuts = min_max_partition(weights, S)
+            out.append((f"hier:1x{S}x1", Plan(tuple(Stage(cuts[i], cuts[i + 1], (order[i],)) for i in range(S)), M)))
+        _run_planners(profile, cluster, options, names, failures, order, g, 1, out)
+        return out
     for g in shares(n, per_server):
         R = n // g
         for S in range(1, min(g, L, cap) + 1):
             t = g // S  # replicas per stage; the g - S·t devices left over stay idle
-            if (options.straight and t > 1) or 8 * (g - S * t) > g:  # at most 1/8 of the share idle
+            if 8 * (g - S * t) > g:  # at most 1/8 of the share idle
                 continue
             cuts = min_max_partition(weights, S)
             base = Plan(tuple(Stage(cuts[i], cuts[i + 1], tuple(range(i * t, (i + 1) * t))) for i in range(S)), M)
             out.append((f"hier:{R}x{S}x{t}", Plan(replicate(base, order, g, R), M)))
-        if (options.straight and R > 1) or g > MAX_SHARE:
-            continue
-        sub = cluster.subset(order[:g])
-        # each copy computes 1/R of every micro-batch's rows: its own view of the model
-        sub_profile = profile.scaled(1.0 / R).with_activation_scale(1.0 / R)
-        sub_options = replace(options, max_stages=min(cap, g))
-        for name in names:
-            if g > HEAVY.get(name, MAX_SHARE):
-                continue
-            try:
-                plan = get_planner(name).fn(sub_profile, sub, sub_options)
-            except UserError as exc:
-                failures.append(f"{name} on {g} devices: {exc}")
-                continue
-            lifted = replicate(plan, order, g, R)
-            out.append((f"{name}@{R}x{g}", replace(plan, stages=lifted, algorithm=name)))
+        if g <= MAX_SHARE:
+            _run_planners(profile, cluster, options, names, failures, order, g, R, out)
     return out
+
+
+def _run_planners(profile: Profile, cluster: Cluster, options: PlannerOptions, names: list[str], failures: list[str], order: list[int], g: int, R: int, out: list[tuple[str, Plan]]) -> None:
+    """The planners on the first ``g`` devices, each copy computing 1/R of every micro-batch's
+    rows (its own view of the model), their plans replicated R times."""
+    sub = cluster.subset(order[:g])
+    sub_profile = profile.scaled(1.0 / R).with_activation_scale(1.0 / R) if R > 1 else profile
+    sub_options = replace(options, max_stages=min(options.max_stages or g, g))
+    for name in names:
+        if g > HEAVY.get(name, MAX_SHARE):
+            continue
+        try:
+            plan = get_planner(name).fn(sub_profile, sub, sub_options)
+        except UserError as exc:
+            failures.append(f"{name} on {g} devices: {exc}")
+            continue
+        out.append((f"{name}@{R}x{g}", replace(plan, stages=replicate(plan, order, g, R), algorithm=name)))
