@@ -89,10 +89,17 @@ def replicated_plans(profile: Profile, cluster: Cluster, options: PlannerOptions
     weights = np.array([b.forward_s + b.backward_s for b in profile.blocks])
     cap = options.max_stages or n
     out: list[tuple[str, Plan]] = []
+    memo: dict[int, list[int]] = {}
+
+    def balanced(S: int) -> list[int]:
+        if S not in memo:
+            memo[S] = min_max_partition(weights, S)
+        return memo[S]
+
     if options.straight:  # no replication at all: one pipeline on the first servers, the rest idle
         g = min(n, max(per_server, MAX_SHARE // per_server * per_server))
         for S in range(1, min(g, L, cap) + 1):
-            cuts = min_max_partition(weights, S)
+            cuts = balanced(S)
             out.append((f"hier:1x{S}x1", Plan(tuple(Stage(cuts[i], cuts[i + 1], (order[i],)) for i in range(S)), M)))
         _run_planners(profile, cluster, options, names, failures, order, g, 1, out)
         return out
@@ -102,7 +109,7 @@ def replicated_plans(profile: Profile, cluster: Cluster, options: PlannerOptions
             t = g // S  # replicas per stage; the g - S·t devices left over stay idle
             if 8 * (g - S * t) > g:  # at most 1/8 of the share idle
                 continue
-            cuts = min_max_partition(weights, S)
+            cuts = balanced(S)
             base = Plan(tuple(Stage(cuts[i], cuts[i + 1], tuple(range(i * t, (i + 1) * t))) for i in range(S)), M)
             out.append((f"hier:{R}x{S}x{t}", Plan(replicate(base, order, g, R), M)))
         if g <= MAX_SHARE:
