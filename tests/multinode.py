@@ -25,7 +25,8 @@ def start_cluster() -> Any:
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    workers = [cluster.add_node(num_cpus=2) for _ in range(2)]
+    # custom resources stand in for GPU types: Ray reports accelerators as accelerator_type:<name>
+    workers = [cluster.add_node(num_cpus=2, resources={f"accelerator_type:{kind}": 1}) for kind in ("A100", "V100")]
     cluster.wait_for_nodes()
     return cluster, workers
 

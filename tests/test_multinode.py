@@ -39,6 +39,8 @@ def test_cluster_cli_lists_five_devices_on_three_nodes(scenario: dict[str, Any])
     devices = scenario["cli"]["devices"]
     assert len(devices) == 5 and len({d["node_id"] for d in devices}) == 3
     assert {d["node_id"] for d in devices} == set(scenario["nodes"])
+    accelerators = {d["node_id"]: d["accelerator"] for d in devices}
+    assert [accelerators[n] for n in scenario["nodes"]] == ["cpu", "A100", "V100"]  # read from Ray's resources
     assert all(d["speed"] > 0 and d["speed_source"] == "probe" and d["memory_bytes"] > 0 for d in devices)
     bw = scenario["cli"]["bandwidth_gbps"]
     assert len(bw) == 5 and all(bw[i][j] > 0 for i in range(5) for j in range(5) if i != j)
