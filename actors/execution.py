@@ -22,10 +22,8 @@ copied from pinned memory without blocking. Sent tensors are checked against the
 shape and dtype, so a mismatch (e.g. a kernel that changes dtype only on the GPU) is one clear
 error instead of an NCCL byte-count mismatch.
 
-Hot path: everything that depends only on the plan (row ranges, peers, tags, peer ranks, buffer
-shapes, labels, which receives to post before which action) is computed once in ``__init__``
-into per-action tables indexed by program position; ``run`` only walks them. Handlers still take
-the :class:`Action` (subclasses wrap them) and find their precomputed entry at ``self.cursor``.
+Hot path: everything that depends only on the plan is computed once into per-action tables
+(:class:`actors.tables.ProgramTables`); ``run`` only walks them.
 
 Metrics: per action a ``perf_counter`` pair appended as a tuple (labels are precomputed
 strings), per-iteration main-thread CPU time in ``cpu_s``.
@@ -52,29 +50,23 @@ from torch import Tensor, nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from actors import user_code
-from actors.transport import Range, intersect, nbytes, stage_rows, tag
+from actors.gpu import EventClock, check_nccl_dtypes, dtype_buckets
+from actors.tables import ProgramTables
+from actors.tables import Key, Piece
+from actors.transport import Range, nbytes
 from orchestrator.errors import UserError
 from orchestrator.plan import Plan
 from orchestrator.schedule.ir import Action, Kind
-from orchestrator.schedule.lowering import peers
-from orchestrator.schedule.nccl import recv_post_points
 
 if TYPE_CHECKING:
     from actors.stage_worker import JobSpec
 
-Key = tuple[int, tuple[int, int]]  # (stage, unit)
-Piece = tuple[bool, Key, int, int, int, int]  # (local, source key, src lo, src hi, dst lo, dst hi)
 
 _run_backward: Callable[..., Any] | None
 try:  # the engine call behind torch.autograd.backward, without its per-call argument checks
     from torch.autograd.graph import _engine_run_backward as _run_backward
 except ImportError:  # pragma: no cover - older/newer torch: the public API is equivalent
     _run_backward = None
-
-# What ProcessGroupNCCL maps to an NCCL type (bool travels as uint8).
-NCCL_DTYPES = frozenset({
-    torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool,
-})
 
 _perf = time.perf_counter
 _thread_time = time.thread_time
@@ -88,7 +80,7 @@ def _backward(out: Tensor, grad: Tensor) -> None:
         _run_backward((out,), (grad,), False, False, (), allow_unreachable=True, accumulate_grad=True)
 
 
-class Executor:
+class Executor(ProgramTables):
     """Per-plan state of one worker and the handlers of every IR kind."""
 
     def __init__(
@@ -132,99 +124,13 @@ class Executor:
                 self.consumers[("B", a.stage + 1, a.unit)] += 1
         self._compile()
         if self.cuda:
-            self._check_nccl_dtypes()
+            check_nccl_dtypes(self.device, program, self.info,
+                              {j: self._stage_params(j) for j in plan.stages_of_device(device) if plan.stages[j].replicas > 1})
         self.held_bytes: dict[int, int] = {}  # forward index -> bytes kept for backward (first iteration)
         self.spans: list[tuple[str, str, float, float]] = []
         self.sends: list[tuple[str, int, int, float]] = []
         self.recvs: list[tuple[str, int, int, float, float, float]] = []
         self.t0 = _perf()
-
-    # ----- rows -----
-    def rows(self, stage: int, unit: tuple[int, int], device: int | None = None) -> Range:
-        key = (stage, unit, self.device if device is None else device)
-        found = self._rows.get(key)
-        if found is None:
-            found = self._rows[key] = stage_rows(self.plan, self.batch_rows, stage, key[2], unit)
-        return found
-
-    def peers(self, stage: int, other: int) -> list[int]:
-        """Devices of ``other`` whose rows overlap this device's share of ``stage`` (lowering's rule)."""
-        found = self._peers.get((stage, other))
-        if found is None:
-            replica = self.plan.stages[stage].devices.index(self.device)
-            found = self._peers[(stage, other)] = [d for d, _ in peers(self.plan, stage, replica, other)]
-        return found
-
-    def _link_rows(self, a: Action) -> tuple[Range, Range, int, int]:
-        """(my rows, overlap rows, sending stage, receiving-side stage) of a point-to-point action."""
-        other = a.stage + 1 if a.kind in (Kind.SEND_F, Kind.RECV_B) else a.stage - 1
-        mine = self.rows(a.stage, a.unit)
-        both = intersect(mine, self.rows(other, a.unit, a.peer))
-        sender = a.stage if a.kind in (Kind.SEND_F, Kind.SEND_B) else other
-        return mine, both, sender, other
-
-    def _pieces(self, direction: str, stage: int, unit: tuple[int, int], other: int) -> list[Piece]:
-        """The parts of ``stage``'s input (F) or output grad (B) in peer order, as row offsets."""
-        mine = self.rows(stage, unit)
-        out: list[Piece] = []
-        for peer in self.peers(stage, other):
-            theirs = self.rows(other, unit, peer)
-            lo, hi = intersect(mine, theirs)
-            if hi > lo:
-                out.append((peer == self.device, (other, unit), lo - theirs[0], hi - theirs[0], lo - mine[0], hi - mine[0]))
-        return out
-
-    def _compile(self) -> None:
-        """Per-action tables (see module docstring); entries are indexed by program position."""
-        program, n = self.program, len(self.program)
-        self.labels = [str(a) for a in program]
-        self.calls = [self.handlers[a.kind] for a in program]
-        self.info: list[Any] = [None] * n
-        # Which receives to post before action i (the rule the NCCL replay proves hang-free).
-        self.post_before = recv_post_points(program, self.spec.recv_lookahead)
-        for i, a in enumerate(program):
-            key = (a.stage, a.unit)
-            if a.kind is Kind.FORWARD:
-                lo, hi = self.rows(a.stage, a.unit)
-                stage = self.plan.stages[a.stage]
-                pieces = self._pieces("F", a.stage, a.unit, a.stage - 1) if a.stage > 0 else []
-                self.info[i] = (key, lo, hi, list(range(stage.first, stage.last)), pieces, (hi - lo) / self.batch_rows)
-            elif a.kind is Kind.BACKWARD:
-                lo, hi = self.rows(a.stage, a.unit)
-                pieces = self._pieces("B", a.stage, a.unit, a.stage + 1) if a.stage < self.last else []
-                keep = self.consumers.get(("B", a.stage, a.unit), 0) > 0
-                self.info[i] = (key, lo, hi, pieces, keep)
-            elif a.kind in (Kind.SEND_F, Kind.SEND_B):
-                direction = "F" if a.kind is Kind.SEND_F else "B"
-                mine, (lo, hi), sender, _ = self._link_rows(a)
-                whole = (lo, hi) == mine
-                stage = self.plan.stages[a.stage]
-                expect = self.boundary[stage.last if direction == "F" else stage.first]
-                self.info[i] = (direction, key, hi > lo, whole, lo - mine[0], hi - mine[0],
-                                self.rank_of[a.peer], tag(direction, sender, a.microbatch, a.part),
-                                self.links.get((self.device, a.peer)), expect)
-            elif a.kind in (Kind.RECV_F, Kind.RECV_B):
-                direction = "F" if a.kind is Kind.RECV_F else "B"
-                mine, (lo, hi), sender, _ = self._link_rows(a)
-                if hi <= lo:
-                    continue  # empty overlap: nothing is sent, nothing is posted
-                cut = self.plan.stages[a.stage].first if direction == "F" else self.plan.stages[a.stage].last
-                shape, dtype = self.boundary[cut]
-                self.info[i] = ((direction, a.stage, a.unit), (mine[1] - mine[0], *shape), dtype, lo - mine[0], hi - mine[0],
-                                (lo, hi) == mine, self.rank_of[a.peer], tag(direction, sender, a.microbatch, a.part),
-                                self.links.get((a.peer, self.device)))
-
-    def _check_nccl_dtypes(self) -> None:
-        """Refuse at setup what NCCL cannot carry (e.g. complex boundaries), naming stage and device."""
-        for a, info in zip(self.program, self.info):
-            if a.kind in (Kind.RECV_F, Kind.RECV_B) and info is not None and info[2] not in NCCL_DTYPES:
-                raise UserError(f"stage {a.stage} on device {self.device}: NCCL cannot carry {info[2]} "
-                                f"activations or gradients between stages; cast the block boundary to a real dtype")
-        for stage in self.plan.stages_of_device(self.device):
-            if self.plan.stages[stage].replicas > 1:
-                for p in self._stage_params(stage):
-                    if p.dtype not in NCCL_DTYPES:
-                        raise UserError(f"stage {stage} on device {self.device}: NCCL cannot all-reduce {p.dtype} gradients")
 
     # ----- the iteration -----
     def run(self, step: int) -> dict[str, Any]:
@@ -256,7 +162,6 @@ class Executor:
         self.spans = []
         self.sends = []
         self.recvs = []
-        self.events: list[Any] = []
         if self.cuda:
             torch.cuda.reset_peak_memory_stats()
         kill_index = len(self.program) // 2 if (step, self.device) in spec.kill_at else -1
@@ -264,7 +169,7 @@ class Executor:
         cpu0 = _thread_time()
         self.t0_wall, self.t0 = time.time(), _perf()
         if self.cuda:
-            self._now()  # event 0: the origin every other event is measured from
+            self.clock = EventClock()  # its event 0 is the origin every other event is measured from
         for i in range(len(program)):
             if i == kill_index:
                 os._exit(17)  # fault injection: die mid-iteration like a crashed process would
@@ -278,7 +183,7 @@ class Executor:
         loss = float(torch.stack(self.losses).sum().item()) if self.losses else 0.0  # the one host sync (CUDA)
         if self.cuda:
             torch.cuda.synchronize()
-            self._resolve_events()
+            self.spans, self.sends, self.recvs = self.clock.resolve(self.spans, self.sends, self.recvs)
         elapsed = _perf() - self.t0
         cpu = _thread_time() - cpu0
         if self.stash or self.inbox or self.posted:
@@ -294,27 +199,8 @@ class Executor:
         }
 
     def _now(self) -> float:
-        """Seconds since the iteration began; on CUDA the index of an event recorded on the compute
-        stream (no host sync), turned into seconds once per iteration by :meth:`_resolve_events`."""
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            self.events.append(event)
-            return float(len(self.events) - 1)
-        return _perf() - self.t0
-
-    def _resolve_events(self) -> None:
-        """Replace event indices in spans, sends and receives by seconds since event 0."""
-        origin = self.events[0]
-        seconds = [origin.elapsed_time(e) / 1e3 for e in self.events]
-
-        def at(index: float) -> float:
-            return seconds[int(index)]
-
-        self.spans = [(label, kind, at(s), at(e)) for label, kind, s, e in self.spans]
-        self.sends = [(label, peer, size, at(post)) for label, peer, size, post in self.sends]
-        self.recvs = [(label, peer, size, at(p), at(w), at(d)) for label, peer, size, p, w, d in self.recvs]
-        self.events = []
+        """Seconds since the iteration began (CPU), or an event index on CUDA (see actors/gpu.py)."""
+        return self.clock.mark() if self.cuda else _perf() - self.t0
 
     # ----- compute -----
     def _forward(self, a: Action) -> None:
@@ -497,15 +383,3 @@ class Executor:
 
 def _identity(t: Tensor) -> Tensor:
     return t
-
-
-def dtype_buckets(params: list[nn.Parameter]) -> list[list[nn.Parameter]]:
-    """Parameters grouped by (dtype, device) in first-seen order, each group one flat all-reduce.
-
-    Flattening mixed dtypes into one buffer would promote (bf16 -> fp32) and the unflattened
-    gradients would no longer match their parameters' dtype.
-    """
-    buckets: dict[tuple[torch.dtype, torch.device], list[nn.Parameter]] = {}
-    for p in params:
-        buckets.setdefault((p.dtype, p.device), []).append(p)
-    return list(buckets.values())

@@ -34,12 +34,13 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from actors.placement import Slot, actor_options, check_identity, discover, probe_pairs
+from actors.gpu import recv_lookahead
 from actors.stage_worker import JobSpec, StageWorker
 from actors import waits
 from orchestrator.errors import UserError
 from orchestrator.plan import Plan
 from orchestrator.schedule.lowering import lower
-from orchestrator.schedule.nccl import replay
+from orchestrator.schedule.nccl import CommLayout, replay
 
 
 class PipelineActorError(RuntimeError):
@@ -154,7 +155,7 @@ class WorkerGroup:
             self.restart()
         if any(slots[d] in self.dead for d in devices):
             raise UserError(f"device(s) {sorted(d for d in devices if slots[d] in self.dead)} have no live worker")
-        replay(lower(plan))  # proof the plan cannot hang under NCCL's rules (milliseconds; see schedule/nccl.py)
+        self._check_nccl(spec, plan)
         self.plan, self.spec = plan, spec
         self.rank_of = {d: i for i, d in enumerate(devices)}
         self.slot_of = {d: slots[d] for d in devices}
@@ -194,7 +195,8 @@ class WorkerGroup:
         old_groups = set() if rejoin else {g for g in self.plan.device_groups if len(g) > 1}
         create = [g for g in plan.device_groups if len(g) > 1 and g not in old_groups]
         leaving = [d for d in self.rank_of if d not in rank_of and self.slot_of[d] not in self.dead]
-        replay(lower(plan))
+        assert self.spec is not None
+        self._check_nccl(self.spec, plan)
         self.plan, self.rank_of = plan, rank_of
         order = [tuple(t) for t in sorted(transfers)]
         newcomers = {d for d in new_members if d not in old_members}
@@ -236,6 +238,11 @@ class WorkerGroup:
             for found in self.gather([a.probe_links.remote(pairs, rank_of) for a in self.actors], "link probe", timeout_s, everyone):
                 measured.update(found)
         return [float(s) for s in seconds], measured
+
+    def _check_nccl(self, spec: JobSpec, plan: Plan) -> None:
+        """Proof, with the posting rule the workers will use, that ``plan`` cannot hang under
+        NCCL's rules (milliseconds; see orchestrator/schedule/nccl.py)."""
+        replay(lower(plan), CommLayout(links="directed", recv_lookahead=recv_lookahead(spec.recv_lookahead, self.use_gpu)))
 
     def unresponsive(self, devices: Sequence[int], timeout_s: float) -> set[int]:
         """Devices among ``devices`` whose worker is dead or does not answer within ``timeout_s``.

@@ -114,7 +114,8 @@ def identity() -> dict[str, Any]:
 
     ctx = ray.get_runtime_context()
     node = ctx.get_node_id()
-    resources: dict[str, float] = next((n.get("Resources", {}) for n in ray.nodes() if n.get("NodeID") == node), {})
+    entry: dict[str, Any] = next((n for n in ray.nodes() if n.get("NodeID") == node), {})
+    resources: dict[str, float] = entry.get("Resources", {})
     gpu_ids = [str(g) for g in ray.get_gpu_ids()]
     if gpu_ids and torch.cuda.is_available():
         device = f"cuda:{torch.cuda.current_device()}"
@@ -123,7 +124,7 @@ def identity() -> dict[str, Any]:
     else:
         device, name, memory = "cpu", "cpu", 0.0
     return {
-        "node_id": node, "accelerator": node_accelerator(resources) or ("gpu" if gpu_ids else "cpu"),
+        "node_id": node, "accelerator": node_accelerator(resources, entry.get("Labels")) or ("gpu" if gpu_ids else "cpu"),
         "device": device, "device_name": name, "gpu_ids": gpu_ids, "pid": os.getpid(), "memory_bytes": memory,
     }
 
@@ -135,8 +136,18 @@ def check_identity(device: int, slot: Slot, seen: dict[str, Any]) -> None:
                         f"{str(seen.get('node_id'))[:12]}")
     if slot.kind == "gpu" and seen.get("accelerator") != slot.accelerator:
         raise UserError(f"device {device} was planned on a {slot.accelerator} but its actor got a {seen.get('accelerator')}")
+    name = str(seen.get("device_name") or "")
+    if slot.kind == "gpu" and name and model_token(slot.accelerator) and model_token(slot.accelerator) not in name.upper():
+        raise UserError(f"device {device} was planned on a {slot.accelerator} but its actor's GPU is a {name} "
+                        "(the node's accelerator_type does not match its hardware)")
     if slot.kind == "gpu" and not seen.get("gpu_ids"):
         raise UserError(f"device {device} was planned on a GPU but its actor got none")
+
+
+def model_token(accelerator: str) -> str:
+    """The GPU model in a Ray accelerator type (``A100-80G`` -> ``A100``); empty for a generic label."""
+    head = accelerator.upper().split("-")[0].replace("NVIDIA", "").strip()
+    return head if any(c.isdigit() for c in head) else ""
 
 
 class NodeWatcher:

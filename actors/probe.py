@@ -68,7 +68,8 @@ def matmul_work(device: torch.device, size: int = 256, count: int = 8) -> Callab
 
 
 def builtin_seconds(device: torch.device) -> float:
-    return timed(matmul_work(device), device)
+    """Large enough on a GPU (a few ms) that launch overhead does not flatten the differences."""
+    return timed(matmul_work(device, size=4096 if device.type == "cuda" else 256), device)
 
 
 def model_seconds(model_factory: Callable[[], list[torch.nn.Module]], data_fn: Callable[[int], Any], blocks: int,
@@ -109,11 +110,13 @@ def ping(pairs: Sequence[tuple[int, int]], device: int, rank_of: dict[int, int],
                 t = time.perf_counter()
                 dist.send(small, rank_of[b])
                 dist.recv(small, rank_of[b])
+                _sync(torch_device)  # NCCL returns at enqueue; the clock must see the data arrive
                 rtts.append(time.perf_counter() - t)
             for _ in range(large_repeats):
                 t = time.perf_counter()
                 dist.send(large, rank_of[b])
                 dist.recv(small, rank_of[b])
+                _sync(torch_device)
                 bulk.append(time.perf_counter() - t)
             # Minima, not medians: on a shared machine noise only ever adds time. A bulk round trip
             # is a small one plus the wire time; if noise hides the difference, the whole bulk
@@ -128,4 +131,5 @@ def ping(pairs: Sequence[tuple[int, int]], device: int, rank_of: dict[int, int],
             for _ in range(large_repeats):
                 dist.recv(large, rank_of[a])
                 dist.send(small, rank_of[a])
+            _sync(torch_device)
     return out

@@ -93,8 +93,6 @@ class FaultyExecutor(Executor):
     knobs: FaultKnobs = FaultKnobs()
 
     def _slow(self, handler: Callable[[Action], None], a: Action) -> None:
-        if self.cuda:  # spans are unresolved CUDA events here, and a host sleep does not slow a GPU
-            raise UserError("slowdown injection runs on CPU workers only (a host sleep cannot slow a GPU kernel)")
         before = len(self.spans)
         handler(a)
         factor = self.knobs.slowdown
@@ -218,9 +216,10 @@ class StageWorker:
         self.completed_step = step
         if not self.steady:
             self.steady = True
-            if self.executor.cuda:
+            if self.executor.cuda:  # the watchdog's clock starts at enqueue: leave room for a slow iteration
                 ex = self.executor
-                shorten_timeouts(ex.spec.steady_timeout_s, [*ex.groups.values(), *ex.links.values()])
+                bound = max(ex.spec.steady_timeout_s, 5.0 * float(report["iteration_s"]))
+                shorten_timeouts(bound, [*ex.groups.values(), *ex.links.values()])
         return report
 
     def _executor(self, *args: Any, **kwargs: Any) -> Executor:
@@ -230,6 +229,10 @@ class StageWorker:
 
     # ----- fault injection -----
     def set_faults(self, slowdown: float, send_delay_per_byte: dict[int, float]) -> None:
+        """Refused on a GPU worker, before any iteration: a host sleep cannot slow a GPU kernel, and
+        the injected spans would mix host seconds with CUDA events."""
+        if (float(slowdown) != 1.0 or any(send_delay_per_byte.values())) and select_device().type == "cuda":
+            raise UserError("slowdown and link-delay injection run on CPU workers only")
         self.knobs.slowdown = float(slowdown)
         self.knobs.send_delay_per_byte = {int(k): float(v) for k, v in send_delay_per_byte.items()}
 
@@ -274,6 +277,8 @@ class StageWorker:
             boundary, batch_rows = probe_boundaries(user_code.blocks(spec.model_factory), inputs), int(inputs.shape[0])
         elif ex is not None:
             spec, boundary, batch_rows, torch_device = ex.spec, ex.boundary, ex.batch_rows, ex.torch_device
+            if ex.cuda and self.steady:  # state hand-over and the next first iteration get the setup bound back
+                shorten_timeouts(spec.pg_timeout_s, [*ex.groups.values(), *ex.links.values()])
             modules, optimizers, old_groups, old_links = dict(ex.modules), dict(ex.optimizers), ex.groups, ex.links
             # A failed iteration may have left accumulated gradients behind.
             for module in modules.values():

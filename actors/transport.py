@@ -110,11 +110,15 @@ def select_device() -> torch.device:
 def nccl_environment() -> None:
     """NCCL's failure policy, set before the first communicator exists.
 
-    ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``: when an operation fails or times out (a dead peer), the
-    watchdog aborts the communicators and ends this process instead of leaving it hung on a
-    kernel that never completes; Ray then reports the actor dead and the job's failure policy
-    restarts the pipeline in fresh processes from the latest checkpoint (re-creating a process
-    group in a process whose NCCL state faulted is not safe). Users may override either setting.
+    ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1`` (tear down after aborting the communicators; torch's own
+    default, 3, tears down without the abort): when an operation fails or times out (a dead
+    peer), the watchdog ends this process instead of leaving it hung on a kernel that never
+    completes. Ray then reports the actor dead and the job's failure policy restarts the
+    pipeline in fresh processes from the latest checkpoint. On GPUs that is the only recovery:
+    every rank whose stream depends on the dead peer times out too (the host runs ahead, so in
+    practice all of a pipeline's ranks), and re-creating a process group in a process whose NCCL
+    state faulted is not safe. Keeping survivors alive (mode 2 and a re-formed communicator) is
+    not implemented. Users may override either setting.
     """
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "0")

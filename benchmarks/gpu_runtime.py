@@ -111,7 +111,19 @@ def torch_times(args: Any, world: int, iters: int) -> list[float]:
     procs = [ctx.Process(target=_torch_rank, args=(r, world, args, port, iters, out)) for r in range(world)]
     for p in procs:
         p.start()
-    times = out.get(timeout=1800)
+    import queue
+
+    deadline = time.monotonic() + 540  # inside one device call; a crashed rank must not leave us waiting
+    while True:
+        try:
+            times = out.get(timeout=5)
+            break
+        except queue.Empty:
+            dead = [p for p in procs if p.exitcode not in (None, 0)]
+            if dead or time.monotonic() > deadline:
+                for p in procs:
+                    p.kill()
+                raise SystemExit(f"gpu_runtime: torch rank failed (exit codes {[p.exitcode for p in procs]}) or timed out")
     for p in procs:
         p.join(timeout=60)
     return list(times)

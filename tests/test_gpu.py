@@ -31,8 +31,8 @@ GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 gpu = pytest.mark.skipif(GPUS < 1, reason="needs a CUDA GPU")
 gpu2 = pytest.mark.skipif(GPUS < 2, reason="needs two CUDA GPUs (NCCL refuses two ranks on one GPU)")
 
-WIDTH = 1024
-ROWS = 4096  # 4096 x 1024 fp32 = 16 MiB per iteration batch: micro-batches of 4 MiB and up cross stages
+WIDTH = 2048
+ROWS = 5120  # 5120 x 2048 fp32 = 40 MiB per batch: each of 4 micro-batches sends 10 MiB (> NCCL's buffers)
 
 
 def wide_mlp(blocks: int = 4, width: int = WIDTH) -> list[nn.Module]:

@@ -11,7 +11,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from actors.execution import Executor, dtype_buckets
+from actors.execution import Executor
+from actors.gpu import dtype_buckets
 from actors.stage_worker import JobSpec, _to_cpu
 from actors.transport import select_device
 from orchestrator.errors import UserError
@@ -60,17 +61,28 @@ def test_all_reduce_of_a_mixed_dtype_stage_keeps_gradient_dtypes(world_of_one: N
         assert torch.equal(p.grad, torch.full_like(p, 0.5))  # a world of one: the sum is itself
 
 
-def test_live_move_payload_is_copied_to_host() -> None:
+def test_live_move_payload_is_copied_to_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every tensor of the hand-over payload goes through ``.cpu()`` (on a GPU worker that is the
+    copy that keeps CUDA tensors out of the pickled object collective); the spy counts them."""
     module = nn.Linear(3, 2)
     optimizer = torch.optim.Adam(module.parameters())
     module(torch.ones(1, 3)).sum().backward()
     optimizer.step()
     payload = {0: (module.state_dict(), optimizer.state_dict())}
+    tensors = [module.weight, module.bias] + [t for st in optimizer.state_dict()["state"].values() for t in st.values()]
+    moved: list[torch.Tensor] = []
+    real_cpu = torch.Tensor.cpu
+
+    def spy(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        moved.append(self)
+        return real_cpu(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "cpu", spy)
     copied: Any = _to_cpu(payload)
+    assert len(moved) == len(tensors)
     weights, state = copied[0]
-    assert all(t.device.type == "cpu" for t in weights.values())
     assert torch.equal(weights["weight"], module.weight.detach())
-    assert state["state"][0]["exp_avg"].device.type == "cpu" and isinstance(state["param_groups"], list)
+    assert isinstance(state["param_groups"], list) and set(state["state"][0]) == {"step", "exp_avg", "exp_avg_sq"}
 
 
 def test_select_device_without_a_gpu_is_the_cpu() -> None:

@@ -97,4 +97,4 @@ def test_ray_job_submit_runs_the_example_to_the_end(submitted: dict[str, Any]) -
     assert submitted["rc"] == 0, submitted["stdout"][-3000:] + submitted["stderr"][-2000:]
     assert "succeeded" in submitted["stdout"]
     started = [e for e in submitted["events"] if e["event"] == "job_started"]
-    assert started and all(submitted["actor_nodes"][str(d["pid"])] == d["node_id"] for d in started[0]["devices"])
+    assert started and started[0]["devices"] and all(submitted["actor_nodes"][str(d["pid"])] == d["node_id"] for d in started[0]["devices"])

@@ -130,3 +130,31 @@ def test_executor_posts_by_the_replayed_rule_on_the_directed_link_groups() -> No
 
 def _unused(*_: object) -> None:
     raise AssertionError("not called")
+
+
+def test_executor_passes_the_directed_link_group_to_isend_and_irecv(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The group objects handed to torch.distributed are the directed link's, in both directions."""
+    import actors.execution as execution
+
+    calls: list[tuple[str, int, object]] = []
+
+    class Done:
+        def wait(self) -> None:
+            pass
+
+        def is_completed(self) -> bool:
+            return True
+
+    monkeypatch.setattr(execution.dist, "isend", lambda t, dst, group=None, tag=0: calls.append(("send", dst, group)) or Done())
+    monkeypatch.setattr(execution.dist, "irecv", lambda t, src, group=None, tag=0: calls.append(("recv", src, group)) or Done())
+    plan = straight_plan([0, 1, 2], 2, ScheduleKind.ONE_F_ONE_B)
+    schedule = lower(plan)
+    links = {key: object() for key in directed_links(schedule)}
+    blocks = {0: torch.nn.Linear(3, 3)}
+    spec = JobSpec(_unused, lambda out, y: out.sum(), _unused, lambda step: (torch.ones(4, 3), torch.zeros(4, 3)))
+    ex = Executor(spec, plan, 0, {0: 0, 1: 1}, schedule.programs[0], blocks, {}, {}, [((3,), torch.float32)] * 3, 4,
+                  torch.device("cpu"), links=links)
+    ex.run(0)
+    assert {(kind, group is links[(0, 1)] if kind == "send" else group is links[(1, 0)]) for kind, _, group in calls} == {
+        ("send", True), ("recv", True)}
+    assert len(calls) == 4  # two micro-batches: two activations out, two gradients in

@@ -68,6 +68,10 @@ def test_identity_must_match_the_slot() -> None:
         check_identity(0, slot, {"node_id": "node-b", "accelerator": "A100", "gpu_ids": ["0"]})
     with pytest.raises(UserError, match="planned on a A100 but its actor got a V100"):
         check_identity(0, slot, {"node_id": "node-a", "accelerator": "V100", "gpu_ids": ["0"]})
+    with pytest.raises(UserError, match="its actor's GPU is a NVIDIA V100"):  # the label lies about the hardware
+        check_identity(0, slot, {"node_id": "node-a", "accelerator": "A100", "gpu_ids": ["0"], "device_name": "NVIDIA V100-SXM2-16GB"})
+    check_identity(0, Slot("node-a", "gpu", "A100-80G", 0),
+                   {"node_id": "node-a", "accelerator": "A100-80G", "gpu_ids": ["1"], "device_name": "NVIDIA A100-SXM4-80GB"})
     with pytest.raises(UserError, match="got none"):
         check_identity(0, slot, {"node_id": "node-a", "accelerator": "A100", "gpu_ids": []})
 
