@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -137,11 +138,14 @@ def jobs(tmp: Path) -> dict[str, Any]:
     try:
         out_dir = tmp / "job-out"
         env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-        submit = subprocess.run(
-            [str(Path(sys.executable).parent / "ray"), "job", "submit", "--address", f"http://127.0.0.1:{port}",
-             "--working-dir", str(ROOT), "--", sys.executable, "examples/elastic_gpt.py", "--steps", "2",
-             "--checkpoint-every", "1", "--out", str(out_dir)],
-            capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+        command = [str(Path(sys.executable).parent / "ray"), "job", "submit", "--address", f"http://127.0.0.1:{port}",
+                   "--working-dir", str(ROOT), "--", sys.executable, "examples/elastic_gpt.py", "--steps", "2",
+                   "--checkpoint-every", "1", "--out", str(out_dir)]
+        for _ in range(24):  # the head's job agent comes up some seconds after the dashboard answers
+            submit = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+            if "No available agent" not in submit.stdout + submit.stderr:
+                break
+            time.sleep(5)
         events = [json.loads(line) for line in (out_dir / "events.jsonl").read_text().splitlines()] if (out_dir / "events.jsonl").exists() else []
         ray.init(address=cluster.address, log_to_driver=False)
         import ray._private.state as state
