@@ -144,10 +144,11 @@ def simulate_groups(plan: Plan, profile: Profile, cluster: Cluster, options: Sim
     S = len(stages)
     speeds = cluster.speeds
     exact = True
-    speed = []
+    speed, slowest = [], []
     for devs in groups:
         sp = [float(speeds[d]) / options.slowdown.get(d, 1.0) for d in devs] if options.slowdown else [float(x) for x in speeds[list(devs)]]
         speed.append(max(sp) if lower else min(sp))
+        slowest.append(min(sp))
         exact = exact and max(sp) == min(sp)
     fw = [profile.forward_time(s.first, s.last) / speed[j % p] / s.replicas for j, s in enumerate(stages)]
     bw = [profile.backward_time(s.first, s.last) / speed[j % p] / s.replicas for j, s in enumerate(stages)]
@@ -230,6 +231,24 @@ def simulate_groups(plan: Plan, profile: Profile, cluster: Cluster, options: Sim
                 progressed = True
         if not progressed:
             return GroupSim(INF, (), False, False)
+    if lower and not exact:
+        # The slowest replica of each group runs its own order at its own speed, and its messages
+        # arrive no earlier than in the pass above (which bounds every sender's replicas): a
+        # tighter bound on that replica, hence on the iteration.
+        for g in range(p):
+            t = 0.0
+            for k, act in enumerate(orders[g]):
+                j = act.stage
+                u = (act.microbatch, act.part)
+                f = fw if act.kind is Kind.FORWARD else bw
+                if act.kind is Kind.FORWARD and j > 0:
+                    t = max(t, arr_f[(j, u)])
+                elif act.kind is Kind.BACKWARD and j + 1 < S:
+                    t = max(t, arr_b[(j, u)])
+                t += f[j] * frac[u] * speed[g] / slowest[g]
+                if act.kind is Kind.BACKWARD and last_backward[g].get(j) == k:
+                    t += ar[j]
+            clock[g] = max(clock[g], t)
     step = options.step_s_per_param_byte
     if step:  # every device ends with its stages' optimizer steps
         for g in range(p):

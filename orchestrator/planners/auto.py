@@ -49,7 +49,7 @@ from orchestrator.profile import Profile
 from orchestrator.simulator import memory_error, simulate
 
 CANDIDATES = ("even", "params", "pipedream", "spp", "dapple", "autopipe", "2bw")
-EXACT_STRUCTURES = 4000
+EXACT_STRUCTURES = 20000
 FULL_SEARCH_DEVICES = 64
 REFINE = 3
 INF = float("inf")
@@ -211,7 +211,7 @@ def plan_auto(profile: Profile, cluster: Cluster, options: PlannerOptions) -> Pl
     max_stages = min(options.max_stages or n, n)
     small = exhaustive.space_size(L, n, max_stages, options.straight, interleave) <= EXACT_STRUCTURES
     if small:
-        for stages in exhaustive.structures(L, n, max_stages, options.straight, interleave):
+        for stages in exhaustive.structures(L, n, max_stages, options.straight, interleave, exhaustive.automorphisms(cluster)):
             p = len({s.devices for s in stages})
             if p == len(stages) or M % p == 0:
                 push("exhaustive", stages, None)
@@ -289,14 +289,15 @@ def _branch_and_bound(heap: list[_Item], profile: Profile, cluster: Cluster, opt
         raise UserError(f"auto: no candidate plan fits device memory ({detail or 'nothing to try'})")
     # The winner W has the least upper bound; every other plan must provably be no faster:
     # its lower bound is >= W's upper bound, or it is simulated (then exact) and is not faster.
+    # One contender at a time, least lower bound first: each exact time can lower the bar.
     while True:
         win = min(alive, key=lambda c: (c.hi, c.rank))
         pending = [c for c in alive if c is not win and not c.exact and c.lo < win.hi]
         if not pending:
             break
-        for c in pending:
-            if not simulate_exact(c):
-                alive.remove(c)
+        c = min(pending, key=lambda c: (c.lo, c.rank))
+        if not simulate_exact(c):
+            alive.remove(c)
     return replace(win.plan, algorithm=f"auto:{win.label}", objective_s=win.hi)
 
 

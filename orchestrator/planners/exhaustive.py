@@ -17,9 +17,13 @@ import itertools
 from collections.abc import Iterator
 from math import comb
 
+import numpy as np
+
+from orchestrator.cluster import Cluster
 from orchestrator.plan import Stage
 
 MAX_VIRTUAL_STAGES = 4
+MAX_SYMMETRY_DEVICES = 6
 Structure = tuple[Stage, ...]
 
 
@@ -61,8 +65,40 @@ def placements(n: int, k: int, straight: bool) -> Iterator[tuple[tuple[int, ...]
             yield groups
 
 
-def structures(num_blocks: int, num_devices: int, max_stages: int, straight: bool, interleave: bool) -> Iterator[Structure]:
-    """Every straight structure with up to ``max_stages`` stages, then the interleaved ones."""
+def automorphisms(cluster: Cluster) -> list[tuple[int, ...]]:
+    """Device permutations that leave every cost unchanged (speeds, memories, effective links):
+    a structure and its image under one simulate alike, so only one of them needs timing.
+    Clusters of more than ``MAX_SYMMETRY_DEVICES`` devices get the identity only."""
+    n = cluster.size
+    ident = tuple(range(n))
+    if n > MAX_SYMMETRY_DEVICES:
+        return [ident]
+    sp, mem, eff = cluster.speeds, cluster.memories, cluster.effective
+    out = []
+    for perm in itertools.permutations(range(n)):
+        P = np.array(perm)
+        if np.array_equal(sp[P], sp) and np.array_equal(mem[P], mem) and np.array_equal(eff[np.ix_(P, P)], eff):
+            out.append(perm)
+    return out
+
+
+def _canonical(stages: Structure, autos: list[tuple[int, ...]]) -> bool:
+    """Whether ``stages`` is the least image of itself under the automorphisms."""
+    key = tuple((s.first, s.last, s.devices) for s in stages)
+    for perm in autos:
+        if tuple((s.first, s.last, tuple(perm[d] for d in s.devices)) for s in stages) < key:
+            return False
+    return True
+
+
+def structures(num_blocks: int, num_devices: int, max_stages: int, straight: bool, interleave: bool, autos: list[tuple[int, ...]] | None = None) -> Iterator[Structure]:
+    """Every straight structure with up to ``max_stages`` stages, then the interleaved ones; with
+    ``autos``, one structure per class of structures the automorphisms map onto each other."""
+    if autos is not None and len(autos) > 1:
+        for st in structures(num_blocks, num_devices, max_stages, straight, interleave):
+            if _canonical(st, autos):
+                yield st
+        return
     L = num_blocks
     for k in range(1, min(max_stages, L, num_devices) + 1):
         for groups in placements(num_devices, k, straight):
