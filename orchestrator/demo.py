@@ -20,7 +20,7 @@ import torch
 from actors.reference import ReferenceTrainer, max_difference
 from cloud.importers import load_snapshot
 from cloud.migration import MigrationCosts
-from cloud.records import Offer
+from cloud.records import Offer, is_estimate
 from orchestrator.cluster import flat
 from orchestrator.elastic import ModelSpec, TrainerSession, local_launcher, plan_for, simulated_throughputs, snapshot_policy
 from orchestrator.job import JobConfig, JobManager, Placement
@@ -167,7 +167,8 @@ def chapter_preemption(out: Path, profile: Profile, model: ModelSpec, session: T
     # The local machine stands in for the target cloud; it "gets" 3 GPUs of the 4 asked for.
     manager = JobManager(config, Placement(LaunchTarget("local"), 4, current, flat(4, 100.0)), factory,
                          local_launcher(capacity=3), policy, events, metrics=RayMetrics("demo"))
-    print(f"running on {current.label()} at ${current.usd_per_hour:.3f}/h; a 2-minute notice arrives at step {session.step}")
+    estimated = " (an estimated spot price: the bundled snapshot has no observed one)" if is_estimate(str(start.source)) else ""
+    print(f"running on {current.label()} at ${current.usd_per_hour:.3f}/h{estimated}; a 2-minute notice arrives at step {session.step}")
     manager.notify_preemption(manager.clock() + 120.0, "injected AWS-style 2-minute notice")
     report = manager.run(session=session)
     for e in report.events:
