@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -131,27 +132,46 @@ def jobs(tmp: Path) -> dict[str, Any]:
     # One head node: raylets started on one machine share the session folder, and each would
     # unpack the job's working directory into the same place while the others import from it.
     port = _free_port()
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 3, "include_dashboard": True,
-                                                            "dashboard_host": "127.0.0.1", "dashboard_port": port})
+    address = f"http://127.0.0.1:{port}"
+    # Every service on its own free port: the job agent's default (52365) may still be held by a
+    # process from an earlier scenario, and then no job can be submitted.
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 3, "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": port,
+        "dashboard_agent_listen_port": _free_port(), "runtime_env_agent_port": _free_port(),
+        "metrics_agent_port": _free_port()})
     workers: list[Any] = []
     cluster.wait_for_nodes()
     try:
         out_dir = tmp / "job-out"
         env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-        command = [str(Path(sys.executable).parent / "ray"), "job", "submit", "--address", f"http://127.0.0.1:{port}",
+        command = [str(Path(sys.executable).parent / "ray"), "job", "submit", "--no-wait", "--address", address,
                    "--working-dir", str(ROOT), "--", sys.executable, "examples/elastic_gpt.py", "--steps", "2",
                    "--checkpoint-every", "1", "--out", str(out_dir)]
         for _ in range(24):  # the head's job agent comes up some seconds after the dashboard answers
-            submit = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+            submit = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
             if "No available agent" not in submit.stdout + submit.stderr:
                 break
             time.sleep(5)
+        found = re.search(r"raysubmit_\w+", submit.stdout + submit.stderr)
+        status, logs = "NOT SUBMITTED", ""
+        if submit.returncode == 0 and found:  # our own deadline, so a stuck job is reported, not waited on
+            from ray.job_submission import JobStatus, JobSubmissionClient
+
+            client = JobSubmissionClient(address)
+            deadline = time.monotonic() + 240
+            while time.monotonic() < deadline:
+                status = str(client.get_job_status(found.group(0)))
+                if client.get_job_status(found.group(0)) in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
+                    break
+                time.sleep(2)
+            logs = client.get_job_logs(found.group(0))
         events = [json.loads(line) for line in (out_dir / "events.jsonl").read_text().splitlines()] if (out_dir / "events.jsonl").exists() else []
         ray.init(address=cluster.address, log_to_driver=False)
         import ray._private.state as state
 
         actors = {int(a["Pid"]): a["Address"]["NodeID"] for a in state.actors().values() if a.get("ActorClassName") == "StageWorker"}
-        return {"rc": submit.returncode, "stdout": submit.stdout[-3000:], "stderr": submit.stderr[-3000:], "events": events,
+        return {"rc": submit.returncode, "status": status, "logs": logs[-3000:], "stdout": submit.stdout[-3000:],
+                "stderr": submit.stderr[-3000:], "events": events,
                 "actor_nodes": {str(pid): node for pid, node in actors.items()},
                 "nodes": [n.node_id for n in [cluster.head_node, *workers]]}
     finally:
