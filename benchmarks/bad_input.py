@@ -29,6 +29,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.fuzz_helpers import snapshot  # noqa: E402 - the suite's "nothing written" check, shared
+
 MEMORY_CAP = 4 * 2**30
 TIME_LIMIT_S = 40.0
 BLOCK = {"name": "b", "forward_s": 0.001, "backward_s": 0.002, "activation_bytes": 1e6, "param_bytes": 1e6}
@@ -198,17 +202,6 @@ def _limits() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
 
 
-def _snapshot(root: Path) -> dict[str, tuple[str, int, int]]:
-    seen = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            p = Path(dirpath) / name
-            s = os.lstat(p)
-            kind = "link" if stat.S_ISLNK(s.st_mode) else "dir" if stat.S_ISDIR(s.st_mode) else "file" if stat.S_ISREG(s.st_mode) else "other"
-            seen[str(p.relative_to(root))] = (kind, s.st_size if kind == "file" else 0, s.st_mtime_ns if kind == "file" else 0)
-    return seen
-
-
 def _fixtures(root: Path, case: Case) -> None:
     (root / "good.json").write_text(json.dumps({"format": "raypipe-profile", "name": "good", "microbatch_size": 4,
                                                  "blocks": [dict(BLOCK, name=f"b{i}") for i in range(6)]}))
@@ -230,7 +223,7 @@ def run_case(case: Case, tree: Path) -> tuple[bool, str]:
     with tempfile.TemporaryDirectory(prefix="raypipe-bad-") as tmp:
         root = Path(tmp)
         _fixtures(root, case)
-        before = _snapshot(root)
+        before = snapshot(root)
         env = dict(os.environ, PYTHONPATH=str(tree), MPLBACKEND="Agg", RAY_DISABLE_IMPORT_WARNING="1")
         env.pop("AWS_ACCESS_KEY_ID", None)
         try:
@@ -238,7 +231,7 @@ def run_case(case: Case, tree: Path) -> tuple[bool, str]:
                                   text=True, errors="replace", timeout=TIME_LIMIT_S, preexec_fn=_limits, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
             return False, f"ran past {TIME_LIMIT_S:.0f} s"
-        after = _snapshot(root)
+        after = snapshot(root)
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
         if "Traceback" in proc.stderr:
             return False, f"traceback ({lines[-1][:80] if lines else ''})"

@@ -105,9 +105,10 @@ def _ref_worker(path: str, q: Any) -> None:
     q.put((time.perf_counter() - t, v))
 
 
-def reference_timing(path: Path, timeout: float) -> tuple[float, float] | None:
+def in_process(target: Any, args: tuple[Any, ...], timeout: float) -> Any:
+    """``target(*args, queue)`` in a child process; its one queued result, or None past ``timeout``."""
     q: Any = mp.Queue()
-    proc = mp.Process(target=_ref_worker, args=(str(path), q))
+    proc = mp.Process(target=target, args=(*args, q))
     proc.start()
     proc.join(timeout)
     if proc.is_alive():
@@ -115,6 +116,11 @@ def reference_timing(path: Path, timeout: float) -> tuple[float, float] | None:
         proc.join()
         return None
     return q.get() if not q.empty() else None
+
+
+def reference_timing(path: Path, timeout: float) -> tuple[float, float] | None:
+    result: tuple[float, float] | None = in_process(_ref_worker, (str(path),), timeout)
+    return result
 
 
 def _graph_ref_worker(path: str, workers: int, gbps: float, q: Any) -> None:
@@ -131,15 +137,8 @@ def _graph_ref_worker(path: str, workers: int, gbps: float, q: Any) -> None:
 
 def graph_reference(path: Path, workers: int, gbps: float, timeout: float) -> tuple[float, float, int] | str | None:
     """(seconds, published optimizer's bottleneck, antichain states), why it failed, or None past ``timeout``."""
-    q: Any = mp.Queue()
-    proc = mp.Process(target=_graph_ref_worker, args=(str(path), workers, gbps, q))
-    proc.start()
-    proc.join(timeout)
-    if proc.is_alive():
-        proc.terminate()
-        proc.join()
-        return None
-    return q.get() if not q.empty() else None
+    result: tuple[float, float, int] | str | None = in_process(_graph_ref_worker, (str(path), workers, gbps), timeout)
+    return result
 
 
 def loader_at(rev: str) -> Any:

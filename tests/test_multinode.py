@@ -25,15 +25,20 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.timeout(600)
 
 
-@pytest.fixture(scope="module")
-def scenario() -> dict[str, Any]:
+def run_scenario(name: str) -> dict[str, Any]:
+    """tests/multinode.py ``name`` in its own process (one process joins one Ray cluster)."""
     pytest.importorskip("ray.cluster_utils")
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["PYTHONPATH"] = str(ROOT)
-    run = subprocess.run([sys.executable, "-m", "tests.multinode", "placement"], capture_output=True, text=True,
+    run = subprocess.run([sys.executable, "-m", "tests.multinode", name], capture_output=True, text=True,
                          timeout=500, cwd=ROOT, env=env)
     assert run.returncode == 0, run.stderr[-4000:]
     return dict(json.loads(run.stdout.strip().splitlines()[-1]))
+
+
+@pytest.fixture(scope="module")
+def scenario() -> dict[str, Any]:
+    return run_scenario("placement")
 
 
 @pytest.mark.ray
@@ -87,12 +92,7 @@ def test_elastic_example_runs_on_the_cluster_at_ray_address(scenario: dict[str, 
 
 @pytest.fixture(scope="module")
 def submitted() -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env["PYTHONPATH"] = str(ROOT)
-    run = subprocess.run([sys.executable, "-m", "tests.multinode", "jobs"], capture_output=True, text=True,
-                         timeout=500, cwd=ROOT, env=env)
-    assert run.returncode == 0, run.stderr[-4000:]
-    return dict(json.loads(run.stdout.strip().splitlines()[-1]))
+    return run_scenario("jobs")
 
 
 @pytest.mark.ray
