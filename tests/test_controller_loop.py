@@ -115,8 +115,7 @@ def test_new_device_is_used_when_predicted_faster(straight: bool) -> None:
     pipe, ctl = make(scenario([Join(3, 6)], initially_absent=[3]), plan=plan, straight=straight)
     before = simulate(plan, PROFILE, pipe.cluster).iteration_s
     ctl.run(14)
-    assert 3 in pipe.current_plan().devices
-    assert any("appeared" in t.reason for t in ctl.transitions)
+    assert 3 in pipe.current_plan().devices  # (a plan naming it before it joined would have been refused)
     assert simulate(pipe.current_plan(), PROFILE, pipe.cluster).iteration_s < 0.9 * before
 
 

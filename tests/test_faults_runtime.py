@@ -111,7 +111,7 @@ def test_run_adaptive_reports_events(pool: Any) -> None:
     """The demo's entry point: per-step throughput and the injected fault as an event."""
     plan = straight_plan([0, 4, 8], M)
     trainer = PipelineTrainer(MLP, loss_fn("mlp"), ADAM, DATA, M, plan=plan, workers=pool, pg_timeout_s=6)
-    run = run_adaptive(trainer, ControllerConfig(straight=True), 4, [Slowdown(1, 2.0, 2)], cluster=flat(4, 10))
+    run = run_adaptive(trainer, ControllerConfig(straight=True, warmup_iterations=2), 4, [Slowdown(1, 2.0, 2)], cluster=flat(4, 10))
     assert len(run.samples_per_s) == 4 and all(t > 0 for t in run.samples_per_s)
     assert [e.kind for e in run.events if e.kind == "slowdown"] == ["slowdown"]
     assert any(e.kind == "decision" for e in run.events)

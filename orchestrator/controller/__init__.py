@@ -15,11 +15,11 @@ from orchestrator.controller.moves import Move, MoveKind, enumerate_moves, path_
 from orchestrator.controller.policies import (
     ArbiterConfig, Continue, DropReplicas, ExplicitArbiter, Option, Restart, Stay, Switch, full_replan, on_device_loss, should_switch,
 )
-from orchestrator.controller.simulated import SimulatedCosts, SimulatedPipeline
+from orchestrator.controller.simulated import NoiseTrace, SimulatedCosts, SimulatedPipeline
 
 __all__ = [
     "ArbiterConfig", "Continue", "Controller", "ControllerConfig", "CostModel", "DropReplicas", "ExplicitArbiter", "FaultSchedule",
-    "IterationMetrics", "Join", "Kill", "Layout", "MonitorConfig", "MonitorState", "Move", "MoveKind", "MoveReport", "Option",
+    "IterationMetrics", "Join", "Kill", "Layout", "MonitorConfig", "MonitorState", "Move", "MoveKind", "MoveReport", "NoiseTrace", "Option",
     "PipelineHandle", "Restart", "RestartReport", "SimulatedCosts", "SimulatedPipeline", "Slowdown", "State", "Stay", "StepRecord",
     "Switch", "Throttle", "Track", "Transition", "enumerate_moves", "full_replan", "model_cluster", "move_transfers", "observe",
     "on_device_loss", "path_to", "scenario", "set_inter_node_bandwidth", "should_switch", "transfer_time", "update_track", "walk",

@@ -36,7 +36,7 @@ from orchestrator.plan import Plan
 from orchestrator.profile import Profile
 from orchestrator.controller.estimate import CostModel, Layout
 from orchestrator.controller.handle import SHIPPED_STATE_FACTOR, IterationMetrics, PipelineHandle, move_transfers, transfer_time
-from orchestrator.controller.monitor import MonitorConfig, Observation, initial_state, model_cluster, observe
+from orchestrator.controller.monitor import MonitorConfig, Observation, initial_state, log_noise, model_cluster, observe
 from orchestrator.controller.moves import best_moves, path_to, walk
 from orchestrator.controller.simcache import SimCache
 from orchestrator.controller.policies import (
@@ -54,7 +54,9 @@ class State(str, Enum):
 
 @dataclass(frozen=True, kw_only=True)
 class ControllerConfig:
-    warmup_iterations: int = 2
+    warmup_iterations: int = 5
+    """Iterations before the first decision: enough for the monitor to know each track's noise
+    (five samples), so that the first decision is not made on bands it has not measured yet."""
     monitor: MonitorConfig = MonitorConfig()
     arbiter: ArbiterConfig = ArbiterConfig()
     use_moves: bool = True
@@ -62,6 +64,10 @@ class ControllerConfig:
     straight: bool = False
     """Only moves that keep one device per stage."""
     replan_algorithm: str = "pipedream"
+    moves_per_pause: int = 0
+    """Moves of a chosen path carried out between two iterations (0: the whole path at once, so a
+    detected change is answered before the next iteration instead of one move per iteration —
+    the rest of a path would otherwise be re-judged on a model its own first moves disturbed)."""
     max_walk: int = 32
     confirm_top: int = 2
     """Single moves confirmed with the simulator besides the walk's and the path's ends."""
@@ -127,6 +133,7 @@ class Controller:
         self._move_overhead = self.config.move_overhead_s
         self._restart_fixed = self.config.restart_fixed_s
         self._steps = 0
+        self._iteration_logs: tuple[float, ...] = ()  # recent completed iterations, for the noise floor
         self._sims = SimCache(self.profile)
         # re-plans by (what was asked, believed model), most recent first; raw ones may be running
         self._polished: list[tuple[tuple[object, ...], _ModelSig, Plan]] = []
@@ -176,6 +183,8 @@ class Controller:
         self._monitor = obs.state
         plan = self.handle.current_plan()
         gone = (set(metrics.lost_devices) | set(obs.disappeared)) & set(plan.devices)
+        if metrics.completed and metrics.iteration_s > 0:
+            self._iteration_logs = (self._iteration_logs + (math.log(metrics.iteration_s),))[-self.config.monitor.noise_window :]
         if not metrics.completed or gone:
             return self._recover(step, metrics, tuple(sorted(gone)), alive)
         if self.state is State.WARMUP:
@@ -208,8 +217,9 @@ class Controller:
             report = self.handle.restart(option.steps[0], from_checkpoint=False)
             self._calibrate_restart(option.steps[0], report.downtime_s)
             return self._record(step, metrics, decision, elapsed, "restart", report.downtime_s)
-        self._path = option.steps[1:]
-        return self._record(step, metrics, decision, elapsed, "move", self._apply_move(option.steps[0]))
+        now = option.steps if self.config.moves_per_pause == 0 else option.steps[: self.config.moves_per_pause]
+        self._path = option.steps[len(now):]
+        return self._record(step, metrics, decision, elapsed, "move", sum(self._apply_move(p) for p in now))
 
     def _recover(self, step: int, metrics: IterationMetrics, gone: tuple[int, ...], alive: tuple[int, ...]) -> StepRecord:
         self._path = ()
@@ -247,7 +257,8 @@ class Controller:
             if Layout.of(target) != start:
                 options.append(Option("restart", (target,), self._sims.iteration_s(target, model),
                                       self.restart_cost(target, planned=True), "full re-plan"))
-        decision = self._arbiter.decide(current_s, options, remaining)
+        noise = log_noise(self._iteration_logs)
+        decision = self._arbiter.decide(current_s, options, remaining, noise)
         if isinstance(decision, Switch) or not movable:
             return decision
         # Slow path, only when no single move pays: multi-move walks across plateaus, and the
@@ -260,7 +271,7 @@ class Controller:
             target_layout = Layout.of(self._replan(model, alive, plan, straight=True))
             if target_layout != start:
                 paths.append(("path to re-plan", [m.layout for m in path_to(start, target_layout, alive)]))
-        return self._arbiter.decide(current_s, options + self._price(plan, model, paths), remaining)
+        return self._arbiter.decide(current_s, options + self._price(plan, model, paths), remaining, noise)
 
     def _price(self, plan: Plan, model: Cluster, paths: list[tuple[str, list[Layout]]]) -> list[Option]:
         """Simulate each path's destination on the model and price the path's switches."""

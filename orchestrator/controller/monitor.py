@@ -15,9 +15,22 @@ iterations, each raw sample being out of band on the same side too (so one outli
 the mean does not count twice); the pending count resets only once the smoothed value or a sample
 comes back within ``exit`` — hysteresis, so a value hovering near the threshold cannot flap. On a confirmed change the
 reference jumps to the mean of the last ``persist`` raw observations (the old history describes
-the old world), and the smoothing restarts there.
+the old world), and the smoothing restarts there. While nothing is pending, the level is then
+refined to the median of every sample since it was set, so the model sharpens with time and a
+"change" that was a burst of noise is walked back (reported as a change only beyond the band).
 
-Links the job does not use are never observed. So a shared-network change (all inter-node links
+**The band follows the measured noise.** A fixed ``enter`` is right on a quiet machine and wrong
+on a loaded one: four actors sharing two cores report speeds that swing by ±25% from one
+iteration to the next (``tests/data/noise_traces``), so a 15% band confirms "changes" that are
+only noise and the controller chases them. Each track therefore also estimates its own noise
+from its recent raw samples — robustly, from the median absolute first difference, so that one
+real step in the window hardly moves it — and the band is widened to ``noise_z`` standard
+deviations of the *smoothed* value when that is wider than ``enter``. A real step of a factor of
+two (0.69 in log) still clears the band while the noise is below about 0.35.
+
+A new track (a device's speed against its nominal prior, a link on first sight) first *learns*
+its level: its reference is the median of its first five samples, so one noisy first sample does
+not become the model. Links the job does not use are never observed. So a shared-network change (all inter-node links
 go from 10 to 100 Gb/s) is not missed on unused links, each link class (intra-/inter-node) carries
 the geometric-mean ratio of its observed links to nominal, applied to its unobserved links.
 
@@ -28,8 +41,9 @@ new state and the list of changes, so a test can replay any metric sequence.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field, replace
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -48,8 +62,15 @@ class MonitorConfig:
     """Relative deviation (as |log ratio|) of the smoothed value from the model that counts."""
     exit: float = 0.05
     """Deviation below which a pending change is forgotten (hysteresis: exit < enter)."""
-    persist: int = 2
+    persist: int = 3
     """Consecutive out-of-band iterations needed to confirm a change."""
+    noise_z: float = 3.0
+    """The band is at least this many standard deviations of the smoothed value's noise (0: off)."""
+    noise_window: int = 24
+    """Raw samples kept per track to estimate its noise and refine its level."""
+    refine: bool = True
+    """Refine a level with the samples since it was set (see the module docstring)."""
+    """Raw samples kept per track to estimate its noise (needs at least 5)."""
 
     def __post_init__(self) -> None:
         if not 0 < self.alpha <= 1:
@@ -58,6 +79,13 @@ class MonitorConfig:
             raise ValueError("need 0 <= exit < enter")
         if self.persist < 1:
             raise ValueError("persist must be >= 1")
+        if self.noise_z < 0 or self.noise_window < max(self.persist, 2):
+            raise ValueError("noise_z must be >= 0 and noise_window >= max(persist, 2)")
+
+    def band(self, noise: float) -> float:
+        """The change-detection threshold (log distance) for a track whose raw samples have
+        log standard deviation ``noise``: ``enter``, or ``noise_z`` deviations of the EWMA."""
+        return max(self.enter, self.noise_z * noise * math.sqrt(self.alpha / (2.0 - self.alpha)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,24 +96,61 @@ class Track:
     smooth: float
     pending: int = 0
     recent: tuple[float, ...] = ()
+    """The last ``noise_window`` raw observations, oldest first."""
+    since: int = 0
+    """Observations since the level was last set (learning or a confirmed change)."""
+
+    def noise(self) -> float:
+        return log_noise(self.recent)
+
+
+LEARNING = 5
+"""Samples a track needs before its noise is known and the band rule applies."""
+
+
+def log_noise(logs: Sequence[float]) -> float:
+    """Robust standard deviation of the noise on a series of log values: median |first difference|
+    / (0.6745·√2), which one real step in the series hardly moves; 0 for fewer than five values
+    (too few to tell noise from anything)."""
+    if len(logs) < LEARNING:
+        return 0.0
+    diffs = sorted(abs(b - a) for a, b in zip(logs, logs[1:]))
+    return diffs[len(diffs) // 2] / (0.6745 * math.sqrt(2.0))
 
 
 def update_track(track: Track, value: float, cfg: MonitorConfig) -> tuple[Track, bool]:
-    """Fold one raw observation in; returns the new track and whether a change was confirmed."""
+    """Fold one raw observation in; returns the new track and whether a change was confirmed.
+
+    The first samples of a track teach it its level: until it has seen ``LEARNING`` of them the
+    reference is their median (one noisy first sample must not become the model, as it would by
+    jumping to it) and a change is reported whenever that median moves by more than ``enter``."""
     lv = math.log(value)
+    if len(track.recent) < LEARNING:
+        recent = track.recent + (lv,)
+        level = statistics.median(recent)
+        return Track(level, level, 0, recent, len(recent)), abs(level - track.ref) > cfg.enter
     smooth = (1 - cfg.alpha) * track.smooth + cfg.alpha * lv
-    recent = (track.recent + (lv,))[-cfg.persist :]
+    band = cfg.band(track.noise())  # the noise known before this sample: a step cannot widen its own band
+    recent = (track.recent + (lv,))[-cfg.noise_window :]
     dev, raw = smooth - track.ref, lv - track.ref
-    if abs(dev) > cfg.enter and abs(raw) > cfg.enter and dev * raw > 0:
+    if abs(dev) > band and abs(raw) > band and dev * raw > 0:
         pending = track.pending + 1  # both the trend and this very sample are out of band
     elif abs(dev) < cfg.exit or abs(raw) < cfg.exit:
         pending = 0  # back near the model: forget
     else:
         pending = track.pending
     if pending >= cfg.persist:
-        level = sum(recent) / len(recent)
-        return Track(level, level, 0, recent), True
-    return Track(track.ref, smooth, pending, recent), False
+        last = recent[-cfg.persist :]
+        level = sum(last) / len(last)
+        return Track(level, level, 0, recent, cfg.persist), True
+    since = track.since + 1
+    if cfg.refine and pending == 0 and since > cfg.persist:
+        # Refine the level with every sample since it was set (their median): a level confirmed
+        # from ``persist`` noisy samples is only a first estimate, and a confirmed "change" that
+        # was a burst of noise is walked back as the samples come in. Reported only beyond the band.
+        level = statistics.median(recent[-min(since, len(recent)) :])
+        return Track(level, smooth, 0, recent, since), abs(level - track.ref) > band
+    return Track(track.ref, smooth, pending, recent, since), False
 
 
 @dataclass(frozen=True)

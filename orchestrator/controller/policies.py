@@ -9,10 +9,14 @@ transfers and stall for live moves, downtime for a restart), with ``H`` iteratio
 horizon::
 
     gain = t_now − t_new
-    switch  ⇔  gain ≥ min_relative_gain · t_now   and   gain · H > margin · cost_s
+    switch  ⇔  gain ≥ max(min_relative_gain, noise_z · σ) · t_now   and   gain · H > margin · cost_s
 
 Among options that pass, the one with the largest net benefit ``gain · H − cost_s`` wins. The
-first clause ignores gains inside the model's own error; the second is the break-even test.
+first clause ignores gains inside the model's own error — ``σ`` is the measured relative noise of
+the iteration time (the controller estimates it from the iterations it saw): a gain smaller than
+what one iteration to the next varies by cannot be told from noise, neither by the monitor that
+estimated the speeds behind it nor by anyone checking the move afterwards; the second clause is
+the break-even test.
 A learned arbiter can replace :class:`ExplicitArbiter` behind the :class:`Arbiter` protocol.
 
 **Failure policy.** A dead device that held no blocks changes nothing. If every stage still has a
@@ -43,10 +47,17 @@ class ArbiterConfig:
     """Required ratio of horizon gain to switch cost (>1: more conservative)."""
     min_relative_gain: float = 0.02
     """Gains below this fraction of the current iteration time are treated as model error."""
+    noise_z: float = 1.0
+    """Gains below this many standard deviations of the iteration time's measured relative noise
+    are treated as noise too (0: off)."""
 
     def __post_init__(self) -> None:
-        if self.horizon_iterations < 1 or self.margin <= 0 or self.min_relative_gain < 0:
-            raise ValueError("horizon must be >= 1, margin > 0, min_relative_gain >= 0")
+        if self.horizon_iterations < 1 or self.margin <= 0 or self.min_relative_gain < 0 or self.noise_z < 0:
+            raise ValueError("horizon must be >= 1, margin > 0, min_relative_gain >= 0, noise_z >= 0")
+
+    def min_gain(self, noise: float) -> float:
+        """The smallest relative gain that counts when iteration times vary by ``noise`` (log sd)."""
+        return max(self.min_relative_gain, self.noise_z * noise)
 
 
 @dataclass(frozen=True)
@@ -82,25 +93,25 @@ class Stay:
 Decision = Union[Switch, Stay]
 
 
-def should_switch(current_s: float, predicted_s: float, cost_s: float, horizon: int, cfg: ArbiterConfig) -> bool:
+def should_switch(current_s: float, predicted_s: float, cost_s: float, horizon: int, cfg: ArbiterConfig, noise: float = 0.0) -> bool:
     """The explicit rule above, on its own so tests can probe both sides of the boundary."""
     gain = current_s - predicted_s
-    return gain >= cfg.min_relative_gain * current_s and gain > 0 and gain * horizon > cfg.margin * cost_s
+    return gain >= cfg.min_gain(noise) * current_s and gain > 0 and gain * horizon > cfg.margin * cost_s
 
 
 class Arbiter(Protocol):
-    def decide(self, current_s: float, options: Sequence[Option], remaining: int | None) -> Decision: ...
+    def decide(self, current_s: float, options: Sequence[Option], remaining: int | None, noise: float = 0.0) -> Decision: ...
 
 
 @dataclass(frozen=True)
 class ExplicitArbiter:
     config: ArbiterConfig = ArbiterConfig()
 
-    def decide(self, current_s: float, options: Sequence[Option], remaining: int | None) -> Decision:
+    def decide(self, current_s: float, options: Sequence[Option], remaining: int | None, noise: float = 0.0) -> Decision:
         horizon = self.config.horizon_iterations if remaining is None else max(0, min(remaining, self.config.horizon_iterations))
         if horizon == 0:
             return Stay("no iterations left")
-        passing = [o for o in options if should_switch(current_s, o.predicted_s, o.cost_s, horizon, self.config)]
+        passing = [o for o in options if should_switch(current_s, o.predicted_s, o.cost_s, horizon, self.config, noise)]
         if not passing:
             best = max(options, key=lambda o: current_s - o.predicted_s, default=None)
             if best is None:

@@ -11,11 +11,18 @@ Moves are charged their hand-over time on the true cluster (via the shared
 charged a fixed process restart plus checkpoint load at storage bandwidth, and from-checkpoint
 restarts redo the iterations since the last checkpoint. ``wall_s`` accumulates all of it, so a
 benchmark's total time is honest about stalls and replays.
+
+Instead of log-normal noise, a :class:`NoiseTrace` recorded from a live runtime
+(``benchmarks/noise_traces.py``) can be replayed: each iteration's true device speeds and link
+bandwidths are scaled by the recorded multipliers, so the controller meets a real machine's
+noise — its size, its correlations across devices and its bursts over time — on any plan.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 
@@ -37,6 +44,38 @@ from orchestrator.controller.handle import (
 )
 
 
+@dataclass(frozen=True)
+class NoiseTrace:
+    """Per-iteration multipliers recorded from a live run with nothing changed (median 1 each):
+    ``speed[d][k]`` for device ``d``, ``link[j][k]`` for the ``j``-th used link. Replay maps
+    device ``d`` to recorded device ``d mod len(speed)`` and link ``(a, b)`` of an ``n``-device
+    cluster to recorded link ``(a·n + b) mod len(link)``, starting at iteration ``offset``."""
+
+    speed: tuple[tuple[float, ...], ...]
+    link: tuple[tuple[float, ...], ...]
+    offset: int = 0
+
+    @classmethod
+    def load(cls, path: str | Path, offset: int = 0) -> "NoiseTrace":
+        data = json.loads(Path(path).read_text())
+        speed = tuple(tuple(float(x) for x in data["speed"][d]) for d in sorted(data["speed"], key=int))
+        link = tuple(tuple(float(x) for x in v) for v in data["link"]) or ((1.0,),)
+        if not speed or any(len(v) == 0 or min(v) <= 0 for v in speed + link):
+            raise ValueError(f"{path}: a noise trace needs positive multipliers for at least one device")
+        return cls(speed, link, offset)
+
+    def speeds(self, k: int, n: int) -> list[float]:
+        return [self.speed[d % len(self.speed)][(k + self.offset) % len(self.speed[d % len(self.speed)])] for d in range(n)]
+
+    def links(self, k: int, n: int) -> np.ndarray:
+        out = np.ones((n, n))
+        for a in range(n):
+            for b in range(n):
+                row = self.link[(a * n + b) % len(self.link)]
+                out[a, b] = row[(k + self.offset) % len(row)]
+        return out
+
+
 @dataclass(frozen=True, kw_only=True)
 class SimulatedCosts:
     """What switching costs in the simulated world (the controller must learn it, not read it)."""
@@ -52,6 +91,8 @@ class SimulatedCosts:
     checkpoint_every: int = 10
     """Iterations between checkpoints; a from-checkpoint restart redoes up to this many."""
     shipped_factor: float = SHIPPED_STATE_FACTOR
+    trace: NoiseTrace | None = None
+    """Replay recorded noise instead of log-normal noise (``noise`` is then ignored)."""
 
 
 def restart_downtime(plan: Plan, profile: Profile, costs: SimulatedCosts) -> float:
@@ -104,6 +145,11 @@ class SimulatedPipeline:
         lost = tuple(sorted(self._reported_alive - alive))
         new = tuple(sorted(alive - self._reported_alive))
         self._reported_alive = set(alive)
+        trace = self.costs.trace
+        if trace is not None:  # the recorded noise is real slowness: time the iteration under it
+            k, n = self.step_index - 1, cond.cluster.size
+            speeds = [d.speed * m for d, m in zip(cond.cluster.devices, trace.speeds(k, n))]
+            cond = replace(cond, cluster=cond.cluster.with_speeds(speeds).with_bandwidth(cond.cluster.bandwidth * trace.links(k, n)))
         result = simulate(self._plan, self.profile, cond.cluster, SimOptions())
         if set(self._plan.devices) & (set(lost) | set(cond.killed_now)):
             # An actor died mid-iteration: the time is spent, the step is not taken.
@@ -166,5 +212,7 @@ class SimulatedPipeline:
         check_plan_alive(plan, self.profile.num_blocks, self.cluster, self._alive_now())
 
     def _noise(self) -> float:
+        if self.costs.trace is not None:
+            return 1.0
         sigma = self.costs.noise
         return float(np.exp(self._rng.normal(0.0, sigma))) if sigma > 0 else 1.0
