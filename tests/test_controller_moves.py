@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 
 from orchestrator.cluster import flat, two_level
-from orchestrator.controller import CostModel, Layout, MoveKind, enumerate_moves, move_transfers, path_to, walk, workers_touched
+from orchestrator.controller import CostModel, Layout, MoveKind, move_transfers, path_to, walk, workers_touched
 from orchestrator.controller.handle import SHIPPED_STATE_FACTOR
 from orchestrator.plan import straight_plan
 from orchestrator.simulator import simulate
 from tests.helpers import random_profile
+from tests.move_oracle import enumerate_moves
 
 STARTS = [
     (Layout((0, 3, 6, 10), ((0,), (1,), (2,))), range(5)),  # straight, two idle devices

@@ -16,7 +16,7 @@ import pytest
 
 from orchestrator.cluster import flat, two_level
 from orchestrator.controller import (
-    Controller, ControllerConfig, CostModel, Layout, SimulatedCosts, SimulatedPipeline, Slowdown, Switch, enumerate_moves, scenario,
+    Controller, ControllerConfig, CostModel, Layout, SimulatedCosts, SimulatedPipeline, Slowdown, Switch, scenario,
     set_inter_node_bandwidth, walk,
 )
 from orchestrator.controller.monitor import log_noise
@@ -26,6 +26,7 @@ from orchestrator.controller.simcache import SimCache
 from orchestrator.plan import Plan, straight_plan
 from orchestrator.simulator import memory_error, simulate
 from tests.helpers import random_profile
+from tests.move_oracle import enumerate_moves
 
 
 # ----- reference implementations (the code before the speed-ups) -----
@@ -221,7 +222,7 @@ def test_slow_path_replan_is_computed_once_per_change() -> None:
     pipe = SimulatedPipeline(profile, cluster, plan, scenario([Slowdown(2, 2.0, 4)]), SimulatedCosts(noise=0.03), seed=5)
     ctl = Controller(pipe, profile, ControllerConfig(straight=True))
     calls = []
-    import orchestrator.controller.controller as module
+    import orchestrator.controller.replan as module
 
     real = module.planner_plan
 
@@ -235,7 +236,7 @@ def test_slow_path_replan_is_computed_once_per_change() -> None:
     finally:
         module.planner_plan = real  # type: ignore[assignment]
         ctl.close()
-    assert len(ctl._raw) >= 1 and not calls  # the start-up answer served every decision
+    assert ctl._replanner.raw_answers >= 1 and not calls  # the start-up answer served every decision
 
 
 @pytest.mark.parametrize("seed,blocks,cluster", PATH_SCENARIOS)

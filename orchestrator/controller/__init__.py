@@ -11,7 +11,7 @@ from orchestrator.controller.estimate import CostModel, Layout
 from orchestrator.controller.faults import FaultSchedule, Join, Kill, Slowdown, Throttle, scenario, set_inter_node_bandwidth
 from orchestrator.controller.handle import IterationMetrics, MoveReport, PipelineHandle, RestartReport, move_transfers, transfer_time
 from orchestrator.controller.monitor import MonitorConfig, MonitorState, Track, model_cluster, observe, update_track
-from orchestrator.controller.moves import Move, MoveKind, enumerate_moves, path_to, walk, workers_touched
+from orchestrator.controller.moves import Move, MoveKind, path_to, walk, workers_touched
 from orchestrator.controller.policies import (
     ArbiterConfig, Continue, DropReplicas, ExplicitArbiter, Option, Restart, Stay, Switch, full_replan, on_device_loss, should_switch,
 )
@@ -21,7 +21,7 @@ __all__ = [
     "ArbiterConfig", "Continue", "Controller", "ControllerConfig", "CostModel", "DropReplicas", "ExplicitArbiter", "FaultSchedule",
     "IterationMetrics", "Join", "Kill", "Layout", "MonitorConfig", "MonitorState", "Move", "MoveKind", "MoveReport", "NoiseTrace", "Option",
     "PipelineHandle", "Restart", "RestartReport", "SimulatedCosts", "SimulatedPipeline", "Slowdown", "State", "Stay", "StepRecord",
-    "Switch", "Throttle", "Track", "Transition", "enumerate_moves", "full_replan", "model_cluster", "move_transfers", "observe",
+    "Switch", "Throttle", "Track", "Transition", "full_replan", "model_cluster", "move_transfers", "observe",
     "on_device_loss", "path_to", "scenario", "set_inter_node_bandwidth", "should_switch", "transfer_time", "update_track", "walk",
     "workers_touched",
 ]

@@ -26,10 +26,9 @@ from __future__ import annotations
 
 import math
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Callable, TypeVar, Union
+from typing import Callable, Union
 
 from orchestrator.cluster import GBPS, Cluster
 from orchestrator.plan import Plan
@@ -41,8 +40,9 @@ from orchestrator.controller.moves import best_moves, path_to, walk
 from orchestrator.controller.simcache import SimCache
 from orchestrator.controller.policies import (
     Arbiter, ArbiterConfig, Continue, Decision, DropReplicas, ExplicitArbiter, FailureDecision, Option, Restart, Stay, Switch,
-    SPEED_AGNOSTIC_PLANNERS, full_replan, on_device_loss, planner_plan, polish_plan,
+    full_replan, on_device_loss,
 )
+from orchestrator.controller.replan import Replanner
 
 
 class State(str, Enum):
@@ -135,20 +135,14 @@ class Controller:
         self._steps = 0
         self._iteration_logs: tuple[float, ...] = ()  # recent completed iterations, for the noise floor
         self._sims = SimCache(self.profile)
-        # re-plans by (what was asked, believed model), most recent first; raw ones may be running
-        self._polished: list[tuple[tuple[object, ...], _ModelSig, Plan]] = []
-        self._raw: list[tuple[tuple[object, ...], _ModelSig, Plan | Future[Plan]]] = []
-        self._pool: ThreadPoolExecutor | None = None
         tol = self.config.replan_reuse_tol
-        self._reuse_tol = self.config.monitor.enter if tol is None else tol
+        self._replanner = Replanner(self.profile, self.config.replan_algorithm, self.config.monitor.enter if tol is None else tol,
+                                    self._sims)
         if self.config.plan_ahead:
             # Start-up: plan the nominal cluster now, so the first decision finds it ready (the
             # controller is built before training starts, like the initial plan).
             plan, alive = self.handle.current_plan(), self.handle.alive_devices()
-            model = self.model()
-            sig = self._raw_sig(_ModelSig.of(model))
-            for straight in self._replans_wanted(plan, alive):
-                self._raw_plan(self._replan_key(alive, plan, straight), sig, model, alive, plan, straight)
+            self._replanner.prepare(self.model(), alive, plan, self._replans_wanted(plan, alive), background=False)
 
     # ----- public -----
     def model(self) -> Cluster:
@@ -161,18 +155,13 @@ class Controller:
     def step(self) -> StepRecord:
         record = self._step()
         if self.config.plan_ahead:
-            self._plan_ahead()
+            plan, alive = self.handle.current_plan(), self.handle.alive_devices()
+            self._replanner.prepare(self.model(), alive, plan, self._replans_wanted(plan, alive), background=True)
         return record
 
     def close(self) -> None:
         """Stop the background re-planning thread (pending work is dropped)."""
-        for _, _, value in self._raw:
-            if isinstance(value, Future):
-                value.cancel()
-        self._raw = [(k, s, v) for k, s, v in self._raw if not isinstance(v, Future)]
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
+        self._replanner.close()
 
     def _step(self) -> StepRecord:
         step = self._steps
@@ -253,7 +242,7 @@ class Controller:
         singles = [(f"single {m.kind.value}", [m.layout]) for m, _ in best_moves(start, cm, alive, cfg.confirm_top, cfg.straight)] if movable else []
         options = self._price(plan, model, singles)
         if cfg.use_restart:
-            target = self._replan(model, alive, plan, straight=False)
+            target = self._replanner.replan(model, alive, plan, straight=False)
             if Layout.of(target) != start:
                 options.append(Option("restart", (target,), self._sims.iteration_s(target, model),
                                       self.restart_cost(target, planned=True), "full re-plan"))
@@ -268,7 +257,7 @@ class Controller:
         if len(w.moves) > 1:
             paths.append(("walk", [m.layout for m in w.moves]))
         if all(len(g) == 1 for g in start.groups):
-            target_layout = Layout.of(self._replan(model, alive, plan, straight=True))
+            target_layout = Layout.of(self._replanner.replan(model, alive, plan, straight=True))
             if target_layout != start:
                 paths.append(("path to re-plan", [m.layout for m in path_to(start, target_layout, alive)]))
         return self._arbiter.decide(current_s, options + self._price(plan, model, paths), remaining, noise)
@@ -288,41 +277,6 @@ class Controller:
             out.append(Option("move", steps, iteration_s, self.path_cost(plan, steps, model), f"{label} ({len(steps)} moves)"))
         return out
 
-    def _replan_key(self, alive: tuple[int, ...], plan: Plan, straight: bool) -> tuple[object, ...]:
-        return (self.config.replan_algorithm, straight, tuple(sorted(alive)), plan.num_microbatches, plan.schedule)
-
-    def _raw_sig(self, sig: "_ModelSig") -> "_ModelSig":
-        return sig.without_speeds() if self.config.replan_algorithm in SPEED_AGNOSTIC_PLANNERS else sig
-
-    def _replan(self, model: Cluster, alive: tuple[int, ...], plan: Plan, straight: bool) -> Plan:
-        """:func:`full_replan` of the believed model, computed once per detected change.
-
-        The polished re-plan is reused while the model stays within ``replan_reuse_tol`` of the
-        one it was computed on; the planner's raw answer likewise (and across speed-only changes
-        for a speed-agnostic planner: then only the polishing walk reruns), taken from the
-        background thread when :meth:`_plan_ahead` started it already."""
-        key, sig = self._replan_key(alive, plan, straight), _ModelSig.of(model)
-        target = _lookup(self._polished, key, sig, self._reuse_tol)
-        if target is None:
-            raw = self._raw_plan(key, self._raw_sig(sig), model, alive, plan, straight)
-            target = polish_plan(raw, self.profile, model, alive, straight, lambda p: self._sims.iteration_s(p, model))
-            self._polished = [(key, sig, target)] + self._polished[:7]
-        assert isinstance(target, Plan)
-        return target
-
-    def _raw_plan(self, key: tuple[object, ...], sig: "_ModelSig", model: Cluster, alive: tuple[int, ...], plan: Plan,
-                  straight: bool) -> Plan:
-        for k, (key_k, sig_k, value) in enumerate(self._raw):
-            if key_k == key and sig_k.close(sig, self._reuse_tol) and not (isinstance(value, Future) and value.cancelled()):
-                if isinstance(value, Future):
-                    value = value.result()  # started by _plan_ahead: wait for what is left
-                self._raw.pop(k)
-                self._raw.insert(0, (key_k, sig_k, value))
-                return value
-        raw = planner_plan(self.profile, model, alive, plan, self.config.replan_algorithm, straight)
-        self._raw = [(key, sig, raw)] + self._raw[:7]
-        return raw
-
     def _replans_wanted(self, plan: Plan, alive: tuple[int, ...]) -> list[bool]:
         """The full re-plans (``straight`` flags) a decision on ``plan`` may ask for."""
         wanted = []
@@ -331,29 +285,6 @@ class Controller:
         if alive and self.config.use_restart:
             wanted.append(False)  # the restart option
         return wanted
-
-    def _plan_ahead(self) -> None:
-        """Between iterations: if the believed model has no (cached or running) planner answer that
-        the slow path or the restart option could ask for, start one in the background thread."""
-        cfg = self.config
-        plan = self.handle.current_plan()
-        alive = self.handle.alive_devices()
-        wanted = self._replans_wanted(plan, alive)
-        if not wanted:
-            return
-        model = self.model()
-        sig = self._raw_sig(_ModelSig.of(model))
-        for straight in wanted:
-            key = self._replan_key(alive, plan, straight)
-            found = _lookup(self._raw, key, sig, self._reuse_tol)
-            if found is not None and not (isinstance(found, Future) and found.cancelled()):
-                continue
-            # jobs for older models that have not started yet are stale: drop them
-            self._raw = [(k, s, v) for k, s, v in self._raw if not (isinstance(v, Future) and (v.cancelled() or v.cancel()))]
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="replan-ahead")
-            fut = self._pool.submit(planner_plan, self.profile, model, alive, plan, cfg.replan_algorithm, straight)
-            self._raw = [(key, sig, fut)] + self._raw[:7]
 
     def path_cost(self, plan: Plan, steps: tuple[Plan, ...], model: Cluster) -> float:
         """Predicted stall of applying ``steps`` one after another: transfers + per-move overhead."""
@@ -394,45 +325,6 @@ class Controller:
         rec = StepRecord(step, metrics.iteration, self.state, metrics.iteration_s, metrics.completed, decision, decision_s, action, action_s)
         self.history.append(rec)
         return rec
-
-
-_T = TypeVar("_T")
-
-
-def _lookup(entries: list[tuple[tuple[object, ...], "_ModelSig", _T]], key: tuple[object, ...], sig: "_ModelSig",
-            tol: float) -> _T | None:
-    """The most recent entry for ``key`` whose model is within ``tol`` of ``sig`` (moved to the front)."""
-    for k, (key_k, sig_k, value) in enumerate(entries):
-        if key_k == key and sig_k.close(sig, tol):
-            entries.insert(0, entries.pop(k))
-            return value
-    return None
-
-
-@dataclass(frozen=True)
-class _ModelSig:
-    """A believed cluster as what full re-planning reads: log speeds and log bandwidths (compared
-    with a tolerance) and the rest (topology, memory, latency; compared exactly)."""
-
-    log_speeds: tuple[float, ...]
-    log_bandwidth: tuple[float, ...]  # off-diagonal links; -inf where there is none
-    exact: tuple[object, ...]
-
-    @classmethod
-    def of(cls, c: Cluster) -> "_ModelSig":
-        n = c.size
-        bw = [float(c.bandwidth[a, b]) for a in range(n) for b in range(n) if a != b]
-        return cls(tuple(math.log(d.speed) for d in c.devices), tuple(math.log(x) if x > 0 else -math.inf for x in bw),
-                   (tuple((d.id, d.node, d.memory_bytes, d.kind) for d in c.devices), c.latency_s))
-
-    def without_speeds(self) -> "_ModelSig":
-        return _ModelSig((), self.log_bandwidth, self.exact)
-
-    def close(self, other: "_ModelSig", tol: float) -> bool:
-        if self.exact != other.exact:
-            return False
-        pairs = zip(self.log_speeds + self.log_bandwidth, other.log_speeds + other.log_bandwidth)
-        return all(a == b or abs(a - b) <= tol for a, b in pairs)
 
 
 def _why(obs: Observation) -> str:
