@@ -94,7 +94,10 @@ class PipelineHandle(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class Transfer:
+class BlockHandover:
+    """Blocks ``[first, last)`` whose state (weights + optimizer, ``nbytes``) device ``src`` hands
+    to device ``dst`` in a live move — a prediction, unlike the runtime's measured transfers."""
+
     src: int
     dst: int
     first: int
@@ -127,11 +130,11 @@ def _minus(a: tuple[int, int], held: list[tuple[int, int]]) -> list[tuple[int, i
 
 
 def move_transfers(old: Plan, new: Plan, profile: Profile, cluster: Cluster, dead: frozenset[int] = frozenset(),
-                   shipped_factor: float = SHIPPED_STATE_FACTOR) -> list[Transfer]:
+                   shipped_factor: float = SHIPPED_STATE_FACTOR) -> list[BlockHandover]:
     """Block state each device of ``new`` lacks, and the old holder (alive, fastest link) to take
     it from. Devices that keep their blocks appear in no transfer."""
     held = _holdings(old)
-    out: list[Transfer] = []
+    out: list[BlockHandover] = []
     for stage in new.stages:
         for d in stage.devices:
             for first, last in _minus((stage.first, stage.last), held.get(d, [])):
@@ -143,11 +146,11 @@ def move_transfers(old: Plan, new: Plan, profile: Profile, cluster: Cluster, dea
                     if not sources:
                         raise ValueError(f"blocks [{lo},{hi}) have no live holder; restart from a checkpoint instead")
                     src = max(sources, key=lambda s: cluster.link(s, d))
-                    out.append(Transfer(src, d, lo, hi, profile.param_bytes(lo, hi) * shipped_factor))
+                    out.append(BlockHandover(src, d, lo, hi, profile.param_bytes(lo, hi) * shipped_factor))
     return out
 
 
-def transfer_time(transfers: list[Transfer], cluster: Cluster) -> float:
+def transfer_time(transfers: list[BlockHandover], cluster: Cluster) -> float:
     """Time for all hand-overs when each sender and each receiver handles one transfer at a time
     and distinct pairs run in parallel: the busiest endpoint bounds it."""
     busy: dict[tuple[str, int], float] = {}

@@ -35,7 +35,7 @@ def shape_key(plan: Plan) -> Hashable:
     return (tuple(s.devices for s in plan.stages), plan.num_microbatches, plan.schedule, plan.sliced_microbatches)
 
 
-def plan_key(plan: Plan) -> Hashable:
+def sim_key(plan: Plan) -> Hashable:
     return (shape_key(plan), tuple(s.first for s in plan.stages), tuple(s.last for s in plan.stages))
 
 
@@ -68,7 +68,7 @@ class SimCache:
                 self._results.popitem(last=False)
         else:
             self._results.move_to_end(mkey)
-        pkey = plan_key(plan)
+        pkey = sim_key(plan)
         hit = table.get(pkey)
         if hit is not None:
             self.hits += 1
