@@ -1,7 +1,8 @@
 """Lower a plan's compute order into full per-device programs.
 
 One pure pass adds, around every forward and backward, the receives it needs and the sends it
-produces; after a stage's last backward on a device it adds the replicas' gradient all-reduce;
+produces (a split backward's ``BI`` communicates like ``B``; its ``W`` does not); after a stage's
+last weight-gradient action (``B`` or ``W``) on a device it adds the replicas' gradient all-reduce;
 the optimizer step of every stage ends the iteration. Sends are asynchronous in both interpreters
 (the simulator queues them on their link, the actors post ``isend``), receives block.
 
@@ -40,7 +41,7 @@ def lower(plan: Plan, check: bool = True) -> Schedule:
         order = orders[r]
         last_backward: dict[int, int] = {}
         for pos, act in enumerate(order):
-            if act.kind is Kind.BACKWARD:
+            if act.kind.grads_weights:
                 last_backward[act.stage] = pos
         for replica, dev in enumerate(group):
             prog: list[Action] = []
@@ -52,6 +53,10 @@ def lower(plan: Plan, check: bool = True) -> Schedule:
                     prog.append(act)
                     if j < last_stage:
                         prog += [Action(Kind.SEND_F, j, mb, part, dst) for dst, _ in peers(plan, j, replica, j + 1) if dst != dev]
+                elif act.kind is Kind.BACKWARD_WEIGHT:
+                    prog.append(act)
+                    if last_backward.get(j) == pos and len(group) > 1:
+                        prog.append(Action(Kind.ALL_REDUCE, j))
                 else:
                     if j < last_stage:
                         prog += [Action(Kind.RECV_B, j, mb, part, src) for src, _ in peers(plan, j, replica, j + 1) if src != dev]
