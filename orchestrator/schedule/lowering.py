@@ -31,10 +31,14 @@ def peers(plan: Plan, stage: int, replica: int, other: int) -> list[tuple[int, f
     return out
 
 
-def lower(plan: Plan, check: bool = True) -> Schedule:
-    """The complete schedule of ``plan`` (validated unless ``check`` is False)."""
+def lower(plan: Plan, check: bool = True, orders: list[list[Action]] | None = None) -> Schedule:
+    """The complete schedule of ``plan`` (validated unless ``check`` is False).
+
+    ``orders`` (one compute order per device group) replaces the generator's: any hand-written
+    or foreign order (e.g. torch.distributed.pipelining's) is lowered, checked and timed alike."""
     units = units_of(plan)
-    orders = GENERATORS[plan.schedule](plan, units)
+    if orders is None:
+        orders = GENERATORS[plan.schedule](plan, units)
     last_stage = len(plan.stages) - 1
     programs: dict[int, tuple[Action, ...]] = {}
     for r, group in enumerate(plan.device_groups):
