@@ -196,6 +196,8 @@ def _honour_schedule(name: str, plan: Plan, profile: Profile, cluster: Cluster, 
             raise UserError(f"{name}: its plan is interleaved and cannot run the {want.value} schedule")
         plan = replace(plan, schedule=want)
     if options.extra.get("interleave") and plan.virtual_chunks == 1:
+        if want in (ScheduleKind.GPIPE, ScheduleKind.ZB_H1):  # interleaving is 1F1B's (Megatron's PTD-P)
+            raise UserError(f"{name}: cannot interleave the {want.value} schedule (--interleave runs interleaved 1F1B)")
         plan = best_interleaving(plan, profile, cluster, options)
     return plan
 
