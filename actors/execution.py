@@ -50,6 +50,7 @@ from torch import Tensor, nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from actors import user_code
+from actors.backward_split import PendingWeights, backward_input
 from actors.gpu import EventClock, check_nccl_dtypes, dtype_buckets
 from actors.tables import ProgramTables
 from actors.tables import Key, Piece
@@ -105,6 +106,7 @@ class Executor(ProgramTables):
         self.param_ptrs = {p.data_ptr() for m in modules.values() for p in m.parameters()}
         self.handlers: dict[Kind, Callable[[Action], None]] = {
             Kind.FORWARD: self._forward, Kind.BACKWARD: self._backward,
+            Kind.BACKWARD_INPUT: self._backward_input, Kind.BACKWARD_WEIGHT: self._backward_weight,
             Kind.SEND_F: self._send, Kind.SEND_B: self._send,
             Kind.RECV_F: self._recv, Kind.RECV_B: self._recv,
             Kind.ALL_REDUCE: self._all_reduce, Kind.STEP: self._step,
@@ -120,7 +122,7 @@ class Executor(ProgramTables):
                 self.consumers[("B", a.stage, a.unit)] += 1
             elif a.kind is Kind.FORWARD and a.stage > 0 and a.stage - 1 in mine:
                 self.consumers[("F", a.stage - 1, a.unit)] += 1
-            elif a.kind is Kind.BACKWARD and a.stage < self.last and a.stage + 1 in mine:
+            elif a.kind.grads_input and a.stage < self.last and a.stage + 1 in mine:
                 self.consumers[("B", a.stage + 1, a.unit)] += 1
         self._compile()
         if self.cuda:
@@ -150,6 +152,7 @@ class Executor(ProgramTables):
                 inputs, targets = (t.to(self.torch_device, non_blocking=True) for t in (inputs, targets))
             self.inputs, self.targets = inputs, targets
         self.stash: dict[Key, tuple[Tensor | None, Tensor, int]] = {}
+        self.weights_due: dict[Key, tuple[PendingWeights, int]] = {}  # split backwards between BI and W
         self.out_f: dict[Key, Tensor] = {}
         self.out_b: dict[Key, Tensor] = {}
         self.inbox: dict[tuple[str, int, tuple[int, int]], Tensor] = {}  # receive buffers being assembled
@@ -186,9 +189,9 @@ class Executor(ProgramTables):
             self.spans, self.sends, self.recvs = self.clock.resolve(self.spans, self.sends, self.recvs)
         elapsed = _perf() - self.t0
         cpu = _thread_time() - cpu0
-        if self.stash or self.inbox or self.posted:
+        if self.stash or self.inbox or self.posted or self.weights_due:
             raise RuntimeError(f"device {self.device}: iteration ended with unconsumed state (a lowering bug)")
-        busy = sum(e - s for _, kind, s, e in self.spans if kind in ("F", "B", "all_reduce", "step"))
+        busy = sum(e - s for _, kind, s, e in self.spans if kind in ("F", "B", "BI", "W", "all_reduce", "step"))
         peak = torch.cuda.max_memory_allocated() if self.cuda else self.stash_peak
         return {
             "device": self.device, "step": step, "t0_wall": self.t0_wall, "iteration_s": elapsed, "busy_s": busy,
@@ -277,6 +280,26 @@ class Executor(ProgramTables):
             self.out_b[key] = x.grad if x.grad is not None else torch.zeros_like(x)
         self.stash_now -= held
         self.spans.append((self.labels[index], "B", start, self._now()))
+
+    def _backward_input(self, a: Action) -> None:
+        """``BI``: the input gradient now, the weight gradients kept for ``W`` (actors/backward_split.py)."""
+        start = self._now()
+        index = self.cursor
+        key, lo, hi, pieces, keep = self.info[index]
+        x, out, held = self.stash.pop(key)
+        grad = torch.ones_like(out) if a.stage == self.last else self._assemble("B", a.stage, a.unit, pieces, lo, hi)
+        dx, pending = backward_input(out, grad, x, self._stage_params(a.stage), _backward)
+        if x is not None and keep:
+            self.out_b[key] = dx if dx is not None else torch.zeros_like(x)
+        self.weights_due[key] = (pending, held)
+        self.spans.append((self.labels[index], "BI", start, self._now()))
+
+    def _backward_weight(self, a: Action) -> None:
+        start = self._now()
+        pending, held = self.weights_due.pop(self.info[self.cursor])
+        pending.run(self._stage_params(a.stage), _backward)
+        self.stash_now -= held
+        self.spans.append((self.labels[self.cursor], "W", start, self._now()))
 
     def _assemble(self, direction: str, stage: int, unit: tuple[int, int], pieces: list[Piece], lo: int, hi: int) -> Tensor:
         """``stage``'s input (F) or output grad (B): received in place, or handed over locally."""

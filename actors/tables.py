@@ -93,7 +93,9 @@ class ProgramTables:
                 stage = self.plan.stages[a.stage]
                 pieces = self._pieces("F", a.stage, a.unit, a.stage - 1) if a.stage > 0 else []
                 self.info[i] = (key, lo, hi, list(range(stage.first, stage.last)), pieces, (hi - lo) / self.batch_rows)
-            elif a.kind is Kind.BACKWARD:
+            elif a.kind is Kind.BACKWARD_WEIGHT:
+                self.info[i] = key
+            elif a.kind.grads_input:  # B, or the BI of a split backward
                 lo, hi = self.rows(a.stage, a.unit)
                 pieces = self._pieces("B", a.stage, a.unit, a.stage + 1) if a.stage < self.last else []
                 keep = self.consumers.get(("B", a.stage, a.unit), 0) > 0

@@ -261,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_cluster_args(p, required=True)
     p.add_argument("--algorithm", default="pipedream", help=f"one of: {', '.join(available())}")
     p.add_argument("--microbatches", type=int, required=True)
-    p.add_argument("--schedule", default=None, help="gpipe, 1f1b or interleaved (default: the planner's choice; auto searches all)")
+    p.add_argument("--schedule", default=None, help="gpipe, 1f1b, interleaved or zb-h1 (default: the planner's choice; auto searches all)")
     p.add_argument("--straight", action="store_true", help="no stage replication")
     p.add_argument("--interleave", action="store_true", help="also choose virtual chunks per device (PTD-P) by simulation")
     p.add_argument("--max-stages", type=int)

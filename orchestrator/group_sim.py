@@ -28,7 +28,7 @@ from orchestrator.plan import Plan, ScheduleKind, Stage
 from orchestrator.profile import Profile
 from orchestrator.schedule.generators import GENERATORS
 from orchestrator.schedule.ir import Action, Kind, unit_fraction, units_of
-from orchestrator.simulator import SimOptions, SimResult
+from orchestrator.simulator import SimOptions, SimResult, backward_parts, stash_sign
 
 INF = float("inf")
 
@@ -119,7 +119,7 @@ def _orders(kind: ScheduleKind, p: int, v: int, M: int, sliced: int, plan: Plan)
         for order in orders:
             lb: dict[int, int] = {}
             for pos, act in enumerate(order):
-                if act.kind is Kind.BACKWARD:
+                if act.kind.grads_weights:
                     lb[act.stage] = pos
             last_backward.append(lb)
         if len(_ORDERS) > 256:
@@ -152,6 +152,10 @@ def simulate_groups(plan: Plan, profile: Profile, cluster: Cluster, options: Sim
         exact = exact and max(sp) == min(sp)
     fw = [profile.forward_time(s.first, s.last) / speed[j % p] / s.replicas for j, s in enumerate(stages)]
     bw = [profile.backward_time(s.first, s.last) / speed[j % p] / s.replicas for j, s in enumerate(stages)]
+    split = [backward_parts(profile, j, s.first, s.last) for j, s in enumerate(stages)]
+    bi = [split[j][0] / speed[j % p] / s.replicas for j, s in enumerate(stages)]
+    ww = [split[j][1] / speed[j % p] / s.replicas for j, s in enumerate(stages)]
+    cost = {Kind.FORWARD: fw, Kind.BACKWARD: bw, Kind.BACKWARD_INPUT: bi, Kind.BACKWARD_WEIGHT: ww}
     out_bytes = [profile.boundary_bytes(s.last) for s in stages]
     in_bytes = [profile.boundary_bytes(s.first) for s in stages]
     spb: dict[tuple[int, int], float] = {}
@@ -205,14 +209,21 @@ def simulate_groups(plan: Plan, profile: Profile, cluster: Cluster, options: Sim
                             st = max(t, link.get((g, dst), 0.0))
                             link[(g, dst)] = st + latp[(g, dst)] + out_bytes[j] * fr * spb[(g, dst)]
                             arr_f[(j + 1, u)] = link[(g, dst)]
+                elif act.kind is Kind.BACKWARD_WEIGHT:
+                    t += ww[j] * fr
+                    busy[g] += ww[j] * fr
+                    if last_backward[g].get(j) == k:
+                        t += ar[j]
+                        busy[g] += ar[j]
                 else:
+                    b = bw if act.kind is Kind.BACKWARD else bi
                     if j + 1 < S:
                         got = arr_b.get((j, u))
                         if got is None:
                             break
                         t = max(t, got)
-                    t += bw[j] * fr
-                    busy[g] += bw[j] * fr
+                    t += b[j] * fr
+                    busy[g] += b[j] * fr
                     if j > 0:
                         dst = (j - 1) % p
                         if dst == g:
@@ -240,13 +251,13 @@ def simulate_groups(plan: Plan, profile: Profile, cluster: Cluster, options: Sim
             for k, act in enumerate(orders[g]):
                 j = act.stage
                 u = (act.microbatch, act.part)
-                f = fw if act.kind is Kind.FORWARD else bw
+                f = cost[act.kind]
                 if act.kind is Kind.FORWARD and j > 0:
                     t = max(t, arr_f[(j, u)])
-                elif act.kind is Kind.BACKWARD and j + 1 < S:
+                elif act.kind.grads_input and j + 1 < S:
                     t = max(t, arr_b[(j, u)])
                 t += f[j] * frac[u] * speed[g] / slowest[g]
-                if act.kind is Kind.BACKWARD and last_backward[g].get(j) == k:
+                if act.kind.grads_weights and last_backward[g].get(j) == k:
                     t += ar[j]
             clock[g] = max(clock[g], t)
     step = options.step_s_per_param_byte
@@ -263,7 +274,7 @@ def simulate_groups(plan: Plan, profile: Profile, cluster: Cluster, options: Sim
         for act in order:
             s = stages[act.stage]
             delta = profile.stash_bytes(s.first, s.last) * unit_fraction(act.part) / s.replicas
-            stash += delta if act.kind is Kind.FORWARD else -delta
+            stash += stash_sign(act.kind) * delta
             peak = max(peak, stash)
         peaks.append(static + peak)
         statics.append(static)
@@ -299,6 +310,8 @@ class BoundTerms:
         fast = [float(speeds[list(devs)].max()) for devs in groups]
         self.f = [profile.forward_time(s.first, s.last) / fast[j % p] / s.replicas for j, s in enumerate(stages)]
         self.b = [profile.backward_time(s.first, s.last) / fast[j % p] / s.replicas for j, s in enumerate(stages)]
+        # a split backward's input-gradient part (what the chain back to stage 0 waits for)
+        self.bi = [backward_parts(profile, j, s.first, s.last)[0] / fast[j % p] / s.replicas for j, s in enumerate(stages)]
         out_bytes = [profile.boundary_bytes(s.last) for s in stages]
         # per boundary and direction: (bytes × slowest receiver-side cost, bytes × cheapest receiver's slowest)
         self.msg_first: list[tuple[float, float]] = []  # (forward, backward) first-message byte-seconds
@@ -319,10 +332,16 @@ class BoundTerms:
             self.groups.append((k, work, fast[k], sum(ar[j] for j in range(k, S, p))))
         self.S = S
 
-    def bound(self, total: float, fmin: float, n_units: int) -> float:
-        """Lower bound for ``n_units`` units of ``total`` micro-batches, the smallest ``fmin``."""
+    def bound(self, total: float, fmin: float, n_units: int, split: bool = False) -> float:
+        """Lower bound for ``n_units`` units of ``total`` micro-batches, the smallest ``fmin``.
+
+        ``split``: the schedule splits backwards (zero bubble). Then only input gradients chain
+        back to stage 0 (its own backward is all weight gradient, run whole after its ``BI``),
+        and a device's last action may be a deferred ``W`` that nothing waits for, so its
+        term ends with its all-reduce rather than with the chain."""
         S, lat = self.S, self.lat
         f, b = self.f, self.b
+        chain = [b[0]] + self.bi[1:] if split else b
 
         def first(j: int, k: int) -> float:
             v = self.msg_first[j][k]
@@ -333,18 +352,19 @@ class BoundTerms:
             head[j + 1] = head[j] + f[j] * fmin + first(j, 0)
         tail = [0.0] * S
         for j in range(1, S):
-            tail[j] = tail[j - 1] + b[j - 1] * fmin + first(j - 1, 1)
+            tail[j] = tail[j - 1] + chain[j - 1] * fmin + first(j - 1, 1)
         best = 0.0
         for g, work, speed, ar in self.groups:
-            best = max(best, head[g] + work * total / speed + max(ar, tail[g]))
+            best = max(best, head[g] + work * total / speed + (ar if split else max(ar, tail[g])))
         for j in range(S - 1):
-            fb_next = (f[j + 1] + b[j + 1]) * fmin
+            fb_next = (f[j + 1] + chain[j + 1]) * fmin
             if self.has_msg[j][0]:
                 link = n_units * lat + self.msg_link[j][0] * total
                 best = max(best, head[j] + f[j] * fmin + link + fb_next + tail[j + 1])
             if self.has_msg[j][1]:
                 link = n_units * lat + self.msg_link[j][1] * total
-                best = max(best, head[j + 1] + fb_next + link + b[j] * fmin + tail[j])
+                after = max(b[j] * fmin, chain[j] * fmin + tail[j]) if split else b[j] * fmin + tail[j]
+                best = max(best, head[j + 1] + fb_next + link + after)
         return best * (1 - 1e-9)
 
 
@@ -353,7 +373,7 @@ def plan_lower_bound(plan: Plan, profile: Profile, cluster: Cluster) -> float:
     units = units_of(plan)
     fmin = min(unit_fraction(part) for _, part in units)
     total = sum(unit_fraction(part) for _, part in units)
-    return BoundTerms(plan.stages, profile, cluster).bound(total, fmin, len(units))
+    return BoundTerms(plan.stages, profile, cluster).bound(total, fmin, len(units), plan.schedule is ScheduleKind.ZB_H1)
 
 
 def work_bound(stages: Sequence[Stage], profile: Profile, cluster: Cluster, total: float) -> float:

@@ -38,6 +38,7 @@ import torch
 from actors import checkpoint as ckpt
 from actors.group import PipelineActorError, WorkerGroup
 from actors.metrics import IterationMetrics as MeasuredIteration
+from orchestrator.schedule.ir import COMPUTE_KINDS
 from orchestrator.cluster import GBPS, Cluster, flat
 from orchestrator.controller.controller import Controller, ControllerConfig, StepRecord
 from orchestrator.controller.faults import FaultSchedule, Join, Kill, Slowdown, Throttle
@@ -69,7 +70,7 @@ def to_controller_metrics(m: MeasuredIteration, iteration: int, plan: Plan, lost
     seconds per directed link (the runtime's transfer span, an upper bound on wire time)."""
     compute: dict[int, float] = {}
     for s in m.spans:
-        if s.kind in ("F", "B"):
+        if s.kind in COMPUTE_KINDS:
             compute[s.device] = compute.get(s.device, 0.0) + (s.end - s.start)
     link_bytes: dict[Link, float] = {}
     link_s: dict[Link, float] = {}

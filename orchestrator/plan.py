@@ -26,10 +26,12 @@ class ScheduleKind(str, Enum):
     GPIPE = "gpipe"
     ONE_F_ONE_B = "1f1b"
     INTERLEAVED = "interleaved"
+    ZB_H1 = "zb-h1"  # zero bubble (Qi et al., ICLR 2024), H1: 1F1B's peak memory, W deferred into bubbles
 
     @classmethod
     def parse(cls, text: str) -> "ScheduleKind":
-        aliases = {"pipedream-flush": "1f1b", "dapple": "1f1b", "ptd-p": "interleaved", "interleaved-1f1b": "interleaved"}
+        aliases = {"pipedream-flush": "1f1b", "dapple": "1f1b", "ptd-p": "interleaved", "interleaved-1f1b": "interleaved",
+                   "zb": "zb-h1", "zbh1": "zb-h1", "zero-bubble": "zb-h1"}
         key = aliases.get(text.lower(), text.lower())
         for kind in cls:
             if kind.value == key:

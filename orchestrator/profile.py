@@ -39,6 +39,11 @@ class Block:
     every boundary it spans). ``stash_bytes`` is the memory a stage keeps per in-flight micro-batch for this block's
     backward pass (saved activations); it defaults to the output activation size, which is what
     PipeDream/DAPPLE profiles give.
+
+    ``weight_s`` is the part of ``backward_s`` that computes the weight gradients (the ``W`` of a
+    split backward; the rest is the input gradient ``B``). Zero-bubble schedules time the two
+    halves apart. The profiler measures it; a profile without it (PipeDream/DAPPLE ``graph.txt``)
+    assumes half of the backward, the split the zero-bubble paper reports for transformers.
     """
 
     name: str
@@ -47,6 +52,7 @@ class Block:
     activation_bytes: float
     param_bytes: float
     stash_bytes: float = -1.0
+    weight_s: float = -1.0
 
     def __post_init__(self) -> None:
         where = f"block {self.name!r}"
@@ -58,6 +64,12 @@ class Block:
             object.__setattr__(self, "stash_bytes", float(self.activation_bytes))  # the default: the output activation
         else:
             object.__setattr__(self, "stash_bytes", limits.number(self.stash_bytes, where, "stash_bytes", maximum=limits.MAX_BYTES))
+        if isinstance(self.weight_s, (int, float)) and not isinstance(self.weight_s, bool) and self.weight_s == -1:
+            object.__setattr__(self, "weight_s", self.backward_s / 2)  # no measured split: half (see above)
+        else:
+            object.__setattr__(self, "weight_s", limits.number(self.weight_s, where, "weight_s", maximum=limits.MAX_SECONDS))
+            if self.weight_s > self.backward_s:
+                raise UserError(f"{where}: weight_s {self.weight_s} exceeds backward_s {self.backward_s} (it is a part of it)")
 
 
 @dataclass(frozen=True)
@@ -82,7 +94,7 @@ class Profile:
         object.__setattr__(self, "blocks", tuple(self.blocks))
         if not any(b.forward_s > 0 or b.backward_s > 0 for b in self.blocks):
             raise UserError(f"{where}: every block has zero forward and backward time; nothing to balance")
-        for key in ("forward_s", "backward_s", "param_bytes", "stash_bytes"):
+        for key in ("forward_s", "backward_s", "weight_s", "param_bytes", "stash_bytes"):
             values = np.array([getattr(b, key) for b in self.blocks], dtype=np.float64)
             prefix = np.concatenate([[0.0], np.cumsum(values)])
             prefix.flags.writeable = False
@@ -97,7 +109,7 @@ class Profile:
         return len(self.blocks)
 
     def prefix(self, key: str) -> np.ndarray:
-        """Prefix sums (length L+1) of ``forward_s``, ``backward_s``, ``param_bytes`` or ``stash_bytes``."""
+        """Prefix sums (length L+1) of ``forward_s``, ``backward_s``, ``weight_s``, ``param_bytes`` or ``stash_bytes``."""
         return self._prefix[key]
 
     @property
@@ -111,6 +123,11 @@ class Profile:
 
     def backward_time(self, first: int, last: int) -> float:
         p = self._prefix["backward_s"]
+        return float(p[last] - p[first])
+
+    def weight_time(self, first: int, last: int) -> float:
+        """The weight-gradient part ``W`` of :meth:`backward_time` (see :class:`Block`)."""
+        p = self._prefix["weight_s"]
         return float(p[last] - p[first])
 
     def compute_time(self, first: int, last: int) -> float:
@@ -143,7 +160,8 @@ class Profile:
         """The same model with compute times multiplied (e.g. by a device's observed slowdown)."""
         backward = forward if backward is None else backward
         blocks = tuple(
-            Block(b.name, b.forward_s * forward, b.backward_s * backward, b.activation_bytes, b.param_bytes, b.stash_bytes)
+            Block(b.name, b.forward_s * forward, b.backward_s * backward, b.activation_bytes, b.param_bytes, b.stash_bytes,
+                  b.weight_s * backward)
             for b in self.blocks
         )
         return Profile(self.name, blocks, self.microbatch_size, self.input_bytes, self.source)
@@ -151,7 +169,7 @@ class Profile:
     def with_activation_scale(self, factor: float) -> "Profile":
         """Activation and stash bytes multiplied by ``factor`` (SPP's activation-size sweep)."""
         blocks = tuple(
-            Block(b.name, b.forward_s, b.backward_s, b.activation_bytes * factor, b.param_bytes, b.stash_bytes * factor)
+            Block(b.name, b.forward_s, b.backward_s, b.activation_bytes * factor, b.param_bytes, b.stash_bytes * factor, b.weight_s)
             for b in self.blocks
         )
         return Profile(self.name, blocks, self.microbatch_size, self.input_bytes * factor, self.source)
@@ -168,6 +186,7 @@ class Profile:
                     activation_bytes=float(self.activations[last - 1]),
                     param_bytes=self.param_bytes(first, last),
                     stash_bytes=self.stash_bytes(first, last),
+                    weight_s=min(self.weight_time(first, last), self.backward_time(first, last)),
                 )
             )
         return Profile(self.name, tuple(blocks), self.microbatch_size, self.input_bytes, self.source)

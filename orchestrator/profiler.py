@@ -2,7 +2,10 @@
 
 Planners need per-block forward and backward time, the bytes each block hands to the next
 (what a stage boundary must send), parameter bytes (what a stage must hold) and stash bytes
-(what a stage keeps per in-flight micro-batch for the backward pass). Each block is timed in
+(what a stage keeps per in-flight micro-batch for the backward pass), and how the backward splits
+into its input-gradient and weight-gradient parts (zero-bubble schedules run them apart: the
+split is timed with the executor's own ``BI``/``W`` halves, :mod:`actors.backward_split`, and
+``weight_s`` is the weight half's share of the whole backward). Each block is timed in
 isolation on a detached copy of its input, so the backward time covers exactly that block and
 not its predecessors. Medians are used because the first iterations and occasional OS/driver
 hiccups produce outliers that a mean would fold into the plan.
@@ -18,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from actors import user_code
+from actors.backward_split import backward_input
 from orchestrator.errors import UserError
 from orchestrator.models import EXAMPLE_MODELS, example_batch, load_factory, resolve_spec
 from orchestrator.profile import Block, Profile
@@ -71,9 +75,9 @@ def _as_input(t: Tensor) -> Tensor:
 
 
 def _measure_block(block: nn.Module, x: Tensor, warmup: int, repeats: int, sync: Callable[[], None]) -> tuple[
-    float, float, Tensor, int
+    float, float, Tensor, int, float
 ]:
-    """(median forward s, median backward s, output, stash bytes) for one block."""
+    """(median forward s, median backward s, output, stash bytes, weight share of the backward) for one block."""
     params = {p.untyped_storage().data_ptr() for p in block.parameters()}
     meter = _StashMeter(params)
     with torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack):
@@ -99,7 +103,39 @@ def _measure_block(block: nn.Module, x: Tensor, warmup: int, repeats: int, sync:
             bwd.append(end - mid if differentiable else 0.0)
         block.zero_grad(set_to_none=True)
         x.grad = None
-    return statistics.median(fwd), statistics.median(bwd), out.detach(), meter.total
+    return statistics.median(fwd), statistics.median(bwd), out.detach(), meter.total, _weight_share(block, x, grad, warmup, repeats, sync)
+
+
+def _weight_share(block: nn.Module, x: Tensor, grad: Tensor | None, warmup: int, repeats: int, sync: Callable[[], None]) -> float:
+    """Median share of the weight half ``W`` in a split backward's ``BI`` + ``W`` time.
+
+    An input that needs no gradient (token ids) leaves everything to ``W`` (share 1); a block
+    without parameters has no ``W`` (share 0)."""
+    params = [p for p in block.parameters() if p.requires_grad]
+    if grad is None or not params:
+        return 0.0
+    if not x.requires_grad:
+        return 1.0
+
+    def whole(o: Tensor, g: Tensor) -> None:
+        torch.autograd.backward(o, g)
+
+    shares: list[float] = []
+    for i in range(warmup + repeats):
+        y = block(x)
+        sync()
+        start = time.perf_counter()
+        _, pending = backward_input(y, grad, x, params, whole)
+        sync()
+        mid = time.perf_counter()
+        pending.run(params, whole)
+        sync()
+        end = time.perf_counter()
+        if i >= warmup and end > start:
+            shares.append((end - mid) / (end - start))
+        block.zero_grad(set_to_none=True)
+        x.grad = None
+    return statistics.median(shares) if shares else 0.5
 
 
 def profile_blocks(
@@ -123,7 +159,7 @@ def profile_blocks(
     measured: list[Block] = []
     for i, block in enumerate(blocks):
         block.to(dev)
-        fwd, bwd, out, stash = _measure_block(block, _as_input(x), warmup, repeats, sync)
+        fwd, bwd, out, stash, share = _measure_block(block, _as_input(x), warmup, repeats, sync)
         measured.append(
             Block(
                 name=f"{i}:{type(block).__name__}",
@@ -132,6 +168,7 @@ def profile_blocks(
                 activation_bytes=float(_nbytes(out)),
                 param_bytes=float(sum(_nbytes(p) for p in block.parameters())),
                 stash_bytes=float(stash),
+                weight_s=bwd * share,
             )
         )
         x = out

@@ -1,7 +1,8 @@
 """Discrete-event interpreter of the schedule IR over the cost model.
 
 Cost model (the same one the planners optimize):
-- compute: profile time × unit fraction / device speed / stage replicas;
+- compute: profile time × unit fraction / device speed / stage replicas; a split backward's ``BI``
+  and ``W`` take the profile's input- and weight-gradient parts (:func:`backward_parts`);
 - point-to-point: message latency + bytes / effective link bandwidth, one transfer at a time per link direction,
   in the sender's program order (sends are asynchronous; receives block);
 - ring all-reduce: 2(k−1)/k · stage parameter bytes / slowest link of the ring, a barrier for
@@ -85,6 +86,26 @@ class SimResult:
         }
 
 
+def backward_parts(profile: Profile, stage: int, first: int, last: int) -> tuple[float, float]:
+    """Seconds of ``(BI, W)``, the two halves of stage ``stage``'s split backward over blocks ``[first, last)``.
+
+    The first stage has no input gradient to compute: its ``BI`` is empty and its ``W`` is the
+    whole backward, which is also what the executor runs (as torch.distributed.pipelining does)."""
+    total = profile.backward_time(first, last)
+    if stage == 0:
+        return 0.0, total
+    weight = min(profile.weight_time(first, last), total)
+    return total - weight, weight
+
+
+def stash_sign(kind: Kind) -> int:
+    """+1 where an action starts holding a unit's activations, -1 where it frees them, else 0
+    (a split backward frees them at ``W``, which still reads them)."""
+    if kind is Kind.FORWARD:
+        return 1
+    return -1 if kind.grads_weights else 0
+
+
 class _Costs:
     """Per-plan cost lookups, computed once per simulation."""
 
@@ -92,6 +113,7 @@ class _Costs:
         self.plan, self.profile, self.cluster = plan, profile, cluster
         self.fwd = [profile.forward_time(s.first, s.last) for s in plan.stages]
         self.bwd = [profile.backward_time(s.first, s.last) for s in plan.stages]
+        self.split = [backward_parts(profile, j, s.first, s.last) for j, s in enumerate(plan.stages)]
         self.params = [profile.param_bytes(s.first, s.last) for s in plan.stages]
         self.stash = [profile.stash_bytes(s.first, s.last) for s in plan.stages]
         self.out_bytes = [profile.boundary_bytes(s.last) for s in plan.stages]
@@ -100,7 +122,13 @@ class _Costs:
 
     def compute(self, a: Action, device: int) -> float:
         stage = self.plan.stages[a.stage]
-        base = self.fwd[a.stage] if a.kind is Kind.FORWARD else self.bwd[a.stage]
+        kind = a.kind
+        if kind is Kind.FORWARD:
+            base = self.fwd[a.stage]
+        elif kind is Kind.BACKWARD:
+            base = self.bwd[a.stage]
+        else:
+            base = self.split[a.stage][0 if kind is Kind.BACKWARD_INPUT else 1]
         slow = self.options.slowdown.get(device, 1.0)
         return base * unit_fraction(a.part) * slow / self.cluster.devices[device].speed / stage.replicas
 
@@ -164,7 +192,7 @@ def simulate(
                     idx = emit(Event(d, str(a), a.kind.value, t, t + dur, last_event[d]))
                     busy[d] += dur
                     delta = costs.stash[a.stage] * unit_fraction(a.part) / plan.stages[a.stage].replicas
-                    stash[d] += delta if a.kind is Kind.FORWARD else -delta
+                    stash[d] += stash_sign(a.kind) * delta
                     peak[d] = max(peak[d], stash[d])
                     clock[d], last_event[d] = t + dur, idx
                 elif a.kind in (Kind.SEND_F, Kind.SEND_B):

@@ -13,7 +13,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from orchestrator.files import figure_output, write_json_atomic, write_outputs
 
-COLORS = {"F": "#4C72B0", "B": "#DD8452", "transfer": "#55A868", "all_reduce": "#C44E52", "step": "#8172B3"}
+COLORS = {"F": "#4C72B0", "B": "#DD8452", "BI": "#E8A87C", "W": "#937860", "transfer": "#55A868", "all_reduce": "#C44E52", "step": "#8172B3"}
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,7 @@ simulator, with no bound, heuristic or symmetry argument that could hide a mista
 * every contiguous partition into 1..``max_stages`` stages;
 * every placement: each stage gets a non-empty set of devices (several = data-parallel replicas),
   sets disjoint, in every order, devices may stay idle;
-* GPipe and 1F1B, each with every count of sliced warm-up micro-batches (AutoPipe's slicing);
+* GPipe, 1F1B and ZB-H1, each with every count of sliced warm-up micro-batches (AutoPipe's slicing);
 * interleaved 1F1B: ``p`` device groups with ``v >= 2`` chunks each (``p·v <= max_stages``), every
   partition into ``p·v`` stages, whenever the micro-batch count is a multiple of ``p``.
 
@@ -44,7 +44,7 @@ def plan_space(profile: Profile, cluster: Cluster, M: int, max_stages: int = 4, 
         for groups in placements(n, k, straight):
             for cuts in partitions(L, k):
                 stages = tuple(Stage(cuts[i], cuts[i + 1], groups[i]) for i in range(k))
-                for kind in (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B):
+                for kind in (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.ZB_H1):
                     for sliced in range(M + 1):
                         yield Plan(stages, M, kind, sliced)
     for p in range(2, min(max_stages, n) + 1):

@@ -29,7 +29,7 @@ from tests.helpers import random_profile
 def _shapes() -> list[Plan]:
     out = []
     for p, m in itertools.product([1, 2, 3, 4], [1, 2, 3, 4, 8]):
-        for kind in (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B):
+        for kind in (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.ZB_H1):
             out.append(straight_plan([2 * i for i in range(p + 1)], m, kind))
         if m % p == 0 and p > 1:
             out.append(interleave(straight_plan([2 * i for i in range(p + 1)], m), 2))
@@ -38,6 +38,9 @@ def _shapes() -> list[Plan]:
     out.append(Plan((Stage(0, 2, (0, 1)), Stage(2, 3, (2, 3, 4)), Stage(3, 5, (5,))), 4))
     out.append(Plan((Stage(0, 2, (0, 1)), Stage(2, 4, (2,))), 5, sliced_microbatches=2))
     out.append(Plan((Stage(0, 2, (0,)), Stage(2, 4, (1, 2)), Stage(4, 6, (3,))), 6, ScheduleKind.GPIPE, sliced_microbatches=3))
+    # zero bubble with replicas and sliced units (W after BI, all-reduce after the last W)
+    out.append(Plan((Stage(0, 2, (0, 1)), Stage(2, 3, (2, 3, 4)), Stage(3, 5, (5,))), 4, ScheduleKind.ZB_H1))
+    out.append(Plan((Stage(0, 2, (0,)), Stage(2, 4, (1, 2)), Stage(4, 6, (3,))), 6, ScheduleKind.ZB_H1, sliced_microbatches=3))
     # interleaved stages on replicated groups
     out.append(Plan((Stage(0, 1, (0, 1)), Stage(1, 2, (2,)), Stage(2, 3, (0, 1)), Stage(3, 4, (2,))), 4, ScheduleKind.INTERLEAVED))
     return out

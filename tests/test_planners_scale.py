@@ -182,7 +182,7 @@ def test_dapple_widens_its_beam_before_giving_up(monkeypatch: pytest.MonkeyPatch
 
 
 @pytest.mark.parametrize("name", ["even", "params", "pipedream", "spp", "dapple", "autopipe", "2bw", "auto"])
-@pytest.mark.parametrize("kind", [ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED])
+@pytest.mark.parametrize("kind", list(ScheduleKind))
 def test_every_planner_honours_the_asked_schedule(name: str, kind: ScheduleKind) -> None:
     """The plan runs the asked schedule, or the planner says in one line that it cannot (a
     one-stage plan cannot be interleaved)."""
@@ -203,6 +203,13 @@ def test_a_schedule_a_plan_cannot_run_is_one_line() -> None:
     profile = random_profile(12, 2, act_scale=1e7)
     with pytest.raises(UserError, match="cannot produce the interleaved schedule"):  # M = 3 is no multiple of any depth >= 2 here
         run_planner("even", profile, two_level(1, 2, 100, 10), PlannerOptions(num_microbatches=3, schedule=ScheduleKind.INTERLEAVED))
+
+
+@pytest.mark.parametrize("kind", [ScheduleKind.GPIPE, ScheduleKind.ZB_H1])
+def test_interleaving_another_schedule_is_one_line(kind: ScheduleKind) -> None:
+    profile = random_profile(12, 2, act_scale=1e7)
+    with pytest.raises(UserError, match=f"^even: cannot interleave the {kind.value} schedule"):
+        run_planner("even", profile, two_level(1, 2, 100, 10), PlannerOptions(num_microbatches=4, schedule=kind, extra={"interleave": True}))
 
 
 def test_large_cluster_search_respects_straight_and_max_stages() -> None:

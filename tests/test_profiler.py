@@ -148,3 +148,17 @@ def test_profile_factory_without_any_input_source_says_how(tmp_path: Path) -> No
     path.write_text("from torch import nn\n\ndef build():\n    return [nn.Linear(2, 2)]\n")
     with pytest.raises(UserError, match="pass --input-shape"):
         profile_factory(f"{path}:build", 2, **FAST)
+
+
+def test_backward_split_is_measured() -> None:
+    """weight_s is the weight half's share of the backward: all of it for token ids (nothing
+    else to differentiate), none for a block without parameters, in between for a Linear."""
+    from orchestrator.profiler import profile_blocks
+
+    torch.manual_seed(0)
+    emb, lin, act = torch.nn.Embedding(50, 64), torch.nn.Linear(64, 64), torch.nn.ReLU()
+    prof = profile_blocks([emb, lin, act], torch.randint(0, 50, (16, 8)), "split", 16, warmup=1, repeats=3, device="cpu")
+    e, l, a = prof.blocks
+    assert e.weight_s == e.backward_s
+    assert 0.0 < l.weight_s < l.backward_s
+    assert a.weight_s == 0.0

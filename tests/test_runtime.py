@@ -53,6 +53,10 @@ EXACTNESS = {
     "gpipe-replicas-3-2-sliced": sliced(straight_plan([0, 3, 8], 3, ScheduleKind.GPIPE, devices=[(0, 1, 2), (3, 4)]), 1),
     "interleaved-replicas": interleave(straight_plan([0, 4, 8], 4, devices=[(0, 1), (2,)]), 2),
     "1f1b-3stages-middle-replicated": straight_plan([0, 2, 5, 8], 4, devices=[(0,), (1, 2), (3,)]),
+    # zero bubble: split backwards (BI now, W deferred) give the same weights
+    "zb-h1-4stages": straight_plan([0, 2, 4, 6, 8], 6, ScheduleKind.ZB_H1),
+    "zb-h1-replicas-2-3": straight_plan([0, 3, 8], 3, ScheduleKind.ZB_H1, devices=[(0, 1), (2, 3, 4)]),
+    "zb-h1-3stages-sliced-middle-replicated": sliced(straight_plan([0, 2, 5, 8], 4, ScheduleKind.ZB_H1, devices=[(0,), (1, 2), (3,)]), 2),
 }
 
 
@@ -71,6 +75,22 @@ def run_and_compare(group: Any, plan: Plan, optimizer: Any = SGD, model: Any = M
 @pytest.mark.parametrize("name", list(EXACTNESS))
 def test_pipelined_training_matches_single_process(worker_group: Any, name: str) -> None:
     run_and_compare(worker_group, EXACTNESS[name])
+
+
+@pytest.mark.ray
+def test_zero_bubble_bit_exact_and_transformer(worker_group: Any) -> None:
+    """Split backwards run the whole backward's kernels on the same values in the same order:
+    with one device per stage the weights are bitwise those of single-process training."""
+    plan = straight_plan([0, 3, 5, 8], 5, ScheduleKind.ZB_H1)
+    loss = loss_fn("mlp")
+    trainer = PipelineTrainer(MLP, loss, SGD, MLP_DATA, plan.num_microbatches, plan=plan, workers=worker_group)
+    trainer.fit(STEPS)
+    reference = ReferenceTrainer.for_plan(plan, MLP, loss, SGD, MLP_DATA)
+    reference.train(STEPS)
+    assert max_difference(trainer.state_dicts(), reference.state_dicts()) == 0.0
+    # integer inputs (stage 0 runs its whole backward at W), 3-d activations, attention
+    run_and_compare(worker_group, straight_plan([0, 2, 4, 6], 4, ScheduleKind.ZB_H1), model=TF, data=TF_DATA,
+                    loss=loss_fn("tiny_transformer"))
 
 
 @pytest.mark.ray

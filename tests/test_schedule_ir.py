@@ -13,13 +13,14 @@ from orchestrator.schedule import Action, Kind, Schedule, ScheduleError, lower, 
 def _plans() -> list[Plan]:
     out = []
     for p, M in itertools.product([1, 2, 3, 4], [1, 3, 4, 8]):
-        for kind in (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B):
+        for kind in (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.ZB_H1):
             out.append(straight_plan([2 * i for i in range(p + 1)], M, kind))
         if M % p == 0 and p > 1:
             out.append(interleave(straight_plan([2 * i for i in range(p + 1)], M), 2))
     # replicated stages with mismatched replica counts (row shares overlap partially)
     out.append(Plan((Stage(0, 2, (0, 1)), Stage(2, 3, (2, 3, 4)), Stage(3, 5, (5,))), 4))
     out.append(Plan((Stage(0, 2, (0, 1)), Stage(2, 4, (2,))), 5, sliced_microbatches=2))
+    out.append(Plan((Stage(0, 2, (0, 1)), Stage(2, 4, (2,))), 5, ScheduleKind.ZB_H1, sliced_microbatches=2))
     return out
 
 
@@ -33,15 +34,17 @@ def test_every_generated_schedule_validates_and_round_trips(plan: Plan) -> None:
     for dev, acts in schedule.programs.items():
         for stage in plan.stages_of_device(dev):
             fs = [a.unit for a in acts if a.kind is Kind.FORWARD and a.stage == stage]
-            bs = [a.unit for a in acts if a.kind is Kind.BACKWARD and a.stage == stage]
-            assert sorted(fs) == sorted(schedule.units) == sorted(bs)
+            bs = [a.unit for a in acts if a.kind.grads_input and a.stage == stage]
+            ws = [a.unit for a in acts if a.kind.grads_weights and a.stage == stage]
+            assert sorted(fs) == sorted(schedule.units) == sorted(bs) == sorted(ws)
         assert acts[-1].kind is Kind.STEP
 
 
 def test_action_text_format() -> None:
-    for text in ["2F5", "2B5.1", "2SEND_F5@3", "0RECV_B12.2@7", "1ALL_REDUCE", "0STEP"]:
+    for text in ["2F5", "2B5.1", "2BI5", "2W5.2", "2SEND_F5@3", "0RECV_B12.2@7", "1ALL_REDUCE", "0STEP"]:
         assert str(parse_action(text)) == text
     assert parse_action("3RECV_F4@1") == Action(Kind.RECV_F, 3, 4, 0, 1)
+    assert parse_action("1BI3") == Action(Kind.BACKWARD_INPUT, 1, 3) and parse_action("1W3.1") == Action(Kind.BACKWARD_WEIGHT, 1, 3, 1)
     with pytest.raises(ValueError):
         parse_action("F5")
 

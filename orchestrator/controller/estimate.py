@@ -154,7 +154,12 @@ class CostModel:
             period, comm = comp.max(axis=1), np.zeros(n)
         allreduce = np.where(reps > 1, 2.0 * (reps - 1) / reps * params / ring, 0.0).max(axis=1)
         t = (m - 1) * period + comp.sum(axis=1) + comm + allreduce
-        inflight = np.full(S, float(m)) if self.schedule is ScheduleKind.GPIPE else np.minimum(np.arange(S, 0, -1), m).astype(float)
+        if self.schedule is ScheduleKind.GPIPE:
+            inflight = np.full(S, float(m))
+        elif self.schedule is ScheduleKind.ZB_H1:  # every stage holds up to S units until their W (1F1B's timing: an upper bound)
+            inflight = np.full(S, float(min(S, m)))
+        else:
+            inflight = np.minimum(np.arange(S, 0, -1), m).astype(float)
         need = params * self.state_factor + (self._stash[hi] - self._stash[lo]) * inflight[None, :] / reps
         ok = np.all(need <= mem, axis=1) if self.check_memory else np.ones(n, dtype=bool)
         return np.where(ok, t, np.inf), (comp**2).sum(axis=1), ok

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from orchestrator.schedule.ir import COMPUTE_KINDS
 from orchestrator.cluster import GBPS, Cluster
 from orchestrator.errors import UserError
 from orchestrator.plan import Plan
@@ -161,7 +162,7 @@ class SimulatedPipeline:
         link_bytes: dict[Link, float] = {}
         link_s: dict[Link, float] = {}
         for ev in result.events:
-            if ev.kind in ("F", "B"):
+            if ev.kind in COMPUTE_KINDS:
                 compute[ev.device] = compute.get(ev.device, 0.0) + (ev.end - ev.start)
             elif ev.kind == "transfer" and ev.link is not None and ev.end > ev.start:
                 dur = ev.end - ev.start

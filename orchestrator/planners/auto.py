@@ -9,8 +9,8 @@ Candidate *structures* (stages: block ranges on device groups) come from:
 * on small instances, every structure there is (:mod:`exhaustive`, when the space has at most
   ``EXACT_STRUCTURES``), so there ``auto`` is the simulator's optimum over that space.
 
-Each structure is then timed under every schedule the options allow: GPipe and 1F1B, each with
-AutoPipe's slicing of the first ``s`` micro-batches (every ``s`` on exhaustive structures; 0, the
+Each structure is then timed under every schedule the options allow: GPipe, 1F1B and ZB-H1 (zero
+bubble: split backwards, weight passes deferred into bubbles), each with AutoPipe's slicing of the first ``s`` micro-batches (every ``s`` on exhaustive structures; 0, the
 planner's own and powers of two up to the depth otherwise), and Megatron's interleaving with
 ``v = 2..MAX_CHUNKS`` balanced chunks. ``options.schedule`` (CLI ``--schedule``) restricts the kinds.
 
@@ -55,6 +55,8 @@ REFINE = 3
 INF = float("inf")
 
 PlanKey = tuple[object, ...]
+STRAIGHT_KINDS = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.ZB_H1)
+"""The schedules of a structure with one stage per device group (the others interleave)."""
 
 
 def plan_key(plan: Plan) -> PlanKey:
@@ -87,7 +89,7 @@ class _Candidate:
 
 def allowed_kinds(options: PlannerOptions) -> tuple[ScheduleKind, ...]:
     if options.schedule is None:
-        return (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED)
+        return (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.INTERLEAVED, ScheduleKind.ZB_H1)
     return (options.schedule,)
 
 
@@ -162,13 +164,14 @@ def _expand(item: _Item, profile: Profile, cluster: Cluster, options: PlannerOpt
         return [_Item(terms.bound(M, 1.0, M), item.rank, item.label, stages, ScheduleKind.INTERLEAVED)]
     out: list[_Item] = []
     own_slices = own.sliced_microbatches if own is not None else 0
-    for kind in (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B):
+    for kind in STRAIGHT_KINDS:
         if kind not in kinds:
             continue
         for s in _slices(M, p, own_slices, slicing):
             same = own is not None and kind is own.schedule and s == own_slices
             tag = "" if same else f"/{kind.value}" + (f"/s{s}" if s else "")
-            out.append(_Item(terms.bound(M, 0.5 if s else 1.0, M + s), item.rank, item.label + tag, stages, kind, s))
+            bound = terms.bound(M, 0.5 if s else 1.0, M + s, kind is ScheduleKind.ZB_H1)
+            out.append(_Item(bound, item.rank, item.label + tag, stages, kind, s))
     return out
 
 
@@ -202,7 +205,7 @@ def plan_auto(profile: Profile, cluster: Cluster, options: PlannerOptions) -> Pl
     interleave = ScheduleKind.INTERLEAVED in kinds
     for name, plan in _seed_plans(profile, cluster, options, names, failures):
         stages = plan.stages[: plan.num_physical_stages]
-        if ScheduleKind.GPIPE in kinds or ScheduleKind.ONE_F_ONE_B in kinds:
+        if any(kind in kinds for kind in STRAIGHT_KINDS):
             push(name, stages, plan)
         if interleave:
             for label, var in _interleaved(stages, name, profile, options, cuts):

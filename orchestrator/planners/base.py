@@ -26,7 +26,7 @@ class PlannerOptions:
     """Micro-batches per iteration (the gradient-accumulation count)."""
     schedule: ScheduleKind | None = None
     """Schedule the plan must run (CLI ``--schedule``); None lets the planner choose (``auto``
-    searches all of them, the others use their own, 1F1B by default)."""
+    searches all of them, ZB-H1 included, the others use their own, 1F1B by default)."""
     straight: bool = False
     """Forbid stage replication: one device per stage (PipeDream's straight pipeline)."""
     max_stages: int | None = None
@@ -93,7 +93,9 @@ class PlanResult:
                 "ratio_to_lower_bound": self.sim.iteration_s / self.lower_bound_s if self.lower_bound_s > 0 else None,
                 "planning_time_s": self.planning_time_s,
                 "peak_memory_bytes": {str(d): m for d, m in self.sim.peak_memory_bytes.items()},
-                "bubble_fraction": {str(d): b for d, b in self.sim.bubble_fraction.items()},
+                # one number (the mean over devices, what users compare) and the per-device values
+                "bubble_fraction": self.sim.summary()["mean_bubble_fraction"],
+                "bubble_fraction_per_device": {str(d): b for d, b in self.sim.bubble_fraction.items()},
             }
         )
         return out
@@ -194,6 +196,8 @@ def _honour_schedule(name: str, plan: Plan, profile: Profile, cluster: Cluster, 
             raise UserError(f"{name}: its plan is interleaved and cannot run the {want.value} schedule")
         plan = replace(plan, schedule=want)
     if options.extra.get("interleave") and plan.virtual_chunks == 1:
+        if want in (ScheduleKind.GPIPE, ScheduleKind.ZB_H1):  # interleaving is 1F1B's (Megatron's PTD-P)
+            raise UserError(f"{name}: cannot interleave the {want.value} schedule (--interleave runs interleaved 1F1B)")
         plan = best_interleaving(plan, profile, cluster, options)
     return plan
 

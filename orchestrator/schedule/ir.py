@@ -2,8 +2,13 @@
 
 This is the single source of truth for *what runs when*. The simulator times these lists and the
 stage actors execute them; neither re-derives the schedule. An action is plain data with an exact
-text form (``2F5``, ``2B5.1``, ``2SEND_F5@3``, ``1ALL_REDUCE``, ``0STEP``) that round-trips through
-:func:`parse_action`, so schedules can be diffed, logged and kept as golden files.
+text form (``2F5``, ``2B5.1``, ``2BI5``, ``2W5``, ``2SEND_F5@3``, ``1ALL_REDUCE``, ``0STEP``) that
+round-trips through :func:`parse_action`, so schedules can be diffed, logged and kept as golden files.
+
+Backward comes whole (``B``) or split in two (zero-bubble schedules, Qi et al. 2024): ``BI``
+computes only the gradient of the stage's input, which the previous stage waits for, and ``W``
+the weight gradients, which nothing downstream waits for and which a schedule may therefore defer
+into its bubbles. A unit's backward on a stage is either one ``B`` or a ``BI`` followed by a ``W``.
 
 Micro-batch *units*: AutoPipe's slicer splits some micro-batches into two halves; such a half is
 the unit ``(mb, part)`` with ``part`` 1 or 2, and ``part`` 0 is a whole micro-batch. Every unit's
@@ -23,6 +28,8 @@ from orchestrator.plan import Plan
 class Kind(str, Enum):
     FORWARD = "F"
     BACKWARD = "B"
+    BACKWARD_INPUT = "BI"  # the input-gradient half of a split backward (sends SEND_B like B)
+    BACKWARD_WEIGHT = "W"  # the weight-gradient half of a split backward (no communication)
     SEND_F = "SEND_F"  # send this stage's output activation to a device of the next stage
     RECV_F = "RECV_F"  # receive this stage's input activation from a device of the previous stage
     SEND_B = "SEND_B"  # send the gradient of this stage's input to a device of the previous stage
@@ -32,11 +39,25 @@ class Kind(str, Enum):
 
     @property
     def is_compute(self) -> bool:
-        return self in (Kind.FORWARD, Kind.BACKWARD)
+        return self in (Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT)
+
+    @property
+    def grads_input(self) -> bool:
+        """Produces the gradient of the stage input (what the previous stage receives)."""
+        return self in (Kind.BACKWARD, Kind.BACKWARD_INPUT)
+
+    @property
+    def grads_weights(self) -> bool:
+        """Accumulates the stage's weight gradients (what the all-reduce and the step read)."""
+        return self in (Kind.BACKWARD, Kind.BACKWARD_WEIGHT)
 
     @property
     def is_comm(self) -> bool:
         return self in (Kind.SEND_F, Kind.RECV_F, Kind.SEND_B, Kind.RECV_B)
+
+
+COMPUTE_KINDS = tuple(k.value for k in Kind if k.is_compute)
+"""Text of every compute kind: the ``kind`` of compute spans and simulator events (F, B, BI, W)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,8 @@
 """Lower a plan's compute order into full per-device programs.
 
 One pure pass adds, around every forward and backward, the receives it needs and the sends it
-produces; after a stage's last backward on a device it adds the replicas' gradient all-reduce;
+produces (a split backward's ``BI`` communicates like ``B``; its ``W`` does not); after a stage's
+last weight-gradient action (``B`` or ``W``) on a device it adds the replicas' gradient all-reduce;
 the optimizer step of every stage ends the iteration. Sends are asynchronous in both interpreters
 (the simulator queues them on their link, the actors post ``isend``), receives block.
 
@@ -30,17 +31,21 @@ def peers(plan: Plan, stage: int, replica: int, other: int) -> list[tuple[int, f
     return out
 
 
-def lower(plan: Plan, check: bool = True) -> Schedule:
-    """The complete schedule of ``plan`` (validated unless ``check`` is False)."""
+def lower(plan: Plan, check: bool = True, orders: list[list[Action]] | None = None) -> Schedule:
+    """The complete schedule of ``plan`` (validated unless ``check`` is False).
+
+    ``orders`` (one compute order per device group) replaces the generator's: any hand-written
+    or foreign order (e.g. torch.distributed.pipelining's) is lowered, checked and timed alike."""
     units = units_of(plan)
-    orders = GENERATORS[plan.schedule](plan, units)
+    if orders is None:
+        orders = GENERATORS[plan.schedule](plan, units)
     last_stage = len(plan.stages) - 1
     programs: dict[int, tuple[Action, ...]] = {}
     for r, group in enumerate(plan.device_groups):
         order = orders[r]
         last_backward: dict[int, int] = {}
         for pos, act in enumerate(order):
-            if act.kind is Kind.BACKWARD:
+            if act.kind.grads_weights:
                 last_backward[act.stage] = pos
         for replica, dev in enumerate(group):
             prog: list[Action] = []
@@ -52,6 +57,10 @@ def lower(plan: Plan, check: bool = True) -> Schedule:
                     prog.append(act)
                     if j < last_stage:
                         prog += [Action(Kind.SEND_F, j, mb, part, dst) for dst, _ in peers(plan, j, replica, j + 1) if dst != dev]
+                elif act.kind is Kind.BACKWARD_WEIGHT:
+                    prog.append(act)
+                    if last_backward.get(j) == pos and len(group) > 1:
+                        prog.append(Action(Kind.ALL_REDUCE, j))
                 else:
                     if j < last_stage:
                         prog += [Action(Kind.RECV_B, j, mb, part, src) for src, _ in peers(plan, j, replica, j + 1) if src != dev]

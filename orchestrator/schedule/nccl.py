@@ -153,7 +153,7 @@ def replay(schedule: Schedule, layout: CommLayout = RUNTIME_LAYOUT,
         for i, a in enumerate(program):
             for r in post_before[i]:
                 post(r)
-            if a.kind in (Kind.FORWARD, Kind.BACKWARD, Kind.STEP):
+            if a.kind.is_compute or a.kind is Kind.STEP:
                 compute(i)
             elif a.kind in _RECV:
                 wait(i, posted.pop(i))

@@ -1,7 +1,7 @@
 """One validator for every schedule, with a readable device × step grid on failure.
 
 It checks what both interpreters rely on: every unit is forwarded and backwarded exactly once
-per stage replica, a backward follows its forward, every send has exactly one matching receive
+per stage replica (one ``B``, or one ``BI`` then one ``W``), a backward follows its forward, every send has exactly one matching receive
 in the same per-link order, and each stage ends with one optimizer step per device.
 """
 
@@ -55,11 +55,15 @@ def validate(schedule: Schedule) -> None:
                 done[key] += 1
                 if done[key] > 1:
                     fail(f"{a} runs twice", dev, i)
-                if a.kind is Kind.BACKWARD and not done[(Kind.FORWARD, a.stage, a.unit)]:
+                if a.kind.grads_input and not done[(Kind.FORWARD, a.stage, a.unit)]:
                     fail(f"{a} runs before its forward", dev, i)
+                if a.kind is Kind.BACKWARD_WEIGHT and not done[(Kind.BACKWARD_INPUT, a.stage, a.unit)]:
+                    fail(f"{a} runs before its input gradient ({a.stage}BI)", dev, i)
+                if a.kind.grads_input and done[(Kind.BACKWARD, a.stage, a.unit)] + done[(Kind.BACKWARD_INPUT, a.stage, a.unit)] > 1:
+                    fail(f"{a}: the unit's backward runs both whole and split", dev, i)
             elif a.kind is Kind.STEP:
                 steps[a.stage] += 1
-                if any(done[(Kind.BACKWARD, a.stage, u)] == 0 for u in units):
+                if any(not _backwarded(done, a.stage, u) for u in units):
                     fail(f"{a} runs before every backward of stage {a.stage}", dev, i)
             elif a.kind in (Kind.SEND_F, Kind.SEND_B):
                 tag = "F" if a.kind is Kind.SEND_F else "B"
@@ -70,7 +74,7 @@ def validate(schedule: Schedule) -> None:
                 src_stage = a.stage - 1 if tag == "F" else a.stage + 1
                 recvs[(a.peer, dev)].append((tag, src_stage, a.unit))
         for s in mine:
-            missing = [u for u in units if not done[(Kind.FORWARD, s, u)] or not done[(Kind.BACKWARD, s, u)]]
+            missing = [u for u in units if not done[(Kind.FORWARD, s, u)] or not _backwarded(done, s, u)]
             if missing:
                 fail(f"device {dev} never completes stage {s} for unit(s) {missing[:4]}", dev, len(acts))
             if steps[s] != 1:
@@ -82,6 +86,11 @@ def validate(schedule: Schedule) -> None:
                 f"link {src}->{dst}: sends {[_fmt(x) for x in sends.get(link, [])][:6]} do not match "
                 f"receives {[_fmt(x) for x in recvs.get(link, [])][:6]} in order\n{render_grid(schedule, (src, first_step.get(link, 0)))}"
             )
+
+
+def _backwarded(done: Counter[tuple[Kind, int, tuple[int, int]]], stage: int, unit: tuple[int, int]) -> bool:
+    """The unit's weight gradients of ``stage`` are in: a whole ``B``, or ``BI`` and its ``W``."""
+    return bool(done[(Kind.BACKWARD, stage, unit)] or (done[(Kind.BACKWARD_INPUT, stage, unit)] and done[(Kind.BACKWARD_WEIGHT, stage, unit)]))
 
 
 def _fmt(item: tuple[str, int, tuple[int, int]]) -> str:
