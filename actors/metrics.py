@@ -60,13 +60,6 @@ class IterationMetrics:
         model (``benchmarks/runtime_quick.py``)."""
         return {d: max(0.0, t - self.busy_s.get(d, 0.0) - self.wait_s.get(d, 0.0)) for d, t in self.device_s.items()}
 
-    def steady_bubble_fraction(self, period_s: float) -> dict[int, float]:
-        """Idle share of each device against ``period_s``, the time between consecutive
-        completions. Why not :attr:`bubble_fraction` in the steady state: with pipelined dispatch
-        a device starts iteration k+1 while another still finishes k, so consecutive iterations'
-        spans overlap and the idle time in the overlap would be counted in both."""
-        return {d: max(0.0, 1.0 - b / period_s) if period_s > 0 else 0.0 for d, b in self.busy_s.items()}
-
     @property
     def bubble_fraction(self) -> dict[int, float]:
         """Idle share of each device's iteration, on the actors' own timeline (``span_s``).
