@@ -3,9 +3,10 @@
 ``benchmarks/runtime.py --quick [--json]`` runs this (under 3 minutes on the shared 2-core box).
 Same model, cut, micro-batches, schedule (1F1B), optimizer, threads and niceness as the full
 benchmark (:mod:`benchmarks.runtime`, whose runners are reused): both process sets stay alive and
-blocks of N back-to-back iterations alternate, ours ``PipelineTrainer.fit(N)`` (pipelined dispatch,
-Ray included) then torch's ``Schedule1F1B`` training loop, the order flipped every round, so each
-pair of blocks sees the same background load. Per block the median time between consecutive
+blocks of N back-to-back iterations alternate: ours ``PipelineTrainer.fit(N)`` (pipelined dispatch,
+runs of steps per remote call, Ray included), ours with one step per remote call (the dispatch
+before runs of steps, for the before/after ratio) and torch's ``Schedule1F1B`` training loop, the
+order rotating through all six orders, so the runners see the same background load on average. Per block the median time between consecutive
 completions; per round the ratio torch / ours (throughput ours / torch); reported: the median over
 rounds.
 
@@ -45,39 +46,52 @@ from orchestrator.plan import straight_plan
 from orchestrator.simulator import SimOptions, simulate
 
 OUT = Path(__file__).resolve().parent / "results" / "runtime_quick.md"
-ROUNDS, N = 7, 15  # MLP: 7 rounds of 15-iteration blocks each
-TINY_ROUNDS, TINY_N = 5, 12
+ROUNDS, N = 6, 12  # MLP: 6 rounds (each order of the three runners once) of 12-iteration blocks
+TINY_ROUNDS, TINY_N = 4, 12
 
 
-def _rounds(ours: Any, theirs: Any, n: int, rounds: int) -> tuple[list[float], list[float], list[Any]]:
-    """Per-round median seconds per iteration of ours and torch (order flipped every round), and
-    ours' iteration metrics of every round."""
+ORDERS = (("ours", "single", "torch"), ("torch", "single", "ours"), ("single", "ours", "torch"),
+          ("torch", "ours", "single"), ("ours", "torch", "single"), ("single", "torch", "ours"))
+
+
+def _rounds(ours: Any, theirs: Any, n: int, rounds: int) -> tuple[dict[str, list[float]], list[Any]]:
+    """Per-round median seconds per iteration of ours, ours with one step per remote call
+    ("single", the dispatch before runs of steps; absent on a runtime without it) and torch, the
+    order rotating through all six orders; and ours' iteration metrics of every round."""
+    chunked = hasattr(ours.trainer, "iterations_per_call")
+    per_call = ours.trainer.iterations_per_call if chunked else 1
     ours.run(n, True)  # warm-up blocks (first-iteration setup, allocator, gloo connections)
     theirs.run(n)
-    o_med, t_med, metrics = [], [], []
+    med: dict[str, list[float]] = {"ours": [], "single": [], "torch": []}
+    metrics = []
     for i in range(rounds):
-        for who in (("ours", "torch") if i % 2 == 0 else ("torch", "ours")):
-            if who == "ours":
-                result = ours.trainer.fit(n)
-                o_med.append(statistics.median(m.iteration_s for m in result.metrics))
-                metrics += result.metrics
-            else:
+        for who in ORDERS[i % len(ORDERS)]:
+            if who == "torch":
                 times, _ = theirs.run(n)
-                t_med.append(statistics.median(times))
-    return o_med, t_med, metrics
+                med[who].append(statistics.median(times))
+            elif who == "ours" or chunked:
+                if chunked:
+                    ours.trainer.iterations_per_call = per_call if who == "ours" else 1
+                result = ours.trainer.fit(n)
+                med[who].append(statistics.median(m.iteration_s for m in result.metrics))
+                if who == "ours":
+                    metrics += result.metrics
+    if chunked:
+        ours.trainer.iterations_per_call = per_call
+    return med, metrics
 
 
-def _tiny(group: Any) -> dict[int, tuple[float, float]]:
-    """Median steady seconds per iteration (ours, torch) of the tiny model at M = 4 and 32."""
+def _tiny(group: Any) -> dict[int, dict[str, float]]:
+    """Median steady seconds per iteration (ours, single, torch) of the tiny model at M = 4 and 32."""
     out = {}
     for m in (4, 32):
         theirs = full.TorchPipeline(full.TINY, 4, m, 64)
         try:
             ours = full.Ours(group, full.TINY, straight_plan([0, 4, 8], m), 64)
-            o, t, _ = _rounds(ours, theirs, TINY_N, TINY_ROUNDS)
+            med, _ = _rounds(ours, theirs, TINY_N, TINY_ROUNDS)
         finally:
             theirs.close()
-        out[m] = (statistics.median(o), statistics.median(t))
+        out[m] = {k: statistics.median(v) if v else float("nan") for k, v in med.items()}
     return out
 
 
@@ -101,7 +115,7 @@ def main(as_json: bool) -> dict[str, Any]:
         theirs = full.TorchPipeline(full.BIG, 4, full.M, full.BATCH)
         try:
             ours = full.Ours(group, full.BIG, plan, full.BATCH)
-            o_med, t_med, metrics = _rounds(ours, theirs, N, ROUNDS)
+            med, metrics = _rounds(ours, theirs, N, ROUNDS)
         finally:
             theirs.close()
         tiny = _tiny(group)
@@ -109,7 +123,9 @@ def main(as_json: bool) -> dict[str, Any]:
         group.shutdown()
         ray.shutdown()
 
+    o_med, t_med = med["ours"], med["torch"]
     ratios = [t / o for o, t in zip(o_med, t_med)]
+    runs_gain = [s1 / o for o, s1 in zip(o_med, med["single"])]
     inside = statistics.median(m.span_s for m in metrics)
     devices = sorted(sim.busy_s)
 
@@ -137,12 +153,15 @@ def main(as_json: bool) -> dict[str, Any]:
     # share alone: blocked on receives or between iterations, neither computing nor in a handler.
     b_idle = statistics.median(mean({d: max(0.0, 1.0 - (m.busy_s[d] + (m.overhead_s[d] if measured else 0.0)) / m.iteration_s)
                                      for d in devices}) for m in metrics)
-    slope = {who: (tiny[32][k] - tiny[4][k]) / 28 for k, who in enumerate(("ours", "torch"))}
-    fixed = {who: tiny[4][k] - 4 * slope[who] for k, who in enumerate(("ours", "torch"))}
+    slope = {who: (tiny[32][who] - tiny[4][who]) / 28 for who in ("ours", "single", "torch")}
+    fixed = {who: tiny[4][who] - 4 * slope[who] for who in ("ours", "single", "torch")}
     summary: dict[str, Any] = {
         "ours_over_torch": round(statistics.median(ratios), 4),
         "ours_over_torch_min": round(min(ratios), 4), "ours_over_torch_max": round(max(ratios), 4),
         "ours_iter_ms": round(1e3 * statistics.median(o_med), 3), "torch_iter_ms": round(1e3 * statistics.median(t_med), 3),
+        "ours_one_step_per_call_iter_ms": round(1e3 * statistics.median(med["single"]), 3) if med["single"] else None,
+        "runs_over_one_step_per_call": round(statistics.median(runs_gain), 4) if runs_gain else None,
+        "tiny_m4_iter_ms": {k: round(v * 1e3, 3) for k, v in tiny[4].items()},
         "ours_inside_iter_ms": round(1e3 * inside, 3), "predicted_iter_ms": round(1e3 * sim.iteration_s, 3),
         "measured_over_predicted": round(b_idle / b_fit if b_fit > 0 else float("nan"), 3),
         "idle_measured": round(b_idle, 4),
@@ -154,15 +173,15 @@ def main(as_json: bool) -> dict[str, Any]:
         "compute_inflation": {str(d): round(busy[d] / sim.busy_s[d], 3) for d in devices},
         "iter_measured_over_predicted": round(statistics.median(o_med) / sim.iteration_s, 3),
         "iter_measured_over_predicted_with_overheads": round(statistics.median(o_med) / fitted.iteration_s, 3),
-        "per_microbatch_us": {k: round(v * 1e6, 1) for k, v in slope.items()},
-        "fixed_per_iteration_ms": {k: round(v * 1e3, 3) for k, v in fixed.items()},
+        "per_microbatch_us": {k: round(v * 1e6, 1) for k, v in slope.items() if v == v},
+        "fixed_per_iteration_ms": {k: round(v * 1e3, 3) for k, v in fixed.items() if v == v},
         "gloo_latency_us": round(latency * 1e6, 1),
         "model": f"mlp {full.BIG[0]}-{full.BIG[1]}x7-{full.BIG[-1]} (8 blocks), batch {full.BATCH}",
         "stages": 2, "microbatches": full.M, "schedule": "1f1b", "backend": "gloo", "device": "cpu",
         "rounds": ROUNDS, "iterations_per_block": N, "load_avg_1m": round(os.getloadavg()[0], 2),
         "wall_s": round(time.perf_counter() - t_start, 1), "torch": torch.__version__,
     }
-    _write(summary, o_med, t_med)
+    _write(summary, med)
     if as_json:
         print(json.dumps(summary))
     else:
@@ -170,15 +189,19 @@ def main(as_json: bool) -> dict[str, Any]:
     return summary
 
 
-def _write(s: dict[str, Any], o_med: list[float], t_med: list[float]) -> None:
+def _write(s: dict[str, Any], med: dict[str, list[float]]) -> None:
     rows = [
         ("configuration", f"{s['model']}, {s['stages']} stages, {s['microbatches']} micro-batches, {s['schedule']}, "
                           f"{s['backend']}, {s['rounds']} rounds of {s['iterations_per_block']} iterations"),
         ("ours / torch throughput: median per-round ratio [min, max]",
          f"{s['ours_over_torch']:.3f} [{s['ours_over_torch_min']:.3f}, {s['ours_over_torch_max']:.3f}]"),
         ("ms per iteration, ours (fit, Ray included) / torch", f"{s['ours_iter_ms']:.2f} / {s['torch_iter_ms']:.2f}"),
-        ("round medians, ours", ", ".join(f"{v * 1e3:.1f}" for v in o_med)),
-        ("round medians, torch", ", ".join(f"{v * 1e3:.1f}" for v in t_med)),
+        ("ms per iteration, ours with one step per remote call (the dispatch before runs of steps); "
+         "throughput gain of runs of steps: median per-round ratio",
+         f"{s['ours_one_step_per_call_iter_ms']} ms; x{s['runs_over_one_step_per_call']}"),
+        *((f"round medians, {k}", ", ".join(f"{v * 1e3:.1f}" for v in med[k])) for k in ("ours", "single", "torch")),
+        ("tiny model at M=4, ms per iteration: ours / one step per call / torch",
+         " / ".join(f"{s['tiny_m4_iter_ms'][k]:.2f}" for k in ("ours", "single", "torch"))),
         ("ms per iteration inside the actors / predicted", f"{s['ours_inside_iter_ms']:.2f} / {s['predicted_iter_ms']:.2f}"),
         ("bubble fraction (mean over devices), steady state (against the time between completions) / "
          "overlapping spans (the old measure) / predicted",
@@ -190,10 +213,10 @@ def _write(s: dict[str, Any], o_med: list[float], t_med: list[float]) -> None:
          "in a handler); measured / predicted; iteration measured / predicted",
          f"{s['bubble_predicted_with_overheads']:.3f}; {s['idle_measured']:.3f}; x{s['measured_over_predicted']:.2f}; "
          f"x{s['iter_measured_over_predicted_with_overheads']:.2f} (without the terms x{s['iter_measured_over_predicted']:.2f})"),
-        ("per-micro-batch overhead (tiny model slope), ours / torch",
-         f"{s['per_microbatch_us']['ours']:.0f} / {s['per_microbatch_us']['torch']:.0f} us"),
-        ("fixed per-iteration overhead (tiny model intercept), ours / torch",
-         f"{s['fixed_per_iteration_ms']['ours']:.2f} / {s['fixed_per_iteration_ms']['torch']:.2f} ms"),
+        ("per-micro-batch overhead (tiny model slope), ours / one step per call / torch",
+         " / ".join(f"{s['per_microbatch_us'].get(k, float('nan')):.0f}" for k in ("ours", "single", "torch")) + " us"),
+        ("fixed per-iteration overhead (tiny model intercept), ours / one step per call / torch",
+         " / ".join(f"{s['fixed_per_iteration_ms'].get(k, float('nan')):.2f}" for k in ("ours", "single", "torch")) + " ms"),
         ("gloo one-way latency (ping-pong)", f"{s['gloo_latency_us']:.0f} us"),
         ("load average (1 min) at the end; wall time of the run", f"{s['load_avg_1m']}; {s['wall_s']} s"),
     ]
