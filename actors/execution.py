@@ -38,7 +38,6 @@ path of every later iteration.
 
 from __future__ import annotations
 
-import os
 import resource
 import time
 from collections import defaultdict, deque
@@ -133,6 +132,8 @@ class Executor(ProgramTables):
         self.sends: list[tuple[str, int, int, float]] = []
         self.recvs: list[tuple[str, int, int, float, float, float]] = []
         self.t0 = _perf()
+        self.step_index = -1
+        self.injected = False  # call table wrapped by actors.injection.install (tests, rehearsals)
 
     # ----- the iteration -----
     def run(self, step: int) -> dict[str, Any]:
@@ -167,15 +168,12 @@ class Executor(ProgramTables):
         self.recvs = []
         if self.cuda:
             torch.cuda.reset_peak_memory_stats()
-        kill_index = len(self.program) // 2 if (step, self.device) in spec.kill_at else -1
         post_before, calls, program, post = self.post_before, self.calls, self.program, self._post_recv
         cpu0 = _thread_time()
         self.t0_wall, self.t0 = time.time(), _perf()
         if self.cuda:
             self.clock = EventClock()  # its event 0 is the origin every other event is measured from
         for i in range(len(program)):
-            if i == kill_index:
-                os._exit(17)  # fault injection: die mid-iteration like a crashed process would
             for r in post_before[i]:
                 post(r)
             self.cursor = i
@@ -192,6 +190,7 @@ class Executor(ProgramTables):
         if self.stash or self.inbox or self.posted or self.weights_due:
             raise RuntimeError(f"device {self.device}: iteration ended with unconsumed state (a lowering bug)")
         busy = sum(e - s for _, kind, s, e in self.spans if kind in ("F", "B", "BI", "W", "all_reduce", "step"))
+        waited = sum(d - w for _, _, _, _, w, d in self.recvs)  # blocked on receives (the rest is overhead)
         peak = torch.cuda.max_memory_allocated() if self.cuda else self.stash_peak
         return {
             "device": self.device, "step": step, "t0_wall": self.t0_wall, "iteration_s": elapsed, "busy_s": busy,
@@ -199,6 +198,7 @@ class Executor(ProgramTables):
             "loss": loss if self.last in stages else None,
             "peak_memory_bytes": int(peak), "memory_metric": "cuda_max_memory_allocated" if self.cuda else "stash_high_water",
             "maxrss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "cpu_s": cpu,
+            "wait_s": waited, "actions": len(self.program),
         }
 
     def _now(self) -> float:

@@ -1,20 +1,37 @@
-"""Injected slowness for rehearsals and tests: a slower device, slower outgoing links.
+"""Fault injection for rehearsals and tests: a slower device, slower outgoing links, a crash.
 
-Fault injection (:class:`FaultKnobs`): a slowdown factor sleeps ``(factor-1)x`` the measured
-compute after every forward/backward *inside* its span (so the slowdown is visible in measured
-compute time, and gradients are untouched); a per-peer delay sleeps ``delay x bytes`` before each
-send and counts that wait as transfer time. Both live on the worker, not the executor, so they
-survive re-partitioning — a co-located job does not go away because we moved blocks.
+Opt-in: :func:`install` wraps entries of an executor's call table (``Executor.calls``, one
+handler per program action) and is applied by the worker only once a test or a rehearsal asked
+for injection (:meth:`actors.stage_worker.StageWorker.set_faults`, ``arm_kill``, or a job spec
+with ``kill_at``). An executor nobody injects into runs its handlers unwrapped: no branch of
+this module is on the hot path of a normal job.
+
+* A slowdown factor sleeps ``(factor-1)x`` the measured compute after every compute action
+  *inside* its span (so the slowdown is visible in measured compute time, and gradients are
+  untouched).
+* A per-peer delay sleeps ``delay x bytes`` before each send and counts that wait as transfer time.
+* A kill at ``(step, device)`` ends the process (``os._exit``) halfway through that step's
+  program, like a crashed process.
+
+The knobs live on the worker, not the executor, so they survive re-partitioning (a co-located
+job does not go away because we moved blocks); :func:`install` is applied to every executor the
+worker builds after injection was first asked for.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from actors.execution import Executor
 from orchestrator.schedule.ir import Action, Kind
+
+if TYPE_CHECKING:
+    from actors.execution import Executor
+
+KILL_EXIT_CODE = 17
+_NOT_COMPUTE = frozenset({Kind.SEND_F, Kind.SEND_B, Kind.RECV_F, Kind.RECV_B, Kind.ALL_REDUCE, Kind.STEP})
 
 
 @dataclass
@@ -24,53 +41,74 @@ class FaultKnobs:
     slowdown: float = 1.0
     send_delay_per_byte: dict[int, float] = field(default_factory=dict)  # peer device -> s/byte
 
+    @property
+    def active(self) -> bool:
+        return self.slowdown != 1.0 or any(self.send_delay_per_byte.values())
 
-class FaultyExecutor(Executor):
-    """The executor with the injection hooks of :class:`FaultKnobs` around compute and sends.
 
-    A subclass (not edits to ``execution.py``) keeps the hot path of the base executor exactly as
-    its owners write it: with default knobs every override is one comparison and a super call.
-    """
+def install(ex: "Executor", knobs: FaultKnobs) -> "Executor":
+    """Wrap ``ex``'s call table with the hooks of ``knobs`` (read at every call, so knobs set later
+    apply) and the kill hook of ``ex.spec.kill_at``; returns ``ex``."""
+    if getattr(ex, "injected", False):
+        return ex
+    ex.injected = True
+    middle = len(ex.program) // 2
+    for i, action in enumerate(ex.program):
+        call = ex.calls[i]
+        if action.kind in (Kind.SEND_F, Kind.SEND_B):
+            call = _delayed_send(ex, knobs, call)
+        elif action.kind not in _NOT_COMPUTE:
+            call = _slowed(ex, knobs, call)
+        if i == middle:
+            call = _killing(ex, call)
+        ex.calls[i] = call
+    return ex
 
-    knobs: FaultKnobs = FaultKnobs()
 
-    def _slow(self, handler: Callable[[Action], None], a: Action) -> None:
-        before = len(self.spans)
-        handler(a)
-        factor = self.knobs.slowdown
-        if factor != 1.0 and len(self.spans) > before:
-            label, kind, start, end = self.spans[-1]
-            time.sleep(max(0.0, (factor - 1.0) * (end - start)))
-            self.spans[-1] = (label, kind, start, self._now())  # the device was busy all along
-
-    def _forward(self, a: Action) -> None:
-        if self.knobs.slowdown == 1.0:
-            super()._forward(a)
-        else:
-            self._slow(super()._forward, a)
-
-    def _backward(self, a: Action) -> None:
-        if self.knobs.slowdown == 1.0:
-            super()._backward(a)
-        else:
-            self._slow(super()._backward, a)
-
-    def _send(self, a: Action) -> None:
-        delay = self.knobs.send_delay_per_byte.get(a.peer, 0.0) if self.knobs.send_delay_per_byte else 0.0
-        if delay <= 0.0:
-            super()._send(a)
+def _slowed(ex: "Executor", knobs: FaultKnobs, handler: Callable[[Action], None]) -> Callable[[Action], None]:
+    def run(a: Action) -> None:
+        factor = knobs.slowdown
+        if factor == 1.0:
+            handler(a)
             return
-        wanted = time.perf_counter() - self.t0
-        mine, (lo, hi), _, _ = self._link_rows(a)
+        before = len(ex.spans)
+        handler(a)
+        if len(ex.spans) > before:
+            label, kind, start, end = ex.spans[-1]
+            time.sleep(max(0.0, (factor - 1.0) * (end - start)))
+            ex.spans[-1] = (label, kind, start, ex._now())  # the device was busy all along
+
+    return run
+
+
+def _delayed_send(ex: "Executor", knobs: FaultKnobs, handler: Callable[[Action], None]) -> Callable[[Action], None]:
+    def run(a: Action) -> None:
+        delay = knobs.send_delay_per_byte.get(a.peer, 0.0) if knobs.send_delay_per_byte else 0.0
+        if delay <= 0.0:
+            handler(a)
+            return
+        wanted = time.perf_counter() - ex.t0
+        _, (lo, hi), _, _ = ex._link_rows(a)
         if hi > lo:
-            stage = self.plan.stages[a.stage]
-            shape, dtype = self.boundary[stage.last if a.kind is Kind.SEND_F else stage.first]
+            stage = ex.plan.stages[a.stage]
+            shape, dtype = ex.boundary[stage.last if a.kind is Kind.SEND_F else stage.first]
             numel = hi - lo
             for n in shape:
                 numel *= n
             time.sleep(delay * numel * dtype.itemsize)
-        before = len(self.sends)
-        super()._send(a)
-        if len(self.sends) > before:  # the link was "busy" from when the data was ready
-            label, peer, size, _ = self.sends[-1]
-            self.sends[-1] = (label, peer, size, wanted)
+        before = len(ex.sends)
+        handler(a)
+        if len(ex.sends) > before:  # the link was "busy" from when the data was ready
+            label, peer, size, _ = ex.sends[-1]
+            ex.sends[-1] = (label, peer, size, wanted)
+
+    return run
+
+
+def _killing(ex: "Executor", handler: Callable[[Action], None]) -> Callable[[Action], None]:
+    def run(a: Action) -> None:
+        if (ex.step_index, ex.device) in ex.spec.kill_at:
+            os._exit(KILL_EXIT_CODE)  # die mid-iteration like a crashed process would
+        handler(a)
+
+    return run

@@ -48,6 +48,17 @@ class IterationMetrics:
     maxrss_bytes: dict[int, int] = field(default_factory=dict)
     cpu_s: dict[int, float] = field(default_factory=dict)  # main-thread CPU seconds of the iteration, per device
     span_s: float = 0.0  # the iteration's length on the actors' aligned timeline (what bubble_s is measured against)
+    device_s: dict[int, float] = field(default_factory=dict)  # each device's own first-to-last-action time
+    wait_s: dict[int, float] = field(default_factory=dict)  # time each device was blocked on receives
+    actions: dict[int, int] = field(default_factory=dict)  # program length per device
+
+    @property
+    def overhead_s(self) -> dict[int, float]:
+        """Per device: its own iteration time neither computing nor blocked on a receive, i.e. the
+        runtime's per-action work (handlers, posting sends and receives, bookkeeping) and the
+        scheduler's delays. Divided by ``actions`` it is the per-action overhead term of the cost
+        model (``benchmarks/runtime_quick.py``)."""
+        return {d: max(0.0, t - self.busy_s.get(d, 0.0) - self.wait_s.get(d, 0.0)) for d, t in self.device_s.items()}
 
     @property
     def bubble_fraction(self) -> dict[int, float]:
@@ -125,4 +136,19 @@ def combine(reports: Sequence[Mapping[str, Any]], wall_s: float | None = None) -
         maxrss_bytes={int(r["device"]): int(r["maxrss_bytes"]) for r in reports},
         cpu_s={int(r["device"]): float(r["cpu_s"]) for r in reports if "cpu_s" in r},
         span_s=iteration,
+        device_s={int(r["device"]): float(r["iteration_s"]) for r in reports},
+        wait_s={int(r["device"]): float(r["wait_s"]) for r in reports if "wait_s" in r},
+        actions={int(r["device"]): int(r["actions"]) for r in reports if "actions" in r},
     )
+
+
+def combine_run(runs: Sequence[Sequence[Mapping[str, Any]]], wall_s: float) -> list[IterationMetrics]:
+    """Per-step metrics of one run of consecutive steps (``runs[device][i]``: that device's report
+    of the run's ``i``-th step). ``wall_s``, the driver's time for the whole run, is split: every
+    step after the first gets the time between its completion and the previous one's on the
+    workers' clocks (completion: the last device to finish), the first gets the rest."""
+    n = len(runs[0])
+    ends = [max(float(r[i]["t0_wall"]) + float(r[i]["iteration_s"]) for r in runs) for i in range(n)]
+    later = [max(0.0, b - a) for a, b in zip(ends, ends[1:])]
+    first = max(wall_s - sum(later), 0.0)
+    return [combine([r[i] for r in runs], w) for i, w in enumerate([first, *later])]

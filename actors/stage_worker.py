@@ -24,7 +24,8 @@ keeps its modules and optimizer objects untouched, so training stays exact acros
 worker may be a process-group *member* without holding blocks (an idle, alive device): that is
 what lets the job start using a device without re-creating the process group.
 
-Fault injection (slowdowns, link delays) lives in :mod:`actors.injection`.
+Fault injection (slowdowns, link delays, a crash) lives in :mod:`actors.injection` and is
+installed only when asked for.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ from actors import checkpoint as ckpt
 from actors import placement, probe
 from actors import user_code
 from actors.execution import Executor
-from actors.injection import FaultKnobs, FaultyExecutor
+from actors import injection
+from actors.injection import FaultKnobs
 from actors.transport import (
     MAX_MICROBATCHES, backend_for, destroy_groups, free_endpoint, init_group, link_groups, new_group, replica_groups, select_device,
     shorten_timeouts, warm_up,
@@ -79,6 +81,7 @@ class StageWorker:
         self.device_id = -1
         self.executor: Executor | None = None
         self.knobs = FaultKnobs()
+        self.injecting = False  # a rehearsal or test asked for injection (actors/injection.py)
         self.completed_step = -1  # last step whose iteration finished here (failure triage)
         self.steady = False  # a first iteration ran under the current communicators
 
@@ -160,9 +163,19 @@ class StageWorker:
                 shorten_timeouts(bound, [*ex.groups.values(), *ex.links.values()])
         return report
 
+    def run_iterations(self, first: int, count: int) -> list[dict[str, Any]]:
+        """Steps ``first .. first + count - 1`` back to back in one call, one report each.
+
+        Why: every remote call costs the worker Ray's task hand-off (the result returned, the next
+        task started) and the driver a gather; on a small model that is a large share of an
+        iteration. A failure ends the call (the reports of the finished steps are lost with it;
+        the trainer recovers from a checkpoint, which never lies inside a run)."""
+        return [self.run_iteration(first + i) for i in range(count)]
+
     def _executor(self, *args: Any, **kwargs: Any) -> Executor:
-        ex = FaultyExecutor(*args, **kwargs)
-        ex.knobs = self.knobs  # shared object: knobs set later reach this executor too
+        ex = Executor(*args, **kwargs)
+        if self.injecting or ex.spec.kill_at:  # fault injection is opt-in (actors/injection.py)
+            injection.install(ex, self.knobs)
         return ex
 
     # ----- fault injection -----
@@ -173,11 +186,16 @@ class StageWorker:
             raise UserError("slowdown and link-delay injection run on CPU workers only")
         self.knobs.slowdown = float(slowdown)
         self.knobs.send_delay_per_byte = {int(k): float(v) for k, v in send_delay_per_byte.items()}
+        if self.knobs.active:
+            self.injecting = True  # from now on every executor this worker builds carries the hooks
+            if self.executor is not None:
+                injection.install(self.executor, self.knobs)
 
     def arm_kill(self, step: int) -> None:
         """Die halfway through iteration ``step`` (like a crashed process), via the executor's hook."""
         ex = self._ready()
         ex.spec = replace(ex.spec, kill_at=ex.spec.kill_at | {(step, self.device_id)})
+        injection.install(ex, self.knobs)
 
     def status(self) -> dict[str, Any]:
         held = sorted(self.executor.modules) if self.executor is not None else []

@@ -29,7 +29,9 @@ Then the steady state: blocks of N back-to-back iterations, ours ``fit(N)`` with
 pipelined dispatch against torch's training loop (see ``STEADY_NOTE``).
 
 Run: ``.venv/bin/python benchmarks/runtime.py`` (writes benchmarks/results/runtime.md);
-``--steady-only [ROUNDS]`` prints only the steady-state comparison.
+``--steady-only [ROUNDS]`` prints only the steady-state comparison; ``--quick [--json]`` the quick
+steady-state comparison of :mod:`benchmarks.runtime_quick` (last stdout line one JSON object);
+``--device cuda`` the same comparison on GPUs (:mod:`benchmarks.gpu_runtime`).
 """
 
 from __future__ import annotations
@@ -383,6 +385,16 @@ def main() -> None:
     import ray
 
     from actors.group import WorkerGroup
+
+    if "--device" in sys.argv and sys.argv[sys.argv.index("--device") + 1:][:1] == ["cuda"]:
+        from benchmarks import gpu_runtime  # the same comparison on NCCL; refuses in one line without a GPU
+
+        raise SystemExit(gpu_runtime.main(["--quick"] if "--quick" in sys.argv else []))
+    if "--quick" in sys.argv:  # steady state only, one JSON line last (benchmarks/runtime_quick.py)
+        from benchmarks import runtime_quick
+
+        runtime_quick.main("--json" in sys.argv)
+        return
 
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     group = WorkerGroup(2, use_gpu=False)

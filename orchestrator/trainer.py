@@ -30,7 +30,7 @@ from actors import checkpoint as ckpt
 from actors import storage
 from actors import user_code
 from actors.group import PipelineActorError, WorkerGroup
-from actors.metrics import IterationMetrics, combine
+from actors.metrics import IterationMetrics, combine, combine_run
 from actors.stage_worker import JobSpec
 from orchestrator.cluster import Cluster
 from orchestrator.errors import UserError
@@ -93,6 +93,7 @@ class PipelineTrainer:
         workers: WorkerGroup | None = None,
         use_gpu: bool | None = None,
         pipelined_dispatch: bool = True,
+        iterations_per_call: int = 8,
         validate: bool = True,
         async_checkpoints: bool = False,
     ) -> None:
@@ -119,6 +120,8 @@ class PipelineTrainer:
         self.progress, self.iteration_timeout_s = progress, iteration_timeout_s
         self.resume = resume
         self.pipelined_dispatch = pipelined_dispatch
+        self.iterations_per_call = iterations_per_call  # fit: consecutive steps per remote call (see fit)
+        self._failing_run: tuple[int, int] | None = None  # the run of steps fit is gathering (which kill_at entries fired)
         # periodic checkpoints snapshot the blocks and upload while the next steps train; each
         # commits when the next one starts or when fit returns (see save_checkpoint(background=))
         self.async_checkpoints = async_checkpoints
@@ -206,19 +209,24 @@ class PipelineTrainer:
     def fit(self, steps: int) -> FitResult:
         """Train ``steps`` more iterations, restarting from the last checkpoint on worker death.
 
-        Pipelined dispatch (``pipelined_dispatch=True``, the default): iteration ``k + 1`` is
-        submitted to every worker before iteration ``k``'s results are gathered, so the workers
-        start it as soon as they finish ``k`` (each runs one call at a time, in submission order)
-        instead of waiting for the driver's round trip. Not across a checkpoint (submitted only
-        after the checkpoint is written) and not past the last step. If ``k`` fails, ``k + 1`` is
+        Calls of several iterations (``iterations_per_call``, default 8): each worker runs a run of
+        consecutive steps back to back in one remote call (:meth:`StageWorker.run_iterations`), so
+        Ray's per-call work (task hand-off in the worker, the driver's gather) is paid once per
+        run instead of once per iteration. A run never crosses a checkpoint and never passes the
+        last step. Pipelined dispatch (``pipelined_dispatch=True``, the default): run ``k + 1`` is
+        submitted to every worker before run ``k``'s results are gathered, so the workers start it
+        as soon as they finish ``k`` (each runs one call at a time, in submission order) instead of
+        waiting for the driver's round trip; not across a checkpoint. If a run fails, the next is
         cancelled or ignored (see :meth:`WorkerGroup.discard`) and recovery is as without it.
 
-        ``metrics[k].iteration_s`` is the driver's wall time from the later of "``k`` submitted"
-        and "``k - 1`` gathered" to "``k`` gathered": the time between consecutive completions
-        when pipelined, submit-to-gather otherwise (the first step, and the step after a
-        checkpoint or a restart). Summed, they are the training wall time less checkpoint writes
-        and restarts (and, when not pipelined, less the driver's own time between steps).
-        Per-step losses, checkpoints and failure handling do not depend on the setting.
+        ``metrics[k].iteration_s``: the time between the completions of step ``k - 1`` and ``k``.
+        The first step of a run is timed on the driver from the later of "run submitted" and
+        "previous run gathered" (submit-to-gather when nothing was in flight: the first run, and
+        the one after a checkpoint or a restart) to "run gathered", less the later steps of the
+        run, which are timed on the workers' clocks (completion = the last device to finish).
+        Summed, they are the training wall time less checkpoint writes and restarts (and, when not
+        pipelined, less the driver's own time between runs). Per-step losses, checkpoints and
+        failure handling do not depend on either setting.
         """
         group = self._workers()
         first, target = self.step, self.step + steps
@@ -228,28 +236,33 @@ class PipelineTrainer:
         show = self.progress if self.progress is not None else steps >= 50
         bar = tqdm(total=steps, disable=not show, desc="pipeline", unit="it")
         start = time.perf_counter()
-        ahead: tuple[int, list[Any], list[int], float] | None = None  # (step, refs, devices, submitted at)
-        last_done: float | None = None  # when the previous step was gathered, if this one was submitted before that
+        ahead: tuple[int, int, list[Any], list[int], float] | None = None  # (first, end, refs, devices, submitted at)
+        last_done: float | None = None  # when the previous run was gathered, if this one was submitted before that
         try:
             while self.step < target:
                 step = self.step
                 try:
                     if ahead is not None and ahead[0] == step:
-                        _, refs, devices, t = ahead
+                        _, end, refs, devices, t = ahead
                     else:
                         t = time.perf_counter()
-                        refs, devices = group.submit("run_iteration", step)
+                        end = self._run_end(step, target)
+                        refs, devices = group.submit("run_iterations", step, end - step)
                     ahead = None
-                    if self.pipelined_dispatch and step + 1 < target and not self._checkpoint_due(step + 1):
-                        later, later_devices = group.submit("run_iteration", step + 1)
-                        ahead = (step + 1, later, later_devices, time.perf_counter())
-                    reports = group.gather(refs, f"step {step}", self.iteration_timeout_s, devices)
+                    if self.pipelined_dispatch and end < target and not self._checkpoint_due(end):
+                        later_end = self._run_end(end, target)
+                        later, later_devices = group.submit("run_iterations", end, later_end - end)
+                        ahead = (end, later_end, later, later_devices, time.perf_counter())
+                    self._failing_run = (step, end)
+                    runs = group.gather(refs, f"steps {step}-{end - 1}" if end - step > 1 else f"step {step}",
+                                        self.iteration_timeout_s, devices)
                     done = time.perf_counter()
-                    m = combine(reports, done - max(t, last_done if last_done is not None else t))
+                    run = combine_run(runs, done - max(t, last_done if last_done is not None else t))
                     last_done = done if ahead is not None else None
+                    self._failing_run = None
                 except PipelineActorError as exc:
                     if ahead is not None:
-                        group.discard(ahead[1])
+                        group.discard(ahead[2])
                         ahead = None
                     last_done = None
                     if self.failures >= self.max_failures:
@@ -260,16 +273,17 @@ class PipelineTrainer:
                     bar.n = max(0, self.step - first)
                     bar.refresh()
                     continue
-                metrics[self.step] = m
-                self.history[self.step] = m.loss
-                self.step += 1
-                bar.update(1)
-                bar.set_postfix(loss=f"{m.loss:.4f}")
+                for m in run:
+                    metrics[self.step] = m
+                    self.history[self.step] = m.loss
+                    self.step += 1
+                bar.update(len(run))
+                bar.set_postfix(loss=f"{run[-1].loss:.4f}")
                 if self._checkpoint_due(self.step):
                     written.append(str(self.save_checkpoint(background=self.async_checkpoints)))
         finally:
-            if ahead is not None:  # an error other than a worker failure left a step in flight
-                group.discard(ahead[1])
+            if ahead is not None:  # an error other than a worker failure left a run in flight
+                group.discard(ahead[2])
             bar.close()
         self.finish_checkpoint()  # the last background upload commits before fit returns
         steps_done = list(range(first, target))
@@ -278,11 +292,21 @@ class PipelineTrainer:
             self.plan, restarts, written, time.perf_counter() - start, {d["device"]: d["node_id"] for d in self.devices()},
         )
 
+    def _run_end(self, step: int, target: int) -> int:
+        """End (exclusive) of the run of steps one call executes from ``step``: at most
+        ``iterations_per_call`` steps, never past ``target`` or a checkpoint."""
+        end = min(target, step + max(1, self.iterations_per_call))
+        if self.checkpoint_every:
+            end = min(end, (step // self.checkpoint_every + 1) * self.checkpoint_every)
+        return end
+
     def _recover(self, exc: PipelineActorError) -> None:
         """New processes, same plan, state from the newest complete checkpoint (or the seed)."""
         assert self.group is not None
         self._uploading = None  # an upload from a dead worker never commits; its folder stays unmarked
-        fired = {(s, d) for s, d in self.spec.kill_at if s == self.step and (d == exc.device or not exc.died)}
+        lo, hi = self._failing_run or (self.step, self.step + 1)
+        self._failing_run = None
+        fired = {(s, d) for s, d in self.spec.kill_at if lo <= s < hi and (d == exc.device or not exc.died)}
         self.spec = replace(self.spec, kill_at=self.spec.kill_at - fired)
         self.group.restart()
         self.group.configure(self.spec, self.plan)

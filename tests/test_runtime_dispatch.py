@@ -34,8 +34,9 @@ def identical(a: dict[int, dict[str, torch.Tensor]], b: dict[int, dict[str, torc
 
 
 def trainer(group: Any, tmp: Path, pipelined: bool, **kw: Any) -> PipelineTrainer:
-    return PipelineTrainer(MLP, loss_fn("mlp"), ADAM, DATA, 3, plan=PLAN, workers=group, checkpoint_dir=tmp,
-                           checkpoint_every=2, pipelined_dispatch=pipelined, pg_timeout_s=20, progress=False, **kw)
+    kw = {"checkpoint_dir": tmp, "checkpoint_every": 2, "iterations_per_call": 1, **kw}
+    return PipelineTrainer(MLP, loss_fn("mlp"), ADAM, DATA, 3, plan=PLAN, workers=group,
+                           pipelined_dispatch=pipelined, pg_timeout_s=20, progress=False, **kw)
 
 
 def spy(group: Any, log: list[tuple[str, Any]]) -> Callable[[], None]:
@@ -84,7 +85,7 @@ def test_pipelined_fit_is_bit_identical_with_a_checkpoint_in_the_middle(worker_g
     assert sum(m.iteration_s for m in got.metrics) <= got.wall_s
 
     # Step k+1 goes out before k is gathered, except across the checkpoint after step 1 and after the last step.
-    events = [(kind, x[1] if kind == "submit" and x[0] == "run_iteration" else x if kind == "gather" else x[0]) for kind, x in log]
+    events = [(kind, x[1] if kind == "submit" and x[0] == "run_iterations" else x if kind == "gather" else x[0]) for kind, x in log]
     assert events == [
         ("submit", 0), ("submit", 1), ("gather", "step 0"), ("gather", "step 1"),
         ("submit", "save_blocks"), ("gather", "checkpoint"),
@@ -106,4 +107,41 @@ def test_kill_during_pipelined_fit_recovers_exactly(worker_group: Any, tmp_path:
     ref_losses = ref.train(5)
     got = t.state_dicts()
     assert allclose(got, ref.state_dicts()) and identical(got, ref.state_dicts()), max_difference(got, ref.state_dicts())
+    assert result.losses == pytest.approx(ref_losses, rel=1e-6, abs=1e-7)
+
+
+@pytest.mark.ray
+def test_runs_of_several_steps_per_call_are_bit_identical_and_pipelined(worker_group: Any, tmp_path: Path) -> None:
+    """``iterations_per_call=2``, no checkpoints: steps go out two per call, the next call before
+    the current one is gathered, the last call short; weights and losses equal one step per call."""
+    fast = trainer(worker_group, tmp_path, True, checkpoint_dir=None, checkpoint_every=0, iterations_per_call=2)
+    fast.start()
+    log: list[tuple[str, Any]] = []
+    undo = spy(worker_group, log)
+    try:
+        got = fast.fit(5)
+    finally:
+        undo()
+    got_state = fast.state_dicts()
+    slow = trainer(worker_group, tmp_path, False, checkpoint_dir=None, checkpoint_every=0)
+    want = slow.fit(5)
+    assert got.losses == want.losses and identical(got_state, slow.state_dicts())
+    events = [(kind, x[1:] if kind == "submit" else x) for kind, x in log]
+    assert events == [("submit", (0, 2)), ("submit", (2, 2)), ("gather", "steps 0-1"), ("submit", (4, 1)),
+                      ("gather", "steps 2-3"), ("gather", "step 4")]
+    assert [m.step for m in got.metrics] == list(range(5)) and all(m.iteration_s >= 0 for m in got.metrics)
+    assert sum(m.iteration_s for m in got.metrics) <= got.wall_s
+
+
+@pytest.mark.ray
+def test_kill_inside_a_run_of_steps_recovers_exactly(worker_group: Any, tmp_path: Path) -> None:
+    """The middle stage dies at step 3, the second step of the run [2, 4): recovery from the
+    checkpoint after step 2 (checkpoint_every=2), the kill fires once, the end is exact."""
+    t = trainer(worker_group, tmp_path, True, max_failures=1, kill_at={(3, 1)}, iterations_per_call=4)
+    result = t.fit(6)
+    assert result.restarts == 1 and t.step == 6 and not t.spec.kill_at
+    ref = ReferenceTrainer.for_plan(PLAN, MLP, loss_fn("mlp"), ADAM, DATA)
+    ref_losses = ref.train(6)
+    got = t.state_dicts()
+    assert identical(got, ref.state_dicts()), max_difference(got, ref.state_dicts())
     assert result.losses == pytest.approx(ref_losses, rel=1e-6, abs=1e-7)

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from actors.execution import Executor
-from actors.metrics import combine
+from actors import injection
+from actors.metrics import combine, combine_run
 from actors.stage_worker import JobSpec
 from orchestrator.plan import Plan, ScheduleKind, interleave, straight_plan
 from orchestrator.schedule.ir import Kind
@@ -150,3 +151,40 @@ def test_bubble_fraction_uses_the_actors_timeline_not_the_driver_wall_time() -> 
     assert shorter_wall.span_s == 0.5 and shorter_wall.iteration_s == 0.2
     assert shorter_wall.bubble_fraction == {0: 0.5, 1: 0.5}  # (0.5 - 0.25) / 0.5, whatever the wall time
     assert combine([_report(0, None), _report(1, None)], wall_s=0.9).bubble_fraction == {0: 0.5, 1: 0.5}
+
+
+def test_overhead_is_the_devices_own_time_neither_computing_nor_waiting() -> None:
+    reports = [_report(0, None), _report(1, None)]
+    reports[1].update(wait_s=0.125, actions=4)
+    m = combine(reports)
+    assert m.device_s == {0: 0.5, 1: 0.5} and m.wait_s == {1: 0.125} and m.actions == {1: 4}
+    assert m.overhead_s == {0: 0.25, 1: 0.125}  # 0.5 - 0.25 busy (- 0.125 blocked on device 1)
+
+
+def test_a_run_of_steps_splits_the_drivers_time_by_the_workers_completions() -> None:
+    """Steps after the first get the time between completions on the workers' clocks (the later
+    device), the first gets the rest of the driver's time: the sum is the driver's time."""
+    def step(device: int, i: int, start: float, length: float) -> dict[str, Any]:
+        r = _report(device, None)
+        r.update(step=i, t0_wall=start, iteration_s=length)
+        return r
+
+    runs = [[step(0, 0, 100.0, 0.5), step(0, 1, 100.5, 0.25), step(0, 2, 100.75, 0.5)],
+            [step(1, 0, 100.0, 0.75), step(1, 1, 100.75, 0.5), step(1, 2, 101.25, 0.25)]]
+    got = combine_run(runs, wall_s=2.0)
+    assert [m.step for m in got] == [0, 1, 2]
+    assert [m.iteration_s for m in got] == pytest.approx([1.25, 0.5, 0.25])  # ends 100.75, 101.25, 101.5
+
+
+def test_fault_injection_is_opt_in_and_wraps_only_the_call_table() -> None:
+    """A plain executor calls its handlers directly; ``install`` wraps compute and send actions
+    (and the kill point) once, and leaves the handlers themselves alone."""
+    ex = executors(PLANS["1f1b"])[0]
+    plain = list(ex.calls)
+    assert all(getattr(c, "__self__", None) is ex for c in plain) and not ex.injected
+    injection.install(ex, injection.FaultKnobs())
+    injection.install(ex, injection.FaultKnobs())  # idempotent
+    wrapped = [c is not p for c, p in zip(ex.calls, plain)]
+    expect = [a.kind in (Kind.FORWARD, Kind.BACKWARD, Kind.SEND_F, Kind.SEND_B) or i == len(ex.program) // 2
+              for i, a in enumerate(ex.program)]
+    assert ex.injected and wrapped == expect
