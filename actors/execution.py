@@ -48,7 +48,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from actors import user_code
+from actors import seeding, user_code
 from actors.backward_split import PendingWeights, backward_input
 from actors.gpu import EventClock, check_nccl_dtypes, dtype_buckets
 from actors.tables import ProgramTables
@@ -82,6 +82,10 @@ def _backward(out: Tensor, grad: Tensor) -> None:
 
 class Executor(ProgramTables):
     """Per-plan state of one worker and the handlers of every IR kind."""
+
+    # Called with the step before the device's first optimizer step of each iteration (the
+    # stage worker sets it to sum tied weights' gradients across stages: actors/tied.py).
+    before_step: Callable[[int], None] | None = None
 
     def __init__(
         self, spec: "JobSpec", plan: Plan, device: int, rank_of: dict[int, int], program: tuple[Action, ...],
@@ -249,6 +253,7 @@ class Executor(ProgramTables):
     def _apply(self, a: Action, x: Tensor, blocks: list[int], lo: int, hi: int, scale: float) -> Tensor:
         out = x
         if hi > lo:
+            seeding.enter_unit(self.spec.seed, self.step_index, a.unit)  # dropout seeds (actors/seeding.py)
             modules = self.modules
             try:
                 for b in blocks:
@@ -396,6 +401,8 @@ class Executor(ProgramTables):
     def _step(self, a: Action) -> None:
         start = self._now()
         s = self.plan.stages[a.stage]
+        if self.before_step is not None:
+            self.before_step(self.step_index)
         for b in range(s.first, s.last):
             opt = self.optimizers.get(b)
             if opt is not None:

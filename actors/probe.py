@@ -18,6 +18,8 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from actors.materialize import materialize
+
 # Dense fp16/bf16 tensor throughput relative to a V100 (vendor figures, rounded): a prior for a
 # device type the probe has not measured yet, never a substitute for the measurement.
 PRIOR_SPEED = {
@@ -76,7 +78,7 @@ def model_seconds(model_factory: Callable[[], list[torch.nn.Module]], data_fn: C
                   rows: int, device: torch.device) -> float:
     """Forward + backward of the model's first ``blocks`` blocks on ``rows`` rows of ``data_fn(0)``."""
     torch.manual_seed(0)
-    modules = [m.to(device) for m in list(model_factory())[:blocks]]
+    modules = [materialize(m, device, 0, f"block{b}") for b, m in enumerate(list(model_factory())[:blocks])]
     inputs = data_fn(0)[0][:rows].to(device)
 
     def work() -> Any:

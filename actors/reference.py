@@ -1,7 +1,8 @@
 """Single-process training with the pipeline's exact micro-batching: the exactness oracle.
 
 It builds the model the way every stage worker does (``torch.manual_seed(seed)`` then the
-factory), keeps one optimizer per block, cuts each iteration batch into the same units with the
+factory; blocks built on the meta device are materialized with the same per-path seeds), draws
+dropout masks from the same per-(step, unit, block) seeds, sums tied weights' gradients, keeps one optimizer per block, cuts each iteration batch into the same units with the
 same row rules (:mod:`actors.transport`), weights each unit's loss by its share of the batch rows
 and accumulates gradients before one optimizer step. Pipelined training of any plan must end up
 ``allclose`` to this; the only differences allowed are floating-point summation order (replica
@@ -15,6 +16,8 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
+from actors import seeding, tied
+from actors.materialize import materialize
 from actors.transport import unit_range
 from orchestrator.plan import Plan, Stage
 from orchestrator.schedule.ir import units_of
@@ -36,7 +39,10 @@ class ReferenceTrainer:
     ) -> None:
         torch.manual_seed(seed)
         self.device = torch.device(device)  # a GPU reference compares GPU runs with the same kernels
-        self.blocks = [m.to(self.device) for m in model_factory()]
+        # meta-built blocks are materialized as a stage worker does (the same per-path seeds)
+        self.blocks = [materialize(m, self.device, seed, f"block{b}") for b, m in enumerate(model_factory())]
+        self.ties = tied.tie_table(self.blocks)  # copies of one weight: gradients summed, as the stages do
+        self.seed = seed
         self.optimizers = {
             b: optimizer_factory(m.parameters()) for b, m in enumerate(self.blocks) if any(True for _ in m.parameters())
         }
@@ -74,11 +80,14 @@ class ReferenceTrainer:
             if hi <= lo:
                 continue
             x = inputs[lo:hi]
+            seeding.enter_unit(self.seed, step, (mb, part))
             for block in self.blocks:
                 x = block(x)
+            seeding.leave_unit()
             loss = self.loss_fn(x, targets[lo:hi]) * ((hi - lo) / rows)
             loss.backward()
             total += float(loss.detach())
+        tied.sum_local(dict(enumerate(self.blocks)), self.ties)
         for opt in self.optimizers.values():
             opt.step()
             opt.zero_grad(set_to_none=True)

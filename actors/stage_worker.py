@@ -42,6 +42,8 @@ from torch import Tensor, nn
 from actors import checkpoint as ckpt
 from actors import placement, probe
 from actors import user_code
+from actors.materialize import materialize
+from actors.tied import TiedGrads, tie_table
 from actors.execution import Executor
 from actors import injection
 from actors.injection import FaultKnobs
@@ -84,6 +86,7 @@ class StageWorker:
         self.injecting = False  # a rehearsal or test asked for injection (actors/injection.py)
         self.completed_step = -1  # last step whose iteration finished here (failure triage)
         self.steady = False  # a first iteration ran under the current communicators
+        self.ties: dict[str, list[tuple[int, str]]] = {}  # tied weights' copies (actors/tied.py)
 
     # ----- setup -----
     def endpoint(self) -> tuple[str, int]:
@@ -133,18 +136,22 @@ class StageWorker:
         boundary = probe_boundaries(blocks, inputs)
         # An alive member that the plan does not use holds no blocks and runs an empty program.
         mine = sorted(b for j in plan.stages_of_device(device) for b in range(plan.stages[j].first, plan.stages[j].last))
-        modules = {b: blocks[b].to(torch_device) for b in mine}
+        # meta-built models: only this device's blocks get real weights (actors/materialize.py)
+        modules = {b: materialize(blocks[b], torch_device, spec.seed, f"block{b}") for b in mine}
+        self.ties = tie_table(blocks)
         del blocks  # the other devices' blocks: only needed for the identical RNG stream and the probe
         optimizers = {b: user_code.optimizer(spec.optimizer_factory, m.parameters(), b) for b, m in modules.items() if any(True for _ in m.parameters())}
         init_group(host, port, rank_of[device], len(rank_of), backend_for(torch_device), spec.pg_timeout_s, torch_device)
         schedule = lower(plan)
         groups = replica_groups(plan, rank_of, timeout_s=spec.pg_timeout_s)
         links = link_groups(directed_links(schedule), rank_of, timeout_s=spec.pg_timeout_s)
+        tied = self._tied(spec, plan, device, rank_of, modules)
         warm_up(device, rank_of, links, groups, torch_device)
         self.executor = self._executor(
             spec, plan, device, rank_of, schedule.programs.get(device, ()), modules, optimizers, groups, boundary,
             int(inputs.shape[0]), torch_device, links=links,
         )
+        self.executor.before_step = tied
         self.completed_step = -1
         self.steady = False
         return {"device": device, "rank": rank_of[device], "blocks": mine, "pid": os.getpid(), "backend": dist.get_backend()}
@@ -171,6 +178,12 @@ class StageWorker:
         iteration. A failure ends the call (the reports of the finished steps are lost with it;
         the trainer recovers from a checkpoint, which never lies inside a run)."""
         return [self.run_iteration(first + i) for i in range(count)]
+
+    def _tied(self, spec: JobSpec, plan: Plan, device: int, rank_of: dict[int, int],
+              modules: dict[int, nn.Module]) -> Callable[[int], None] | None:
+        """The tied-gradient sum of this plan (a collective: every member builds its groups)."""
+        tied = TiedGrads.build(self.ties, plan, device, rank_of, modules, lambda ranks: new_group(ranks, spec.pg_timeout_s))
+        return None if tied is None else tied.before_step
 
     def _executor(self, *args: Any, **kwargs: Any) -> Executor:
         ex = Executor(*args, **kwargs)
@@ -230,7 +243,9 @@ class StageWorker:
                 local = max(1, int(os.environ.get("RAYPIPE_WORKERS_PER_NODE", len(rank_of))))
                 torch.set_num_threads(spec.threads or max(1, (os.cpu_count() or 1) // local))
             inputs, _ = user_code.batch(spec.data_fn, 0)
-            boundary, batch_rows = probe_boundaries(user_code.blocks(spec.model_factory), inputs), int(inputs.shape[0])
+            built = user_code.blocks(spec.model_factory)
+            boundary, batch_rows = probe_boundaries(built, inputs), int(inputs.shape[0])
+            self.ties = tie_table(built)
         elif ex is not None:
             spec, boundary, batch_rows, torch_device = ex.spec, ex.boundary, ex.batch_rows, ex.torch_device
             if ex.cuda and self.steady:  # state hand-over and the next first iteration get the setup bound back
@@ -275,7 +290,7 @@ class StageWorker:
                 if templates is None:
                     templates = user_code.blocks(spec.model_factory)
                 for b, (weights, opt_state) in box[0].items():
-                    module = templates[b].to(torch_device)
+                    module = materialize(templates[b], torch_device, spec.seed, f"block{b}")
                     module.load_state_dict(weights)
                     modules[b] = module
                     if opt_state is not None:
@@ -289,10 +304,12 @@ class StageWorker:
             raise RuntimeError(f"device {device}: blocks {sorted(missing)} were neither held nor received (bad transfer list)")
         modules = {b: m for b, m in modules.items() if b in held}
         optimizers = {b: o for b, o in optimizers.items() if b in held}
+        tied = self._tied(spec, plan, device, rank_of, modules)
         self.executor = self._executor(
             spec, plan, device, rank_of, schedule.programs.get(device, ()), modules, optimizers, groups, boundary,
             batch_rows, torch_device, links=links,
         )
+        self.executor.before_step = tied
         self.steady = False
         done = time.perf_counter()
         return {"device": device, "bytes_sent": sent, "bytes_received": received, "blocks": sorted(held),

@@ -121,7 +121,10 @@ def optimizer(optimizer_factory: Callable[[Any], Any], params: Any, block: int) 
 
 
 def forward(index: int, block: nn.Module, x: Tensor) -> Tensor:
-    """One block's forward; a shape mismatch names the block (index and class)."""
+    """One block's forward; a shape mismatch names the block (index and class). A block built on
+    the meta device (:mod:`actors.materialize`) runs on a meta copy of ``x``: shapes only."""
+    if x.device.type != "meta" and any(p.is_meta for p in block.parameters()):
+        x = x.to("meta")
     try:
         out = block(x)
     except UserError:
@@ -214,7 +217,7 @@ def _validate(
             for i, b in enumerate(built):
                 b.eval()
                 x = forward(i, b, x)
-            loss(loss_fn, x, targets[:2])
+            loss(loss_fn, x, targets[:2].to(x.device))
     finally:
         for b, mode in zip(built, modes):
             b.train(mode)

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from actors import user_code
 from actors.backward_split import backward_input
+from actors.materialize import materialize, on_meta
 from orchestrator.errors import UserError
 from orchestrator.models import EXAMPLE_MODELS, example_batch, load_factory, resolve_spec
 from orchestrator.profile import Block, Profile
@@ -144,6 +145,9 @@ def profile_blocks(
 ) -> Profile:
     """Profile ``blocks`` as a chain, feeding ``sample_input`` (one micro-batch) to the first.
 
+    Blocks built on the meta device are materialized one at a time and released after their
+    measurement, so a model larger than this host's memory can be profiled.
+
     Blocks are moved to ``device`` (default: CUDA when available, else CPU) in place. Backward
     time is measured with an all-ones upstream gradient of the output's shape; the value does not
     matter for timing, only the shape does.
@@ -158,8 +162,11 @@ def profile_blocks(
     input_bytes = float(_nbytes(x))
     measured: list[Block] = []
     for i, block in enumerate(blocks):
-        block.to(dev)
+        lazy = on_meta(block)  # built on the meta device: real weights for this block only, then dropped
+        materialize(block, dev, seed=0, fallback_path=f"block{i}")
         fwd, bwd, out, stash, share = _measure_block(block, _as_input(x), warmup, repeats, sync)
+        if lazy:
+            block.to("meta")
         measured.append(
             Block(
                 name=f"{i}:{type(block).__name__}",

@@ -1,0 +1,161 @@
+"""Any nn.Module as pipeline blocks: nn.Sequential children, or a module cut at split points by
+module path, with several tensors (tuples, dicts) crossing a boundary in both directions."""
+
+from __future__ import annotations
+
+import sys
+from functools import partial
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from actors.materialize import empty_init
+from actors.reference import ReferenceTrainer, allclose, max_difference
+from orchestrator.errors import UserError
+from orchestrator.modules import Packed, sequential_blocks, split_at
+from orchestrator.plan import straight_plan
+from orchestrator.profiler import profile_blocks
+from orchestrator.trainer import PipelineTrainer
+
+
+class Gated(nn.Module):
+    """Takes and returns (hidden, gate): two tensors cross every boundary after it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(6, 6)
+
+    def forward(self, h: Tensor, gate: Tensor) -> tuple[Tensor, Tensor]:
+        return torch.tanh(self.lin(h)) * gate, gate * 0.5 + 0.25
+
+
+class Net(nn.Module):
+    """A gate computed from a parameter (its gradient must cross back over boundaries), a skip
+    connection from the input to the head, and a dict inside."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp, self.gate = nn.Linear(6, 6), nn.Linear(6, 6)
+        self.layers = nn.ModuleList([Gated() for _ in range(4)])
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        state = {"h": self.inp(x), "g": torch.sigmoid(self.gate(x))}
+        for layer in self.layers:
+            state["h"], state["g"] = layer(state["h"], state["g"])
+        return self.head(state["h"] + x)
+
+
+def net_blocks(points: tuple[str, ...] = ("layers.1", "layers.3", "head"), meta: bool = False) -> list[nn.Module]:
+    torch.manual_seed(0)
+    if meta:
+        with empty_init():
+            model = Net()
+    else:
+        model = Net()
+    return split_at(model, list(points), torch.zeros(2, 6))
+
+
+def data(step: int) -> tuple[Tensor, Tensor]:
+    gen = torch.Generator().manual_seed(step)
+    return torch.randn(8, 6, generator=gen), torch.randn(8, 3, generator=gen)
+
+
+SGD = partial(torch.optim.SGD, lr=0.1)
+
+
+def test_split_points_equal_the_whole_model() -> None:
+    blocks = net_blocks()
+    assert len(blocks) == 4 and isinstance(blocks[1], Packed)
+    torch.manual_seed(0)
+    whole = Net()
+    x = data(0)[0]
+    y = x
+    for b in blocks:
+        y = b(y)
+    assert torch.equal(y, whole(x))
+    y.square().sum().backward()
+    whole(x).square().sum().backward()
+    got = {n: p.grad for n, p in blocks[0].named_parameters()}
+    torch.testing.assert_close(got["inner.sub.gate.weight"], whole.gate.weight.grad, rtol=1e-6, atol=1e-7)  # back over 3 packed boundaries
+
+
+def test_profile_counts_every_tensor_crossing() -> None:
+    profile = profile_blocks(net_blocks(), data(0)[0], "net", 8, warmup=0, repeats=1, device="cpu")
+    # after block 0: the input (skip connection), hidden and gate: 3 x 6 floats per row
+    assert profile.blocks[0].activation_bytes == 8 * 18 * 4
+    assert profile.blocks[-1].activation_bytes == 8 * 3 * 4
+
+
+def test_sequential_children_are_blocks() -> None:
+    seq = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    assert [type(b) for b in sequential_blocks(seq)] == [nn.Linear, nn.ReLU, nn.Linear]
+    with pytest.raises(UserError, match="needs an nn.Sequential, got Linear"):
+        sequential_blocks(nn.Linear(2, 2))  # type: ignore[arg-type]
+
+
+class Pair(nn.Module):
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        return x, x * 2
+
+
+class Sum(nn.Module):
+    def forward(self, pair: tuple[Tensor, Tensor]) -> Tensor:
+        return pair[0] + pair[1]
+
+
+def test_sequential_tuple_boundaries_are_packed() -> None:
+    blocks = sequential_blocks(nn.Sequential(nn.Linear(4, 4), Pair(), Sum()), torch.zeros(2, 4))
+    assert isinstance(blocks[1], Packed) and isinstance(blocks[2], Packed)
+    x = torch.randn(3, 4)
+    assert torch.equal(blocks[2](blocks[1](blocks[0](x))), 3 * blocks[0](x))
+
+
+class Unbatched(nn.Module):
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        return x, torch.ones(5)
+
+
+class Named(nn.Module):
+    def forward(self, x: Tensor) -> tuple[Tensor, str]:
+        return x, "tag"
+
+
+def test_bad_split_input_is_one_line() -> None:
+    with pytest.raises(UserError, match=r"split point 'layers\.9' names no submodule of Net"):
+        split_at(Net(), ["layers.9"], torch.zeros(2, 6))
+    with pytest.raises(UserError, match=r"did you mean layers\.1"):
+        split_at(Net(), ["1"], torch.zeros(2, 6))
+    with pytest.raises(UserError, match="give split points in execution order"):
+        split_at(Net(), ["layers.3", "layers.1"], torch.zeros(2, 6))
+    with pytest.raises(UserError, match=r"output of block 0 \(Unbatched\).*shape \(5,\) cannot cross"):
+        sequential_blocks(nn.Sequential(Unbatched(), Sum()), torch.zeros(2, 4))
+    with pytest.raises(UserError, match="a value of type str cannot cross a stage boundary"):
+        sequential_blocks(nn.Sequential(Named(), nn.Identity()), torch.zeros(2, 4))
+
+
+def test_meta_built_module_materializes_like_a_real_build() -> None:
+    """Built on the meta device, materialized per block: the weights are a function of the seed
+    and each submodule's path only (the reference trainer materializes as a stage worker does)."""
+    a = ReferenceTrainer(partial(net_blocks, meta=True), nn.functional.mse_loss, SGD, data, 2, seed=5)
+    assert all(not p.is_meta for b in a.blocks for p in b.parameters())
+    b = ReferenceTrainer(partial(net_blocks, meta=True), nn.functional.mse_loss, SGD, data, 2, seed=5)
+    assert allclose(a.state_dicts(), b.state_dicts(), rtol=0, atol=0)
+    c = ReferenceTrainer(partial(net_blocks, meta=True), nn.functional.mse_loss, SGD, data, 2, seed=6)
+    assert not allclose(a.state_dicts(), c.state_dicts())  # the seed matters
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("meta", [False, True], ids=["real", "meta"])
+def test_multi_tensor_boundaries_train_exactly(worker_group: Any, ray_session: Any, meta: bool) -> None:
+    ray_session.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import a test module
+    factory = partial(net_blocks, meta=meta)
+    plan = straight_plan([0, 1, 2, 3, 4], 4)
+    trainer = PipelineTrainer(factory, nn.functional.mse_loss, SGD, data, 4, plan=plan, workers=worker_group, seed=2)
+    trainer.fit(2)
+    reference = ReferenceTrainer.for_plan(plan, factory, nn.functional.mse_loss, SGD, data, seed=2)
+    reference.train(2)
+    got, want = trainer.state_dicts(), reference.state_dicts()
+    assert allclose(got, want), max_difference(got, want)
