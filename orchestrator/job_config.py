@@ -108,7 +108,8 @@ class AdaptConfig:
 
 @dataclass(frozen=True)
 class InjectedNotice:
-    """Rehearsal: after step ``at_step``, ``devices`` get a notice with ``seconds`` left."""
+    """Rehearsal: after step ``at_step``, ``devices`` (empty: every device the job has then, as
+    when the whole placement is reclaimed) get a notice with ``seconds`` left."""
 
     at_step: int
     seconds: float = 120.0
@@ -137,21 +138,26 @@ class SpotConfig:
     """Write the validated Ray cluster YAML of each migration target into this folder."""
     ray_up: bool = False
     """Run ``ray up`` on that YAML (real clouds only; otherwise a dry run)."""
-    policy: Callable[..., Any] | None = None
-    """``policy(placement, preempted, step) -> cloud.migration.Stay | Move`` (see orchestrator.elastic)."""
     offer: Any = None
-    """The :class:`cloud.records.Offer` the job starts on (priced placement), if any."""
-    launcher: Callable[..., Any] | None = None
-    """Brings a placement up (default: the local Ray instance, capped at the job's devices)."""
+    """The :class:`cloud.records.Offer` the job runs on (default: the catalog's cheapest spot offer
+    with as many GPUs as the job has devices); migrations are priced against it."""
     migration_check_every: int = 0
-    """Ask ``policy`` for a cheaper place every N steps (0: only on preemption)."""
+    """Ask the migration planner for a cheaper place every N steps (0: only on preemption and
+    replayed price changes)."""
     price_events: tuple[tuple[int, float], ...] = field(default_factory=tuple)
-    """Rehearsal: (step, new $/h of the current offer) replayed into the policy's view."""
+    """Rehearsal: (step, factor) — after that step the current offer's price is multiplied by
+    ``factor`` in the planner's view, as a replayed price change."""
+
+    horizon_scale: float = 1e4
+    """Samples still to train per sample of this run, for pricing a move (a rehearsal is a short
+    slice of a long job: moving pays only over the job's whole remaining length)."""
+    checkpoint_gb: float = 0.05
+    """Checkpoint size for the migration planner's transfer cost."""
 
     def __post_init__(self) -> None:
         if self.margin_s < 0 or self.migration_check_every < 0:
             raise UserError("SpotConfig: margin_s and migration_check_every must be >= 0")
-        if self.migration_check_every and self.policy is None:
-            raise UserError("SpotConfig: migration_check_every needs a policy")
+        if any(f <= 0 or at < 0 for at, f in self.price_events):
+            raise UserError("SpotConfig: price_events need step >= 0 and factor > 0")
         if self.notices and not self.enabled:
             raise UserError("SpotConfig: injected notices need enabled=True")

@@ -43,7 +43,7 @@ from orchestrator.controller.policies import planner_plan
 from orchestrator.errors import UserError
 from orchestrator.evacuation import Evacuate, Fallback, Notice, check_notice, plan_evacuation
 from orchestrator.job_config import AdaptConfig, RunConfig, ScalingConfig, SpotConfig, TrainConfig
-from orchestrator.job_spot import JobHandle, push_faults, spot_decision
+from orchestrator.job_spot import JobHandle, push_faults, spot_decision, write_target_yaml
 from orchestrator.observability import EventLog
 from orchestrator.plan import Plan, straight_plan
 from orchestrator.profile import Profile
@@ -100,6 +100,7 @@ class ElasticJob:
         self.handle = JobHandle(self)
         self.iteration_s: list[float] = []
         self.records: list[dict[str, Any]] = []
+        self.last_metrics: IterationMetrics | None = None
         self._notices: list[Notice] = []
         self._lock = threading.Lock()
         self._ahead: InFlight | None = None
@@ -108,7 +109,8 @@ class ElasticJob:
         self._fired: set[int] = set()  # injected notices already delivered
         self._saved_at = -1  # the step of the newest checkpoint written (a step is saved once)
         self.moves = self.restarts = 0
-        self.placement: Any = spot.offer
+        self._prices: Any = None  # job_spot.PriceView, built when first needed
+        self.target_steps = 0
         self._knobs: dict[int, Any] = {}
 
     # ----- inputs -----
@@ -138,7 +140,7 @@ class ElasticJob:
                 cfg = self.adapt.controller
                 self.controller = Controller(self.handle, self.profile, ControllerConfig(
                     **{**cfg.__dict__, "total_iterations": trainer.step + steps}))
-        target = trainer.step + steps
+        target = self.target_steps = trainer.step + steps
         first = trainer.step
         watcher = None
         if self.spot.enabled and self.spot.watch:
@@ -174,7 +176,7 @@ class ElasticJob:
     def _hold(self, nxt: int) -> bool:
         """Whether a decision is due after the step before ``nxt``: then nothing is submitted ahead."""
         due = self._checkpoint_due(nxt) or bool(self._notices) or any(n.at_step == nxt for n in self.spot.notices)
-        due |= any(s == nxt for s, _ in self.spot.price_events) or self._migration_due(nxt)
+        due |= self.spot.enabled and (any(s == nxt for s, _ in self.spot.price_events) or self._migration_due(nxt))
         due |= self.adapt.enabled and any(f.at_iteration in (nxt, nxt + 1) or getattr(f, "until_iteration", None) in (nxt, nxt + 1)
                                           for f in self.adapt.faults.faults)
         return due
@@ -183,11 +185,12 @@ class ElasticJob:
         """Between iterations: each policy decides, the loop acts (after draining a step in flight)."""
         step = self.trainer.step
         self.iteration_s.append(m.iteration_s)
+        self.last_metrics = m
         if self.spot.enabled:
             for k, n in enumerate(self.spot.notices):
                 if n.at_step <= step and k not in self._fired:  # a drained step may have passed at_step
                     self._fired.add(k)
-                    self.notify(n.devices, n.seconds, "rehearsal")
+                    self.notify(n.devices or tuple(sorted(self.alive)), n.seconds, "rehearsal")
             with self._lock:
                 notices, self._notices = self._notices, []
             for notice in notices:
@@ -199,11 +202,11 @@ class ElasticJob:
             if record.action:
                 self.emit("adapt", step=self.trainer.step, action=record.action, seconds=round(record.action_s, 4),
                           plan=self.trainer.plan.describe(), decision=type(record.decision).__name__)
-        if self.spot.enabled and self.spot.policy is not None:
-            decision = spot_decision(self, step)
-            if decision is not None:
+        if self.spot.enabled and self.trainer.step < target:
+            move = spot_decision(self, self.trainer.step)
+            if move is not None:
                 self._drain()
-                self._relocate(decision, forced=False, reason="price")
+                self._relocate(move, forced=False, reason="price")
         if self._checkpoint_due(self.trainer.step) and self.trainer.step < target and self._saved_at != self.trainer.step:
             self._drain()
             self._checkpoint("periodic")
@@ -275,16 +278,19 @@ class ElasticJob:
             source = found.location
             self.emit("notice_too_short", seconds_left=round(left, 3), fallback=str(source) if source else "start")
         doomed = set(notice.devices) if notice is not None else set()
+        if forced and self.spot.enabled:
+            decision = spot_decision(self, trainer.step, preempted=True)
         survivors = sorted(self.alive - doomed)
-        wanted = decision.target.gpu_count if decision is not None and getattr(decision, "target", None) else len(survivors)
-        if forced and not survivors:  # everything goes: the new placement is fresh devices
-            survivors = list(range(self.scaling.devices))
-        devices = tuple(survivors[:max(1, min(wanted, len(survivors)))] if decision is None else range(min(wanted, self.scaling.devices)))
-        self.emit("migration", reason=reason if forced else "price", forced=forced,
-                  detail=getattr(decision, "reason", reason), devices=list(devices),
-                  target=decision.target.label() if decision is not None and getattr(decision, "target", None) else "survivors")
-        if decision is not None and getattr(decision, "target", None):
-            self.placement = decision.target
+        if decision is not None:  # a new placement: its devices, as many as the job's slots allow
+            devices = tuple(range(min(decision.target.gpu_count, self.scaling.devices)))
+            self._prices.current = decision.target
+            if self.spot.cloud_yaml:
+                write_target_yaml(self, decision.target)
+        else:  # nowhere better: continue on the survivors, or re-acquire the same kind of place
+            devices = tuple(survivors or range(self.scaling.devices))
+        self.emit("migration", reason=reason, forced=forced, step=before, devices=list(devices),
+                  detail=getattr(decision, "reason", "restart in place"),
+                  target=decision.target.label() if decision is not None else "same placement")
         plan = planner_plan(self.profile, self.cluster, devices, trainer.plan, self.scaling.planner, straight=True)
         trainer.finish_checkpoint()
         self.alive = set(devices)

@@ -69,8 +69,11 @@ def test_notice_without_room_restarts_from_a_checkpoint_exactly(worker_group: An
         handled = one(events, "preemption_handled")
         assert handled["mode"] == "restart" and handled["lost_steps"] == 0 and handled["moves"] == []
         assert one(events, "resumed")["step"] == 5 and one(events, "migration")["forced"] is True
-        assert 1 not in job.trainer.plan.devices and job.trainer.step == 9
-        assert job.max_abs_diff() <= 1e-5
+        # the migration planner may move the whole job to another offer (fresh devices, which the
+        # local rehearsal stands in for with the same slots) or restart on the survivors
+        migration = one(events, "migration")
+        assert migration["target"] != "same placement" or 1 not in job.trainer.plan.devices
+        assert job.trainer.step == 9 and job.max_abs_diff() <= 1e-5
     finally:
         job.close()
 
