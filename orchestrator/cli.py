@@ -12,7 +12,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from cloud.errors import CloudError
 from orchestrator import limits
@@ -325,6 +325,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         # ``orchestrator plan ... | head -1``: the reader left; everything was computed and written.
         _silence_stdout()
         return 0
+
+
+def run_main(fn: Callable[[], object]) -> None:
+    """Run a driver script's ``main`` with the command line's error contract: a user mistake is
+    one line on stderr and exit 2, never a traceback."""
+    try:
+        fn()
+    except (UserError, CloudError) as exc:
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def _one_line(exc: BaseException) -> str:

@@ -181,9 +181,7 @@ class RayPipeline:
         old = self.current_plan()
         transfers = move_transfers(old, new_plan, self.profile, self.cluster, frozenset(self._dead))
         self._check_survivors()
-        reports = self._group().move(new_plan, [(t.src, t.dst, t.first, t.last) for t in transfers],
-                                     sorted(self._alive_now()), self.timeout_s)
-        self.trainer.plan = new_plan
+        reports = self.trainer.move_live(new_plan, [(t.src, t.dst, t.first, t.last) for t in transfers], sorted(self._alive_now()))
         self._failed_step = None
         stall = time.perf_counter() - t0
         self.log.append(("move", self.step_index, stall))
@@ -205,13 +203,8 @@ class RayPipeline:
         elif trainer.checkpoint_dir is not None:
             source = ckpt.latest(trainer.checkpoint_dir)
         group.broken = False  # the dead are known; survivors' failed tasks drain before the new setup
-        trainer.plan = new_plan
-        group.configure(trainer.spec, new_plan, self.timeout_s, members=sorted(self._alive_now()),
-                        slots={d: d for d in range(self.cluster.size)})
-        if source is not None:
-            trainer.restore(source)
-        else:
-            trainer.step = 0  # no checkpoint yet: the seed is the last consistent state
+        # no checkpoint yet (source None): the seed is the last consistent state
+        trainer.restart_on(new_plan, source, members=sorted(self._alive_now()), slots={d: d for d in range(self.cluster.size)})
         self._failed_step = None
         downtime = time.perf_counter() - t0
         self.log.append(("restart", self.step_index, downtime))

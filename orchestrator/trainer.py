@@ -68,6 +68,16 @@ class FitResult:
         return write_chrome_trace(self.metrics[index].timeline(), path, process="measured", names=names)
 
 
+@dataclass(frozen=True)
+class InFlight:
+    """A submitted iteration: its step, the workers' result refs and when it was submitted."""
+
+    step: int
+    refs: list[Any]
+    devices: list[int]
+    submitted: float
+
+
 class PipelineTrainer:
     """Pipeline-parallel trainer; see the module docstring for the data and control flow."""
 
@@ -267,9 +277,8 @@ class PipelineTrainer:
                     last_done = None
                     if self.failures >= self.max_failures:
                         raise
-                    self.failures += 1
                     restarts += 1
-                    self._recover(exc)
+                    self.recover(exc)
                     bar.n = max(0, self.step - first)
                     bar.refresh()
                     continue
@@ -300,8 +309,10 @@ class PipelineTrainer:
             end = min(end, (step // self.checkpoint_every + 1) * self.checkpoint_every)
         return end
 
-    def _recover(self, exc: PipelineActorError) -> None:
-        """New processes, same plan, state from the newest complete checkpoint (or the seed)."""
+    def recover(self, exc: PipelineActorError) -> None:
+        """New processes, same plan, state from the newest complete checkpoint (or the seed);
+        counts one failure against ``max_failures``."""
+        self.failures += 1
         assert self.group is not None
         self._uploading = None  # an upload from a dead worker never commits; its folder stays unmarked
         lo, hi = self._failing_run or (self.step, self.step + 1)
@@ -317,6 +328,46 @@ class PipelineTrainer:
             self.restore(found.location)
         else:
             self.step = 0
+
+    # ----- primitives of the job loop (orchestrator.job_loop) and the live handle -----
+    def submit_step(self, step: int | None = None) -> "InFlight":
+        """Start iteration ``step`` (default: the next) on every worker without waiting."""
+        at = self.step if step is None else step
+        refs, devices = self._workers().submit("run_iteration", at)
+        return InFlight(at, refs, devices, time.perf_counter())
+
+    def complete_step(self, flight: "InFlight", since: float | None = None) -> IterationMetrics:
+        """Gather the next step (``flight``), record its loss and advance; ``since``: when the
+        previous step was gathered if ``flight`` was submitted before that (pipelined timing)."""
+        assert flight.step == self.step, (flight.step, self.step)
+        reports = self._workers().gather(flight.refs, f"step {flight.step}", self.iteration_timeout_s, flight.devices)
+        m = combine(reports, time.perf_counter() - max(flight.submitted, since if since is not None else flight.submitted))
+        self.history[self.step] = m.loss
+        self.step += 1
+        return m
+
+    def discard_step(self, flight: "InFlight") -> None:
+        self._workers().discard(flight.refs)
+
+    def move_live(self, plan: Plan, transfers: Sequence[tuple[int, int, int, int]], members: Sequence[int]) -> list[dict[str, Any]]:
+        """Switch to ``plan`` between iterations, handing block state worker to worker
+        (:meth:`WorkerGroup.move`); no step may be in flight."""
+        reports = self._workers().move(plan, transfers, members, self.iteration_timeout_s)
+        self.plan = plan
+        return reports
+
+    def restart_on(self, plan: Plan, source: str | Path | None, members: Sequence[int] | None = None,
+                   slots: Mapping[int, int] | None = None) -> int:
+        """The same (or, if broken, fresh) processes on ``plan``, state from the checkpoint at
+        ``source`` (``None``: the seed); returns the step training resumes at."""
+        group = self._workers()
+        self._uploading = None
+        self.plan = plan
+        group.configure(self.spec, plan, self.iteration_timeout_s, members=members, slots=slots)
+        if source is None:
+            self.step = 0
+            return 0
+        return self.restore(source)
 
     # ----- checkpoints -----
     @overload
