@@ -6,9 +6,9 @@ for injection (:meth:`actors.stage_worker.StageWorker.set_faults`, ``arm_kill``,
 with ``kill_at``). An executor nobody injects into runs its handlers unwrapped: no branch of
 this module is on the hot path of a normal job.
 
-* A slowdown factor sleeps ``(factor-1)x`` the measured compute after every compute action
-  *inside* its span (so the slowdown is visible in measured compute time, and gradients are
-  untouched).
+* A slowdown factor sleeps ``(factor-1)x`` the compute's own CPU seconds (deterministic under
+  load) after every compute action *inside* its span (so the slowdown is visible in measured
+  compute time, and gradients are untouched).
 * A per-peer delay sleeps ``delay x bytes`` before each send and counts that wait as transfer time.
 * A kill at ``(step, device)`` ends the process (``os._exit``) halfway through that step's
   program, like a crashed process.
@@ -72,10 +72,14 @@ def _slowed(ex: "Executor", knobs: FaultKnobs, handler: Callable[[Action], None]
             handler(a)
             return
         before = len(ex.spans)
+        cpu0 = time.process_time()
         handler(a)
         if len(ex.spans) > before:
             label, kind, start, end = ex.spans[-1]
-            time.sleep(max(0.0, (factor - 1.0) * (end - start)))
+            # The extra time follows the work the action did (the process's CPU seconds), not its
+            # wall time: on a CPU box where actors share cores, wall time also counts the waits for
+            # a core, so a wall-time slowdown would grow and shrink with everyone else's load.
+            time.sleep(max(0.0, (factor - 1.0) * (time.process_time() - cpu0)))
             ex.spans[-1] = (label, kind, start, ex._now())  # the device was busy all along
 
     return run
