@@ -1,7 +1,7 @@
 """Injected slowness for rehearsals and tests: a slower device, slower outgoing links.
 
 Fault injection (:class:`FaultKnobs`): a slowdown factor sleeps ``(factor-1)x`` the measured
-compute after every forward/backward *inside* its span (so the slowdown is visible in measured
+compute after every forward/backward (whole or split) *inside* its span (so the slowdown is visible in measured
 compute time, and gradients are untouched); a per-peer delay sleeps ``delay x bytes`` before each
 send and counts that wait as transfer time. Both live on the worker, not the executor, so they
 survive re-partitioning — a co-located job does not go away because we moved blocks.
@@ -54,6 +54,18 @@ class FaultyExecutor(Executor):
             super()._backward(a)
         else:
             self._slow(super()._backward, a)
+
+    def _backward_input(self, a: Action) -> None:
+        if self.knobs.slowdown == 1.0:
+            super()._backward_input(a)
+        else:
+            self._slow(super()._backward_input, a)
+
+    def _backward_weight(self, a: Action) -> None:
+        if self.knobs.slowdown == 1.0:
+            super()._backward_weight(a)
+        else:
+            self._slow(super()._backward_weight, a)
 
     def _send(self, a: Action) -> None:
         delay = self.knobs.send_delay_per_byte.get(a.peer, 0.0) if self.knobs.send_delay_per_byte else 0.0

@@ -209,3 +209,21 @@ def test_split_backward_is_bitwise_the_whole_backward(model: str) -> None:
     if dx_a is not None:
         assert torch.equal(dx_a, dx_b)  # type: ignore[arg-type]
     assert all(torch.equal(p, q) for p, q in zip(ga, gb))  # type: ignore[arg-type]
+
+
+def test_plan_json_round_trips_and_parses_aliases() -> None:
+    plan = Plan((Stage(0, 2, (0, 1)), Stage(2, 4, (2,))), 4, ScheduleKind.ZB_H1, sliced_microbatches=1)
+    assert Plan.from_dict(plan.to_dict()) == plan
+    assert plan.to_dict()["schedule"] == "zb-h1"
+    for text in ("zb-h1", "ZB", "zero-bubble", "zbh1"):
+        assert ScheduleKind.parse(text) is ScheduleKind.ZB_H1
+
+
+def test_foreign_compute_orders_are_lowered_and_checked() -> None:
+    """torch.distributed.pipelining's ZB order (benchmarks/zero_bubble.py) goes through lower(orders=...)."""
+    plan = straight_plan([0, 1, 2], 2, ScheduleKind.ZB_H1)
+    mine = lower(plan)
+    assert lower(plan, orders=[mine.compute_order(0), mine.compute_order(1)]).programs == mine.programs
+    no_weights = [mine.compute_order(0), [a for a in mine.compute_order(1) if a.kind is not Kind.BACKWARD_WEIGHT]]
+    with pytest.raises(ScheduleError, match="1STEP runs before every backward of stage 1"):  # its W are missing
+        lower(plan, orders=no_weights)
