@@ -227,3 +227,29 @@ def test_foreign_compute_orders_are_lowered_and_checked() -> None:
     no_weights = [mine.compute_order(0), [a for a in mine.compute_order(1) if a.kind is not Kind.BACKWARD_WEIGHT]]
     with pytest.raises(ScheduleError, match="1STEP runs before every backward of stage 1"):  # its W are missing
         lower(plan, orders=no_weights)
+
+
+def _torch_zb_orders(p: int, M: int) -> list[list[str]] | None:
+    """torch.distributed.pipelining's ZB1P orders with one stage per rank (its ZB-H1), built
+    without processes; None when this torch lays the class out differently."""
+    try:
+        from torch.distributed.pipelining.schedules import ScheduleInterleavedZeroBubble
+
+        sched = ScheduleInterleavedZeroBubble.__new__(ScheduleInterleavedZeroBubble)
+        rounds = max(1, M // p)
+        sched.n_local_stages, sched.pp_group_size, sched._n_microbatches = 1, p, M  # type: ignore[attr-defined]
+        sched.number_of_rounds, sched.microbatches_per_round = rounds, M // rounds  # type: ignore[attr-defined]
+        return [[str(a) for a in sched._calculate_single_rank_operations(r) if a is not None] for r in range(p)]  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - a private layout: absent or changed means no oracle here
+        return None
+
+
+@pytest.mark.parametrize("p,M", [(2, 2), (2, 8), (3, 3), (3, 6), (4, 2), (4, 4), (4, 6), (4, 8), (4, 12), (5, 10)])
+def test_order_equals_torch_distributed_pipelinings_zero_bubble(p: int, M: int) -> None:
+    """An outside oracle for the generator: torch's ZB1P with one stage per rank is ZB-H1."""
+    theirs = _torch_zb_orders(p, M)
+    if theirs is None:
+        pytest.skip("torch's ScheduleInterleavedZeroBubble internals differ from 2.13's")
+    ours = lower(straight_plan(list(range(p + 1)), M, ScheduleKind.ZB_H1))
+    for r in range(p):
+        assert [str(a).replace("BI", "I") for a in ours.compute_order(r)] == theirs[r]
