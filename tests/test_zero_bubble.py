@@ -147,6 +147,11 @@ def test_lower_bounds_hold_for_split_backwards() -> None:
         t = simulate(plan, prof, cluster).iteration_s
         assert plan_lower_bound(plan, prof, cluster) <= t
         assert work_bound(plan.stages, prof, cluster, M + 0.0) <= t
+        # replicas of unequal speed: the group mode brackets the full simulation
+        uneven = cluster.with_speeds(rng.uniform(0.5, 1.5, size=4).tolist())
+        t = simulate(plan, prof, uneven).iteration_s
+        assert simulate_groups(plan, prof, uneven, lower=True).iteration_s <= t * (1 + 1e-9)
+        assert simulate_groups(plan, prof, uneven).iteration_s >= t * (1 - 1e-9)
 
 
 class _OffPath(__import__("torch").nn.Module):
