@@ -135,6 +135,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(f"algorithm      {result.plan.algorithm or result.algorithm}")
         print(f"plan           {result.plan.describe()}")
         print(f"iteration      {result.iteration_time_s * 1e3:.3f} ms (lower bound {result.lower_bound_s * 1e3:.3f} ms, ratio {ratio})")
+        bubble = payload["bubble_fraction"]
+        print(f"bubble         {bubble:.3f} of the iteration, mean over devices ({bubble * result.iteration_time_s * 1e3:.3f} ms)")
         if result.objective_s is not None:
             print(f"objective      {result.objective_s * 1e3:.3f} ms")
         print(f"planning time  {result.planning_time_s * 1e3:.2f} ms")

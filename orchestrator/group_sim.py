@@ -4,8 +4,8 @@ A plan's stage replicas run the same compute order (the generator's order for th
 when a group's replicas are alike, one representative timeline per group gives the simulator's
 result. :func:`simulate_groups` interprets the generators' orders with the simulator's cost terms
 (compute at the slowest replica's speed divided over the replicas, one FIFO message chain per
-directed group pair at its slowest replica pair, the ring all-reduce after a stage's last
-backward, static + stashed memory), so its cost grows with stages × units, not with devices: a
+directed group pair at its slowest replica pair, a split backward's ``BI`` and ``W`` apart, the
+ring all-reduce after a stage's last weight gradients, static + stashed memory), so its cost grows with stages × units, not with devices: a
 1024-GPU plan costs what its 8-group pipeline costs. Large clusters are planned with it
 (:mod:`orchestrator.planners.hierarchy`), and ``auto`` ranks candidates with it.
 

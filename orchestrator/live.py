@@ -38,7 +38,6 @@ import torch
 from actors import checkpoint as ckpt
 from actors.group import PipelineActorError, WorkerGroup
 from actors.metrics import IterationMetrics as MeasuredIteration
-from orchestrator.schedule.ir import COMPUTE_KINDS
 from orchestrator.cluster import GBPS, Cluster, flat
 from orchestrator.controller.controller import Controller, ControllerConfig, StepRecord
 from orchestrator.controller.faults import FaultSchedule, Join, Kill, Slowdown, Throttle
@@ -47,6 +46,7 @@ from orchestrator.controller.policies import Stay, Switch
 from orchestrator.errors import UserError
 from orchestrator.plan import Plan
 from orchestrator.profile import Profile
+from orchestrator.schedule.ir import COMPUTE_KINDS
 from orchestrator.trainer import PipelineTrainer
 
 

@@ -21,7 +21,7 @@ from orchestrator.cluster import flat
 from orchestrator.controller import Controller, ControllerConfig, FaultSchedule, Kill, Slowdown, State, Throttle
 from orchestrator.live import RayPipeline, run_adaptive
 from orchestrator.models import example_batch, loss_fn, mlp
-from orchestrator.plan import Plan, Stage, straight_plan
+from orchestrator.plan import Plan, ScheduleKind, Stage, straight_plan
 from orchestrator.trainer import PipelineTrainer
 
 WIDTHS = (8, 16, 16, 16, 16, 16, 16, 16, 4)
@@ -53,8 +53,9 @@ def pool(worker_group: Any) -> Iterator[Any]:
 
 
 @pytest.mark.ray
-def test_slowdown_and_throttle_show_in_measured_metrics(pool: Any) -> None:
-    plan = straight_plan([0, 3, 6, 8], M)
+@pytest.mark.parametrize("kind", [ScheduleKind.ONE_F_ONE_B, ScheduleKind.ZB_H1])
+def test_slowdown_and_throttle_show_in_measured_metrics(pool: Any, kind: ScheduleKind) -> None:
+    plan = straight_plan([0, 3, 6, 8], M, kind)  # ZB-H1: the split halves BI and W are slowed too
     faults = FaultSchedule((Slowdown(2, 4.0, 2), Throttle(0, 1, 2, delay_per_byte=1e-4, symmetric=False)))
     pipe = make(pool, plan, faults)
     metrics = [pipe.run_iteration() for _ in range(4)]

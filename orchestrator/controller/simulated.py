@@ -26,11 +26,11 @@ from pathlib import Path
 
 import numpy as np
 
-from orchestrator.schedule.ir import COMPUTE_KINDS
 from orchestrator.cluster import GBPS, Cluster
 from orchestrator.errors import UserError
 from orchestrator.plan import Plan
 from orchestrator.profile import Profile
+from orchestrator.schedule.ir import COMPUTE_KINDS
 from orchestrator.simulator import SimOptions, simulate
 from orchestrator.controller.faults import FaultSchedule
 from orchestrator.controller.handle import (

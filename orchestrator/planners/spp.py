@@ -211,6 +211,8 @@ def list_schedule(
 def in_flight(schedule: ScheduleKind, stage: int, num_stages: int, num_units: int) -> int:
     if schedule is ScheduleKind.GPIPE:
         return num_units
+    if schedule is ScheduleKind.ZB_H1:  # every stage holds units until their deferred W
+        return min(num_stages, num_units)
     return min(num_stages - stage, num_units)
 
 
