@@ -151,7 +151,7 @@ def simulate_groups(plan: Plan, profile: Profile, cluster: Cluster, options: Sim
         slowest.append(min(sp))
         exact = exact and max(sp) == min(sp)
     fw = [profile.forward_time(s.first, s.last) / speed[j % p] / s.replicas for j, s in enumerate(stages)]
-    bw = [profile.backward_time(s.first, s.last) / speed[j % p] / s.replicas for j, s in enumerate(stages)]
+    bw = [profile.stage_backward_time(s.first, s.last, s.recompute) / speed[j % p] / s.replicas for j, s in enumerate(stages)]
     out_bytes = [profile.boundary_bytes(s.last) for s in stages]
     in_bytes = [profile.boundary_bytes(s.first) for s in stages]
     spb: dict[tuple[int, int], float] = {}
@@ -262,7 +262,7 @@ def simulate_groups(plan: Plan, profile: Profile, cluster: Cluster, options: Sim
         stash = peak = 0.0
         for act in order:
             s = stages[act.stage]
-            delta = profile.stash_bytes(s.first, s.last) * unit_fraction(act.part) / s.replicas
+            delta = profile.stage_stash_bytes(s.first, s.last, s.recompute) * unit_fraction(act.part) / s.replicas
             stash += delta if act.kind is Kind.FORWARD else -delta
             peak = max(peak, stash)
         peaks.append(static + peak)
@@ -298,7 +298,7 @@ class BoundTerms:
         lat = cluster.latency_s
         fast = [float(speeds[list(devs)].max()) for devs in groups]
         self.f = [profile.forward_time(s.first, s.last) / fast[j % p] / s.replicas for j, s in enumerate(stages)]
-        self.b = [profile.backward_time(s.first, s.last) / fast[j % p] / s.replicas for j, s in enumerate(stages)]
+        self.b = [profile.stage_backward_time(s.first, s.last, s.recompute) / fast[j % p] / s.replicas for j, s in enumerate(stages)]
         out_bytes = [profile.boundary_bytes(s.last) for s in stages]
         # per boundary and direction: (bytes × slowest receiver-side cost, bytes × cheapest receiver's slowest)
         self.msg_first: list[tuple[float, float]] = []  # (forward, backward) first-message byte-seconds

@@ -91,9 +91,9 @@ class _Costs:
     def __init__(self, plan: Plan, profile: Profile, cluster: Cluster, options: SimOptions) -> None:
         self.plan, self.profile, self.cluster = plan, profile, cluster
         self.fwd = [profile.forward_time(s.first, s.last) for s in plan.stages]
-        self.bwd = [profile.backward_time(s.first, s.last) for s in plan.stages]
+        self.bwd = [profile.stage_backward_time(s.first, s.last, s.recompute) for s in plan.stages]
         self.params = [profile.param_bytes(s.first, s.last) for s in plan.stages]
-        self.stash = [profile.stash_bytes(s.first, s.last) for s in plan.stages]
+        self.stash = [profile.stage_stash_bytes(s.first, s.last, s.recompute) for s in plan.stages]
         self.out_bytes = [profile.boundary_bytes(s.last) for s in plan.stages]
         self.in_bytes = [profile.boundary_bytes(s.first) for s in plan.stages]
         self.options = options

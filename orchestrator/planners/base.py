@@ -146,8 +146,25 @@ def evaluate(plan: Plan, profile: Profile, cluster: Cluster, options: PlannerOpt
     if options.check_memory:
         problem = memory_error(result, cluster)
         if problem:
-            raise UserError(f"plan does not fit in device memory: {problem}")
+            raise MemoryFitError(f"plan does not fit in device memory: {problem}", result)
     return result
+
+
+class MemoryFitError(UserError):
+    """A plan over some device's memory; ``result`` says which devices and by how much."""
+
+    def __init__(self, message: str, result: SimResult) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+def recompute_to_fit(plan: Plan, result: SimResult, cluster: Cluster) -> Plan | None:
+    """``plan`` with activation recomputation on every stage of a device over its memory (its
+    stash shrinks to the stage inputs, its backward pays one more forward), or ``None`` when
+    those stages already recompute."""
+    over = {d for d, mem in result.peak_memory_bytes.items() if mem > cluster.devices[d].memory_bytes}
+    stages = tuple(replace(s, recompute=True) if over & set(s.devices) else s for s in plan.stages)
+    return None if stages == plan.stages else replace(plan, stages=stages)
 
 
 def run_planner(name: str, profile: Profile, cluster: Cluster, options: PlannerOptions) -> PlanResult:
@@ -159,7 +176,14 @@ def run_planner(name: str, profile: Profile, cluster: Cluster, options: PlannerO
     plan = _honour_schedule(spec.name, plan, profile, cluster, options)
     elapsed = time.perf_counter() - start
     plan.check_against(profile.num_blocks, cluster.size)
-    sim = evaluate(plan, profile, cluster, options)
+    try:
+        sim = evaluate(plan, profile, cluster, options)
+    except MemoryFitError as exc:  # every planner may fit memory by recomputing activations
+        fitted = recompute_to_fit(plan, exc.result, cluster)
+        if fitted is None:
+            raise
+        plan = fitted
+        sim = evaluate(plan, profile, cluster, options)
     plan = replace(plan, algorithm=plan.algorithm or spec.name, predicted_iteration_s=sim.iteration_s)
     objective = plan.objective_s
     if objective is None and spec.objective is not None:
