@@ -80,3 +80,9 @@ def test_recomputed_stages_train_exactly_with_dropout(worker_group: Any) -> None
     assert result.losses == pytest.approx(reference.train(2), rel=1e-5)
     got, want = trainer.state_dicts(), reference.state_dicts()
     assert max_difference(got, want) < 1e-5  # float order only: a wrong dropout mask moves weights far more
+
+
+def test_a_block_that_fits_no_device_is_named() -> None:
+    big = Profile("big", PROFILE.blocks[:2] + (Block("huge", 1.0, 2.0, MB, 1e9, MB),), 1, MB)
+    with pytest.raises(UserError, match=r"block 2 \('huge'\) alone needs 3\.73 GiB .* largest device has 0\.93 GiB"):
+        run_planner("even", big, flat(2, 10.0, memory_bytes=1e9), PlannerOptions(num_microbatches=4))

@@ -150,6 +150,18 @@ def evaluate(plan: Plan, profile: Profile, cluster: Cluster, options: PlannerOpt
     return result
 
 
+def _check_blocks_fit(profile: Profile, cluster: Cluster, options: PlannerOptions) -> None:
+    """A block whose state alone (weights, gradients, optimizer state, and its input for one
+    micro-batch when recomputed) exceeds the largest device fits no plan: say which block."""
+    biggest = max(d.memory_bytes for d in cluster.devices)
+    for i, block in enumerate(profile.blocks):
+        need = block.param_bytes * options.state_factor + profile.boundary_bytes(i)
+        if need > biggest:
+            raise UserError(f"plan does not fit in device memory: block {i} ({block.name!r}) alone needs {need / 2**30:.2f} GiB (its parameters x "
+                            f"{options.state_factor:g} for gradients and optimizer state, and its input) but the "
+                            f"largest device has {biggest / 2**30:.2f} GiB")
+
+
 class MemoryFitError(UserError):
     """A plan over some device's memory; ``result`` says which devices and by how much."""
 
@@ -179,6 +191,7 @@ def run_planner(name: str, profile: Profile, cluster: Cluster, options: PlannerO
     try:
         sim = evaluate(plan, profile, cluster, options)
     except MemoryFitError as exc:  # every planner may fit memory by recomputing activations
+        _check_blocks_fit(profile, cluster, options)
         fitted = recompute_to_fit(plan, exc.result, cluster)
         if fitted is None:
             raise
