@@ -48,7 +48,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from actors import seeding, user_code
+from actors import recompute, seeding, user_code
 from actors.backward_split import PendingWeights, backward_input
 from actors.gpu import EventClock, check_nccl_dtypes, dtype_buckets
 from actors.tables import ProgramTables
@@ -83,9 +83,12 @@ def _backward(out: Tensor, grad: Tensor) -> None:
 class Executor(ProgramTables):
     """Per-plan state of one worker and the handlers of every IR kind."""
 
-    # Called with the step before the device's first optimizer step of each iteration (the
-    # stage worker sets it to sum tied weights' gradients across stages: actors/tied.py).
-    before_step: Callable[[int], None] | None = None
+    # Called with the step before the device's first optimizer step of each iteration, and with
+    # the stage after each stage's optimizer steps (the stage worker sets them: tied weights,
+    # global-norm clipping, LR schedulers; actors/training.py).
+    before_step: Callable[[int], bool] | None = None  # False: skip this iteration's steps (fp16 overflow)
+    after_step: Callable[[int], None] | None = None
+    scale_loss: Callable[[Tensor], Tensor] | None = None  # fp16 loss scaling (after the loss is recorded)
 
     def __init__(
         self, spec: "JobSpec", plan: Plan, device: int, rank_of: dict[int, int], program: tuple[Action, ...],
@@ -254,17 +257,29 @@ class Executor(ProgramTables):
         out = x
         if hi > lo:
             seeding.enter_unit(self.spec.seed, self.step_index, a.unit)  # dropout seeds (actors/seeding.py)
-            modules = self.modules
-            try:
-                for b in blocks:
-                    out = modules[b](out)
-            except Exception as exc:  # noqa: BLE001 - deterministic in the user's model: reported once, not retried
-                raise user_code.block_failed(b, modules[b], out, exc) from None
+            if self.plan.stages[a.stage].recompute:  # activation recomputation (actors/recompute.py)
+                return self._finish(a, recompute.checkpointed(lambda t: self._blocks(blocks, t), out), lo, hi, scale)
+            out = self._blocks(blocks, out)
+        return self._finish(a, out, lo, hi, scale)
+
+    def _blocks(self, blocks: list[int], out: Tensor) -> Tensor:
+        modules = self.modules
+        try:
+            for b in blocks:
+                out = modules[b](out)
+        except Exception as exc:  # noqa: BLE001 - deterministic in the user's model: reported once, not retried
+            raise user_code.block_failed(b, modules[b], out, exc) from None
+        return out
+
+    def _finish(self, a: Action, out: Tensor, lo: int, hi: int, scale: float) -> Tensor:
+        """The last stage turns its output into the unit's weighted loss."""
         if a.stage == self.last:
             assert self.targets is not None
             if hi > lo:
                 out = user_code.loss(self.spec.loss_fn, out, self.targets[lo:hi]) * scale
                 self.losses.append(out.detach())
+                if self.scale_loss is not None:
+                    out = self.scale_loss(out)
             else:
                 out = torch.zeros((), device=self.torch_device, requires_grad=False)
         return out
@@ -401,13 +416,15 @@ class Executor(ProgramTables):
     def _step(self, a: Action) -> None:
         start = self._now()
         s = self.plan.stages[a.stage]
-        if self.before_step is not None:
-            self.before_step(self.step_index)
+        stepping = self.before_step is None or self.before_step(self.step_index)
         for b in range(s.first, s.last):
             opt = self.optimizers.get(b)
             if opt is not None:
-                opt.step()
+                if stepping:
+                    opt.step()
                 opt.zero_grad(set_to_none=True)
+        if self.after_step is not None:
+            self.after_step(a.stage)
         self.spans.append((self.labels[self.cursor], "step", start, self._now()))
 
 

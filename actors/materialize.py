@@ -91,10 +91,15 @@ def _init_one(sub: nn.Module, fallback: str, seed: int, init: Callable[[nn.Modul
 
 def materialize(block: nn.Module, device: torch.device | str, seed: int, fallback_path: str = "") -> nn.Module:
     """``block`` (in place) with real, initialized parameters on ``device``; a block without
-    meta parameters is only moved. ``fallback_path`` keys submodules that carry no path."""
-    device = torch.device(device)
+    meta parameters is only moved. ``fallback_path`` keys submodules that carry no path.
+
+    Initialization runs on the CPU (seeded CPU generator) and the block moves to ``device``
+    afterwards: the weights are then the same on every kind of device, and a GPU stage's
+    weights equal a CPU reference's."""
+    target = torch.device(device)
     if not on_meta(block):
-        return block.to(device)
+        return block.to(target)
+    device = torch.device("cpu")
     made: dict[int, nn.Parameter] = {}
     for sub in block.modules():
         for name, p in list(sub._parameters.items()):
@@ -133,6 +138,8 @@ def materialize(block: nn.Module, device: torch.device | str, seed: int, fallbac
                 if source is not None and source.owner is not None:
                     with torch.no_grad():
                         p.copy_(owner_value(source.owner, source.attr, device, seed, init_of[id(sub)]))
+    if target != device:
+        block.to(target)  # keeps the tie attributes: Module.to swaps parameter data in place
     return block
 
 

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from actors import seeding, tied
 from actors.materialize import materialize
+from actors.training import TrainingOptions, clip_, counted_params, schedulers_for, sum_of_squares
 from actors.transport import unit_range
 from orchestrator.plan import Plan, Stage
 from orchestrator.schedule.ir import units_of
@@ -36,16 +37,19 @@ class ReferenceTrainer:
         sliced_microbatches: int = 0,
         seed: int = 0,
         device: str | torch.device = "cpu",
+        training: TrainingOptions | None = None,
     ) -> None:
         torch.manual_seed(seed)
         self.device = torch.device(device)  # a GPU reference compares GPU runs with the same kernels
         # meta-built blocks are materialized as a stage worker does (the same per-path seeds)
         self.blocks = [materialize(m, self.device, seed, f"block{b}") for b, m in enumerate(model_factory())]
         self.ties = tied.tie_table(self.blocks)  # copies of one weight: gradients summed, as the stages do
+        self.training = training or TrainingOptions()
         self.seed = seed
         self.optimizers = {
             b: optimizer_factory(m.parameters()) for b, m in enumerate(self.blocks) if any(True for _ in m.parameters())
         }
+        self.schedulers = schedulers_for(self.training, self.optimizers)
         self.loss_fn, self.data_fn = loss_fn, data_fn
         self.num_microbatches, self.sliced = num_microbatches, sliced_microbatches
         self.step = 0
@@ -55,10 +59,11 @@ class ReferenceTrainer:
     def for_plan(
         cls, plan: Plan, model_factory: Callable[[], list[nn.Module]], loss_fn: Callable[[Tensor, Tensor], Tensor],
         optimizer_factory: Callable[[Any], torch.optim.Optimizer], data_fn: Callable[[int], tuple[Tensor, Tensor]], seed: int = 0,
-        device: str | torch.device = "cpu",
+        device: str | torch.device = "cpu", training: TrainingOptions | None = None,
     ) -> "ReferenceTrainer":
         """The reference with ``plan``'s micro-batch and slicing counts (its stages do not matter)."""
-        return cls(model_factory, loss_fn, optimizer_factory, data_fn, plan.num_microbatches, plan.sliced_microbatches, seed, device)
+        return cls(model_factory, loss_fn, optimizer_factory, data_fn, plan.num_microbatches, plan.sliced_microbatches, seed, device,
+                   training)
 
     def train(self, steps: int) -> list[float]:
         """Run ``steps`` iterations from the current step; returns their full-batch losses."""
@@ -88,9 +93,14 @@ class ReferenceTrainer:
             loss.backward()
             total += float(loss.detach())
         tied.sum_local(dict(enumerate(self.blocks)), self.ties)
-        for opt in self.optimizers.values():
+        if self.training.max_grad_norm is not None:  # what clip_grad_norm_ does over the (tied) model
+            clip_([p for m in self.blocks for p in m.parameters()], sum_of_squares(counted_params(self.blocks)),
+                  self.training.max_grad_norm)
+        for b, opt in self.optimizers.items():
             opt.step()
             opt.zero_grad(set_to_none=True)
+            if b in self.schedulers:
+                self.schedulers[b].step()
         return total
 
     def state_dicts(self) -> dict[int, dict[str, Tensor]]:

@@ -44,6 +44,7 @@ from actors import placement, probe
 from actors import user_code
 from actors.materialize import materialize
 from actors.tied import TiedGrads, tie_table
+from actors.training import StepHooks, TrainingOptions, norm_contributors, schedulers_for
 from actors.execution import Executor
 from actors import injection
 from actors.injection import FaultKnobs
@@ -74,6 +75,7 @@ class JobSpec:
     recv_lookahead: int = 8  # how many program actions ahead receives are pre-posted
     steady_timeout_s: float = 60.0  # NCCL: per-operation bound once the first iteration ran (a hang = a dead peer)
     kill_at: frozenset[tuple[int, int]] = field(default_factory=frozenset)  # fault injection: (step, device)
+    training: TrainingOptions = field(default_factory=TrainingOptions)  # clipping, LR schedules (actors/training.py)
 
 
 class StageWorker:
@@ -87,6 +89,7 @@ class StageWorker:
         self.completed_step = -1  # last step whose iteration finished here (failure triage)
         self.steady = False  # a first iteration ran under the current communicators
         self.ties: dict[str, list[tuple[int, str]]] = {}  # tied weights' copies (actors/tied.py)
+        self.schedulers: dict[int, Any] = {}  # block -> LR scheduler of its optimizer (actors/training.py)
 
     # ----- setup -----
     def endpoint(self) -> tuple[str, int]:
@@ -145,13 +148,14 @@ class StageWorker:
         schedule = lower(plan)
         groups = replica_groups(plan, rank_of, timeout_s=spec.pg_timeout_s)
         links = link_groups(directed_links(schedule), rank_of, timeout_s=spec.pg_timeout_s)
-        tied = self._tied(spec, plan, device, rank_of, modules)
+        self.schedulers = schedulers_for(spec.training, optimizers)
+        hooks = self._step_hooks(spec, plan, device, rank_of, modules)
         warm_up(device, rank_of, links, groups, torch_device)
         self.executor = self._executor(
             spec, plan, device, rank_of, schedule.programs.get(device, ()), modules, optimizers, groups, boundary,
             int(inputs.shape[0]), torch_device, links=links,
         )
-        self.executor.before_step = tied
+        self._install(hooks)
         self.completed_step = -1
         self.steady = False
         return {"device": device, "rank": rank_of[device], "blocks": mine, "pid": os.getpid(), "backend": dist.get_backend()}
@@ -179,11 +183,24 @@ class StageWorker:
         the trainer recovers from a checkpoint, which never lies inside a run)."""
         return [self.run_iteration(first + i) for i in range(count)]
 
-    def _tied(self, spec: JobSpec, plan: Plan, device: int, rank_of: dict[int, int],
-              modules: dict[int, nn.Module]) -> Callable[[int], None] | None:
-        """The tied-gradient sum of this plan (a collective: every member builds its groups)."""
-        tied = TiedGrads.build(self.ties, plan, device, rank_of, modules, lambda ranks: new_group(ranks, spec.pg_timeout_s))
-        return None if tied is None else tied.before_step
+    def _step_hooks(self, spec: JobSpec, plan: Plan, device: int, rank_of: dict[int, int],
+                    modules: dict[int, nn.Module]) -> StepHooks | None:
+        """Tied-gradient sums, global-norm clipping and LR schedules of this plan (a collective:
+        every member creates the same groups in the same order)."""
+        make = lambda ranks: new_group(ranks, spec.pg_timeout_s)  # noqa: E731
+        tied = TiedGrads.build(self.ties, plan, device, rank_of, modules, make)
+        agree = spec.training.max_grad_norm is not None or spec.training.loss_scale is not None  # needs every stage
+        norm_group = make(sorted(rank_of[d] for d in plan.devices)) if agree and len(plan.devices) > 1 else None
+        if tied is None and not agree and not self.schedulers:
+            return None
+        every = [p for m in modules.values() for p in m.parameters()]
+        return StepHooks(spec.training, tied, norm_contributors(plan, device, modules), every, norm_group, self.schedulers, plan)
+
+    def _install(self, hooks: StepHooks | None) -> None:
+        ex = self._ready()
+        ex.before_step = None if hooks is None else hooks.before
+        ex.after_step = None if hooks is None or not self.schedulers else hooks.after
+        ex.scale_loss = None if hooks is None or hooks.scaler is None else hooks.scaler.scale_loss
 
     def _executor(self, *args: Any, **kwargs: Any) -> Executor:
         ex = Executor(*args, **kwargs)
@@ -231,6 +248,7 @@ class StageWorker:
         """
         plan = Plan.from_dict(plan_dict)
         ex = self.executor
+        previous = self.schedulers if spec is None else {}  # a newcomer's belong to another job
         t0 = time.perf_counter()
         modules: dict[int, nn.Module] = {}
         optimizers: dict[int, torch.optim.Optimizer] = {}
@@ -304,12 +322,15 @@ class StageWorker:
             raise RuntimeError(f"device {device}: blocks {sorted(missing)} were neither held nor received (bad transfer list)")
         modules = {b: m for b, m in modules.items() if b in held}
         optimizers = {b: o for b, o in optimizers.items() if b in held}
-        tied = self._tied(spec, plan, device, rank_of, modules)
+        kept = {b: s for b, s in previous.items() if b in optimizers}
+        fresh = schedulers_for(spec.training, {b: o for b, o in optimizers.items() if b not in kept}, self.completed_step + 1)
+        self.schedulers = {**kept, **fresh}
+        hooks = self._step_hooks(spec, plan, device, rank_of, modules)
         self.executor = self._executor(
             spec, plan, device, rank_of, schedule.programs.get(device, ()), modules, optimizers, groups, boundary,
             batch_rows, torch_device, links=links,
         )
-        self.executor.before_step = tied
+        self._install(hooks)
         self.steady = False
         done = time.perf_counter()
         return {"device": device, "bytes_sent": sent, "bytes_received": received, "blocks": sorted(held),
@@ -347,6 +368,9 @@ class StageWorker:
         for b, module in ex.modules.items():
             payload = ckpt.read_block(directory, entries[b])
             ckpt.restore_block(payload, module, ex.optimizers.get(b), f"{directory.rstrip('/')}/{entries[b]['file']}")
+        if self.schedulers:  # schedules continue from the restored step
+            self.schedulers.clear()
+            self.schedulers.update(schedulers_for(ex.spec.training, ex.optimizers, int(manifest["step"])))
         return len(ex.modules)
 
     def state_dicts(self) -> dict[int, dict[str, Tensor]]:

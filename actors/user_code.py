@@ -132,7 +132,8 @@ def forward(index: int, block: nn.Module, x: Tensor) -> Tensor:
     except Exception as exc:  # noqa: BLE001 - a block that does not fit its input is the user's model
         raise UserCodeError(f"block {index} ({type(block).__name__}) raised {_quote(exc)} on a {tuple(x.shape)} input") from None
     if not isinstance(out, Tensor):
-        raise UserCodeError(f"block {index} ({type(block).__name__}) returned {type(out).__name__}; every block must return one tensor")
+        raise UserCodeError(f"block {index} ({type(block).__name__}) returned {type(out).__name__}; every block must return one tensor "
+                            "(orchestrator.modules.chain packs tuples and dicts of tensors into one)")
     return out
 
 

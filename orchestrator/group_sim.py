@@ -151,8 +151,8 @@ def simulate_groups(plan: Plan, profile: Profile, cluster: Cluster, options: Sim
         slowest.append(min(sp))
         exact = exact and max(sp) == min(sp)
     fw = [profile.forward_time(s.first, s.last) / speed[j % p] / s.replicas for j, s in enumerate(stages)]
-    bw = [profile.backward_time(s.first, s.last) / speed[j % p] / s.replicas for j, s in enumerate(stages)]
-    split = [backward_parts(profile, j, s.first, s.last) for j, s in enumerate(stages)]
+    bw = [profile.stage_backward_time(s.first, s.last, s.recompute) / speed[j % p] / s.replicas for j, s in enumerate(stages)]
+    split = [backward_parts(profile, j, s.first, s.last, s.recompute) for j, s in enumerate(stages)]
     bi = [split[j][0] / speed[j % p] / s.replicas for j, s in enumerate(stages)]
     ww = [split[j][1] / speed[j % p] / s.replicas for j, s in enumerate(stages)]
     cost = {Kind.FORWARD: fw, Kind.BACKWARD: bw, Kind.BACKWARD_INPUT: bi, Kind.BACKWARD_WEIGHT: ww}
@@ -273,7 +273,7 @@ def simulate_groups(plan: Plan, profile: Profile, cluster: Cluster, options: Sim
         stash = peak = 0.0
         for act in order:
             s = stages[act.stage]
-            delta = profile.stash_bytes(s.first, s.last) * unit_fraction(act.part) / s.replicas
+            delta = profile.stage_stash_bytes(s.first, s.last, s.recompute) * unit_fraction(act.part) / s.replicas
             stash += stash_sign(act.kind) * delta
             peak = max(peak, stash)
         peaks.append(static + peak)
@@ -309,9 +309,9 @@ class BoundTerms:
         lat = cluster.latency_s
         fast = [float(speeds[list(devs)].max()) for devs in groups]
         self.f = [profile.forward_time(s.first, s.last) / fast[j % p] / s.replicas for j, s in enumerate(stages)]
-        self.b = [profile.backward_time(s.first, s.last) / fast[j % p] / s.replicas for j, s in enumerate(stages)]
+        self.b = [profile.stage_backward_time(s.first, s.last, s.recompute) / fast[j % p] / s.replicas for j, s in enumerate(stages)]
         # a split backward's input-gradient part (what the chain back to stage 0 waits for)
-        self.bi = [backward_parts(profile, j, s.first, s.last)[0] / fast[j % p] / s.replicas for j, s in enumerate(stages)]
+        self.bi = [backward_parts(profile, j, s.first, s.last, s.recompute)[0] / fast[j % p] / s.replicas for j, s in enumerate(stages)]
         out_bytes = [profile.boundary_bytes(s.last) for s in stages]
         # per boundary and direction: (bytes × slowest receiver-side cost, bytes × cheapest receiver's slowest)
         self.msg_first: list[tuple[float, float]] = []  # (forward, backward) first-message byte-seconds

@@ -117,6 +117,8 @@ def _parts(model: nn.Module) -> tuple[list[Any], Any, Any, Any, Any]:
     """(embedding modules, rotary, decoder layers, final norm, lm_head) of a supported model."""
     base: Any = getattr(model, getattr(model, "base_model_prefix", ""), None)
     head = getattr(model, "lm_head", None)
+    if head is None:
+        base = None  # no separate output projection: not a layout we know how to cut
     if base is not None and hasattr(base, "wte") and hasattr(base, "h"):  # GPT-2 family
         return [base.wte, base.wpe, base.drop], None, base.h, base.ln_f, head
     if base is not None and hasattr(base, "embed_tokens") and hasattr(base, "layers") and hasattr(base, "norm"):

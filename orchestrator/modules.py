@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from torch.fx.passes.split_module import split_module
 from torch.utils import _pytree as pytree
 
+from actors import seeding
 from actors.materialize import name_paths
 from orchestrator.errors import UserError
 
@@ -119,8 +120,12 @@ def chain(blocks: Sequence[nn.Module], sample: Tensor) -> list[nn.Module]:
     if not layouts[-1].single:
         raise UserError(f"the last block ({type(blocks[-1]).__name__}) must return one tensor for the loss, "
                         f"got {type(x).__name__}")
-    return [b if layouts[i].single and layouts[i + 1].single else Packed(b, layouts[i], layouts[i + 1])
-            for i, b in enumerate(blocks)]
+    out = [b if layouts[i].single and layouts[i + 1].single else Packed(b, layouts[i], layouts[i + 1])
+           for i, b in enumerate(blocks)]
+    for i, b in enumerate(out):  # dropout: masks from (step, unit, block), the same in one process
+        if seeding.has_randomness(b):
+            seeding.seed_forward(b, f"block{i}")
+    return out
 
 
 class _Step(nn.Module):

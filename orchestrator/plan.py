@@ -41,11 +41,14 @@ class ScheduleKind(str, Enum):
 
 @dataclass(frozen=True, slots=True)
 class Stage:
-    """Blocks ``[first, last)`` on ``devices`` (more than one: data-parallel replicas)."""
+    """Blocks ``[first, last)`` on ``devices`` (more than one: data-parallel replicas).
+    ``recompute``: keep only the stage's input per in-flight micro-batch and run the forward
+    again during backward (activation recomputation: less memory, one more forward)."""
 
     first: int
     last: int
     devices: tuple[int, ...]
+    recompute: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "first", limits.count(self.first, "stage", "first block", minimum=0))
@@ -86,6 +89,9 @@ class Plan:
         object.__setattr__(self, "schedule", ScheduleKind(self.schedule))
         if not self.stages:
             raise UserError("plan has no stages")
+        if self.schedule is ScheduleKind.ZB_H1 and any(s.recompute for s in self.stages):
+            raise UserError("schedule zb-h1 cannot recompute activations (its split backward needs the saved graph); "
+                            "use 1f1b or gpipe for stages that recompute")
         object.__setattr__(self, "num_microbatches", limits.count(self.num_microbatches, "plan", "num_microbatches", maximum=limits.MAX_MICROBATCHES))
         object.__setattr__(self, "sliced_microbatches", limits.count(self.sliced_microbatches, "plan", "sliced_microbatches", minimum=0))
         if self.stages[0].first != 0:
@@ -170,7 +176,7 @@ class Plan:
         return replace(self, schedule=schedule)
 
     def describe(self) -> str:
-        parts = [f"[{s.first}:{s.last})@{','.join(map(str, s.devices))}" for s in self.stages]
+        parts = [f"[{s.first}:{s.last})@{','.join(map(str, s.devices))}{'+recompute' if s.recompute else ''}" for s in self.stages]
         extra = f" v={self.virtual_chunks}" if self.virtual_chunks > 1 else ""
         extra += f" sliced={self.sliced_microbatches}" if self.sliced_microbatches else ""
         return f"{self.schedule.value} M={self.num_microbatches}{extra} " + " ".join(parts)
@@ -185,7 +191,8 @@ class Plan:
             "sliced_microbatches": self.sliced_microbatches,
             "virtual_chunks": self.virtual_chunks,
             "num_stages": len(self.stages),
-            "stages": [{"blocks": [s.first, s.last], "devices": list(s.devices)} for s in self.stages],
+            "stages": [{"blocks": [s.first, s.last], "devices": list(s.devices), **({"recompute": True} if s.recompute else {})}
+                       for s in self.stages],
             "predicted_iteration_s": self.predicted_iteration_s,
         }
 
@@ -204,9 +211,12 @@ class Plan:
                 if not isinstance(s.get("devices"), list):
                     raise UserError(f"stage {j}: \"devices\" must be a list of device ids")
                 where = f"stage {j}"
+                if not isinstance(s.get("recompute", False), bool):
+                    raise UserError(f"stage {j}: \"recompute\" must be true or false")
                 stages.append(Stage(limits.count(s["blocks"][0], where, "first block", minimum=0),
                                     limits.count(s["blocks"][1], where, "last block", minimum=0),
-                                    tuple(limits.count(d, where, "device", minimum=0) for d in s["devices"])))
+                                    tuple(limits.count(d, where, "device", minimum=0) for d in s["devices"]),
+                                    bool(s.get("recompute", False))))
             if "num_microbatches" not in data:
                 raise UserError("missing \"num_microbatches\"")
             return cls(

@@ -141,6 +141,16 @@ class Profile:
         p = self._prefix["stash_bytes"]
         return float(p[last] - p[first])
 
+    def stage_backward_time(self, first: int, last: int, recompute: bool = False) -> float:
+        """Backward of blocks ``[first, last)``; with activation recomputation the forward runs
+        again first (its cost)."""
+        return self.backward_time(first, last) + (self.forward_time(first, last) if recompute else 0.0)
+
+    def stage_stash_bytes(self, first: int, last: int, recompute: bool = False) -> float:
+        """Bytes kept per in-flight micro-batch; with recomputation only the stage's input (what
+        the recomputed forward starts from), else what autograd saves in every block."""
+        return self.boundary_bytes(first) if recompute else self.stash_bytes(first, last)
+
     def boundary_bytes(self, cut: int) -> float:
         """Bytes crossing a cut placed before block ``cut`` (all tensors the previous block's boundary carries)."""
         if cut <= 0:

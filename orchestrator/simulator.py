@@ -86,16 +86,19 @@ class SimResult:
         }
 
 
-def backward_parts(profile: Profile, stage: int, first: int, last: int) -> tuple[float, float]:
+def backward_parts(profile: Profile, stage: int, first: int, last: int, recompute: bool = False) -> tuple[float, float]:
     """Seconds of ``(BI, W)``, the two halves of stage ``stage``'s split backward over blocks ``[first, last)``.
 
     The first stage has no input gradient to compute: its ``BI`` is empty and its ``W`` is the
-    whole backward, which is also what the executor runs (as torch.distributed.pipelining does)."""
+    whole backward, which is also what the executor runs (as torch.distributed.pipelining does).
+    A recomputing stage pays its forward again before the first half (the costs stay consistent
+    even though the runtime refuses recomputation under a split backward)."""
     total = profile.backward_time(first, last)
+    again = profile.forward_time(first, last) if recompute else 0.0
     if stage == 0:
-        return 0.0, total
+        return 0.0, total + again
     weight = min(profile.weight_time(first, last), total)
-    return total - weight, weight
+    return total - weight + again, weight
 
 
 def stash_sign(kind: Kind) -> int:
@@ -112,10 +115,10 @@ class _Costs:
     def __init__(self, plan: Plan, profile: Profile, cluster: Cluster, options: SimOptions) -> None:
         self.plan, self.profile, self.cluster = plan, profile, cluster
         self.fwd = [profile.forward_time(s.first, s.last) for s in plan.stages]
-        self.bwd = [profile.backward_time(s.first, s.last) for s in plan.stages]
-        self.split = [backward_parts(profile, j, s.first, s.last) for j, s in enumerate(plan.stages)]
+        self.bwd = [profile.stage_backward_time(s.first, s.last, s.recompute) for s in plan.stages]
+        self.split = [backward_parts(profile, j, s.first, s.last, s.recompute) for j, s in enumerate(plan.stages)]
         self.params = [profile.param_bytes(s.first, s.last) for s in plan.stages]
-        self.stash = [profile.stash_bytes(s.first, s.last) for s in plan.stages]
+        self.stash = [profile.stage_stash_bytes(s.first, s.last, s.recompute) for s in plan.stages]
         self.out_bytes = [profile.boundary_bytes(s.last) for s in plan.stages]
         self.in_bytes = [profile.boundary_bytes(s.first) for s in plan.stages]
         self.options = options

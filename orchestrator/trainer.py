@@ -32,6 +32,7 @@ from actors import user_code
 from actors.group import PipelineActorError, WorkerGroup
 from actors.metrics import IterationMetrics, combine, combine_run
 from actors.stage_worker import JobSpec
+from actors.training import TrainingOptions
 from orchestrator.cluster import Cluster
 from orchestrator.errors import UserError
 from orchestrator.plan import Plan
@@ -106,14 +107,18 @@ class PipelineTrainer:
         iterations_per_call: int = 8,
         validate: bool = True,
         async_checkpoints: bool = False,
+        training: TrainingOptions | None = None,
     ) -> None:
         """``validate``: check the user's functions on the driver first (see
-        :func:`actors.user_code.validate_job`): one model build, one probe row, two ``data_fn(0)``."""
+        :func:`actors.user_code.validate_job`): one model build, one probe row, two ``data_fn(0)``.
+        ``training``: gradient clipping by the global norm and LR schedules
+        (:class:`actors.training.TrainingOptions`)."""
         if checkpoint_every and checkpoint_dir is None:
             raise UserError("checkpoint_every needs a checkpoint_dir")
         if validate:
             user_code.validate_job(model_factory, loss_fn, optimizer_factory, data_fn, num_microbatches, checkpoint_dir, seed)
-        self.spec = JobSpec(model_factory, loss_fn, optimizer_factory, data_fn, seed, pg_timeout_s, kill_at=frozenset(kill_at))
+        self.spec = JobSpec(model_factory, loss_fn, optimizer_factory, data_fn, seed, pg_timeout_s, kill_at=frozenset(kill_at),
+                            training=training or TrainingOptions())
         self.num_microbatches = num_microbatches
         self.use_gpu = use_gpu
         self._probed: WorkerGroup | None = None  # the workers that measured the cluster, kept to run the plan

@@ -111,6 +111,12 @@ def test_profile_materializes_one_block_at_a_time() -> None:
     assert all(p.is_meta for b in blocks for p in b.parameters())  # released again
 
 
+def test_speed_probe_materializes_meta_blocks() -> None:
+    from actors.probe import model_seconds
+
+    assert model_seconds(partial(hf.causal_lm_blocks, GPT2), DATA, 2, 2, torch.device("cpu")) > 0
+
+
 def test_not_a_causal_lm_is_one_line() -> None:
     with pytest.raises(UserError, match="ViTConfig is not the config of a causal language model"):
         hf.causal_lm_blocks(ViTConfig(num_hidden_layers=1, hidden_size=16, num_attention_heads=2, intermediate_size=32))

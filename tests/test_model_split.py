@@ -26,9 +26,10 @@ class Gated(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.lin = nn.Linear(6, 6)
+        self.drop = nn.Dropout(0.2)  # seeded per (step, unit, block): pipelined == single-process
 
     def forward(self, h: Tensor, gate: Tensor) -> tuple[Tensor, Tensor]:
-        return torch.tanh(self.lin(h)) * gate, gate * 0.5 + 0.25
+        return self.drop(torch.tanh(self.lin(h))) * gate, gate * 0.5 + 0.25
 
 
 class Net(nn.Module):
@@ -70,11 +71,11 @@ def test_split_points_equal_the_whole_model() -> None:
     blocks = net_blocks()
     assert len(blocks) == 4 and isinstance(blocks[1], Packed)
     torch.manual_seed(0)
-    whole = Net()
+    whole = Net().eval()  # dropout off: the whole model draws from one stream, the blocks per block
     x = data(0)[0]
     y = x
     for b in blocks:
-        y = b(y)
+        y = b.eval()(y)
     assert torch.equal(y, whole(x))
     y.square().sum().backward()
     whole(x).square().sum().backward()
@@ -87,6 +88,26 @@ def test_profile_counts_every_tensor_crossing() -> None:
     # after block 0: the input (skip connection), hidden and gate: 3 x 6 floats per row
     assert profile.blocks[0].activation_bytes == 8 * 18 * 4
     assert profile.blocks[-1].activation_bytes == 8 * 3 * 4
+
+
+def test_dropout_in_split_blocks_is_seeded_per_unit() -> None:
+    from actors import seeding
+
+    blocks = net_blocks()
+    x = data(0)[0]
+
+    def run(step: int, unit: tuple[int, int]) -> Tensor:
+        seeding.enter_unit(0, step, unit)
+        try:
+            y = x
+            for b in blocks:
+                y = b(y)
+            return y
+        finally:
+            seeding.leave_unit()
+
+    assert torch.equal(run(1, (0, 0)), run(1, (0, 0)))
+    assert not torch.equal(run(1, (0, 0)), run(1, (1, 0)))
 
 
 def test_sequential_children_are_blocks() -> None:

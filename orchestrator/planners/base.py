@@ -148,8 +148,39 @@ def evaluate(plan: Plan, profile: Profile, cluster: Cluster, options: PlannerOpt
     if options.check_memory:
         problem = memory_error(result, cluster)
         if problem:
-            raise UserError(f"plan does not fit in device memory: {problem}")
+            raise MemoryFitError(f"plan does not fit in device memory: {problem}", result)
     return result
+
+
+def _check_blocks_fit(profile: Profile, cluster: Cluster, options: PlannerOptions) -> None:
+    """A block whose state alone (weights, gradients, optimizer state, and its input for one
+    micro-batch when recomputed) exceeds the largest device fits no plan: say which block."""
+    biggest = max(d.memory_bytes for d in cluster.devices)
+    for i, block in enumerate(profile.blocks):
+        need = block.param_bytes * options.state_factor + profile.boundary_bytes(i)
+        if need > biggest:
+            raise UserError(f"plan does not fit in device memory: block {i} ({block.name!r}) alone needs {need / 2**30:.2f} GiB (its parameters x "
+                            f"{options.state_factor:g} for gradients and optimizer state, and its input) but the "
+                            f"largest device has {biggest / 2**30:.2f} GiB")
+
+
+class MemoryFitError(UserError):
+    """A plan over some device's memory; ``result`` says which devices and by how much."""
+
+    def __init__(self, message: str, result: SimResult) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+def recompute_to_fit(plan: Plan, result: SimResult, cluster: Cluster) -> Plan | None:
+    """``plan`` with activation recomputation on every stage of a device over its memory (its
+    stash shrinks to the stage inputs, its backward pays one more forward), or ``None`` when
+    those stages already recompute."""
+    if plan.schedule is ScheduleKind.ZB_H1:
+        return None  # the split backward cannot recompute (the runtime refuses the pair)
+    over = {d for d, mem in result.peak_memory_bytes.items() if mem > cluster.devices[d].memory_bytes}
+    stages = tuple(replace(s, recompute=True) if over & set(s.devices) else s for s in plan.stages)
+    return None if stages == plan.stages else replace(plan, stages=stages)
 
 
 def run_planner(name: str, profile: Profile, cluster: Cluster, options: PlannerOptions) -> PlanResult:
@@ -161,7 +192,15 @@ def run_planner(name: str, profile: Profile, cluster: Cluster, options: PlannerO
     plan = _honour_schedule(spec.name, plan, profile, cluster, options)
     elapsed = time.perf_counter() - start
     plan.check_against(profile.num_blocks, cluster.size)
-    sim = evaluate(plan, profile, cluster, options)
+    try:
+        sim = evaluate(plan, profile, cluster, options)
+    except MemoryFitError as exc:  # every planner may fit memory by recomputing activations
+        _check_blocks_fit(profile, cluster, options)
+        fitted = recompute_to_fit(plan, exc.result, cluster)
+        if fitted is None:
+            raise
+        plan = fitted
+        sim = evaluate(plan, profile, cluster, options)
     plan = replace(plan, algorithm=plan.algorithm or spec.name, predicted_iteration_s=sim.iteration_s)
     objective = plan.objective_s
     if objective is None and spec.objective is not None:
