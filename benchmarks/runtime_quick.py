@@ -47,7 +47,7 @@ from orchestrator.simulator import SimOptions, simulate
 
 OUT = Path(__file__).resolve().parent / "results" / "runtime_quick.md"
 ROUNDS, N = 6, 12  # MLP: 6 rounds (each order of the three runners once) of 12-iteration blocks
-TINY_ROUNDS, TINY_N = 4, 12
+TINY_ROUNDS, TINY_N = 3, 12
 
 
 ORDERS = (("ours", "single", "torch"), ("torch", "single", "ours"), ("single", "ours", "torch"),
