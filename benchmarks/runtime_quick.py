@@ -165,6 +165,9 @@ def main(as_json: bool) -> dict[str, Any]:
         "ours_over_torch": round(statistics.median(ratios), 4),
         "ours_over_torch_min": round(min(ratios), 4), "ours_over_torch_max": round(max(ratios), 4),
         "ours_over_torch_block_wall": round(statistics.median(wall_ratios), 4),
+        # the fastest round of each: what each runner does in the box's quietest moments (load here is bimodal)
+        "ours_over_torch_best_rounds": round(min(t_med) / min(o_med), 4),
+        "runs_over_one_step_per_call_best_rounds": round(min(med["single"]) / min(o_med), 4) if med["single"] else None,
         "ours_iter_ms": round(1e3 * statistics.median(o_med), 3), "torch_iter_ms": round(1e3 * statistics.median(t_med), 3),
         "ours_one_step_per_call_iter_ms": round(1e3 * statistics.median(med["single"]), 3) if med["single"] else None,
         "runs_over_one_step_per_call": round(statistics.median(runs_gain), 4) if runs_gain else None,
@@ -203,11 +206,13 @@ def _write(s: dict[str, Any], med: dict[str, list[float]]) -> None:
         ("ours / torch throughput: median per-round ratio [min, max]",
          f"{s['ours_over_torch']:.3f} [{s['ours_over_torch_min']:.3f}, {s['ours_over_torch_max']:.3f}]"),
         ("ms per iteration, ours (fit, Ray included) / torch", f"{s['ours_iter_ms']:.2f} / {s['torch_iter_ms']:.2f}"),
-        ("ours / torch from block wall times (first dispatch included): median per-round ratio",
-         f"{s['ours_over_torch_block_wall']:.3f}"),
+        ("ours / torch from block wall times (first dispatch included): median per-round ratio; from the fastest "
+         "round of each (the box's quietest moments)",
+         f"{s['ours_over_torch_block_wall']:.3f}; {s['ours_over_torch_best_rounds']:.3f}"),
         ("ms per iteration, ours with one step per remote call (the dispatch before runs of steps); "
          "throughput gain of runs of steps: median per-round ratio",
-         f"{s['ours_one_step_per_call_iter_ms']} ms; x{s['runs_over_one_step_per_call']}"),
+         f"{s['ours_one_step_per_call_iter_ms']} ms; x{s['runs_over_one_step_per_call']} "
+         f"(fastest rounds x{s['runs_over_one_step_per_call_best_rounds']})"),
         *((f"round medians, {k}", ", ".join(f"{v * 1e3:.1f}" for v in med[k])) for k in ("ours", "single", "torch")),
         ("tiny model at M=4, ms per iteration: ours / one step per call / torch",
          " / ".join(f"{s['tiny_m4_iter_ms'][k]:.2f}" for k in ("ours", "single", "torch"))),
