@@ -270,7 +270,7 @@ class PipelineTrainer:
                         ahead = (end, later_end, later, later_devices, time.perf_counter())
                     self._failing_run = (step, end)
                     runs = group.gather(refs, f"steps {step}-{end - 1}" if end - step > 1 else f"step {step}",
-                                        self.iteration_timeout_s, devices)
+                                        self.iteration_timeout_s * (end - step), devices)  # the bound is per step
                     done = time.perf_counter()
                     run = combine_run(runs, done - max(t, last_done if last_done is not None else t))
                     last_done = done if ahead is not None else None
