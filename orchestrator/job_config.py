@@ -103,7 +103,8 @@ class AdaptConfig:
     enabled: bool = True
     controller: ControllerConfig = ControllerConfig(straight=True)
     faults: FaultSchedule = FaultSchedule()
-    """Rehearsal only: slowdowns/throttles injected at given iterations (CPU workers)."""
+    """Rehearsal only: slowdowns/throttles (CPU workers) and kills injected at given iterations;
+    applied even with ``enabled=False`` (the controller off, the faults still on)."""
 
 
 @dataclass(frozen=True)

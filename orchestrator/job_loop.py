@@ -41,6 +41,7 @@ from orchestrator.controller.controller import Controller, ControllerConfig
 from orchestrator.controller.handle import MoveReport, RestartReport, move_transfers
 from orchestrator.controller.policies import planner_plan
 from orchestrator.errors import UserError
+from orchestrator.discovery import connect
 from orchestrator.evacuation import Evacuate, Fallback, Notice, check_notice, plan_evacuation
 from orchestrator.job_config import AdaptConfig, RunConfig, ScalingConfig, SpotConfig, TrainConfig
 from orchestrator.job_spot import JobHandle, push_faults, spot_decision, write_target_yaml
@@ -79,12 +80,12 @@ class ElasticJob:
             bad = sorted(d for d in n.devices if not 0 <= d < scaling.devices)
             if bad:
                 raise UserError(f"SpotConfig: injected notice for device(s) {bad} that the job does not use (devices 0..{scaling.devices - 1})")
-        if adapt.enabled:
-            adapt.faults.validate(scaling.cluster or flat(scaling.devices, 10.0))
+        adapt.faults.validate(scaling.cluster or flat(scaling.devices, 10.0))
         self.train, self.scaling, self.run, self.adapt, self.spot = train, scaling, run, adapt, spot
         self.clock = clock
         self.cluster = scaling.cluster or flat(scaling.devices, 10.0)
         storage.check_writable(run.storage)  # unreachable storage / missing credentials: one line, before any actor
+        connect(None)  # RAY_ADDRESS (as under `ray job submit`) or the local instance; a dead address is one line
         self.profile = _profile(train)
         plan = scaling.plan or planner_plan(self.profile, self.cluster, tuple(range(scaling.devices)),
                                             straight_plan([0, self.profile.num_blocks], train.num_microbatches), scaling.planner,
@@ -111,7 +112,8 @@ class ElasticJob:
         self.moves = self.restarts = 0
         self._prices: Any = None  # job_spot.PriceView, built when first needed
         self.target_steps = 0
-        self._knobs: dict[int, Any] = {}
+        self._knobs: dict[int, Any] = {}  # rehearsal fault knobs sent to each device
+        self._killed: set[Any] = set()  # rehearsal kills already armed
 
     # ----- inputs -----
     def notify(self, devices: tuple[int, ...], seconds_left: float, source: str = "injected") -> None:
@@ -134,7 +136,7 @@ class ElasticJob:
         trainer = self.trainer
         if self.controller is None:
             trainer.start(members=sorted(self.alive), slots={d: d for d in range(self.scaling.devices)}, size=self.scaling.devices)
-            self.emit("job_started", devices=[{"device": d["device"], "node_id": d["node_id"]} for d in trainer.devices()],
+            self.emit("job_started", devices=[{"device": d["device"], "node_id": d["node_id"], "pid": d["pid"]} for d in trainer.devices()],
                       plan=trainer.plan.describe(), step=trainer.step, storage=str(self.run.storage))
             if self.adapt.enabled:
                 cfg = self.adapt.controller
@@ -149,8 +151,7 @@ class ElasticJob:
             watcher = watcher_for(self.spot.watch, self.on_cloud_notice).start()
         try:
             while trainer.step < target:
-                if self.adapt.enabled:
-                    push_faults(self, trainer.step)
+                push_faults(self, trainer.step)
                 flight = self._ahead or trainer.submit_step()
                 self._ahead = None
                 nxt = trainer.step + 1
@@ -175,15 +176,22 @@ class ElasticJob:
 
     def _hold(self, nxt: int) -> bool:
         """Whether a decision is due after the step before ``nxt``: then nothing is submitted ahead."""
-        due = self._checkpoint_due(nxt) or bool(self._notices) or any(n.at_step == nxt for n in self.spot.notices)
+        due = self.trainer.upload_pending or self._checkpoint_due(nxt) or bool(self._notices) or any(n.at_step == nxt for n in self.spot.notices)
         due |= self.spot.enabled and (any(s == nxt for s, _ in self.spot.price_events) or self._migration_due(nxt))
-        due |= self.adapt.enabled and any(f.at_iteration in (nxt, nxt + 1) or getattr(f, "until_iteration", None) in (nxt, nxt + 1)
+        due |= any(f.at_iteration in (nxt, nxt + 1) or getattr(f, "until_iteration", None) in (nxt, nxt + 1)
                                           for f in self.adapt.faults.faults)
         return due
 
     def _after(self, m: IterationMetrics, target: int) -> None:
         """Between iterations: each policy decides, the loop acts (after draining a step in flight)."""
         step = self.trainer.step
+        if self.trainer.upload_pending and step > self._saved_at:
+            # a background checkpoint uploaded during the step after it: commit it now, so that a
+            # crash from here on loses at most the steps since it
+            self._drain()
+            t0 = time.perf_counter()
+            where = self.trainer.finish_checkpoint()
+            self.emit("checkpoint_committed", step=self._saved_at, path=str(where), wait_s=round(time.perf_counter() - t0, 4))
         self.iteration_s.append(m.iteration_s)
         self.last_metrics = m
         if self.spot.enabled:
@@ -315,6 +323,7 @@ class ElasticJob:
         t0, before = time.perf_counter(), self.trainer.step
         self.emit("worker_failed", step=before, error=str(exc).splitlines()[0])
         self.alive = set(range(self.scaling.devices))
+        self._knobs.clear()  # fresh processes: no injected knobs
         self.trainer.recover(exc)
         self.restarts += 1
         self.emit("resumed", step=self.trainer.step, lost_steps=before - self.trainer.step,

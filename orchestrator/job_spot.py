@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from actors.metrics import IterationMetrics as Measured
 from orchestrator.cluster import GBPS, Cluster
-from orchestrator.controller.faults import Slowdown, Throttle
+from orchestrator.controller.faults import Kill, Slowdown, Throttle
 from orchestrator.controller.handle import IterationMetrics, MoveReport, RestartReport
 from orchestrator.errors import UserError
 from orchestrator.plan import Plan
@@ -68,14 +68,20 @@ class JobHandle:
 
 def push_faults(job: "ElasticJob", k: int) -> None:
     """Send each plan device its slowdown factor and outgoing link delays for iteration ``k``
-    (on change only). Rehearsal only: CPU workers sleep, GPU workers refuse."""
+    (on change only), and arm the kills of iteration ``k``. Rehearsal only: CPU workers sleep,
+    GPU workers refuse slowdowns."""
     faults = job.adapt.faults.faults
     if not faults:
         return
     factor: dict[int, float] = {}
     delays: dict[int, dict[int, float]] = {}
+    group = job.trainer.group
+    assert group is not None
     for f in faults:
-        if isinstance(f, Slowdown) and f.active(k):
+        if isinstance(f, Kill) and f.at_iteration == k and f not in job._killed and f.device in job.trainer.plan.devices:
+            job._killed.add(f)  # dies halfway through iteration k, like a crashed process
+            group.call("arm_kill", k, devices=[f.device], what="arm kill")
+        elif isinstance(f, Slowdown) and f.active(k):
             factor[f.device] = factor.get(f.device, 1.0) * f.factor
         elif isinstance(f, Throttle) and f.active(k):
             for s, d in [(f.src, f.dst)] + ([(f.dst, f.src)] if f.symmetric else []):
@@ -85,8 +91,6 @@ def push_faults(job: "ElasticJob", k: int) -> None:
                     assert f.gbps is not None
                     delays.setdefault(s, {})[d] = max(0.0, 1.0 / (f.gbps * GBPS) - 1.0 / job.cluster.link(s, d))
     knobs = job._knobs
-    group = job.trainer.group
-    assert group is not None
     for d in job.trainer.plan.devices:
         want = (factor.get(d, 1.0), tuple(sorted(delays.get(d, {}).items())))
         if knobs.get(d) != want:

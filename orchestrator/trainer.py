@@ -375,6 +375,11 @@ class PipelineTrainer:
         ckpt.write_manifest(target, self.step, self.plan.num_blocks, entries, self.plan.to_dict(), extra, seed=self.spec.seed)
         return target
 
+    @property
+    def upload_pending(self) -> bool:
+        """Whether a background checkpoint is uploading (not yet committed)."""
+        return self._uploading is not None
+
     def finish_checkpoint(self) -> str | Path | None:
         """Wait for the background checkpoint (if any), then commit it; returns its location."""
         if self._uploading is None:
