@@ -37,7 +37,7 @@ from orchestrator.job_loop import ElasticJob  # noqa: E402
 from orchestrator.models import example_batch, loss_fn, mlp  # noqa: E402
 from orchestrator.plan import straight_plan  # noqa: E402
 
-WIDTHS = (16,) + (64,) * 16 + (4,)  # 17 blocks
+WIDTHS = (16,) + (512,) * 16 + (4,)  # 17 blocks, about 16 MB of weights (+ momentum)
 TRAIN = TrainConfig(model_factory=partial(mlp, WIDTHS), loss_fn=loss_fn("mlp"),
                     optimizer_factory=partial(torch.optim.SGD, lr=0.05, momentum=0.9),
                     data_fn=partial(example_batch, "mlp", 32, widths=WIDTHS), num_microbatches=8)
@@ -59,7 +59,7 @@ def run_case(devices: int, case: str, live: bool, steps: int, at: int, out: Path
     resumed = [e for e in result.events if e["event"] == "resumed"]
     lost = handled[0]["lost_steps"] if handled else sum(e["lost_steps"] for e in resumed)
     stall = handled[0]["stall_s"] if handled else sum(e.get("stall_s", 0.0) for e in resumed)
-    iteration = handled[0]["iteration_s"] if handled else float("nan")
+    iteration = handled[0]["iteration_s"] if handled else (resumed[0].get("iteration_s", float("nan")) if resumed else float("nan"))
     return {"devices": devices, "case": case, "mode": handled[0]["mode"] if handled else "restart (failure policy)",
             "lost": lost, "stall_s": stall, "iteration_s": iteration, "total_s": result.wall_s, "diff": diff}
 
@@ -134,7 +134,8 @@ def write(path: Path, rows: list[dict[str, Any]], stalls: list[dict[str, Any]], 
              f"CPU stage actors, gloo). {steps} steps per run; the notice (or the kill) comes after step {at}; "
              "periodic checkpoints every 4 steps. `stall` is the time training stood still for the handling "
              "(live: insurance snapshot + moves + the doomed device leaving the process group; restart: checkpoint + "
-             "re-configuration + restore); `total` the wall time of the whole run of the same steps; `max |Δ|` the "
+             "re-configuration of the surviving processes + restore — a warm restart; the `loss` rows restart every "
+             "process, as a cold restart after a crash, or today's job manager after any notice, does); `total` the wall time of the whole run of the same steps; `max |Δ|` the "
              "final weights against uninterrupted single-process training.", "",
              "| stage actors | event | mode | lost steps | stall s | iteration s | stall / iteration | total s | max abs diff |",
              "|---:|---|---|---:|---:|---:|---:|---:|---:|"]

@@ -133,6 +133,8 @@ class SpotConfig:
     notices: tuple[InjectedNotice, ...] = ()
     watch: str | None = None
     """``aws``/``gcp``/``azure``: poll that cloud's metadata service for notices."""
+    ray_drain_poll_s: float = 5.0
+    """Read Ray's drain requests (:mod:`orchestrator.drain`) this often between iterations; 0: never."""
     catalog: str | None = None
     """Price file or folder for migration decisions (default: the bundled snapshot)."""
     cloud_yaml: str | None = None
@@ -156,8 +158,8 @@ class SpotConfig:
     """Checkpoint size for the migration planner's transfer cost."""
 
     def __post_init__(self) -> None:
-        if self.margin_s < 0 or self.migration_check_every < 0:
-            raise UserError("SpotConfig: margin_s and migration_check_every must be >= 0")
+        if self.margin_s < 0 or self.migration_check_every < 0 or self.ray_drain_poll_s < 0:
+            raise UserError("SpotConfig: margin_s, migration_check_every and ray_drain_poll_s must be >= 0")
         if any(f <= 0 or at < 0 for at, f in self.price_events):
             raise UserError("SpotConfig: price_events need step >= 0 and factor > 0")
         if self.notices and not self.enabled:

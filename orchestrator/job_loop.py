@@ -29,7 +29,7 @@ import statistics
 import threading
 import time
 from datetime import datetime, timezone
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from actors import checkpoint as ckpt
@@ -37,35 +37,18 @@ from actors import storage
 from actors.group import PipelineActorError, WorkerGroup
 from actors.metrics import IterationMetrics
 from orchestrator.cluster import flat
-from orchestrator.controller.controller import Controller, ControllerConfig
-from orchestrator.controller.handle import MoveReport, RestartReport, move_transfers
+from orchestrator.controller.controller import Controller
+from orchestrator.controller.handle import MoveReport, move_transfers
 from orchestrator.controller.policies import planner_plan
 from orchestrator.errors import UserError
 from orchestrator.discovery import connect
 from orchestrator.evacuation import Evacuate, Fallback, Notice, check_notice, plan_evacuation
 from orchestrator.job_config import AdaptConfig, RunConfig, ScalingConfig, SpotConfig, TrainConfig
-from orchestrator.job_spot import JobHandle, push_faults, spot_decision, write_target_yaml
+from orchestrator.fit_result import JobResult
+from orchestrator.job_spot import JobHandle, profile_model, push_faults, spot_decision, write_target_yaml
 from orchestrator.observability import EventLog
 from orchestrator.plan import Plan, straight_plan
-from orchestrator.profile import Profile
 from orchestrator.trainer import InFlight, PipelineTrainer
-
-
-@dataclass
-class JobResult:
-    """What one ``fit`` did: losses per step, the plan at the end, events and counts."""
-
-    steps: int
-    losses: dict[int, float]
-    plan: Plan
-    events: list[dict[str, Any]] = field(default_factory=list)
-    wall_s: float = 0.0
-    moves: int = 0
-    restarts: int = 0
-
-    @property
-    def final_loss(self) -> float:
-        return self.losses[max(self.losses)] if self.losses else float("nan")
 
 
 class ElasticJob:
@@ -86,7 +69,7 @@ class ElasticJob:
         self.cluster = scaling.cluster or flat(scaling.devices, 10.0)
         storage.check_writable(run.storage)  # unreachable storage / missing credentials: one line, before any actor
         connect(None)  # RAY_ADDRESS (as under `ray job submit`) or the local instance; a dead address is one line
-        self.profile = _profile(train)
+        self.profile = profile_model(train)
         plan = scaling.plan or planner_plan(self.profile, self.cluster, tuple(range(scaling.devices)),
                                             straight_plan([0, self.profile.num_blocks], train.num_microbatches), scaling.planner,
                                             straight=True)
@@ -108,6 +91,8 @@ class ElasticJob:
         self._last_done: float | None = None
         self._checkpoint_s = 1.0
         self._fired: set[int] = set()  # injected notices already delivered
+        self._drained: set[str] = set()  # Ray nodes whose drain request was already turned into a notice
+        self._drain_polled = 0.0
         self._saved_at = -1  # the step of the newest checkpoint written (a step is saved once)
         self.moves = self.restarts = 0
         self._prices: Any = None  # job_spot.PriceView, built when first needed
@@ -134,14 +119,13 @@ class ElasticJob:
             raise UserError("fit needs at least one step")
         start = time.perf_counter()
         trainer = self.trainer
-        if self.controller is None:
+        if not trainer.started:
             trainer.start(members=sorted(self.alive), slots={d: d for d in range(self.scaling.devices)}, size=self.scaling.devices)
             self.emit("job_started", devices=[{"device": d["device"], "node_id": d["node_id"], "pid": d["pid"]} for d in trainer.devices()],
                       plan=trainer.plan.describe(), step=trainer.step, storage=str(self.run.storage))
-            if self.adapt.enabled:
-                cfg = self.adapt.controller
-                self.controller = Controller(self.handle, self.profile, ControllerConfig(
-                    **{**cfg.__dict__, "total_iterations": trainer.step + steps}))
+        if self.adapt.enabled and self.controller is None:
+            config = replace(self.adapt.controller, total_iterations=trainer.step + steps)
+            self.controller = Controller(self.handle, self.profile, config)
         target = self.target_steps = trainer.step + steps
         first = trainer.step
         watcher = None
@@ -199,6 +183,7 @@ class ElasticJob:
                 if n.at_step <= step and k not in self._fired:  # a drained step may have passed at_step
                     self._fired.add(k)
                     self.notify(n.devices or tuple(sorted(self.alive)), n.seconds, "rehearsal")
+            self._poll_drain()
             with self._lock:
                 notices, self._notices = self._notices, []
             for notice in notices:
@@ -218,6 +203,21 @@ class ElasticJob:
         if self._checkpoint_due(self.trainer.step) and self.trainer.step < target and self._saved_at != self.trainer.step:
             self._drain()
             self._checkpoint("periodic")
+
+    def _poll_drain(self) -> None:
+        """Ray's drain requests for nodes running our devices become notices (once per node)."""
+        every = self.spot.ray_drain_poll_s
+        now = time.monotonic()
+        if not every or now - self._drain_polled < every:
+            return
+        self._drain_polled = now
+        from orchestrator.drain import drain_notices, draining_nodes
+
+        draining = {n: d for n, d in draining_nodes().items() if n not in self._drained}
+        if draining:
+            for devices, left, source in drain_notices(draining, self.trainer.devices()):
+                self.notify(tuple(d for d in devices if d in self.alive), left, source)
+            self._drained |= set(draining)
 
     def _drain(self) -> None:
         """Finish the iteration in flight (if any) so that an action can run."""
@@ -321,13 +321,14 @@ class ElasticJob:
             raise exc
         self.trainer.failures += 1
         t0, before = time.perf_counter(), self.trainer.step
+        recent = self.iteration_s[-5:]
         self.emit("worker_failed", step=before, error=str(exc).splitlines()[0])
         self.alive = set(range(self.scaling.devices))
         self._knobs.clear()  # fresh processes: no injected knobs
         self.trainer.recover(exc)
         self.restarts += 1
-        self.emit("resumed", step=self.trainer.step, lost_steps=before - self.trainer.step,
-                  stall_s=round(time.perf_counter() - t0, 4), plan=self.trainer.plan.describe())
+        self.emit("resumed", step=self.trainer.step, lost_steps=before - self.trainer.step, stall_s=round(time.perf_counter() - t0, 4),
+                  iteration_s=round(statistics.median(recent), 4) if recent else None, plan=self.trainer.plan.describe())
 
     def _checkpoint(self, why: str) -> str | None:
         t0 = time.perf_counter()
@@ -369,6 +370,8 @@ class ElasticJob:
         return max_difference(self.trainer.state_dicts(), ref.state_dicts())
 
     def close(self) -> None:
+        if self.controller is not None:
+            self.controller.close()  # no background re-planning outlives the job
         self.trainer.shutdown()
 
     def __enter__(self) -> "ElasticJob":
@@ -378,18 +381,4 @@ class ElasticJob:
         self.close()
 
 
-def _profile(train: TrainConfig) -> Profile:
-    """The model's blocks timed on one micro-batch here (the cost model rescales by observed speeds)."""
-    import torch
-
-    from actors import user_code
-    from orchestrator.profiler import profile_blocks
-
-    torch.manual_seed(train.seed)
-    blocks = user_code.blocks(train.model_factory)
-    inputs, _ = user_code.batch(train.data_fn, 0)
-    sample = torch.tensor_split(inputs, train.num_microbatches)[0]
-    return profile_blocks(blocks, sample, "job", int(sample.shape[0]), warmup=1, repeats=3, device="cpu")
-
-
-__all__ = ["ElasticJob", "JobResult", "RestartReport"]
+__all__ = ["ElasticJob", "JobResult"]

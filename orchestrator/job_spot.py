@@ -7,6 +7,8 @@
 - :func:`push_faults`: rehearsal slowdowns and link delays, as knobs on the workers.
 - :func:`spot_decision`: the cloud module's migration planner asked between iterations (and on
   a preemption) over a :class:`PriceView` of the catalog; replayed price changes update it.
+- :func:`profile_model`: the model timed here, block by block (what the cost model, the
+  controller and evacuation reason about).
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ from orchestrator.controller.faults import Kill, Slowdown, Throttle
 from orchestrator.controller.handle import IterationMetrics, MoveReport, RestartReport
 from orchestrator.errors import UserError
 from orchestrator.plan import Plan
+from orchestrator.profile import Profile
 
 if TYPE_CHECKING:
+    from orchestrator.job_config import TrainConfig
     from orchestrator.job_loop import ElasticJob
 
 
@@ -170,3 +174,17 @@ def write_target_yaml(job: "ElasticJob", offer: Any) -> None:
     placed = cloud_launcher(Path(job.spot.cloud_yaml), project_id="my-project", dry_run=not job.spot.ray_up)(
         Placement(LaunchTarget("local"), offer.gpu_count, offer))
     job.emit("target_yaml", target=offer.label(), devices=placed.devices, directory=job.spot.cloud_yaml)
+
+
+def profile_model(train: "TrainConfig") -> Profile:
+    """The model's blocks timed on one micro-batch here (the cost model rescales by observed speeds)."""
+    import torch
+
+    from actors import user_code
+    from orchestrator.profiler import profile_blocks
+
+    torch.manual_seed(train.seed)
+    blocks = user_code.blocks(train.model_factory)
+    inputs, _ = user_code.batch(train.data_fn, 0)
+    sample = torch.tensor_split(inputs, train.num_microbatches)[0]
+    return profile_blocks(blocks, sample, "job", int(sample.shape[0]), warmup=1, repeats=3, device="cpu")

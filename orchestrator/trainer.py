@@ -17,7 +17,7 @@ a planner from :mod:`orchestrator.planners` chooses one for the live Ray cluster
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence, overload
 
@@ -35,47 +35,7 @@ from actors.stage_worker import JobSpec
 from orchestrator.cluster import Cluster
 from orchestrator.errors import UserError
 from orchestrator.plan import Plan
-from orchestrator.timeline import write_chrome_trace
-
-
-@dataclass
-class FitResult:
-    """What ``fit`` did: per-step loss and measured metrics, restarts and checkpoints written."""
-
-    steps: list[int]
-    losses: list[float]
-    metrics: list[IterationMetrics]
-    plan: Plan
-    restarts: int = 0
-    checkpoints: list[str] = field(default_factory=list)
-    wall_s: float = 0.0
-    device_nodes: dict[int, str] = field(default_factory=dict)  # device -> Ray node id its actor runs on
-
-    @property
-    def final_loss(self) -> float:
-        return self.losses[-1] if self.losses else float("nan")
-
-    @property
-    def mean_iteration_s(self) -> float:
-        """Mean wall time per iteration, skipping the first (warm-up) when there are several."""
-        times = [m.iteration_s for m in self.metrics]
-        times = times[1:] if len(times) > 2 else times
-        return sum(times) / len(times) if times else float("nan")
-
-    def write_timeline(self, path: str | Path, index: int = -1) -> Path:
-        """The measured iteration ``index`` as a Chrome trace (same format as the simulator's)."""
-        names = {d: f"device {d} @ node {node[:8]}" for d, node in self.device_nodes.items()}
-        return write_chrome_trace(self.metrics[index].timeline(), path, process="measured", names=names)
-
-
-@dataclass(frozen=True)
-class InFlight:
-    """A submitted iteration: its step, the workers' result refs and when it was submitted."""
-
-    step: int
-    refs: list[Any]
-    devices: list[int]
-    submitted: float
+from orchestrator.fit_result import FitResult, InFlight
 
 
 class PipelineTrainer:
@@ -175,6 +135,10 @@ class PipelineTrainer:
         if not self._started:
             self.start()
 
+    @property
+    def started(self) -> bool:
+        return self._started
+
     def start(self, members: Sequence[int] | None = None, slots: Mapping[int, int] | None = None, size: int | None = None) -> None:
         """Create (if needed) and configure the workers. ``members``/``slots``: see
         :meth:`WorkerGroup.configure` — the live handle (:mod:`orchestrator.live`) pins device
@@ -238,28 +202,21 @@ class PipelineTrainer:
         show = self.progress if self.progress is not None else steps >= 50
         bar = tqdm(total=steps, disable=not show, desc="pipeline", unit="it")
         start = time.perf_counter()
-        ahead: tuple[int, list[Any], list[int], float] | None = None  # (step, refs, devices, submitted at)
+        ahead: InFlight | None = None
         last_done: float | None = None  # when the previous step was gathered, if this one was submitted before that
         try:
             while self.step < target:
                 step = self.step
                 try:
-                    if ahead is not None and ahead[0] == step:
-                        _, refs, devices, t = ahead
-                    else:
-                        t = time.perf_counter()
-                        refs, devices = group.submit("run_iteration", step)
+                    flight = ahead if ahead is not None and ahead.step == step else self.submit_step()
                     ahead = None
                     if self.pipelined_dispatch and step + 1 < target and not self._checkpoint_due(step + 1):
-                        later, later_devices = group.submit("run_iteration", step + 1)
-                        ahead = (step + 1, later, later_devices, time.perf_counter())
-                    reports = group.gather(refs, f"step {step}", self.iteration_timeout_s, devices)
-                    done = time.perf_counter()
-                    m = combine(reports, done - max(t, last_done if last_done is not None else t))
-                    last_done = done if ahead is not None else None
+                        ahead = self.submit_step(step + 1)
+                    m = self.complete_step(flight, last_done)
+                    last_done = time.perf_counter() if ahead is not None else None
                 except PipelineActorError as exc:
                     if ahead is not None:
-                        group.discard(ahead[1])
+                        group.discard(ahead.refs)
                         ahead = None
                     last_done = None
                     if self.failures >= self.max_failures:
@@ -269,16 +226,14 @@ class PipelineTrainer:
                     bar.n = max(0, self.step - first)
                     bar.refresh()
                     continue
-                metrics[self.step] = m
-                self.history[self.step] = m.loss
-                self.step += 1
+                metrics[step] = m
                 bar.update(1)
                 bar.set_postfix(loss=f"{m.loss:.4f}")
                 if self._checkpoint_due(self.step):
                     written.append(str(self.save_checkpoint(background=self.async_checkpoints)))
         finally:
             if ahead is not None:  # an error other than a worker failure left a step in flight
-                group.discard(ahead[1])
+                group.discard(ahead.refs)
             bar.close()
         self.finish_checkpoint()  # the last background upload commits before fit returns
         steps_done = list(range(first, target))
