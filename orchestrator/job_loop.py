@@ -93,6 +93,9 @@ class ElasticJob:
         self._fired: set[int] = set()  # injected notices already delivered
         self._drained: set[str] = set()  # Ray nodes whose drain request was already turned into a notice
         self._drain_polled = 0.0
+        # evacuated devices (their notice) still members of the process group, idle: they leave it
+        # before their deadline or at the next re-formation, not during the evacuation's stall
+        self._leaving: Notice | None = None
         self._saved_at = -1  # the step of the newest checkpoint written (a step is saved once)
         self.moves = self.restarts = 0
         self._prices: Any = None  # job_spot.PriceView, built when first needed
@@ -183,6 +186,13 @@ class ElasticJob:
                 if n.at_step <= step and k not in self._fired:  # a drained step may have passed at_step
                     self._fired.add(k)
                     self.notify(n.devices or tuple(sorted(self.alive)), n.seconds, "rehearsal")
+            leaving = self._leaving
+            if leaving is not None and self.clock() >= leaving.deadline - self.spot.margin_s:
+                self._drain()
+                t0 = time.perf_counter()
+                self.move(self.trainer.plan)  # the process group is re-formed without them
+                self.emit("evacuated_left", devices=list(leaving.devices), step=self.trainer.step,
+                          stall_s=round(time.perf_counter() - t0, 4))
             self._poll_drain()
             with self._lock:
                 notices, self._notices = self._notices, []
@@ -238,6 +248,8 @@ class ElasticJob:
         transfers = move_transfers(before, plan, self.profile, self.cluster, gone)
         reports = self.trainer.move_live(plan, [(t.src, t.dst, t.first, t.last) for t in transfers],
                                          sorted(self.alive if members is None else members))
+        if any(r["rejoined"] for r in reports):
+            self._leaving = None  # a new process group without the evacuated devices
         self.moves += 1
         return MoveReport(float(sum(int(r["bytes_sent"]) for r in reports)), time.perf_counter() - t0, plan)
 
@@ -261,8 +273,8 @@ class ElasticJob:
             for plan in decision.steps:  # the doomed stay members while they hand their blocks over
                 self.move(plan)
             self.alive -= set(notice.devices)
-            if decision.steps:  # then they leave the process group (a new one without them)
-                self.move(self.trainer.plan)
+            if decision.steps:  # idle members from now on; they leave the process group before the deadline
+                self._leaving = notice
             stall = time.perf_counter() - t0
             self.emit("preemption_handled", mode="live", reason=decision.reason, lost_steps=0, stall_s=round(stall, 4),
                       iteration_s=round(iteration_s, 4), moves=[list(p) for p in decision.moves], step=self.trainer.step,
@@ -301,7 +313,7 @@ class ElasticJob:
                   target=decision.target.label() if decision is not None else "same placement")
         plan = planner_plan(self.profile, self.cluster, devices, trainer.plan, self.scaling.planner, straight=True)
         trainer.finish_checkpoint()
-        self.alive = set(devices)
+        self.alive, self._leaving = set(devices), None
         resumed = trainer.restart_on(plan, source, members=sorted(devices), slots={d: d for d in range(self.scaling.devices)})
         self.restarts += 1
         self.iteration_s.clear()
@@ -323,7 +335,7 @@ class ElasticJob:
         t0, before = time.perf_counter(), self.trainer.step
         recent = self.iteration_s[-5:]
         self.emit("worker_failed", step=before, error=str(exc).splitlines()[0])
-        self.alive = set(range(self.scaling.devices))
+        self.alive, self._leaving = set(range(self.scaling.devices)), None
         self._knobs.clear()  # fresh processes: no injected knobs
         self.trainer.recover(exc)
         self.restarts += 1

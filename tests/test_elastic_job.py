@@ -110,3 +110,24 @@ def test_loss_without_notice_restores_the_newest_checkpoint_and_bad_notices_are_
         assert job.trainer.step == 9 and job.max_abs_diff() <= 1e-5
     finally:
         job.close()
+
+
+@pytest.mark.ray
+def test_evacuated_device_leaves_the_process_group_before_its_deadline(worker_group: Any, tmp_path: Path) -> None:
+    """The evacuation's stall is the hand-over only; the doomed device stays an idle member and
+    the process group is re-formed without it before the deadline (here a clock running 50x fast,
+    so a 30 s notice leaves well inside the run). Training stays exact across both."""
+    import time
+
+    job = ElasticJob(TRAIN, ScalingConfig(devices=4, plan=PLAN),
+                     RunConfig(storage=str(tmp_path / "ckpt"), events=tmp_path / "events.jsonl", checkpoint_every=0),
+                     AdaptConfig(enabled=False), SpotConfig(notices=(InjectedNotice(3, 30.0, (2,)),), margin_s=5.0),
+                     clock=lambda: 50.0 * time.monotonic(), workers=worker_group)
+    try:
+        events = job.fit(40).events
+        handled = one(events, "preemption_handled")
+        left = one(events, "evacuated_left")
+        assert handled["mode"] == "live" and left["devices"] == [2] and left["step"] > handled["step"]
+        assert job.trainer.step == 40 and 2 not in job.trainer.plan.devices and job.max_abs_diff() <= 1e-5
+    finally:
+        job.close()
