@@ -150,7 +150,10 @@ class ElasticJob:
                     self._failed(exc)
                     continue
                 self._last_done = time.perf_counter() if self._ahead is not None else None
-                self._after(m, target)
+                try:
+                    self._after(m, target)
+                except PipelineActorError as exc:  # a worker died in a drained step or during an action
+                    self._failed(exc)
             self._drain()
             trainer.finish_checkpoint()
         finally:
@@ -163,10 +166,11 @@ class ElasticJob:
 
     def _hold(self, nxt: int) -> bool:
         """Whether a decision is due after the step before ``nxt``: then nothing is submitted ahead."""
-        due = self.trainer.upload_pending or self._checkpoint_due(nxt) or bool(self._notices) or any(n.at_step == nxt for n in self.spot.notices)
+        due = self.trainer.upload_pending or self._checkpoint_due(nxt) or bool(self._notices)
+        due |= any(n.at_step == nxt for n in self.spot.notices)
         due |= self.spot.enabled and (any(s == nxt for s, _ in self.spot.price_events) or self._migration_due(nxt))
         due |= any(f.at_iteration in (nxt, nxt + 1) or getattr(f, "until_iteration", None) in (nxt, nxt + 1)
-                                          for f in self.adapt.faults.faults)
+                   for f in self.adapt.faults.faults)
         return due
 
     def _after(self, m: IterationMetrics, target: int) -> None:
@@ -343,6 +347,9 @@ class ElasticJob:
                   iteration_s=round(statistics.median(recent), 4) if recent else None, plan=self.trainer.plan.describe())
 
     def _checkpoint(self, why: str) -> str | None:
+        if self._saved_at == self.trainer.step:  # saved already (perhaps still uploading): commit and reuse it
+            where = self.trainer.finish_checkpoint() or ckpt.step_dir(str(self.run.storage), self.trainer.step)
+            return str(where)
         t0 = time.perf_counter()
         background = self.run.async_checkpoints and why == "periodic"
         try:
