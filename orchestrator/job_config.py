@@ -109,12 +109,13 @@ class AdaptConfig:
 
 @dataclass(frozen=True)
 class InjectedNotice:
-    """Rehearsal: after step ``at_step``, ``devices`` (empty: every device the job has then, as
-    when the whole placement is reclaimed) get a notice with ``seconds`` left."""
+    """Rehearsal: after step ``at_step``, ``devices`` get a notice with ``seconds`` left (empty:
+    every device the job has then, as when the whole placement is reclaimed)."""
 
     at_step: int
     seconds: float = 120.0
-    devices: tuple[int, ...] = (1,)
+    devices: tuple[int, ...] | None = None
+    """``None``: the device of the middle stage at that moment (one that holds blocks)."""
 
     def __post_init__(self) -> None:
         if self.at_step < 0 or self.seconds <= 0:

@@ -60,7 +60,7 @@ class ElasticJob:
         """``workers``: an existing pool of stage workers (slot ``d`` runs device ``d``) to use
         instead of starting one, kept alive afterwards (tests share one pool)."""
         for n in spot.notices:
-            bad = sorted(d for d in n.devices if not 0 <= d < scaling.devices)
+            bad = sorted(d for d in n.devices or () if not 0 <= d < scaling.devices)
             if bad:
                 raise UserError(f"SpotConfig: injected notice for device(s) {bad} that the job does not use (devices 0..{scaling.devices - 1})")
         adapt.faults.validate(scaling.cluster or flat(scaling.devices, 10.0))
@@ -189,12 +189,15 @@ class ElasticJob:
             for k, n in enumerate(self.spot.notices):
                 if n.at_step <= step and k not in self._fired:  # a drained step may have passed at_step
                     self._fired.add(k)
-                    self.notify(n.devices or tuple(sorted(self.alive)), n.seconds, "rehearsal")
+                    stages = self.trainer.plan.stages
+                    doomed = stages[len(stages) // 2].devices[:1] if n.devices is None else n.devices or tuple(sorted(self.alive))
+                    self.notify(doomed, n.seconds, "rehearsal")
             leaving = self._leaving
             if leaving is not None and self.clock() >= leaving.deadline - self.spot.margin_s:
                 self._drain()
                 t0 = time.perf_counter()
                 self.move(self.trainer.plan)  # the process group is re-formed without them
+                self._leaving = None
                 self.emit("evacuated_left", devices=list(leaving.devices), step=self.trainer.step,
                           stall_s=round(time.perf_counter() - t0, 4))
             self._poll_drain()
@@ -277,8 +280,7 @@ class ElasticJob:
             for plan in decision.steps:  # the doomed stay members while they hand their blocks over
                 self.move(plan)
             self.alive -= set(notice.devices)
-            if decision.steps:  # idle members from now on; they leave the process group before the deadline
-                self._leaving = notice
+            self._leaving = notice  # idle members from now on; they leave the process group before the deadline
             stall = time.perf_counter() - t0
             self.emit("preemption_handled", mode="live", reason=decision.reason, lost_steps=0, stall_s=round(stall, 4),
                       iteration_s=round(iteration_s, 4), moves=[list(p) for p in decision.moves], step=self.trainer.step,
