@@ -49,7 +49,7 @@ def run_case(devices: int, case: str, live: bool, steps: int, at: int, out: Path
     faults = FaultSchedule((Kill(devices // 2, at),)) if case == "loss" else FaultSchedule()
     job = ElasticJob(TRAIN, ScalingConfig(devices=devices, plan=straight_plan(cuts, 8)),
                      RunConfig(storage=str(out / "ckpt"), events=out / "events.jsonl", checkpoint_every=4),
-                     AdaptConfig(enabled=False, faults=faults), SpotConfig(notices=notices, evacuate_live=live))
+                     AdaptConfig(enabled=False, faults=faults), SpotConfig(notices=notices, evacuate_live=live, margin_s=25.0))
     try:
         result = job.fit(steps)
         diff = job.max_abs_diff()
@@ -60,7 +60,9 @@ def run_case(devices: int, case: str, live: bool, steps: int, at: int, out: Path
     lost = handled[0]["lost_steps"] if handled else sum(e["lost_steps"] for e in resumed)
     stall = handled[0]["stall_s"] if handled else sum(e.get("stall_s", 0.0) for e in resumed)
     iteration = handled[0]["iteration_s"] if handled else (resumed[0].get("iteration_s", float("nan")) if resumed else float("nan"))
+    left = [e["stall_s"] for e in result.events if e["event"] == "evacuated_left"]
     return {"devices": devices, "case": case, "mode": handled[0]["mode"] if handled else "restart (failure policy)",
+            "leave_s": left[0] if left else None,
             "lost": lost, "stall_s": stall, "iteration_s": iteration, "total_s": result.wall_s, "diff": diff}
 
 
@@ -96,7 +98,7 @@ def main() -> None:
     args = parser.parse_args()
     import ray
 
-    steps, at = (12, 5) if args.quick else (20, 9)
+    steps, at = (12, 5) if args.quick else (40, 9)
     ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -132,17 +134,20 @@ def write(path: Path, rows: list[dict[str, Any]], stalls: list[dict[str, Any]], 
     lines = ["# Preemption: live evacuation against checkpoint-restart", "",
              f"Produced by `benchmarks/preemption.py{' --quick' if quick else ''}` on this machine (2 shared CPU cores; "
              f"CPU stage actors, gloo). {steps} steps per run; the notice (or the kill) comes after step {at}; "
-             "periodic checkpoints every 4 steps. `stall` is the time training stood still for the handling "
-             "(live: insurance snapshot + moves + the doomed device leaving the process group; restart: checkpoint + "
+             "periodic checkpoints every 4 steps; deadline margin 25 s. `stall` is the time training stood still for the handling "
+             "(live: insurance snapshot + the two-worker moves; the doomed device, idle from then on, leaves the process "
+             "group later, before its deadline — that re-formation is the `leave` column, `-` when the deadline lay beyond "
+             "the run; restart: checkpoint + "
              "re-configuration of the surviving processes + restore — a warm restart; the `loss` rows restart every "
              "process, as a cold restart after a crash, or today's job manager after any notice, does); `total` the wall time of the whole run of the same steps; `max |Δ|` the "
              "final weights against uninterrupted single-process training.", "",
-             "| stage actors | event | mode | lost steps | stall s | iteration s | stall / iteration | total s | max abs diff |",
-             "|---:|---|---|---:|---:|---:|---:|---:|---:|"]
+             "| stage actors | event | mode | lost steps | stall s | iteration s | stall / iteration | leave s | total s | max abs diff |",
+             "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         ratio = r["stall_s"] / r["iteration_s"] if r["iteration_s"] == r["iteration_s"] and r["iteration_s"] > 0 else float("nan")
         lines.append(f"| {r['devices']} | {r['case']} | {r['mode']} | {r['lost']} | {r['stall_s']:.3f} | {r['iteration_s']:.3f} | "
-                     f"{ratio:.2f} | {r['total_s']:.1f} | {r['diff']:.1e} |")
+                     f"{ratio:.2f} | {'-' if r['leave_s'] is None else format(r['leave_s'], '.3f')} | {r['total_s']:.1f} | "
+                     f"{r['diff']:.1e} |")
     lines += ["", "## Checkpoint stall: asynchronous against synchronous", "",
               "State = weights + SGD momentum in 8 blocks. Synchronous: training waits for every block to be written. "
               "Asynchronous: training waits only for the host snapshot; the upload runs in a thread while the weights "
