@@ -133,9 +133,11 @@ class SpotConfig:
     """Evacuation (or the checkpoint) must be predicted to finish this long before the deadline."""
     notices: tuple[InjectedNotice, ...] = ()
     watch: str | None = None
-    """``aws``/``gcp``/``azure``: poll that cloud's metadata service for notices."""
+    """``aws``/``gcp``/``azure``: a watcher of that cloud's metadata service on every node of the
+    job (and the driver's), polled between iterations (:mod:`orchestrator.node_watch`)."""
     ray_drain_poll_s: float = 5.0
-    """Read Ray's drain requests (:mod:`orchestrator.drain`) this often between iterations; 0: never."""
+    """Read the node watchers and Ray's drain requests (:mod:`orchestrator.drain`) this often,
+    between iterations; 0: never."""
     catalog: str | None = None
     """Price file or folder for migration decisions (default: the bundled snapshot)."""
     cloud_yaml: str | None = None

@@ -28,7 +28,6 @@ from __future__ import annotations
 import statistics
 import threading
 import time
-from datetime import datetime, timezone
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
@@ -52,7 +51,7 @@ from orchestrator.trainer import InFlight, PipelineTrainer
 
 
 class ElasticJob:
-    """See the module docstring. ``notify`` is safe to call from a watcher thread."""
+    """See the module docstring. ``notify`` is safe to call from any thread."""
 
     def __init__(self, train: TrainConfig, scaling: ScalingConfig = ScalingConfig(), run: RunConfig = RunConfig(),
                  adapt: AdaptConfig = AdaptConfig(), spot: SpotConfig = SpotConfig(),
@@ -96,6 +95,7 @@ class ElasticJob:
         # evacuated devices (their notice) still members of the process group, idle: they leave it
         # before their deadline or at the next re-formation, not during the evacuation's stall
         self._leaving: Notice | None = None
+        self._node_watch: Any = None  # orchestrator.node_watch.NodeWatch while fit runs with spot.watch
         self._saved_at = -1  # the step of the newest checkpoint written (a step is saved once)
         self.moves = self.restarts = 0
         self._prices: Any = None  # job_spot.PriceView, built when first needed
@@ -107,14 +107,6 @@ class ElasticJob:
     def notify(self, devices: tuple[int, ...], seconds_left: float, source: str = "injected") -> None:
         with self._lock:
             self._notices.append(Notice(tuple(devices), self.clock() + seconds_left, source))
-
-    def on_cloud_notice(self, deadline_utc: datetime, source: str = "cloud metadata") -> None:
-        """Callback for :mod:`cloud.preemption` watchers: the devices on this (the driver's) node."""
-        import ray
-
-        here = ray.get_runtime_context().get_node_id()
-        devices = tuple(d["device"] for d in self.trainer.devices() if d["node_id"] == here) or tuple(sorted(self.alive))
-        self.notify(devices, (deadline_utc - datetime.now(timezone.utc)).total_seconds(), source)
 
     # ----- the loop -----
     def fit(self, steps: int) -> JobResult:
@@ -131,11 +123,13 @@ class ElasticJob:
             self.controller = Controller(self.handle, self.profile, config)
         target = self.target_steps = trainer.step + steps
         first = trainer.step
-        watcher = None
-        if self.spot.enabled and self.spot.watch:
-            from cloud.preemption import watcher_for
+        if self.spot.enabled and self.spot.watch:  # one watcher on each node of the job and the driver's
+            import ray
 
-            watcher = watcher_for(self.spot.watch, self.on_cloud_notice).start()
+            from orchestrator.node_watch import NodeWatch
+
+            nodes = {d["node_id"] for d in trainer.devices()} | {ray.get_runtime_context().get_node_id()}
+            self._node_watch = NodeWatch(self.spot.watch, nodes)
         try:
             while trainer.step < target:
                 push_faults(self, trainer.step)
@@ -157,8 +151,9 @@ class ElasticJob:
             self._drain()
             trainer.finish_checkpoint()
         finally:
-            if watcher is not None:
-                watcher.stop()
+            if self._node_watch is not None:
+                self._node_watch.stop()
+                self._node_watch = None
         losses = {s: trainer.history[s] for s in range(first, target) if s in trainer.history}
         self.emit("job_finished", step=trainer.step, plan=trainer.plan.describe(), final_loss=losses.get(target - 1))
         return JobResult(trainer.step, losses, trainer.plan, self.events.read() if self.events else [],
@@ -186,12 +181,6 @@ class ElasticJob:
         self.iteration_s.append(m.iteration_s)
         self.last_metrics = m
         if self.spot.enabled:
-            for k, n in enumerate(self.spot.notices):
-                if n.at_step <= step and k not in self._fired:  # a drained step may have passed at_step
-                    self._fired.add(k)
-                    stages = self.trainer.plan.stages
-                    doomed = stages[len(stages) // 2].devices[:1] if n.devices is None else n.devices or tuple(sorted(self.alive))
-                    self.notify(doomed, n.seconds, "rehearsal")
             leaving = self._leaving
             if leaving is not None and self.clock() >= leaving.deadline - self.spot.margin_s:
                 self._drain()
@@ -200,7 +189,13 @@ class ElasticJob:
                 self._leaving = None
                 self.emit("evacuated_left", devices=list(leaving.devices), step=self.trainer.step,
                           stall_s=round(time.perf_counter() - t0, 4))
-            self._poll_drain()
+            self._poll_signals()
+            for k, n in enumerate(self.spot.notices):
+                if n.at_step <= step and k not in self._fired:  # a drained step may have passed at_step
+                    self._fired.add(k)
+                    stages = self.trainer.plan.stages
+                    doomed = stages[len(stages) // 2].devices[:1] if n.devices is None else n.devices or tuple(sorted(self.alive))
+                    self.notify(doomed, n.seconds, "rehearsal")
             with self._lock:
                 notices, self._notices = self._notices, []
             for notice in notices:
@@ -221,8 +216,10 @@ class ElasticJob:
             self._drain()
             self._checkpoint("periodic")
 
-    def _poll_drain(self) -> None:
-        """Ray's drain requests for nodes running our devices become notices (once per node)."""
+    def _poll_signals(self) -> None:
+        """Notices from outside, every ``ray_drain_poll_s``: the cloud watchers on the job's nodes
+        and Ray's drain requests (once per node), for the devices on those nodes (a notice for
+        the driver's node alone is one for the whole job: the driver goes with it)."""
         every = self.spot.ray_drain_poll_s
         now = time.monotonic()
         if not every or now - self._drain_polled < every:
@@ -230,9 +227,14 @@ class ElasticJob:
         self._drain_polled = now
         from orchestrator.drain import drain_notices, draining_nodes
 
+        where = self.trainer.devices()
+        if self._node_watch is not None:
+            for node, deadline in self._node_watch.poll():
+                here = tuple(int(d["device"]) for d in where if d["node_id"] == node and d["device"] in self.alive)
+                self.notify(here or tuple(sorted(self.alive)), deadline - time.time(), f"{self.spot.watch} notice on node {node[:12]}")
         draining = {n: d for n, d in draining_nodes().items() if n not in self._drained}
         if draining:
-            for devices, left, source in drain_notices(draining, self.trainer.devices()):
+            for devices, left, source in drain_notices(draining, where):
                 self.notify(tuple(d for d in devices if d in self.alive), left, source)
             self._drained |= set(draining)
 

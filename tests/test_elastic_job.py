@@ -115,14 +115,14 @@ def test_loss_without_notice_restores_the_newest_checkpoint_and_bad_notices_are_
 @pytest.mark.ray
 def test_evacuated_device_leaves_the_process_group_before_its_deadline(worker_group: Any, tmp_path: Path) -> None:
     """The evacuation's stall is the hand-over only; the doomed device stays an idle member and
-    the process group is re-formed without it before the deadline (here a clock running 50x fast,
+    the process group is re-formed without it before the deadline (here a clock running 1000x fast,
     so a 30 s notice leaves well inside the run). Training stays exact across both."""
     import time
 
     job = ElasticJob(TRAIN, ScalingConfig(devices=4, plan=PLAN),
                      RunConfig(storage=str(tmp_path / "ckpt"), events=tmp_path / "events.jsonl", checkpoint_every=0),
                      AdaptConfig(enabled=False), SpotConfig(notices=(InjectedNotice(3, 30.0, (2,)),), margin_s=5.0),
-                     clock=lambda: 50.0 * time.monotonic(), workers=worker_group)
+                     clock=lambda: 1000.0 * time.monotonic(), workers=worker_group)
     try:
         events = job.fit(40).events
         handled = one(events, "preemption_handled")
