@@ -11,8 +11,6 @@ cluster, set ``RAY_ADDRESS`` (as ``ray job submit`` does).
     .venv/bin/python examples/elastic_gpt.py --steps 24 --inject-notice-at 10 --notice-s 30 --out out/elastic --verify
 """
 
-from __future__ import annotations
-
 import argparse
 from functools import partial
 
@@ -33,7 +31,7 @@ def main() -> None:
     p.add_argument("--checkpoint-every", type=int, default=10)
     p.add_argument("--inject-notice-at", type=int, help="rehearse a preemption notice after this step")
     p.add_argument("--notice-s", type=float, default=120.0, help="seconds left on the rehearsed notice")
-    p.add_argument("--notice-device", type=int, default=1, help="the device the rehearsed notice names")
+    p.add_argument("--notice-device", type=int, help="the device the notice names (default: the middle stage's)")
     p.add_argument("--storage", help="checkpoint location (default OUT/checkpoints; s3://, gs://, az:// too)")
     p.add_argument("--watch", choices=["aws", "gcp", "azure"], help="poll this cloud's metadata service for notices")
     p.add_argument("--catalog", help="price file or folder for migration decisions (default: the bundled snapshot)")
@@ -45,7 +43,8 @@ def main() -> None:
     train = TrainConfig(model_factory=partial(tiny_transformer, sub_layer_blocks=True, **GPT), loss_fn=loss_fn("tiny_transformer"),
                         optimizer_factory=partial(torch.optim.SGD, lr=0.05, momentum=0.9),
                         data_fn=partial(example_batch, "tiny_transformer", args.rows, **GPT), num_microbatches=8)
-    notices = () if args.inject_notice_at is None else (InjectedNotice(args.inject_notice_at, args.notice_s, (args.notice_device,)),)
+    doomed = None if args.notice_device is None else (args.notice_device,)
+    notices = () if args.inject_notice_at is None else (InjectedNotice(args.inject_notice_at, args.notice_s, doomed),)
     with ElasticJob(train, ScalingConfig(devices=args.devices, planner="even"),  # the controller re-balances live
                     RunConfig(storage=args.storage or f"{args.out}/checkpoints", events=f"{args.out}/events.jsonl",
                               checkpoint_every=args.checkpoint_every),

@@ -112,7 +112,7 @@ def chapter_job(out: Path, steps: int = 26) -> float:
         ScalingConfig(devices=4, planner="even"),
         RunConfig(storage=str(out / "checkpoints"), events=out / "events.jsonl", checkpoint_every=8),
         AdaptConfig(faults=FaultSchedule((Slowdown(1, 2.0, 3),))),  # device 1 computes 2x slower from step 3
-        SpotConfig(notices=(InjectedNotice(9, 120.0, (2,)),  # an AWS-style 2-minute notice for device 2
+        SpotConfig(notices=(InjectedNotice(9, 120.0),  # an AWS-style 2-minute notice for the middle stage's device
                             InjectedNotice(20, 30.0, ())),  # later: the whole placement goes
                    price_events=((14, 3.0),)),  # the spot price of the current offer triples
     )

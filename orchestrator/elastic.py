@@ -69,8 +69,8 @@ class TrainerSession:
         self.bubble_fraction = 0.0
         # Read once: the job manager asks after every step, and data_fn builds a whole batch.
         self.samples_per_step = int(model.data_fn(0)[0].shape[0])
-        if start:
-            self.trainer._ensure_started()
+        if start and not self.trainer.started:
+            self.trainer.start()
 
     @property
     def plan(self) -> Plan:

@@ -103,17 +103,19 @@ class AdaptConfig:
     enabled: bool = True
     controller: ControllerConfig = ControllerConfig(straight=True)
     faults: FaultSchedule = FaultSchedule()
-    """Rehearsal only: slowdowns/throttles injected at given iterations (CPU workers)."""
+    """Rehearsal only: slowdowns/throttles (CPU workers) and kills injected at given iterations;
+    applied even with ``enabled=False`` (the controller off, the faults still on)."""
 
 
 @dataclass(frozen=True)
 class InjectedNotice:
-    """Rehearsal: after step ``at_step``, ``devices`` (empty: every device the job has then, as
-    when the whole placement is reclaimed) get a notice with ``seconds`` left."""
+    """Rehearsal: after step ``at_step``, ``devices`` get a notice with ``seconds`` left (empty:
+    every device the job has then, as when the whole placement is reclaimed)."""
 
     at_step: int
     seconds: float = 120.0
-    devices: tuple[int, ...] = (1,)
+    devices: tuple[int, ...] | None = None
+    """``None``: the device of the middle stage at that moment (one that holds blocks)."""
 
     def __post_init__(self) -> None:
         if self.at_step < 0 or self.seconds <= 0:
@@ -131,7 +133,11 @@ class SpotConfig:
     """Evacuation (or the checkpoint) must be predicted to finish this long before the deadline."""
     notices: tuple[InjectedNotice, ...] = ()
     watch: str | None = None
-    """``aws``/``gcp``/``azure``: poll that cloud's metadata service for notices."""
+    """``aws``/``gcp``/``azure``: a watcher of that cloud's metadata service on every node of the
+    job (and the driver's), polled between iterations (:mod:`orchestrator.node_watch`)."""
+    ray_drain_poll_s: float = 5.0
+    """Read the node watchers and Ray's drain requests (:mod:`orchestrator.drain`) this often,
+    between iterations; 0: never."""
     catalog: str | None = None
     """Price file or folder for migration decisions (default: the bundled snapshot)."""
     cloud_yaml: str | None = None
@@ -155,8 +161,8 @@ class SpotConfig:
     """Checkpoint size for the migration planner's transfer cost."""
 
     def __post_init__(self) -> None:
-        if self.margin_s < 0 or self.migration_check_every < 0:
-            raise UserError("SpotConfig: margin_s and migration_check_every must be >= 0")
+        if self.margin_s < 0 or self.migration_check_every < 0 or self.ray_drain_poll_s < 0:
+            raise UserError("SpotConfig: margin_s, migration_check_every and ray_drain_poll_s must be >= 0")
         if any(f <= 0 or at < 0 for at, f in self.price_events):
             raise UserError("SpotConfig: price_events need step >= 0 and factor > 0")
         if self.notices and not self.enabled:

@@ -28,8 +28,7 @@ from __future__ import annotations
 import statistics
 import threading
 import time
-from datetime import datetime, timezone
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from actors import checkpoint as ckpt
@@ -37,38 +36,22 @@ from actors import storage
 from actors.group import PipelineActorError, WorkerGroup
 from actors.metrics import IterationMetrics
 from orchestrator.cluster import flat
-from orchestrator.controller.controller import Controller, ControllerConfig
-from orchestrator.controller.handle import MoveReport, RestartReport, move_transfers
+from orchestrator.controller.controller import Controller
+from orchestrator.controller.handle import MoveReport, move_transfers
 from orchestrator.controller.policies import planner_plan
 from orchestrator.errors import UserError
+from orchestrator.discovery import connect
 from orchestrator.evacuation import Evacuate, Fallback, Notice, check_notice, plan_evacuation
 from orchestrator.job_config import AdaptConfig, RunConfig, ScalingConfig, SpotConfig, TrainConfig
-from orchestrator.job_spot import JobHandle, push_faults, spot_decision, write_target_yaml
+from orchestrator.fit_result import JobResult
+from orchestrator.job_spot import JobHandle, profile_model, push_faults, spot_decision, write_target_yaml
 from orchestrator.observability import EventLog
 from orchestrator.plan import Plan, straight_plan
-from orchestrator.profile import Profile
 from orchestrator.trainer import InFlight, PipelineTrainer
 
 
-@dataclass
-class JobResult:
-    """What one ``fit`` did: losses per step, the plan at the end, events and counts."""
-
-    steps: int
-    losses: dict[int, float]
-    plan: Plan
-    events: list[dict[str, Any]] = field(default_factory=list)
-    wall_s: float = 0.0
-    moves: int = 0
-    restarts: int = 0
-
-    @property
-    def final_loss(self) -> float:
-        return self.losses[max(self.losses)] if self.losses else float("nan")
-
-
 class ElasticJob:
-    """See the module docstring. ``notify`` is safe to call from a watcher thread."""
+    """See the module docstring. ``notify`` is safe to call from any thread."""
 
     def __init__(self, train: TrainConfig, scaling: ScalingConfig = ScalingConfig(), run: RunConfig = RunConfig(),
                  adapt: AdaptConfig = AdaptConfig(), spot: SpotConfig = SpotConfig(),
@@ -76,16 +59,16 @@ class ElasticJob:
         """``workers``: an existing pool of stage workers (slot ``d`` runs device ``d``) to use
         instead of starting one, kept alive afterwards (tests share one pool)."""
         for n in spot.notices:
-            bad = sorted(d for d in n.devices if not 0 <= d < scaling.devices)
+            bad = sorted(d for d in n.devices or () if not 0 <= d < scaling.devices)
             if bad:
                 raise UserError(f"SpotConfig: injected notice for device(s) {bad} that the job does not use (devices 0..{scaling.devices - 1})")
-        if adapt.enabled:
-            adapt.faults.validate(scaling.cluster or flat(scaling.devices, 10.0))
+        adapt.faults.validate(scaling.cluster or flat(scaling.devices, 10.0))
         self.train, self.scaling, self.run, self.adapt, self.spot = train, scaling, run, adapt, spot
         self.clock = clock
         self.cluster = scaling.cluster or flat(scaling.devices, 10.0)
         storage.check_writable(run.storage)  # unreachable storage / missing credentials: one line, before any actor
-        self.profile = _profile(train)
+        connect(None)  # RAY_ADDRESS (as under `ray job submit`) or the local instance; a dead address is one line
+        self.profile = profile_model(train)
         plan = scaling.plan or planner_plan(self.profile, self.cluster, tuple(range(scaling.devices)),
                                             straight_plan([0, self.profile.num_blocks], train.num_microbatches), scaling.planner,
                                             straight=True)
@@ -107,24 +90,23 @@ class ElasticJob:
         self._last_done: float | None = None
         self._checkpoint_s = 1.0
         self._fired: set[int] = set()  # injected notices already delivered
+        self._drained: set[str] = set()  # Ray nodes whose drain request was already turned into a notice
+        self._drain_polled = 0.0
+        # evacuated devices (their notice) still members of the process group, idle: they leave it
+        # before their deadline or at the next re-formation, not during the evacuation's stall
+        self._leaving: Notice | None = None
+        self._node_watch: Any = None  # orchestrator.node_watch.NodeWatch while fit runs with spot.watch
         self._saved_at = -1  # the step of the newest checkpoint written (a step is saved once)
         self.moves = self.restarts = 0
         self._prices: Any = None  # job_spot.PriceView, built when first needed
         self.target_steps = 0
-        self._knobs: dict[int, Any] = {}
+        self._knobs: dict[int, Any] = {}  # rehearsal fault knobs sent to each device
+        self._killed: set[Any] = set()  # rehearsal kills already armed
 
     # ----- inputs -----
     def notify(self, devices: tuple[int, ...], seconds_left: float, source: str = "injected") -> None:
         with self._lock:
             self._notices.append(Notice(tuple(devices), self.clock() + seconds_left, source))
-
-    def on_cloud_notice(self, deadline_utc: datetime, source: str = "cloud metadata") -> None:
-        """Callback for :mod:`cloud.preemption` watchers: the devices on this (the driver's) node."""
-        import ray
-
-        here = ray.get_runtime_context().get_node_id()
-        devices = tuple(d["device"] for d in self.trainer.devices() if d["node_id"] == here) or tuple(sorted(self.alive))
-        self.notify(devices, (deadline_utc - datetime.now(timezone.utc)).total_seconds(), source)
 
     # ----- the loop -----
     def fit(self, steps: int) -> JobResult:
@@ -132,25 +114,25 @@ class ElasticJob:
             raise UserError("fit needs at least one step")
         start = time.perf_counter()
         trainer = self.trainer
-        if self.controller is None:
+        if not trainer.started:
             trainer.start(members=sorted(self.alive), slots={d: d for d in range(self.scaling.devices)}, size=self.scaling.devices)
-            self.emit("job_started", devices=[{"device": d["device"], "node_id": d["node_id"]} for d in trainer.devices()],
+            self.emit("job_started", devices=[{"device": d["device"], "node_id": d["node_id"], "pid": d["pid"]} for d in trainer.devices()],
                       plan=trainer.plan.describe(), step=trainer.step, storage=str(self.run.storage))
-            if self.adapt.enabled:
-                cfg = self.adapt.controller
-                self.controller = Controller(self.handle, self.profile, ControllerConfig(
-                    **{**cfg.__dict__, "total_iterations": trainer.step + steps}))
+        if self.adapt.enabled and self.controller is None:
+            config = replace(self.adapt.controller, total_iterations=trainer.step + steps)
+            self.controller = Controller(self.handle, self.profile, config)
         target = self.target_steps = trainer.step + steps
         first = trainer.step
-        watcher = None
-        if self.spot.enabled and self.spot.watch:
-            from cloud.preemption import watcher_for
+        if self.spot.enabled and self.spot.watch:  # one watcher on each node of the job and the driver's
+            import ray
 
-            watcher = watcher_for(self.spot.watch, self.on_cloud_notice).start()
+            from orchestrator.node_watch import NodeWatch
+
+            nodes = {d["node_id"] for d in trainer.devices()} | {ray.get_runtime_context().get_node_id()}
+            self._node_watch = NodeWatch(self.spot.watch, nodes)
         try:
             while trainer.step < target:
-                if self.adapt.enabled:
-                    push_faults(self, trainer.step)
+                push_faults(self, trainer.step)
                 flight = self._ahead or trainer.submit_step()
                 self._ahead = None
                 nxt = trainer.step + 1
@@ -162,12 +144,16 @@ class ElasticJob:
                     self._failed(exc)
                     continue
                 self._last_done = time.perf_counter() if self._ahead is not None else None
-                self._after(m, target)
+                try:
+                    self._after(m, target)
+                except PipelineActorError as exc:  # a worker died in a drained step or during an action
+                    self._failed(exc)
             self._drain()
             trainer.finish_checkpoint()
         finally:
-            if watcher is not None:
-                watcher.stop()
+            if self._node_watch is not None:
+                self._node_watch.stop()
+                self._node_watch = None
         losses = {s: trainer.history[s] for s in range(first, target) if s in trainer.history}
         self.emit("job_finished", step=trainer.step, plan=trainer.plan.describe(), final_loss=losses.get(target - 1))
         return JobResult(trainer.step, losses, trainer.plan, self.events.read() if self.events else [],
@@ -175,22 +161,41 @@ class ElasticJob:
 
     def _hold(self, nxt: int) -> bool:
         """Whether a decision is due after the step before ``nxt``: then nothing is submitted ahead."""
-        due = self._checkpoint_due(nxt) or bool(self._notices) or any(n.at_step == nxt for n in self.spot.notices)
+        due = self.trainer.upload_pending or self._checkpoint_due(nxt) or bool(self._notices)
+        due |= any(n.at_step == nxt for n in self.spot.notices)
         due |= self.spot.enabled and (any(s == nxt for s, _ in self.spot.price_events) or self._migration_due(nxt))
-        due |= self.adapt.enabled and any(f.at_iteration in (nxt, nxt + 1) or getattr(f, "until_iteration", None) in (nxt, nxt + 1)
-                                          for f in self.adapt.faults.faults)
+        due |= any(f.at_iteration in (nxt, nxt + 1) or getattr(f, "until_iteration", None) in (nxt, nxt + 1)
+                   for f in self.adapt.faults.faults)
         return due
 
     def _after(self, m: IterationMetrics, target: int) -> None:
         """Between iterations: each policy decides, the loop acts (after draining a step in flight)."""
         step = self.trainer.step
+        if self.trainer.upload_pending and step > self._saved_at:
+            # a background checkpoint uploaded during the step after it: commit it now, so that a
+            # crash from here on loses at most the steps since it
+            self._drain()
+            t0 = time.perf_counter()
+            where = self.trainer.finish_checkpoint()
+            self.emit("checkpoint_committed", step=self._saved_at, path=str(where), wait_s=round(time.perf_counter() - t0, 4))
         self.iteration_s.append(m.iteration_s)
         self.last_metrics = m
         if self.spot.enabled:
+            leaving = self._leaving
+            if leaving is not None and self.clock() >= leaving.deadline - self.spot.margin_s:
+                self._drain()
+                t0 = time.perf_counter()
+                self.move(self.trainer.plan)  # the process group is re-formed without them
+                self._leaving = None
+                self.emit("evacuated_left", devices=list(leaving.devices), step=self.trainer.step,
+                          stall_s=round(time.perf_counter() - t0, 4))
+            self._poll_signals()
             for k, n in enumerate(self.spot.notices):
                 if n.at_step <= step and k not in self._fired:  # a drained step may have passed at_step
                     self._fired.add(k)
-                    self.notify(n.devices or tuple(sorted(self.alive)), n.seconds, "rehearsal")
+                    stages = self.trainer.plan.stages
+                    doomed = stages[len(stages) // 2].devices[:1] if n.devices is None else n.devices or tuple(sorted(self.alive))
+                    self.notify(doomed, n.seconds, "rehearsal")
             with self._lock:
                 notices, self._notices = self._notices, []
             for notice in notices:
@@ -211,6 +216,28 @@ class ElasticJob:
             self._drain()
             self._checkpoint("periodic")
 
+    def _poll_signals(self) -> None:
+        """Notices from outside, every ``ray_drain_poll_s``: the cloud watchers on the job's nodes
+        and Ray's drain requests (once per node), for the devices on those nodes (a notice for
+        the driver's node alone is one for the whole job: the driver goes with it)."""
+        every = self.spot.ray_drain_poll_s
+        now = time.monotonic()
+        if not every or now - self._drain_polled < every:
+            return
+        self._drain_polled = now
+        from orchestrator.drain import drain_notices, draining_nodes
+
+        where = self.trainer.devices()
+        if self._node_watch is not None:
+            for node, deadline in self._node_watch.poll():
+                here = tuple(int(d["device"]) for d in where if d["node_id"] == node and d["device"] in self.alive)
+                self.notify(here or tuple(sorted(self.alive)), deadline - time.time(), f"{self.spot.watch} notice on node {node[:12]}")
+        draining = {n: d for n, d in draining_nodes().items() if n not in self._drained}
+        if draining:
+            for devices, left, source in drain_notices(draining, where):
+                self.notify(tuple(d for d in devices if d in self.alive), left, source)
+            self._drained |= set(draining)
+
     def _drain(self) -> None:
         """Finish the iteration in flight (if any) so that an action can run."""
         if self._ahead is not None:
@@ -230,6 +257,8 @@ class ElasticJob:
         transfers = move_transfers(before, plan, self.profile, self.cluster, gone)
         reports = self.trainer.move_live(plan, [(t.src, t.dst, t.first, t.last) for t in transfers],
                                          sorted(self.alive if members is None else members))
+        if any(r["rejoined"] for r in reports):
+            self._leaving = None  # a new process group without the evacuated devices
         self.moves += 1
         return MoveReport(float(sum(int(r["bytes_sent"]) for r in reports)), time.perf_counter() - t0, plan)
 
@@ -253,8 +282,7 @@ class ElasticJob:
             for plan in decision.steps:  # the doomed stay members while they hand their blocks over
                 self.move(plan)
             self.alive -= set(notice.devices)
-            if decision.steps:  # then they leave the process group (a new one without them)
-                self.move(self.trainer.plan)
+            self._leaving = notice  # idle members from now on; they leave the process group before the deadline
             stall = time.perf_counter() - t0
             self.emit("preemption_handled", mode="live", reason=decision.reason, lost_steps=0, stall_s=round(stall, 4),
                       iteration_s=round(iteration_s, 4), moves=[list(p) for p in decision.moves], step=self.trainer.step,
@@ -293,7 +321,7 @@ class ElasticJob:
                   target=decision.target.label() if decision is not None else "same placement")
         plan = planner_plan(self.profile, self.cluster, devices, trainer.plan, self.scaling.planner, straight=True)
         trainer.finish_checkpoint()
-        self.alive = set(devices)
+        self.alive, self._leaving = set(devices), None
         resumed = trainer.restart_on(plan, source, members=sorted(devices), slots={d: d for d in range(self.scaling.devices)})
         self.restarts += 1
         self.iteration_s.clear()
@@ -313,14 +341,19 @@ class ElasticJob:
             raise exc
         self.trainer.failures += 1
         t0, before = time.perf_counter(), self.trainer.step
+        recent = self.iteration_s[-5:]
         self.emit("worker_failed", step=before, error=str(exc).splitlines()[0])
-        self.alive = set(range(self.scaling.devices))
+        self.alive, self._leaving = set(range(self.scaling.devices)), None
+        self._knobs.clear()  # fresh processes: no injected knobs
         self.trainer.recover(exc)
         self.restarts += 1
-        self.emit("resumed", step=self.trainer.step, lost_steps=before - self.trainer.step,
-                  stall_s=round(time.perf_counter() - t0, 4), plan=self.trainer.plan.describe())
+        self.emit("resumed", step=self.trainer.step, lost_steps=before - self.trainer.step, stall_s=round(time.perf_counter() - t0, 4),
+                  iteration_s=round(statistics.median(recent), 4) if recent else None, plan=self.trainer.plan.describe())
 
     def _checkpoint(self, why: str) -> str | None:
+        if self._saved_at == self.trainer.step:  # saved already (perhaps still uploading): commit and reuse it
+            where = self.trainer.finish_checkpoint() or ckpt.step_dir(str(self.run.storage), self.trainer.step)
+            return str(where)
         t0 = time.perf_counter()
         background = self.run.async_checkpoints and why == "periodic"
         try:
@@ -360,6 +393,8 @@ class ElasticJob:
         return max_difference(self.trainer.state_dicts(), ref.state_dicts())
 
     def close(self) -> None:
+        if self.controller is not None:
+            self.controller.close()  # no background re-planning outlives the job
         self.trainer.shutdown()
 
     def __enter__(self) -> "ElasticJob":
@@ -369,18 +404,4 @@ class ElasticJob:
         self.close()
 
 
-def _profile(train: TrainConfig) -> Profile:
-    """The model's blocks timed on one micro-batch here (the cost model rescales by observed speeds)."""
-    import torch
-
-    from actors import user_code
-    from orchestrator.profiler import profile_blocks
-
-    torch.manual_seed(train.seed)
-    blocks = user_code.blocks(train.model_factory)
-    inputs, _ = user_code.batch(train.data_fn, 0)
-    sample = torch.tensor_split(inputs, train.num_microbatches)[0]
-    return profile_blocks(blocks, sample, "job", int(sample.shape[0]), warmup=1, repeats=3, device="cpu")
-
-
-__all__ = ["ElasticJob", "JobResult", "RestartReport"]
+__all__ = ["ElasticJob", "JobResult"]

@@ -7,6 +7,8 @@
 - :func:`push_faults`: rehearsal slowdowns and link delays, as knobs on the workers.
 - :func:`spot_decision`: the cloud module's migration planner asked between iterations (and on
   a preemption) over a :class:`PriceView` of the catalog; replayed price changes update it.
+- :func:`profile_model`: the model timed here, block by block (what the cost model, the
+  controller and evacuation reason about).
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 from actors.metrics import IterationMetrics as Measured
 from orchestrator.cluster import GBPS, Cluster
-from orchestrator.controller.faults import Slowdown, Throttle
+from orchestrator.controller.faults import Kill, Slowdown, Throttle
 from orchestrator.controller.handle import IterationMetrics, MoveReport, RestartReport
 from orchestrator.errors import UserError
 from orchestrator.plan import Plan
+from orchestrator.profile import Profile
 
 if TYPE_CHECKING:
+    from orchestrator.job_config import TrainConfig
     from orchestrator.job_loop import ElasticJob
 
 
@@ -68,14 +72,20 @@ class JobHandle:
 
 def push_faults(job: "ElasticJob", k: int) -> None:
     """Send each plan device its slowdown factor and outgoing link delays for iteration ``k``
-    (on change only). Rehearsal only: CPU workers sleep, GPU workers refuse."""
+    (on change only), and arm the kills of iteration ``k``. Rehearsal only: CPU workers sleep,
+    GPU workers refuse slowdowns."""
     faults = job.adapt.faults.faults
     if not faults:
         return
     factor: dict[int, float] = {}
     delays: dict[int, dict[int, float]] = {}
+    group = job.trainer.group
+    assert group is not None
     for f in faults:
-        if isinstance(f, Slowdown) and f.active(k):
+        if isinstance(f, Kill) and f.at_iteration == k and f not in job._killed and f.device in job.trainer.plan.devices:
+            job._killed.add(f)  # dies halfway through iteration k, like a crashed process
+            group.call("arm_kill", k, devices=[f.device], what="arm kill")
+        elif isinstance(f, Slowdown) and f.active(k):
             factor[f.device] = factor.get(f.device, 1.0) * f.factor
         elif isinstance(f, Throttle) and f.active(k):
             for s, d in [(f.src, f.dst)] + ([(f.dst, f.src)] if f.symmetric else []):
@@ -85,8 +95,6 @@ def push_faults(job: "ElasticJob", k: int) -> None:
                     assert f.gbps is not None
                     delays.setdefault(s, {})[d] = max(0.0, 1.0 / (f.gbps * GBPS) - 1.0 / job.cluster.link(s, d))
     knobs = job._knobs
-    group = job.trainer.group
-    assert group is not None
     for d in job.trainer.plan.devices:
         want = (factor.get(d, 1.0), tuple(sorted(delays.get(d, {}).items())))
         if knobs.get(d) != want:
@@ -166,3 +174,17 @@ def write_target_yaml(job: "ElasticJob", offer: Any) -> None:
     placed = cloud_launcher(Path(job.spot.cloud_yaml), project_id="my-project", dry_run=not job.spot.ray_up)(
         Placement(LaunchTarget("local"), offer.gpu_count, offer))
     job.emit("target_yaml", target=offer.label(), devices=placed.devices, directory=job.spot.cloud_yaml)
+
+
+def profile_model(train: "TrainConfig") -> Profile:
+    """The model's blocks timed on one micro-batch here (the cost model rescales by observed speeds)."""
+    import torch
+
+    from actors import user_code
+    from orchestrator.profiler import profile_blocks
+
+    torch.manual_seed(train.seed)
+    blocks = user_code.blocks(train.model_factory)
+    inputs, _ = user_code.batch(train.data_fn, 0)
+    sample = torch.tensor_split(inputs, train.num_microbatches)[0]
+    return profile_blocks(blocks, sample, "job", int(sample.shape[0]), warmup=1, repeats=3, device="cpu")

@@ -111,13 +111,11 @@ class RayPipeline:
         self._reported_alive = set(alive)
         self.log: list[tuple[str, int, float]] = []  # (event, step_index, seconds), like SimulatedPipeline.log
         self.move_reports: list[MoveReport] = []
-        if trainer.group is None:
-            trainer.group = WorkerGroup(self.cluster.size, use_gpu=trainer.use_gpu)
-        if trainer.group.size < self.cluster.size:
+        if trainer.group is not None and trainer.group.size < self.cluster.size:
             raise UserError(f"the worker group has {trainer.group.size} workers but the cluster {self.cluster.size} devices")
-        if trainer._started:
+        if trainer.started:
             raise UserError("pass a trainer that has not started yet: the handle pins device d to worker d")
-        trainer.start(members=sorted(alive), slots={d: d for d in range(self.cluster.size)})
+        trainer.start(members=sorted(alive), slots={d: d for d in range(self.cluster.size)}, size=self.cluster.size)
 
     # ----- PipelineHandle -----
     def current_plan(self) -> Plan:

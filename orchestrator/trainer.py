@@ -17,7 +17,7 @@ a planner from :mod:`orchestrator.planners` chooses one for the live Ray cluster
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence, overload
 
@@ -36,47 +36,7 @@ from actors.training import TrainingOptions
 from orchestrator.cluster import Cluster
 from orchestrator.errors import UserError
 from orchestrator.plan import Plan
-from orchestrator.timeline import write_chrome_trace
-
-
-@dataclass
-class FitResult:
-    """What ``fit`` did: per-step loss and measured metrics, restarts and checkpoints written."""
-
-    steps: list[int]
-    losses: list[float]
-    metrics: list[IterationMetrics]
-    plan: Plan
-    restarts: int = 0
-    checkpoints: list[str] = field(default_factory=list)
-    wall_s: float = 0.0
-    device_nodes: dict[int, str] = field(default_factory=dict)  # device -> Ray node id its actor runs on
-
-    @property
-    def final_loss(self) -> float:
-        return self.losses[-1] if self.losses else float("nan")
-
-    @property
-    def mean_iteration_s(self) -> float:
-        """Mean wall time per iteration, skipping the first (warm-up) when there are several."""
-        times = [m.iteration_s for m in self.metrics]
-        times = times[1:] if len(times) > 2 else times
-        return sum(times) / len(times) if times else float("nan")
-
-    def write_timeline(self, path: str | Path, index: int = -1) -> Path:
-        """The measured iteration ``index`` as a Chrome trace (same format as the simulator's)."""
-        names = {d: f"device {d} @ node {node[:8]}" for d, node in self.device_nodes.items()}
-        return write_chrome_trace(self.metrics[index].timeline(), path, process="measured", names=names)
-
-
-@dataclass(frozen=True)
-class InFlight:
-    """A submitted iteration: its step, the workers' result refs and when it was submitted."""
-
-    step: int
-    refs: list[Any]
-    devices: list[int]
-    submitted: float
+from orchestrator.fit_result import FitResult, InFlight
 
 
 class PipelineTrainer:
@@ -183,6 +143,10 @@ class PipelineTrainer:
         if not self._started:
             self.start()
 
+    @property
+    def started(self) -> bool:
+        return self._started
+
     def start(self, members: Sequence[int] | None = None, slots: Mapping[int, int] | None = None, size: int | None = None) -> None:
         """Create (if needed) and configure the workers. ``members``/``slots``: see
         :meth:`WorkerGroup.configure` — the live handle (:mod:`orchestrator.live`) pins device
@@ -251,33 +215,22 @@ class PipelineTrainer:
         show = self.progress if self.progress is not None else steps >= 50
         bar = tqdm(total=steps, disable=not show, desc="pipeline", unit="it")
         start = time.perf_counter()
-        ahead: tuple[int, int, list[Any], list[int], float] | None = None  # (first, end, refs, devices, submitted at)
+        ahead: InFlight | None = None
         last_done: float | None = None  # when the previous run was gathered, if this one was submitted before that
         try:
             while self.step < target:
                 step = self.step
                 try:
-                    if ahead is not None and ahead[0] == step:
-                        _, end, refs, devices, t = ahead
-                    else:
-                        t = time.perf_counter()
-                        end = self._run_end(step, target)
-                        refs, devices = group.submit("run_iterations", step, end - step)
+                    flight = ahead if ahead is not None and ahead.step == step else self.submit_step(step, self._run_end(step, target) - step)
                     ahead = None
+                    end = step + flight.count
                     if self.pipelined_dispatch and end < target and not self._checkpoint_due(end):
-                        later_end = self._run_end(end, target)
-                        later, later_devices = group.submit("run_iterations", end, later_end - end)
-                        ahead = (end, later_end, later, later_devices, time.perf_counter())
-                    self._failing_run = (step, end)
-                    runs = group.gather(refs, f"steps {step}-{end - 1}" if end - step > 1 else f"step {step}",
-                                        self.iteration_timeout_s * (end - step), devices)  # the bound is per step
-                    done = time.perf_counter()
-                    run = combine_run(runs, done - max(t, last_done if last_done is not None else t))
-                    last_done = done if ahead is not None else None
-                    self._failing_run = None
+                        ahead = self.submit_step(end, self._run_end(end, target) - end)
+                    run = self.complete_run(flight, last_done)
+                    last_done = time.perf_counter() if ahead is not None else None
                 except PipelineActorError as exc:
                     if ahead is not None:
-                        group.discard(ahead[2])
+                        group.discard(ahead.refs)
                         ahead = None
                     last_done = None
                     if self.failures >= self.max_failures:
@@ -287,17 +240,15 @@ class PipelineTrainer:
                     bar.n = max(0, self.step - first)
                     bar.refresh()
                     continue
-                for m in run:
-                    metrics[self.step] = m
-                    self.history[self.step] = m.loss
-                    self.step += 1
+                for k, m in enumerate(run):
+                    metrics[step + k] = m
                 bar.update(len(run))
                 bar.set_postfix(loss=f"{run[-1].loss:.4f}")
                 if self._checkpoint_due(self.step):
                     written.append(str(self.save_checkpoint(background=self.async_checkpoints)))
         finally:
             if ahead is not None:  # an error other than a worker failure left a run in flight
-                group.discard(ahead[2])
+                group.discard(ahead.refs)
             bar.close()
         self.finish_checkpoint()  # the last background upload commits before fit returns
         steps_done = list(range(first, target))
@@ -335,21 +286,37 @@ class PipelineTrainer:
             self.step = 0
 
     # ----- primitives of the job loop (orchestrator.job_loop) and the live handle -----
-    def submit_step(self, step: int | None = None) -> "InFlight":
-        """Start iteration ``step`` (default: the next) on every worker without waiting."""
+    def submit_step(self, step: int | None = None, count: int = 1) -> "InFlight":
+        """Start iteration ``step`` (default: the next) — or the run of ``count`` consecutive
+        steps from it, executed back to back in one call per worker — without waiting."""
         at = self.step if step is None else step
-        refs, devices = self._workers().submit("run_iteration", at)
-        return InFlight(at, refs, devices, time.perf_counter())
+        if count > 1:
+            refs, devices = self._workers().submit("run_iterations", at, count)
+        else:
+            refs, devices = self._workers().submit("run_iteration", at)
+        return InFlight(at, refs, devices, time.perf_counter(), max(1, count))
 
     def complete_step(self, flight: "InFlight", since: float | None = None) -> IterationMetrics:
-        """Gather the next step (``flight``), record its loss and advance; ``since``: when the
-        previous step was gathered if ``flight`` was submitted before that (pipelined timing)."""
+        """Gather the next step (``flight``, one step), record its loss and advance; ``since``: when
+        the previous step was gathered if ``flight`` was submitted before that (pipelined timing)."""
+        assert flight.count == 1, "a run of steps is gathered with complete_run"
+        return self.complete_run(flight, since)[0]
+
+    def complete_run(self, flight: "InFlight", since: float | None = None) -> list[IterationMetrics]:
+        """Gather the run ``flight`` started (see :meth:`fit` for how its steps are timed), record
+        the losses and advance past it."""
         assert flight.step == self.step, (flight.step, self.step)
-        reports = self._workers().gather(flight.refs, f"step {flight.step}", self.iteration_timeout_s, flight.devices)
-        m = combine(reports, time.perf_counter() - max(flight.submitted, since if since is not None else flight.submitted))
-        self.history[self.step] = m.loss
-        self.step += 1
-        return m
+        end = flight.step + flight.count
+        self._failing_run = (flight.step, end)
+        what = f"steps {flight.step}-{end - 1}" if flight.count > 1 else f"step {flight.step}"
+        reports = self._workers().gather(flight.refs, what, self.iteration_timeout_s * flight.count, flight.devices)  # bound per step
+        elapsed = time.perf_counter() - max(flight.submitted, since if since is not None else flight.submitted)
+        run = combine_run(reports, elapsed) if flight.count > 1 else [combine(reports, elapsed)]
+        self._failing_run = None
+        for m in run:
+            self.history[self.step] = m.loss
+            self.step += 1
+        return run
 
     def discard_step(self, flight: "InFlight") -> None:
         self._workers().discard(flight.refs)
@@ -403,6 +370,11 @@ class PipelineTrainer:
         entries = [e for part in group.call("save_blocks", str(target), what="checkpoint") for e in part]
         ckpt.write_manifest(target, self.step, self.plan.num_blocks, entries, self.plan.to_dict(), extra, seed=self.spec.seed)
         return target
+
+    @property
+    def upload_pending(self) -> bool:
+        """Whether a background checkpoint is uploading (not yet committed)."""
+        return self._uploading is not None
 
     def finish_checkpoint(self) -> str | Path | None:
         """Wait for the background checkpoint (if any), then commit it; returns its location."""

@@ -27,9 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "elastic_gpt.py"
 
 
-def run(args: list[str], timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env["PYTHONPATH"] = str(ROOT)
+def run(args: list[str], timeout: float = 900, **extra: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "AWS_", "AZURE_"))}
+    env.update(extra, PYTHONPATH=str(ROOT))
     return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -45,7 +45,8 @@ def test_example_is_at_most_40_lines_of_code() -> None:
 def test_notice_is_evacuated_live_with_checkpoints_in_s3(s3_bucket: str, s3_endpoint: str, tmp_path: Path) -> None:
     root = f"{s3_bucket}/run"
     proc = run(["--steps", "12", "--inject-notice-at", "5", "--notice-s", "30", "--checkpoint-every", "4",
-                "--storage", root, "--out", str(tmp_path), "--verify"])
+                "--storage", root, "--out", str(tmp_path), "--verify"],
+               **{k: os.environ[k] for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")})
     assert proc.returncode == 0, proc.stderr[-3000:]
     events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert events[0]["event"] == "job_started"
@@ -68,11 +69,18 @@ def test_notice_is_evacuated_live_with_checkpoints_in_s3(s3_bucket: str, s3_endp
     assert main(["checkpoint", "verify", root]) == 0
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--storage", "ftp://host/x"], "unknown storage scheme"),
-    (["--inject-notice-at", "3", "--notice-device", "9"], "does not use"),
+SECRET = "wJalrXUtnFEMI-not-a-real-key"
+
+
+@pytest.mark.parametrize("args, env, words", [
+    (["--storage", "ftp://host/x"], {}, "unknown storage scheme"),
+    (["--inject-notice-at", "3", "--notice-device", "9"], {}, "does not use"),
+    (["--storage", "s3://bucket/x"], {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "AKIATEST",
+                                      "AWS_SECRET_ACCESS_KEY": SECRET}, "unreachable"),
+    (["--storage", "az://container/x"], {}, "AZURE_STORAGE_CONNECTION_STRING"),
 ])
-def test_bad_input_is_one_line(tmp_path: Path, args: list[str], words: str) -> None:
-    proc = run([*args, "--out", str(tmp_path)], timeout=300)
+def test_bad_input_is_one_line(tmp_path: Path, args: list[str], env: dict[str, str], words: str) -> None:
+    proc = run([*args, "--out", str(tmp_path)], timeout=300, **env)
     assert proc.returncode == 2 and words in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert SECRET not in proc.stderr + proc.stdout  # credentials are named, never printed

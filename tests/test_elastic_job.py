@@ -87,3 +87,47 @@ def test_bad_configs_are_one_line_errors(tmp_path: Path) -> None:
         ScalingConfig(devices=4, cluster=flat(2, 10))
     with pytest.raises(UserError, match="need enabled=True"):
         SpotConfig(enabled=False, notices=(InjectedNotice(3),))
+
+
+@pytest.mark.ray
+def test_loss_without_notice_restores_the_newest_checkpoint_and_bad_notices_are_recorded(worker_group: Any, tmp_path: Path) -> None:
+    from orchestrator.controller.faults import FaultSchedule, Kill
+
+    job = ElasticJob(TRAIN, ScalingConfig(devices=4, plan=PLAN),
+                     RunConfig(storage=str(tmp_path / "ckpt"), events=tmp_path / "events.jsonl", checkpoint_every=4),
+                     AdaptConfig(enabled=False, faults=FaultSchedule((Kill(2, 6),))), SpotConfig(), workers=worker_group)
+    job.notify((1,), -5.0, "late")  # its deadline passed before anyone could act
+    job.notify((9,), 30.0, "confused")  # a device the job does not have
+    try:
+        events = job.fit(9).events
+        rejected = [e for e in events if e["event"] == "notice_rejected"]
+        assert [e["source"] for e in rejected] == ["late", "confused"]
+        assert "deadline passed" in rejected[0]["reason"] and "does not use" in rejected[1]["reason"]
+        assert one(events, "worker_failed")["step"] == 6
+        # the asynchronous checkpoint of step 4 was committed before the crash: 2 steps lost, not 6
+        assert one(events, "resumed")["step"] == 4 and one(events, "resumed")["lost_steps"] == 2
+        assert not [e for e in events if e["event"] == "preemption_handled"]
+        assert job.trainer.step == 9 and job.max_abs_diff() <= 1e-5
+    finally:
+        job.close()
+
+
+@pytest.mark.ray
+def test_evacuated_device_leaves_the_process_group_before_its_deadline(worker_group: Any, tmp_path: Path) -> None:
+    """The evacuation's stall is the hand-over only; the doomed device stays an idle member and
+    the process group is re-formed without it before the deadline (here a clock running 1000x fast,
+    so a 30 s notice leaves well inside the run). Training stays exact across both."""
+    import time
+
+    job = ElasticJob(TRAIN, ScalingConfig(devices=4, plan=PLAN),
+                     RunConfig(storage=str(tmp_path / "ckpt"), events=tmp_path / "events.jsonl", checkpoint_every=0),
+                     AdaptConfig(enabled=False), SpotConfig(notices=(InjectedNotice(3, 30.0, (2,)),), margin_s=5.0),
+                     clock=lambda: 1000.0 * time.monotonic(), workers=worker_group)
+    try:
+        events = job.fit(40).events
+        handled = one(events, "preemption_handled")
+        left = one(events, "evacuated_left")
+        assert handled["mode"] == "live" and left["devices"] == [2] and left["step"] > handled["step"]
+        assert job.trainer.step == 40 and 2 not in job.trainer.plan.devices and job.max_abs_diff() <= 1e-5
+    finally:
+        job.close()

@@ -73,3 +73,12 @@ def test_bad_notices_are_one_line_errors() -> None:
         check_notice(Notice((7,), 60.0), range(4), now=0.0)
     with pytest.raises(UserError, match="deadline passed"):
         check_notice(Notice((1,), 10.0), range(4), now=12.0)
+
+
+def test_ray_drain_requests_become_notices_for_the_devices_on_that_node() -> None:
+    from orchestrator.drain import DEFAULT_DRAIN_S, drain_notices, draining_nodes
+
+    devices = [{"device": 0, "node_id": "aa"}, {"device": 1, "node_id": "bb"}, {"device": 2, "node_id": "bb"}]
+    found = drain_notices({"bb": 1030.0, "cc": None, "aa": None}, devices, now=1000.0)
+    assert found == [((0,), DEFAULT_DRAIN_S, "ray drain of node aa"), ((1, 2), 30.0, "ray drain of node bb")]
+    assert isinstance(draining_nodes(), dict)  # without a Ray connection: no information, no crash
