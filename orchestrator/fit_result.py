@@ -53,7 +53,7 @@ class InFlight:
     devices: list[int]
     submitted: float
     count: int = 1
-    """Consecutive steps the call runs (``run_iterations``); 1: one ``run_iteration``."""
+    """Consecutive steps the call runs back to back (the workers' ``run_iterations``)."""
 
 
 @dataclass

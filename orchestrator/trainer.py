@@ -290,10 +290,7 @@ class PipelineTrainer:
         """Start iteration ``step`` (default: the next) — or the run of ``count`` consecutive
         steps from it, executed back to back in one call per worker — without waiting."""
         at = self.step if step is None else step
-        if count > 1:
-            refs, devices = self._workers().submit("run_iterations", at, count)
-        else:
-            refs, devices = self._workers().submit("run_iteration", at)
+        refs, devices = self._workers().submit("run_iterations", at, max(1, count))
         return InFlight(at, refs, devices, time.perf_counter(), max(1, count))
 
     def complete_step(self, flight: "InFlight", since: float | None = None) -> IterationMetrics:
@@ -311,7 +308,7 @@ class PipelineTrainer:
         what = f"steps {flight.step}-{end - 1}" if flight.count > 1 else f"step {flight.step}"
         reports = self._workers().gather(flight.refs, what, self.iteration_timeout_s * flight.count, flight.devices)  # bound per step
         elapsed = time.perf_counter() - max(flight.submitted, since if since is not None else flight.submitted)
-        run = combine_run(reports, elapsed) if flight.count > 1 else [combine(reports, elapsed)]
+        run = combine_run(reports, elapsed)
         self._failing_run = None
         for m in run:
             self.history[self.step] = m.loss
