@@ -199,6 +199,7 @@ def decision_time(repeats: int = 5) -> list[str]:
 
 
 LIVE_WIDTH, LIVE_BLOCKS, LIVE_M, LIVE_ROWS = 1024, 8, 8, 256
+QUIET_RUNS, QUIET_ITERATIONS = 3, 30
 LIVE_MARK = "### LIVE: 4-stage Ray pipeline"
 
 
@@ -236,8 +237,9 @@ def live_slowdown(iterations: int = 44, change_at: int = 20, measure: int = 8) -
     group = WorkerGroup(4, use_gpu=False)
     cluster = flat(4, 10)
 
-    def trainer(plan: Plan) -> PipelineTrainer:
-        return PipelineTrainer(_live_model, F.mse_loss, _live_optimizer, _live_data, LIVE_M, plan=plan, workers=group, pg_timeout_s=60)
+    def trainer(plan: Plan, seed: int = 0) -> PipelineTrainer:
+        return PipelineTrainer(_live_model, F.mse_loss, _live_optimizer, _live_data, LIVE_M, plan=plan, workers=group, pg_timeout_s=60,
+                               seed=seed)
 
     static_plan = straight_plan([0, 2, 4, 6, 8], LIVE_M)
     profile = measured_profile(trainer(static_plan))
@@ -258,6 +260,12 @@ def live_slowdown(iterations: int = 44, change_at: int = 20, measure: int = 8) -
     candidates = {full_replan(profile, c, range(4), static_plan, straight=True) for c in (truth, run.controller.model())}
     static_tput = measured(static_plan)
     fresh_tput, fresh_plan = max(((measured(c), c) for c in candidates), key=lambda tp: tp[0])
+    # Nothing changes: the same controller over the same pipeline, seeds 1..QUIET_RUNS, no injection.
+    quiet = []
+    for seed in range(1, QUIET_RUNS + 1):
+        q = run_adaptive(RayPipeline(trainer(static_plan, seed), cluster, FaultSchedule(), profile), ControllerConfig(straight=True),
+                         QUIET_ITERATIONS, FaultSchedule())
+        quiet.append(sum(1 for r in q.records if r.action in ("move", "path-move")))
     group.shutdown()
     tput = run.samples_per_s
     before = statistics.median(tput[change_at - 8:change_at])
@@ -274,7 +282,8 @@ def live_slowdown(iterations: int = 44, change_at: int = 20, measure: int = 8) -
         f"{LIVE_MARK} on this machine (2 shared CPU cores), one stage slowed 2x at iteration {change_at}", "",
         f"Four Ray stage actors (gloo, 1 torch thread each) train an MLP of {LIVE_BLOCKS} blocks of width {LIVE_WIDTH} with Adam, "
         f"{LIVE_ROWS} rows per iteration in M = {LIVE_M} micro-batches. The slowdown is the runtime's injection (sleep "
-        "(factor−1)× the measured compute after every forward/backward); the controller sees only measured metrics and moves "
+        "(factor−1)× the action's own CPU seconds after every forward/backward, so the injected amount does not depend on how "
+        "the four actors share the two cores); the controller sees only measured metrics and moves "
         "block state actor to actor. Static and fresh plans are *run* under the same slowdown "
         f"({measure} iterations, median).", "",
         f"- plan `{static_plan.describe()}` → `{run.plans[-1]}`; fresh optimal for the slowed conditions: `{fresh_plan.describe()}`",
@@ -288,6 +297,8 @@ def live_slowdown(iterations: int = 44, change_at: int = 20, measure: int = 8) -
         f"vs fresh optimal: {steady / fresh_tput:.3f}",
         f"- controller decision time: median {statistics.median(decisions):.1f} ms, max {max(decisions):.1f} ms "
         f"over {len(decisions)} decisions",
+        f"- nothing changed ({QUIET_RUNS} runs of {QUIET_ITERATIONS} iterations, seeds 1–{QUIET_RUNS}, no injection): moves per run "
+        f"**{quiet}** (target 0)",
         "- events:", *events,
         "", f"_Live section wall time: {time.perf_counter() - t_start:.0f} s._", "",
     ]
@@ -330,7 +341,9 @@ def main() -> int:
             "It restarts only when the arbiter finds the predicted gain over the horizon worth the 20 s+ downtime.",
             "- Decision time: the fast path (rank all O(L²) two-worker moves with the vectorized estimate, confirm the best "
             "two with the simulator) is what runs on most decisions; the slow path (multi-move walk + path to a polished "
-            "full re-plan) runs only when no single move pays, and exceeds 50 ms at 100 blocks on this machine.",
+            "full re-plan) runs when no single move pays and right after a detected change (the best destination is wanted then, "
+            "carried out in one pause); both stay well under 50 ms at 100 blocks on this machine (table above). A `nan` "
+            "fast-path median means every decision of that run followed a change.",
             "- LIVE: on 2 shared cores four compute-bound actors contend for CPU, so a sleeping (slowed) stage frees CPU for the "
             "others; the measured gains are therefore smaller than on one-GPU-per-stage hardware. Numbers vary with machine load.",
             ""]

@@ -134,6 +134,7 @@ class Controller:
         self._restart_fixed = self.config.restart_fixed_s
         self._steps = 0
         self._iteration_logs: tuple[float, ...] = ()  # recent completed iterations, for the noise floor
+        self._changed = False  # this decision follows a detected change of the model or membership
         self._sims = SimCache(self.profile)
         tol = self.config.replan_reuse_tol
         self._replanner = Replanner(self.profile, self.config.replan_algorithm, self.config.monitor.enter if tol is None else tol,
@@ -191,6 +192,7 @@ class Controller:
 
     # ----- states -----
     def _adapt(self, step: int, metrics: IterationMetrics, obs: Observation, alive: tuple[int, ...]) -> StepRecord:
+        self._changed = obs.model_changed or obs.membership_changed
         if self._path and not (obs.model_changed or obs.membership_changed) and set(self._path[0].devices) <= set(alive):
             nxt, self._path = self._path[0], self._path[1:]
             return self._record(step, metrics, None, 0.0, "path-move", self._apply_move(nxt))
@@ -248,10 +250,12 @@ class Controller:
                                       self.restart_cost(target, planned=True), "full re-plan"))
         noise = log_noise(self._iteration_logs)
         decision = self._arbiter.decide(current_s, options, remaining, noise)
-        if isinstance(decision, Switch) or not movable:
+        if not movable or (isinstance(decision, Switch) and not self._changed):
             return decision
-        # Slow path, only when no single move pays: multi-move walks across plateaus, and the
-        # path to a full re-plan's partition out of a local optimum.
+        # Slow path, when no single move pays or right after a detected change: multi-move walks
+        # across plateaus, and the path to a full re-plan's partition out of a local optimum —
+        # after a change the best destination is wanted, not the best first step (a whole path
+        # is carried out in one pause), so the controller gets there in one decision.
         paths: list[tuple[str, list[Layout]]] = []
         w = walk(start, cm, alive, cfg.max_walk, straight=cfg.straight)
         if len(w.moves) > 1:
