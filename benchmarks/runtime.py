@@ -123,9 +123,12 @@ class FixedBatch:
 
 
 # ----- torch.distributed.pipelining -----
-def _torch_rank(rank: int, widths: tuple[int, ...], cut: int, microbatches: int, batch: int, port: int, cmds: Any, out: Any) -> None:
-    """One torch pipeline rank: runs one timed iteration per "step" command until "stop"."""
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+def _torch_rank(rank: int, widths: tuple[int, ...], cut: int, microbatches: int, batch: int, port: int, cmds: Any, out: Any,
+                zero_bubble: bool = False) -> None:
+    """One torch pipeline rank: runs one timed iteration per "step" command until "stop".
+    ``zero_bubble``: torch's ``ScheduleInterleavedZeroBubble`` (one stage per rank) instead of
+    ``Schedule1F1B``; the ready message carries the rank's action order either way."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleavedZeroBubble
 
     _one_thread()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
@@ -138,8 +141,13 @@ def _torch_rank(rank: int, widths: tuple[int, ...], cut: int, microbatches: int,
     with torch.no_grad():
         mid = torch.nn.Sequential(*blocks[:cut])(mb)
     stage = PipelineStage(mine, rank, 2, torch.device("cpu"), input_args=(mb if rank == 0 else mid,))
-    schedule = Schedule1F1B(stage, n_microbatches=microbatches, loss_fn=torch.nn.functional.mse_loss)
-    out.put((rank, "ready", os.getpriority(os.PRIO_PROCESS, 0)))
+    schedule: Any
+    if zero_bubble:
+        schedule = ScheduleInterleavedZeroBubble([stage], n_microbatches=microbatches, loss_fn=torch.nn.functional.mse_loss)
+        order = [str(a) for a in schedule.pipeline_order[rank] if a is not None]
+    else:
+        schedule, order = Schedule1F1B(stage, n_microbatches=microbatches, loss_fn=torch.nn.functional.mse_loss), []
+    out.put((rank, "ready", os.getpriority(os.PRIO_PROCESS, 0), order))
     while (cmd := cmds.get()) != "stop":
         if cmd != "step":  # ("run", n): n back-to-back iterations, the plain training loop
             dist.barrier()
@@ -170,18 +178,21 @@ def _torch_rank(rank: int, widths: tuple[int, ...], cut: int, microbatches: int,
 
 
 class TorchPipeline:
-    """Two live torch.distributed.pipelining ranks driven one iteration at a time."""
+    """Two live torch.distributed.pipelining ranks driven one iteration at a time (``Schedule1F1B``,
+    or with ``zero_bubble`` ``ScheduleInterleavedZeroBubble``; ``orders``: torch's per-rank order then)."""
 
-    def __init__(self, widths: tuple[int, ...], cut: int, microbatches: int, batch: int) -> None:
+    def __init__(self, widths: tuple[int, ...], cut: int, microbatches: int, batch: int, zero_bubble: bool = False) -> None:
         ctx = mp.get_context("spawn")
         self.cmds = [ctx.Queue() for _ in range(2)]
         self.out = ctx.Queue()
         port = _free_port()
-        self.procs = [ctx.Process(target=_torch_rank, args=(r, widths, cut, microbatches, batch, port, self.cmds[r], self.out))
+        self.procs = [ctx.Process(target=_torch_rank, args=(r, widths, cut, microbatches, batch, port, self.cmds[r], self.out, zero_bubble))
                       for r in range(2)]
         for p in self.procs:
             p.start()
-        self.nice = [self.out.get(timeout=300)[2] for _ in range(2)][0]
+        ready = sorted((self.out.get(timeout=300) for _ in range(2)), key=lambda r: r[0])
+        self.nice = ready[0][2]
+        self.orders: list[list[str]] = [r[3] for r in ready]
 
     def step(self) -> tuple[float, float]:
         """(seconds, busiest rank's main-thread CPU seconds) of one iteration."""

@@ -36,18 +36,14 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.runtime import (  # noqa: E402
-    BIG, Ours, TorchPipeline, _free_port, _one_thread, gloo_link, measured_profile, predicted,
+    BIG, Ours, TorchPipeline, gloo_link, measured_profile, predicted,
 )
 from orchestrator.cluster import GBPS, flat  # noqa: E402
-from orchestrator.models import example_batch, mlp  # noqa: E402
 from orchestrator.plan import Plan, ScheduleKind, straight_plan  # noqa: E402
 from orchestrator.profile import Profile  # noqa: E402
 from orchestrator.schedule import Action, lower, parse_action  # noqa: E402
@@ -81,57 +77,7 @@ def simulated_goal() -> list[tuple[str, str]]:
     return rows
 
 
-# ----- 3. torch.distributed.pipelining's zero bubble -----
-def _torch_zb_rank(rank: int, widths: tuple[int, ...], cut: int, microbatches: int, batch: int, port: int, cmds: Any, out: Any) -> None:
-    """One rank of ``ScheduleInterleavedZeroBubble`` (one stage per rank); protocol of runtime.TorchPipeline."""
-    from torch.distributed.pipelining import PipelineStage, ScheduleInterleavedZeroBubble
-
-    _one_thread()
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    torch.manual_seed(0)
-    blocks = mlp(widths)
-    mine = torch.nn.Sequential(*(blocks[:cut] if rank == 0 else blocks[cut:]))
-    opt = torch.optim.SGD(mine.parameters(), lr=0.01)
-    x, y = example_batch("mlp", batch, 0, widths=widths)
-    mb = torch.tensor_split(x, microbatches)[0]
-    with torch.no_grad():
-        mid = torch.nn.Sequential(*blocks[:cut])(mb)
-    stage = PipelineStage(mine, rank, 2, torch.device("cpu"), input_args=(mb if rank == 0 else mid,))
-    schedule = ScheduleInterleavedZeroBubble([stage], n_microbatches=microbatches, loss_fn=torch.nn.functional.mse_loss)
-    order = [str(a) for a in schedule.pipeline_order[rank] if a is not None]
-    out.put((rank, "ready", os.getpriority(os.PRIO_PROCESS, 0), order))
-    while (cmd := cmds.get()) != "stop":
-        dist.barrier()
-        t, c = time.perf_counter(), time.thread_time()
-        if rank == 0:
-            schedule.step(x)
-        else:
-            schedule.step(target=y, losses=[])
-        opt.step()
-        opt.zero_grad()
-        c = time.thread_time() - c
-        dist.barrier()
-        out.put((rank, time.perf_counter() - t, c))
-    dist.destroy_process_group()
-
-
-class TorchZeroBubble(TorchPipeline):
-    """runtime.TorchPipeline's driver around :func:`_torch_zb_rank`; ``orders`` is torch's per-rank order."""
-
-    def __init__(self, widths: tuple[int, ...], cut: int, microbatches: int, batch: int) -> None:
-        ctx = mp.get_context("spawn")
-        self.cmds = [ctx.Queue() for _ in range(2)]
-        self.out = ctx.Queue()
-        port = _free_port()
-        self.procs = [ctx.Process(target=_torch_zb_rank, args=(r, widths, cut, microbatches, batch, port, self.cmds[r], self.out))
-                      for r in range(2)]
-        for p in self.procs:
-            p.start()
-        ready = sorted((self.out.get(timeout=300) for _ in range(2)), key=lambda r: r[0])
-        self.nice = ready[0][2]
-        self.orders = [r[3] for r in ready]
-
-
+# ----- 3. torch.distributed.pipelining's zero bubble (runtime.TorchPipeline with zero_bubble=True) -----
 def torch_orders(texts: list[list[str]]) -> list[list[Action]]:
     """torch's compute actions in our IR. torch writes them as we do (``stage kind micro-batch``),
     with ``I`` for the input-gradient half we call ``BI``."""
@@ -178,7 +124,7 @@ def main() -> None:
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     groups = {k: WorkerGroup(2, use_gpu=False) for k in plans}
     ours = {k: Ours(groups[k], BIG, plans[k], BATCH) for k in plans}
-    theirs: dict[str, Any] = {"Schedule1F1B": TorchPipeline(BIG, CUT, M, BATCH), "ScheduleInterleavedZeroBubble": TorchZeroBubble(BIG, CUT, M, BATCH)}
+    theirs: dict[str, Any] = {"Schedule1F1B": TorchPipeline(BIG, CUT, M, BATCH), "ScheduleInterleavedZeroBubble": TorchPipeline(BIG, CUT, M, BATCH, zero_bubble=True)}
     torch_zb_plan = plans[ScheduleKind.ZB_H1]
     torch_sched = lower(torch_zb_plan, orders=torch_orders(theirs["ScheduleInterleavedZeroBubble"].orders))
     torch_zb_sim = simulate(torch_zb_plan, profile, flat(2, gbps=bandwidth / GBPS).with_latency(latency),
