@@ -134,7 +134,6 @@ class Controller:
         self._restart_fixed = self.config.restart_fixed_s
         self._steps = 0
         self._iteration_logs: tuple[float, ...] = ()  # recent completed iterations, for the noise floor
-        self._changed = False  # this decision follows a detected change of the model or membership
         self._sims = SimCache(self.profile)
         tol = self.config.replan_reuse_tol
         self._replanner = Replanner(self.profile, self.config.replan_algorithm, self.config.monitor.enter if tol is None else tol,
@@ -192,13 +191,13 @@ class Controller:
 
     # ----- states -----
     def _adapt(self, step: int, metrics: IterationMetrics, obs: Observation, alive: tuple[int, ...]) -> StepRecord:
-        self._changed = obs.model_changed or obs.membership_changed
-        if self._path and not (obs.model_changed or obs.membership_changed) and set(self._path[0].devices) <= set(alive):
+        changed = obs.model_changed or obs.membership_changed
+        if self._path and not changed and set(self._path[0].devices) <= set(alive):
             nxt, self._path = self._path[0], self._path[1:]
             return self._record(step, metrics, None, 0.0, "path-move", self._apply_move(nxt))
         self._path = ()
         t0 = self.clock()
-        decision = self._decide(alive, metrics)
+        decision = self._decide(alive, metrics, changed)
         elapsed = self.clock() - t0
         if isinstance(decision, Stay):
             self._to(step, State.STEADY, decision.reason)
@@ -231,7 +230,8 @@ class Controller:
         return self._record(step, metrics, decision, elapsed, "restart", rr.downtime_s)
 
     # ----- deciding -----
-    def _decide(self, alive: tuple[int, ...], metrics: IterationMetrics) -> Decision:
+    def _decide(self, alive: tuple[int, ...], metrics: IterationMetrics, changed: bool) -> Decision:
+        """``changed``: this decision follows a detected change of the model or the membership."""
         cfg = self.config
         plan = self.handle.current_plan()
         model = self.model()
@@ -250,7 +250,7 @@ class Controller:
                                       self.restart_cost(target, planned=True), "full re-plan"))
         noise = log_noise(self._iteration_logs)
         decision = self._arbiter.decide(current_s, options, remaining, noise)
-        if not movable or (isinstance(decision, Switch) and not self._changed):
+        if not movable or (isinstance(decision, Switch) and not changed):
             return decision
         # Slow path, when no single move pays or right after a detected change: multi-move walks
         # across plateaus, and the path to a full re-plan's partition out of a local optimum —
