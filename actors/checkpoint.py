@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from actors import storage
-from orchestrator.errors import UserError
+from orchestrator.core.errors import UserError
 
 log = logging.getLogger(__name__)
 

@@ -54,8 +54,8 @@ from actors.gpu import EventClock, check_nccl_dtypes, dtype_buckets
 from actors.tables import ProgramTables
 from actors.tables import Key, Piece
 from actors.transport import Range, nbytes
-from orchestrator.errors import UserError
-from orchestrator.plan import Plan
+from orchestrator.core.errors import UserError
+from orchestrator.core.plan import Plan
 from orchestrator.schedule.ir import Action, Kind
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import nn
 
-from orchestrator.errors import UserError
+from orchestrator.core.errors import UserError
 from orchestrator.schedule.ir import Action, Kind
 
 # What ProcessGroupNCCL carries (bool travels as uint8; complex as a real view of twice the length).

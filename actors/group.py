@@ -37,8 +37,8 @@ from actors.placement import Slot, actor_options, check_identity, discover, prob
 from actors.gpu import recv_lookahead
 from actors.stage_worker import JobSpec, StageWorker
 from actors import waits
-from orchestrator.errors import UserError
-from orchestrator.plan import Plan
+from orchestrator.core.errors import UserError
+from orchestrator.core.plan import Plan
 from orchestrator.schedule.lowering import lower
 from orchestrator.schedule.nccl import CommLayout, replay
 

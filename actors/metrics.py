@@ -15,7 +15,7 @@ from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
 from orchestrator.schedule.ir import Kind, parse_action
-from orchestrator.timeline import Span
+from orchestrator.core.timeline import Span
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ class IterationMetrics:
         return {link: (b / s if s > 0 else float("inf")) for link, (b, s) in acc.items()}
 
     def timeline(self) -> list[Span]:
-        """Compute spans plus transfer spans on their links, for :mod:`orchestrator.timeline`."""
+        """Compute spans plus transfer spans on their links, for :mod:`orchestrator.core.timeline`."""
         return self.spans + [Span(t.src, t.label, "transfer", t.start, t.end, (t.src, t.dst)) for t in self.transfers]
 
     def summary(self) -> dict[str, Any]:

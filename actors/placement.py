@@ -23,7 +23,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-from orchestrator.errors import UserError
+from orchestrator.core.errors import UserError
 
 ACCELERATOR_PREFIX = "accelerator_type:"
 

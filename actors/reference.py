@@ -20,7 +20,7 @@ from actors import seeding, tied
 from actors.materialize import materialize
 from actors.training import TrainingOptions, clip_, counted_params, schedulers_for, sum_of_squares
 from actors.transport import unit_range
-from orchestrator.plan import Plan, Stage
+from orchestrator.core.plan import Plan, Stage
 from orchestrator.schedule.ir import units_of
 
 

@@ -18,7 +18,7 @@ their rows; the driver is never on the data path.
 
 Live re-partitioning (:meth:`StageWorker.live_move`): between iterations the driver sends every
 member the new plan and the list of block hand-overs (from
-:func:`orchestrator.controller.handle.move_transfers`). Senders ship weights *and* optimizer
+:func:`orchestrator.adapt.handle.move_transfers`). Senders ship weights *and* optimizer
 state of whole blocks straight to the receiver over the job's own process group; everyone else
 keeps its modules and optimizer objects untouched, so training stays exact across the move. A
 worker may be a process-group *member* without holding blocks (an idle, alive device): that is
@@ -52,8 +52,8 @@ from actors.transport import (
     MAX_MICROBATCHES, backend_for, destroy_groups, free_endpoint, init_group, link_groups, new_group, replica_groups, select_device,
     shorten_timeouts, warm_up,
 )
-from orchestrator.errors import UserError
-from orchestrator.plan import Plan
+from orchestrator.core.errors import UserError
+from orchestrator.core.plan import Plan
 from orchestrator.schedule.ir import Action, Kind
 from orchestrator.schedule.lowering import lower
 from orchestrator.schedule.nccl import directed_links

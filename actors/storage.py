@@ -39,7 +39,7 @@ from fsspec.spec import AbstractFileSystem
 
 from actors.storage_env import (PROTOCOLS, SUPPORTED, StorageError, classify, credentials_hint, first_line, options,
                                 scheme)
-from orchestrator.errors import UserError
+from orchestrator.core.errors import UserError
 
 CHUNK = 1 << 20
 """Bytes per read/write when streaming; never a whole object."""

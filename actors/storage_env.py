@@ -15,7 +15,7 @@ import functools
 import os
 from typing import Any
 
-from orchestrator.errors import UserError
+from orchestrator.core.errors import UserError
 
 PROTOCOLS = {"file": "file", "s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "az", "abfs": "abfs", "abfss": "abfs"}
 SUPPORTED = "a local path, file://, s3://, gs://, az:// or abfs://"

@@ -16,7 +16,7 @@ import torch
 
 from actors.gpu import recv_lookahead
 from actors.transport import Range, intersect, stage_rows, tag
-from orchestrator.plan import Plan
+from orchestrator.core.plan import Plan
 from orchestrator.schedule.ir import Action, Kind
 from orchestrator.schedule.lowering import peers
 from orchestrator.schedule.nccl import recv_post_points

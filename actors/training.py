@@ -78,7 +78,7 @@ class TrainingOptions:
 
     def __post_init__(self) -> None:
         if self.max_grad_norm is not None and not (self.max_grad_norm > 0 and math.isfinite(self.max_grad_norm)):
-            from orchestrator.errors import UserError
+            from orchestrator.core.errors import UserError
 
             raise UserError(f"max_grad_norm must be a positive number, got {self.max_grad_norm}")
 

@@ -30,7 +30,7 @@ from typing import Any, Iterable, Mapping
 import torch
 import torch.distributed as dist
 
-from orchestrator.plan import Plan
+from orchestrator.core.plan import Plan
 from orchestrator.schedule.ir import Range, intersect, replica_range, split_range, unit_range
 
 __all__ = [

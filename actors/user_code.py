@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence, TypeVar
 import torch
 from torch import Tensor, nn
 
-from orchestrator.errors import UserError
+from orchestrator.core.errors import UserError
 
 T = TypeVar("T")
 
@@ -133,7 +133,7 @@ def forward(index: int, block: nn.Module, x: Tensor) -> Tensor:
         raise UserCodeError(f"block {index} ({type(block).__name__}) raised {_quote(exc)} on a {tuple(x.shape)} input") from None
     if not isinstance(out, Tensor):
         raise UserCodeError(f"block {index} ({type(block).__name__}) returned {type(out).__name__}; every block must return one tensor "
-                            "(orchestrator.modules.chain packs tuples and dicts of tensors into one)")
+                            "(orchestrator.profiling.modules.chain packs tuples and dicts of tensors into one)")
     return out
 
 

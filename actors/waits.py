@@ -17,7 +17,7 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from orchestrator.errors import UserError
+from orchestrator.core.errors import UserError
 
 MAX_STRETCH = 4.0  # a deadline grows at most 4x under load: a wedged actor still fails in bounded time
 

@@ -12,7 +12,7 @@ co-located jobs halving one GPU each at iterations 20/40; a 4-stage pipeline wit
 for a 100-block model. Run: ``python benchmarks/adaptive.py`` (writes results/adaptive.md).
 
 LIVE (``live_slowdown``): the same 4-stage scenario on this machine through the Ray runtime's
-:class:`orchestrator.live.RayPipeline` — four stage actors training an MLP of width 1024 (Adam),
+:class:`orchestrator.adapt.live.RayPipeline` — four stage actors training an MLP of width 1024 (Adam),
 one slowed 2x at iteration 20 by the runtime's slowdown injection, the controller moving blocks
 live. The static plan and a fresh optimal plan for the slowed conditions are *run* under the same
 slowdown to measure their throughput. ``--live-only`` runs just this section and splices it into
@@ -32,17 +32,18 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.cluster import Cluster, flat, two_level  # noqa: E402
-from orchestrator.controller import (  # noqa: E402
+from orchestrator.core.cluster import Cluster, flat, two_level  # noqa: E402
+from orchestrator.adapt import (  # noqa: E402
     Controller, ControllerConfig, FaultSchedule, SimulatedCosts, SimulatedPipeline, Slowdown, full_replan, scenario,
     set_inter_node_bandwidth,
 )
-from orchestrator.controller.estimate import Layout  # noqa: E402
-from orchestrator.controller.moves import path_to, walk  # noqa: E402
-from orchestrator.controller.estimate import CostModel  # noqa: E402
-from orchestrator.plan import Plan, straight_plan  # noqa: E402
-from orchestrator.profile import Block, Profile, load_profile  # noqa: E402
-from orchestrator.simulator import simulate  # noqa: E402
+from orchestrator.adapt.estimate import Layout  # noqa: E402
+from orchestrator.adapt.moves import path_to, walk  # noqa: E402
+from orchestrator.adapt.estimate import CostModel  # noqa: E402
+from orchestrator.core.plan import Plan, straight_plan  # noqa: E402
+from orchestrator.core.profile import Block, Profile  # noqa: E402
+from orchestrator.core.profile_loader import load_profile  # noqa: E402
+from orchestrator.costmodel.simulator import simulate  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 STRATEGIES = {
@@ -204,13 +205,13 @@ LIVE_MARK = "### LIVE: 4-stage Ray pipeline"
 
 
 def _live_model() -> list:  # type: ignore[type-arg]
-    from orchestrator.models import mlp
+    from orchestrator.profiling.models import mlp
 
     return mlp((LIVE_WIDTH,) * (LIVE_BLOCKS + 1))
 
 
 def _live_data(step: int) -> tuple:  # type: ignore[type-arg]
-    from orchestrator.models import example_batch
+    from orchestrator.profiling.models import example_batch
 
     return example_batch("mlp", LIVE_ROWS, step, widths=(LIVE_WIDTH,) * (LIVE_BLOCKS + 1))
 
@@ -228,8 +229,8 @@ def live_slowdown(iterations: int = 44, change_at: int = 20, measure: int = 8) -
     import torch.nn.functional as F
 
     from actors.group import WorkerGroup
-    from orchestrator.live import RayPipeline, measured_profile, run_adaptive
-    from orchestrator.trainer import PipelineTrainer
+    from orchestrator.adapt.live import RayPipeline, measured_profile, run_adaptive
+    from orchestrator.train.trainer import PipelineTrainer
 
     if not ray.is_initialized():
         ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)

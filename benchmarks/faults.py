@@ -30,10 +30,10 @@ sys.path.insert(0, str(ROOT))
 
 from actors import checkpoint as ckpt  # noqa: E402
 from actors.reference import ReferenceTrainer, allclose, max_difference  # noqa: E402
-from orchestrator.errors import UserError  # noqa: E402
-from orchestrator.models import example_batch, loss_fn, mlp  # noqa: E402
-from orchestrator.plan import straight_plan  # noqa: E402
-from orchestrator.trainer import PipelineTrainer  # noqa: E402
+from orchestrator.core.errors import UserError  # noqa: E402
+from orchestrator.profiling.models import example_batch, loss_fn, mlp  # noqa: E402
+from orchestrator.core.plan import straight_plan  # noqa: E402
+from orchestrator.train.trainer import PipelineTrainer  # noqa: E402
 
 WIDTHS = (8, 32, 32, 32, 32, 32, 32, 4)
 MODEL = partial(mlp, WIDTHS)

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import torch
 
-from orchestrator import hf
-from orchestrator.plan import straight_plan
-from orchestrator.trainer import PipelineTrainer
+from orchestrator.profiling import hf
+from orchestrator.core.plan import straight_plan
+from orchestrator.train.trainer import PipelineTrainer
 
 RESULTS = Path(__file__).resolve().parent / "results" / "hf_memory.md"
 GIB = 1024 ** 3

@@ -25,7 +25,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from orchestrator.profile import Profile
+from orchestrator.core.profile import Profile
 
 STRAIGHT = False
 USE_FEWER_MACHINES = True

@@ -43,8 +43,9 @@ def instances(count: int) -> list[dict[str, Any]]:
 def build(inst: dict[str, Any]) -> tuple[Any, Any, int]:
     import numpy as np
 
-    from orchestrator.cluster import GBPS, Cluster, Device
-    from orchestrator.profile import Block, Profile, load_profile
+    from orchestrator.core.cluster import GBPS, Cluster, Device
+    from orchestrator.core.profile import Block, Profile
+    from orchestrator.core.profile_loader import load_profile
 
     full = load_profile(inst["path"])
     L = min(inst["L"], full.num_blocks)
@@ -67,10 +68,10 @@ def run_auto(insts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``auto`` on each instance; an instance carrying its profile and cluster as JSON (the
     reference run) is rebuilt from them, so both checkouts plan the very same inputs even where
     their profile loaders differ."""
-    from orchestrator.cluster import from_dict
-    from orchestrator.errors import UserError
+    from orchestrator.core.cluster import from_dict
+    from orchestrator.core.errors import UserError
     from orchestrator.planners.base import PlannerOptions, run_planner
-    from orchestrator.profile import Profile
+    from orchestrator.core.profile import Profile
 
     out = []
     for inst in insts:

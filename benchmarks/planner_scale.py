@@ -26,9 +26,9 @@ ROOT = Path(__file__).resolve().parents[1]
 CHILD = r"""
 import json, resource, sys, time
 sys.path.insert(0, {root!r})
-from orchestrator.cluster import two_level
+from orchestrator.core.cluster import two_level
 from orchestrator.planners.base import PlannerOptions, run_planner
-from orchestrator.profile import Block, Profile
+from orchestrator.core.profile import Block, Profile
 GB = 1e9
 def opt_like(layers=49):
     h, s = 7168, 2048

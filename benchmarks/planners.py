@@ -38,10 +38,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.cluster import GBPS, Cluster, flat, heterogeneous_servers, two_level  # noqa: E402
-from orchestrator.errors import UserError  # noqa: E402
+from orchestrator.core.cluster import GBPS, Cluster, flat, heterogeneous_servers, two_level  # noqa: E402
+from orchestrator.core.errors import UserError  # noqa: E402
 from orchestrator.planners.base import PlannerOptions, run_planner  # noqa: E402
-from orchestrator.profile import Profile, load_profile  # noqa: E402
+from orchestrator.core.profile import Profile  # noqa: E402
+from orchestrator.core.profile_loader import load_profile  # noqa: E402
 
 SHARED = ROOT.parent / "shared"
 PLANNERS = ["even", "params", "pipedream", "spp", "dapple", "autopipe", "2bw", "auto"]
@@ -145,6 +146,8 @@ def loader_at(rev: str) -> Any:
     """``parse_graph_txt`` of orchestrator/graph_loader.py as committed at ``rev`` (the "before")."""
     src = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:orchestrator/graph_loader.py"],
                          capture_output=True, text=True, check=True).stdout
+    for old in ("errors", "profile", "limits", "files"):  # the modules it imports moved into orchestrator.core since
+        src = src.replace(f"orchestrator.{old} import", f"orchestrator.core.{old} import")
     mod = types.ModuleType("graph_loader_before")
     exec(compile(src, f"{rev}:graph_loader.py", "exec"), mod.__dict__)
     return mod.parse_graph_txt

@@ -31,11 +31,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from actors import checkpoint as ckpt  # noqa: E402
-from orchestrator.controller.faults import FaultSchedule, Kill  # noqa: E402
-from orchestrator.job_config import AdaptConfig, InjectedNotice, RunConfig, ScalingConfig, SpotConfig, TrainConfig  # noqa: E402
-from orchestrator.job_loop import ElasticJob  # noqa: E402
-from orchestrator.models import example_batch, loss_fn, mlp  # noqa: E402
-from orchestrator.plan import straight_plan  # noqa: E402
+from orchestrator.adapt.faults import FaultSchedule, Kill  # noqa: E402
+from orchestrator.elastic.job_config import AdaptConfig, InjectedNotice, RunConfig, ScalingConfig, SpotConfig, TrainConfig  # noqa: E402
+from orchestrator.elastic.job_loop import ElasticJob  # noqa: E402
+from orchestrator.profiling.models import example_batch, loss_fn, mlp  # noqa: E402
+from orchestrator.core.plan import straight_plan  # noqa: E402
 
 WIDTHS = (16,) + (512,) * 16 + (4,)  # 17 blocks, about 16 MB of weights (+ momentum)
 TRAIN = TrainConfig(model_factory=partial(mlp, WIDTHS), loss_fn=loss_fn("mlp"),

@@ -2,10 +2,10 @@
 
 Same model, same 2-stage cut, same micro-batches, 1F1B, CPU/gloo, one torch thread per stage:
 
-* **ours** - :class:`orchestrator.trainer.PipelineTrainer` on local Ray actors (driver wall time
+* **ours** - :class:`orchestrator.train.trainer.PipelineTrainer` on local Ray actors (driver wall time
   per iteration, Ray dispatch included);
-* **predicted** - :func:`orchestrator.simulator.simulate` of the same plan over a cost model
-  measured here: per-block forward/backward with :func:`orchestrator.profiler.profile_blocks` in a
+* **predicted** - :func:`orchestrator.costmodel.simulator.simulate` of the same plan over a cost model
+  measured here: per-block forward/backward with :func:`orchestrator.profiling.profiler.profile_blocks` in a
   process with one torch thread (what each stage actor uses), the optimizer step's time per
   parameter byte, and gloo's point-to-point latency and bandwidth from a ping-pong between two
   processes with pre-posted receives (how the runtime receives);
@@ -54,12 +54,12 @@ import torch.multiprocessing as mp  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchestrator.cluster import GBPS, flat  # noqa: E402
-from orchestrator.models import example_batch, mlp  # noqa: E402
-from orchestrator.plan import Plan, straight_plan  # noqa: E402
-from orchestrator.profile import Profile  # noqa: E402
-from orchestrator.profiler import profile_blocks  # noqa: E402
-from orchestrator.simulator import SimOptions, SimResult, simulate  # noqa: E402
+from orchestrator.core.cluster import GBPS, flat  # noqa: E402
+from orchestrator.profiling.models import example_batch, mlp  # noqa: E402
+from orchestrator.core.plan import Plan, straight_plan  # noqa: E402
+from orchestrator.core.profile import Profile  # noqa: E402
+from orchestrator.profiling.profiler import profile_blocks  # noqa: E402
+from orchestrator.costmodel.simulator import SimOptions, SimResult, simulate  # noqa: E402
 
 BIG = (256, 512, 512, 512, 512, 512, 512, 512, 256)  # 8 blocks
 TINY = (4, 4, 4, 4, 4, 4, 4, 4, 4)
@@ -223,7 +223,7 @@ class Ours:
     """Our trainer on the shared Ray worker group, driven one iteration at a time."""
 
     def __init__(self, group: Any, widths: tuple[int, ...], plan: Plan, batch: int) -> None:
-        from orchestrator.trainer import PipelineTrainer
+        from orchestrator.train.trainer import PipelineTrainer
 
         self.trainer = PipelineTrainer(
             partial(mlp, widths), torch.nn.functional.mse_loss, partial(torch.optim.SGD, lr=0.01),

@@ -41,9 +41,9 @@ from typing import Any
 import torch
 
 from benchmarks import runtime as full
-from orchestrator.cluster import GBPS, flat
-from orchestrator.plan import straight_plan
-from orchestrator.simulator import SimOptions, simulate
+from orchestrator.core.cluster import GBPS, flat
+from orchestrator.core.plan import straight_plan
+from orchestrator.costmodel.simulator import SimOptions, simulate
 
 OUT = Path(__file__).resolve().parent / "results" / "runtime_quick.md"
 ROUNDS, N = 6, 12  # MLP: 6 rounds (each order of the three runners once) of 12-iteration blocks

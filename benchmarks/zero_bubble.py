@@ -43,11 +43,11 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.runtime import (  # noqa: E402
     BIG, Ours, TorchPipeline, gloo_link, measured_profile, predicted,
 )
-from orchestrator.cluster import GBPS, flat  # noqa: E402
-from orchestrator.plan import Plan, ScheduleKind, straight_plan  # noqa: E402
-from orchestrator.profile import Profile  # noqa: E402
+from orchestrator.core.cluster import GBPS, flat  # noqa: E402
+from orchestrator.core.plan import Plan, ScheduleKind, straight_plan  # noqa: E402
+from orchestrator.core.profile import Profile  # noqa: E402
 from orchestrator.schedule import Action, lower, parse_action  # noqa: E402
-from orchestrator.simulator import SimOptions, simulate  # noqa: E402
+from orchestrator.costmodel.simulator import SimOptions, simulate  # noqa: E402
 
 BERT24 = Path("/work/shared/profiles/dapple/profiling_results/bert-24-pbs-6.txt")
 BATCH, M, CUT, WARMUP = 256, 8, 4, 3

@@ -17,8 +17,8 @@ from functools import partial
 import torch
 
 from orchestrator import ElasticJob, InjectedNotice, RunConfig, ScalingConfig, SpotConfig, TrainConfig
-from orchestrator.cli import run_main
-from orchestrator.models import example_batch, loss_fn, tiny_transformer
+from orchestrator.cli.commands import run_main
+from orchestrator.profiling.models import example_batch, loss_fn, tiny_transformer
 
 GPT = {"vocab": 256, "d_model": 128, "n_layers": 6, "n_heads": 4, "seq_len": 64}
 

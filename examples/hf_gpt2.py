@@ -23,10 +23,10 @@ import torch
 
 from actors.reference import ReferenceTrainer
 from actors.tied import counted_once
-from orchestrator import hf
-from orchestrator.errors import UserError
-from orchestrator.plan import straight_plan
-from orchestrator.trainer import PipelineTrainer
+from orchestrator.profiling import hf
+from orchestrator.core.errors import UserError
+from orchestrator.core.plan import straight_plan
+from orchestrator.train.trainer import PipelineTrainer
 
 
 def stage_cuts(blocks: int, stages: int) -> list[int]:

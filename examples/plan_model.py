@@ -16,11 +16,11 @@ from pathlib import Path
 
 import torch
 
-from orchestrator.cluster import flat, two_level
-from orchestrator.demo import compare_planners
-from orchestrator.models import example_batch, tiny_transformer
-from orchestrator.profiler import profile_blocks
-from orchestrator.timeline import spans_from_events, write_chrome_trace, write_gantt_png
+from orchestrator.core.cluster import flat, two_level
+from orchestrator.cli.demo import compare_planners
+from orchestrator.profiling.models import example_batch, tiny_transformer
+from orchestrator.profiling.profiler import profile_blocks
+from orchestrator.core.timeline import spans_from_events, write_chrome_trace, write_gantt_png
 
 
 def build_blocks() -> list[torch.nn.Module]:

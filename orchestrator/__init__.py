@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.errors import UserError
-from orchestrator.profile import Block, Profile, load_profile
+from orchestrator.core.errors import UserError
+from orchestrator.core.profile import Block, Profile
+from orchestrator.core.profile_loader import load_profile
 
-_JOB = {"ElasticJob": "orchestrator.job_loop", "JobResult": "orchestrator.job_loop", "TrainConfig": "orchestrator.job_config",
-        "ScalingConfig": "orchestrator.job_config", "RunConfig": "orchestrator.job_config", "AdaptConfig": "orchestrator.job_config",
-        "SpotConfig": "orchestrator.job_config", "InjectedNotice": "orchestrator.job_config"}
+_JOB = {"ElasticJob": "orchestrator.elastic.job_loop", "JobResult": "orchestrator.elastic.job_loop", "TrainConfig": "orchestrator.elastic.job_config",
+        "ScalingConfig": "orchestrator.elastic.job_config", "RunConfig": "orchestrator.elastic.job_config", "AdaptConfig": "orchestrator.elastic.job_config",
+        "SpotConfig": "orchestrator.elastic.job_config", "InjectedNotice": "orchestrator.elastic.job_config"}
 
 
 def __getattr__(name: str) -> Any:

@@ -1,3 +1,3 @@
-from orchestrator.cli import main
+from orchestrator.cli.commands import main
 
 raise SystemExit(main())

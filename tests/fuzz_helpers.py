@@ -1,6 +1,6 @@
 """Running the CLI in-process for fuzzing: exit code, stdout, stderr, and what it wrote.
 
-In-process (``orchestrator.cli.main(argv)`` with redirected streams) keeps a fuzz example in the
+In-process (``orchestrator.cli.commands(argv)`` with redirected streams) keeps a fuzz example in the
 milliseconds; an exception escaping ``main`` is re-raised so the test shows it (it would be a
 traceback for a user). ``snapshot`` records every file under a folder (name, kind, size, mtime),
 so "nothing written on exit 2" is checked by comparing two snapshots.
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from orchestrator.profile import Block, Profile
+from orchestrator.core.profile import Block, Profile
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class Run:
 
 def run_cli(argv: Sequence[str], cwd: Path) -> Run:
     """``orchestrator argv`` in-process in ``cwd``; argparse's ``SystemExit`` (``--help``) is an exit code."""
-    from orchestrator.cli import main
+    from orchestrator.cli.commands import main
 
     out, err = io.StringIO(), io.StringIO()
     old = os.getcwd()

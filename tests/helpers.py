@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from orchestrator.profile import Block, Profile
+from orchestrator.core.profile import Block, Profile
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 

@@ -69,11 +69,11 @@ def _placement(cluster: Any, workers: list[Any], tmp: Path) -> dict[str, Any]:
 
     from actors.placement import NodeWatcher
     from actors.reference import ReferenceTrainer, max_difference
-    from orchestrator.controller.controller import Controller, ControllerConfig
-    from orchestrator.live import RayPipeline
-    from orchestrator.models import example_batch, loss_fn, mlp
-    from orchestrator.plan import straight_plan
-    from orchestrator.trainer import PipelineTrainer
+    from orchestrator.adapt.controller import Controller, ControllerConfig
+    from orchestrator.adapt.live import RayPipeline
+    from orchestrator.profiling.models import example_batch, loss_fn, mlp
+    from orchestrator.core.plan import straight_plan
+    from orchestrator.train.trainer import PipelineTrainer
 
     out: dict[str, Any] = {"nodes": [n.node_id for n in [cluster.head_node, *workers]]}
     env = dict(os.environ, PYTHONPATH=str(ROOT))

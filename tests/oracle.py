@@ -19,10 +19,10 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 
-from orchestrator.cluster import Cluster
-from orchestrator.plan import Plan, ScheduleKind, Stage
-from orchestrator.profile import Profile
-from orchestrator.simulator import SimOptions, memory_error, simulate
+from orchestrator.core.cluster import Cluster
+from orchestrator.core.plan import Plan, ScheduleKind, Stage
+from orchestrator.core.profile import Profile
+from orchestrator.costmodel.simulator import SimOptions, memory_error, simulate
 
 
 def placements(num_devices: int, k: int, straight: bool = False) -> Iterator[tuple[tuple[int, ...], ...]]:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import UserError
-from orchestrator.profile import Block, Profile
+from orchestrator.core.errors import UserError
+from orchestrator.core.profile import Block, Profile
 from tests.fuzz_helpers import check_contract, run_cli, snapshot, write_good_profile
 
 PLAN = ["plan", "--profile", "good.json", "--gpus", "4", "--inter-gbps", "10", "--microbatches", "8"]
@@ -85,7 +85,7 @@ def test_several_outputs_are_all_or_none(work: Path) -> None:
 
 
 def test_a_failing_render_leaves_nothing(tmp_path: Path) -> None:
-    from orchestrator.files import Output, json_output, write_outputs
+    from orchestrator.core.files import Output, json_output, write_outputs
 
     def boom(handle: object) -> None:
         raise RuntimeError("render failed")
@@ -162,9 +162,9 @@ def test_simulating_a_trillion_microbatches_is_refused(work: Path) -> None:
 
 
 def test_simulator_estimates_events_before_lowering() -> None:
-    from orchestrator import cluster as cl
-    from orchestrator.plan import straight_plan
-    from orchestrator.simulator import simulate
+    from orchestrator.core import cluster as cl
+    from orchestrator.core.plan import straight_plan
+    from orchestrator.costmodel.simulator import simulate
 
     prof = Profile("p", tuple(Block(f"b{i}", 0.001, 0.002, 1.0, 1.0) for i in range(64)))
     plan = straight_plan(list(range(0, 65)), 60000)

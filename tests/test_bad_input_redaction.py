@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.observability import EventLog, redact, redact_text
+from orchestrator.elastic.observability import EventLog, redact, redact_text
 
 AWS_ID = "AKIAIOSFODNN7EXAMPLE"
 AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"

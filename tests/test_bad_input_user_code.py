@@ -19,9 +19,9 @@ from torch import Tensor, nn
 
 from actors import user_code
 from actors.user_code import UserCodeError, validate_job
-from orchestrator.errors import UserError
-from orchestrator.models import example_batch, loss_fn, mlp
-from orchestrator.plan import straight_plan
+from orchestrator.core.errors import UserError
+from orchestrator.profiling.models import example_batch, loss_fn, mlp
+from orchestrator.core.plan import straight_plan
 
 WIDTHS = (4, 8, 8, 2)
 MODEL = partial(mlp, WIDTHS)
@@ -119,7 +119,7 @@ def test_checkpoint_dir_that_is_a_file_is_refused(tmp_path: Path) -> None:
 
 
 def test_trainer_refuses_before_any_actor_starts() -> None:
-    from orchestrator.trainer import PipelineTrainer
+    from orchestrator.train.trainer import PipelineTrainer
 
     plan = straight_plan([0, 1, 3], 3)
     with pytest.raises(UserCodeError, match=r"raising_data"):
@@ -144,7 +144,7 @@ def test_user_error_mid_training_is_reported_once_without_restarts(
 ) -> None:
     import ray
 
-    from orchestrator.trainer import PipelineTrainer
+    from orchestrator.train.trainer import PipelineTrainer
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import a test module
     plan = straight_plan([0, 1, 3], 3)

@@ -12,11 +12,11 @@ import torch
 
 from actors import checkpoint as ckpt
 from actors.reference import ReferenceTrainer, allclose, max_difference
-from orchestrator.cli import main
-from orchestrator.errors import UserError
-from orchestrator.models import example_batch, loss_fn, mlp
-from orchestrator.plan import ScheduleKind, straight_plan
-from orchestrator.trainer import PipelineTrainer
+from orchestrator.cli.commands import main
+from orchestrator.core.errors import UserError
+from orchestrator.profiling.models import example_batch, loss_fn, mlp
+from orchestrator.core.plan import ScheduleKind, straight_plan
+from orchestrator.train.trainer import PipelineTrainer
 
 WIDTHS = (8, 16, 16, 16, 16, 4)  # 5 blocks
 MLP = partial(mlp, WIDTHS)

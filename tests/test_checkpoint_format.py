@@ -13,8 +13,8 @@ import torch
 
 from actors import checkpoint as ckpt
 from actors import storage
-from orchestrator.cli import main
-from orchestrator.errors import UserError
+from orchestrator.cli.commands import main
+from orchestrator.core.errors import UserError
 
 BLOCKS = 3
 

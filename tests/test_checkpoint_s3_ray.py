@@ -19,7 +19,7 @@ import pytest
 
 from actors import checkpoint as ckpt
 from actors import storage
-from orchestrator.cli import main
+from orchestrator.cli.commands import main
 from tests.servers import s3_bucket, s3_endpoint  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,9 +28,9 @@ SCRIPT = r"""
 import json, sys
 from functools import partial
 import ray, torch
-from orchestrator.models import example_batch, loss_fn, mlp
-from orchestrator.plan import straight_plan
-from orchestrator.trainer import PipelineTrainer
+from orchestrator.profiling.models import example_batch, loss_fn, mlp
+from orchestrator.core.plan import straight_plan
+from orchestrator.train.trainer import PipelineTrainer
 
 root = sys.argv[1]
 ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)

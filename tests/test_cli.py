@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli import main
+from orchestrator.cli.commands import main
 from tests.helpers import random_profile
 
 

@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from orchestrator.cluster import GBPS, Cluster, Device, flat, from_dict, heterogeneous_servers, two_level
-from orchestrator.errors import UserError
-from orchestrator.plan import Plan, ScheduleKind, Stage, interleave, straight_plan
+from orchestrator.core.cluster import GBPS, Cluster, Device, flat, from_dict, heterogeneous_servers, two_level
+from orchestrator.core.errors import UserError
+from orchestrator.core.plan import Plan, ScheduleKind, Stage, interleave, straight_plan
 
 
 def test_two_level_bandwidths() -> None:

@@ -6,13 +6,13 @@ import itertools
 
 import pytest
 
-from orchestrator.cluster import flat
-from orchestrator.controller import (
+from orchestrator.core.cluster import flat
+from orchestrator.adapt import (
     ArbiterConfig, Controller, ControllerConfig, Stay, FaultSchedule, Join, Kill, PipelineHandle, SimulatedCosts, SimulatedPipeline, Slowdown, State, Switch,
     full_replan, scenario,
 )
-from orchestrator.plan import Plan, Stage, straight_plan
-from orchestrator.simulator import simulate
+from orchestrator.core.plan import Plan, Stage, straight_plan
+from orchestrator.costmodel.simulator import simulate
 from tests.helpers import uniform_profile
 
 PROFILE = uniform_profile(16, 1.0, 2.0, act=1e6, params=1e6)

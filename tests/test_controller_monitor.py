@@ -7,13 +7,13 @@ import math
 import numpy as np
 import pytest
 
-from orchestrator.cluster import GBPS, two_level
-from orchestrator.controller import (
+from orchestrator.core.cluster import GBPS, two_level
+from orchestrator.adapt import (
     FaultSchedule, MonitorConfig, SimulatedCosts, SimulatedPipeline, Slowdown, Throttle, Track, model_cluster, observe, scenario,
     set_inter_node_bandwidth, update_track,
 )
-from orchestrator.controller.monitor import initial_state
-from orchestrator.plan import straight_plan
+from orchestrator.adapt.monitor import initial_state
+from orchestrator.core.plan import straight_plan
 from tests.helpers import random_profile
 
 CFG = MonitorConfig()

@@ -7,11 +7,11 @@ import itertools
 import numpy as np
 import pytest
 
-from orchestrator.cluster import flat, two_level
-from orchestrator.controller import CostModel, Layout, MoveKind, move_transfers, path_to, walk, workers_touched
-from orchestrator.controller.handle import SHIPPED_STATE_FACTOR
-from orchestrator.plan import straight_plan
-from orchestrator.simulator import simulate
+from orchestrator.core.cluster import flat, two_level
+from orchestrator.adapt import CostModel, Layout, MoveKind, move_transfers, path_to, walk, workers_touched
+from orchestrator.adapt.handle import SHIPPED_STATE_FACTOR
+from orchestrator.core.plan import straight_plan
+from orchestrator.costmodel.simulator import simulate
 from tests.helpers import random_profile
 from tests.move_oracle import enumerate_moves
 

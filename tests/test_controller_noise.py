@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cluster import flat
-from orchestrator.controller import (
+from orchestrator.core.cluster import flat
+from orchestrator.adapt import (
     ArbiterConfig, Controller, ControllerConfig, FaultSchedule, MonitorConfig, NoiseTrace, SimulatedCosts, SimulatedPipeline, Slowdown,
     full_replan, scenario,
 )
-from orchestrator.plan import Plan, straight_plan
-from orchestrator.profile import Block, Profile
-from orchestrator.simulator import simulate
+from orchestrator.core.plan import Plan, straight_plan
+from orchestrator.core.profile import Block, Profile
+from orchestrator.costmodel.simulator import simulate
 
 TRACES = sorted((Path(__file__).parent / "data" / "noise_traces").glob("*.json"))
 OFFSETS = (0, 8, 16, 24, 32)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.cluster import flat
-from orchestrator.controller import (
+from orchestrator.core.cluster import flat
+from orchestrator.adapt import (
     ArbiterConfig, Continue, DropReplicas, ExplicitArbiter, Option, Restart, Stay, Switch, full_replan, on_device_loss, should_switch,
 )
-from orchestrator.plan import Plan, Stage, straight_plan
+from orchestrator.core.plan import Plan, Stage, straight_plan
 from tests.helpers import random_profile
 
 CFG = ArbiterConfig(horizon_iterations=50, margin=1.0, min_relative_gain=0.02)

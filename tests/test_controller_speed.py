@@ -14,17 +14,17 @@ import random
 import numpy as np
 import pytest
 
-from orchestrator.cluster import flat, two_level
-from orchestrator.controller import (
+from orchestrator.core.cluster import flat, two_level
+from orchestrator.adapt import (
     Controller, ControllerConfig, CostModel, Layout, SimulatedCosts, SimulatedPipeline, Slowdown, Switch, scenario,
     set_inter_node_bandwidth, walk,
 )
-from orchestrator.controller.monitor import log_noise
-from orchestrator.controller.moves import Candidates, Move, Walk, best_moves, path_to
-from orchestrator.controller.policies import SPEED_AGNOSTIC_PLANNERS, Decision, Option, full_replan, planner_plan
-from orchestrator.controller.simcache import SimCache
-from orchestrator.plan import Plan, straight_plan
-from orchestrator.simulator import memory_error, simulate
+from orchestrator.adapt.monitor import log_noise
+from orchestrator.adapt.moves import Candidates, Move, Walk, best_moves, path_to
+from orchestrator.adapt.policies import SPEED_AGNOSTIC_PLANNERS, Decision, Option, full_replan, planner_plan
+from orchestrator.adapt.simcache import SimCache
+from orchestrator.core.plan import Plan, straight_plan
+from orchestrator.costmodel.simulator import memory_error, simulate
 from tests.helpers import random_profile
 from tests.move_oracle import enumerate_moves
 
@@ -222,7 +222,7 @@ def test_slow_path_replan_is_computed_once_per_change() -> None:
     pipe = SimulatedPipeline(profile, cluster, plan, scenario([Slowdown(2, 2.0, 4)]), SimulatedCosts(noise=0.03), seed=5)
     ctl = Controller(pipe, profile, ControllerConfig(straight=True))
     calls = []
-    import orchestrator.controller.replan as module
+    import orchestrator.adapt.replan as module
 
     real = module.planner_plan
 

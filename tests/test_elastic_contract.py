@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli import main
+from orchestrator.cli.commands import main
 from tests.servers import s3_bucket, s3_client, s3_endpoint  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]

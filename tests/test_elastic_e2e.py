@@ -15,13 +15,13 @@ import torch
 
 from actors.reference import ReferenceTrainer, allclose, max_difference
 from cloud.records import Offer
-from orchestrator.cluster import flat
-from orchestrator.elastic import ModelSpec, TrainerSession, local_launcher, plan_for, simulated_throughputs, snapshot_policy
-from orchestrator.job import JobConfig, JobManager, Placement
-from orchestrator.launch import LaunchTarget
-from orchestrator.models import example_batch, loss_fn, mlp
-from orchestrator.observability import EventLog
-from orchestrator.profile import Block, Profile
+from orchestrator.core.cluster import flat
+from orchestrator.elastic.parts import ModelSpec, TrainerSession, local_launcher, plan_for, simulated_throughputs, snapshot_policy
+from orchestrator.elastic.manager import JobConfig, JobManager, Placement
+from orchestrator.elastic.launch import LaunchTarget
+from orchestrator.profiling.models import example_batch, loss_fn, mlp
+from orchestrator.elastic.observability import EventLog
+from orchestrator.core.profile import Block, Profile
 
 pytestmark = pytest.mark.ray
 

@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from orchestrator import ElasticJob, InjectedNotice, RunConfig, ScalingConfig, SpotConfig, TrainConfig
-from orchestrator.cluster import flat
-from orchestrator.errors import UserError
-from orchestrator.job_config import AdaptConfig
-from orchestrator.models import example_batch, loss_fn, mlp
-from orchestrator.plan import straight_plan
+from orchestrator.core.cluster import flat
+from orchestrator.core.errors import UserError
+from orchestrator.elastic.job_config import AdaptConfig
+from orchestrator.profiling.models import example_batch, loss_fn, mlp
+from orchestrator.core.plan import straight_plan
 
 WIDTHS = (8, 16, 16, 16, 16, 16, 16, 16, 4)  # 8 blocks
 TRAIN = TrainConfig(model_factory=partial(mlp, WIDTHS), loss_fn=loss_fn("mlp"),
@@ -91,7 +91,7 @@ def test_bad_configs_are_one_line_errors(tmp_path: Path) -> None:
 
 @pytest.mark.ray
 def test_loss_without_notice_restores_the_newest_checkpoint_and_bad_notices_are_recorded(worker_group: Any, tmp_path: Path) -> None:
-    from orchestrator.controller.faults import FaultSchedule, Kill
+    from orchestrator.adapt.faults import FaultSchedule, Kill
 
     job = ElasticJob(TRAIN, ScalingConfig(devices=4, plan=PLAN),
                      RunConfig(storage=str(tmp_path / "ckpt"), events=tmp_path / "events.jsonl", checkpoint_every=4),

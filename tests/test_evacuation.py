@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.cluster import flat
-from orchestrator.errors import UserError
-from orchestrator.evacuation import Evacuate, Fallback, Notice, check_notice, plan_evacuation
-from orchestrator.plan import Plan, Stage, straight_plan
-from orchestrator.profile import Block, Profile
+from orchestrator.core.cluster import flat
+from orchestrator.core.errors import UserError
+from orchestrator.elastic.evacuation import Evacuate, Fallback, Notice, check_notice, plan_evacuation
+from orchestrator.core.plan import Plan, Stage, straight_plan
+from orchestrator.core.profile import Block, Profile
 
 PROFILE = Profile("toy", tuple(Block(f"b{i}", 1e-3, 2e-3, 1e4, 1e6) for i in range(8)))
 PLAN = straight_plan([0, 2, 4, 6, 8], 4)
@@ -76,7 +76,7 @@ def test_bad_notices_are_one_line_errors() -> None:
 
 
 def test_ray_drain_requests_become_notices_for_the_devices_on_that_node() -> None:
-    from orchestrator.drain import DEFAULT_DRAIN_S, drain_notices, draining_nodes
+    from orchestrator.elastic.drain import DEFAULT_DRAIN_S, drain_notices, draining_nodes
 
     devices = [{"device": 0, "node_id": "aa"}, {"device": 1, "node_id": "bb"}, {"device": 2, "node_id": "bb"}]
     found = drain_notices({"bb": 1030.0, "cc": None, "aa": None}, devices, now=1000.0)

@@ -17,12 +17,12 @@ import pytest
 import torch
 
 from actors.reference import ReferenceTrainer, allclose, max_difference
-from orchestrator.cluster import flat
-from orchestrator.controller import Controller, ControllerConfig, FaultSchedule, Kill, Slowdown, State, Throttle
-from orchestrator.live import RayPipeline, run_adaptive
-from orchestrator.models import example_batch, loss_fn, mlp
-from orchestrator.plan import Plan, ScheduleKind, Stage, straight_plan
-from orchestrator.trainer import PipelineTrainer
+from orchestrator.core.cluster import flat
+from orchestrator.adapt import Controller, ControllerConfig, FaultSchedule, Kill, Slowdown, State, Throttle
+from orchestrator.adapt.live import RayPipeline, run_adaptive
+from orchestrator.profiling.models import example_batch, loss_fn, mlp
+from orchestrator.core.plan import Plan, ScheduleKind, Stage, straight_plan
+from orchestrator.train.trainer import PipelineTrainer
 
 WIDTHS = (8, 16, 16, 16, 16, 16, 16, 16, 4)
 MLP = partial(mlp, WIDTHS)

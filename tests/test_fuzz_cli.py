@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.errors import UserError
+from orchestrator.core.errors import UserError
 from tests.fuzz_helpers import check_contract, run_cli, snapshot, write_good_profile
 
 FUZZ = settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck), database=None)
@@ -244,9 +244,9 @@ def test_fuzz_argv_soup(argv: list[str]) -> None:
 @FUZZ
 @given(payload=st.one_of(PROFILE, CLUSTER, PLAN, JUNK))
 def test_fuzz_loaders_raise_only_user_errors(payload: Any) -> None:
-    from orchestrator import cluster as cl
-    from orchestrator.plan import Plan
-    from orchestrator.profile import Profile
+    from orchestrator.core import cluster as cl
+    from orchestrator.core.plan import Plan
+    from orchestrator.core.profile import Profile
 
     loaders: list[Callable[[Any], Any]] = [Profile.from_dict, cl.from_dict, Plan.from_dict]
     for load in loaders:
@@ -259,7 +259,7 @@ def test_fuzz_loaders_raise_only_user_errors(payload: Any) -> None:
 @FUZZ
 @given(lines=st.lists(GRAPH_LINE, max_size=8))
 def test_fuzz_graph_loader_raises_only_user_errors(lines: list[str]) -> None:
-    from orchestrator.graph_loader import parse_graph_txt
+    from orchestrator.core.profile_loader import parse_graph_txt
 
     try:
         parse_graph_txt("\n".join(lines), "fuzz")

@@ -15,8 +15,8 @@ from actors.execution import Executor
 from actors.gpu import dtype_buckets
 from actors.stage_worker import JobSpec, _to_cpu
 from actors.transport import select_device
-from orchestrator.errors import UserError
-from orchestrator.plan import Plan, ScheduleKind, Stage, straight_plan
+from orchestrator.core.errors import UserError
+from orchestrator.core.plan import Plan, ScheduleKind, Stage, straight_plan
 from orchestrator.schedule import lower
 
 

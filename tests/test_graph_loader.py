@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cluster import flat
-from orchestrator.errors import UserError
-from orchestrator.graph_loader import MAX_BLOCKS, block_nodes, parse_graph_txt
+from orchestrator.core.cluster import flat
+from orchestrator.core.errors import UserError
+from orchestrator.core.profile_loader import MAX_BLOCKS, block_nodes, parse_graph_txt
 from orchestrator.planners.base import PlannerOptions, run_planner
-from orchestrator.profile import load_profile
+from orchestrator.core.profile_loader import load_profile
 
 PROFILES = Path(__file__).resolve().parents[1].parent / "shared" / "profiles"
 IMG = 3 * 224 * 224 * 4
@@ -308,7 +308,7 @@ def test_gnmt_reaches_pipedreams_published_optimizer_on_4_workers(capsys: pytest
     activations counted) reports 25.868 ms per stage; single-tensor cuts could only reach 36.6 ms."""
     if not GNMT.is_file():
         pytest.skip("PipeDream's GNMT profile not present")
-    from orchestrator.cli import main
+    from orchestrator.cli.commands import main
 
     argv = ["plan", "--profile", str(GNMT), "--gpus", "4", "--inter-gbps", "10", "--algorithm", "pipedream",
             "--straight", "--microbatches", "1", "--json"]

@@ -26,11 +26,11 @@ from actors import seeding  # noqa: E402
 from actors.materialize import materialize  # noqa: E402
 from actors.reference import ReferenceTrainer  # noqa: E402
 from actors.tied import counted_once, tie_table  # noqa: E402
-from orchestrator import hf  # noqa: E402
-from orchestrator.errors import UserError  # noqa: E402
-from orchestrator.plan import straight_plan  # noqa: E402
-from orchestrator.profiler import profile_blocks  # noqa: E402
-from orchestrator.trainer import PipelineTrainer  # noqa: E402
+from orchestrator.profiling import hf  # noqa: E402
+from orchestrator.core.errors import UserError  # noqa: E402
+from orchestrator.core.plan import straight_plan  # noqa: E402
+from orchestrator.profiling.profiler import profile_blocks  # noqa: E402
+from orchestrator.train.trainer import PipelineTrainer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB, SEQ = 64, 8

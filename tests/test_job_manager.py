@@ -16,10 +16,10 @@ import torch
 from actors import checkpoint as ckpt
 from cloud.migration import Move, Stay
 from cloud.records import Offer
-from orchestrator.job import JobConfig, JobManager, Placement
-from orchestrator.launch import LaunchTarget
-from orchestrator.observability import EventLog
-from orchestrator.plan import Plan, straight_plan
+from orchestrator.elastic.manager import JobConfig, JobManager, Placement
+from orchestrator.elastic.launch import LaunchTarget
+from orchestrator.elastic.observability import EventLog
+from orchestrator.core.plan import Plan, straight_plan
 
 OFFER_A = Offer("aws", "us-east-1", "us-east-1a", "p3.8xlarge", "V100", 4, True, 3.7)
 OFFER_B = Offer("gcp", "us-central1", "us-central1-b", "n1-standard-32", "V100", 3, True, 2.2)

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.errors import UserError
-from orchestrator.launch import ClusterSpec, LaunchTarget, cluster_config, kuberay_manifest, ray_up, validate_config, write_cluster_yaml
+from orchestrator.core.errors import UserError
+from orchestrator.elastic.launch import ClusterSpec, LaunchTarget, cluster_config, kuberay_manifest, ray_up, validate_config, write_cluster_yaml
 
 
 @pytest.mark.parametrize(

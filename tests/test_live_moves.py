@@ -17,14 +17,14 @@ import pytest
 import torch
 
 from actors.reference import ReferenceTrainer, allclose, max_difference
-from orchestrator.cluster import flat
-from orchestrator.controller import FaultSchedule, Join, PipelineHandle, move_transfers
-from orchestrator.controller.handle import SHIPPED_STATE_FACTOR
-from orchestrator.live import RayPipeline
-from orchestrator.models import example_batch, loss_fn, mlp
-from orchestrator.plan import Plan, Stage, straight_plan
-from orchestrator.profile import Block, Profile
-from orchestrator.trainer import PipelineTrainer
+from orchestrator.core.cluster import flat
+from orchestrator.adapt import FaultSchedule, Join, PipelineHandle, move_transfers
+from orchestrator.adapt.handle import SHIPPED_STATE_FACTOR
+from orchestrator.adapt.live import RayPipeline
+from orchestrator.profiling.models import example_batch, loss_fn, mlp
+from orchestrator.core.plan import Plan, Stage, straight_plan
+from orchestrator.core.profile import Block, Profile
+from orchestrator.train.trainer import PipelineTrainer
 
 WIDTHS = (8, 16, 16, 16, 16, 16, 16, 16, 4)  # 8 blocks
 MLP = partial(mlp, WIDTHS)

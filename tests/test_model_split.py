@@ -13,11 +13,11 @@ from torch import Tensor, nn
 
 from actors.materialize import empty_init
 from actors.reference import ReferenceTrainer, allclose, max_difference
-from orchestrator.errors import UserError
-from orchestrator.modules import Packed, sequential_blocks, split_at
-from orchestrator.plan import straight_plan
-from orchestrator.profiler import profile_blocks
-from orchestrator.trainer import PipelineTrainer
+from orchestrator.core.errors import UserError
+from orchestrator.profiling.modules import Packed, sequential_blocks, split_at
+from orchestrator.core.plan import straight_plan
+from orchestrator.profiling.profiler import profile_blocks
+from orchestrator.train.trainer import PipelineTrainer
 
 
 class Gated(nn.Module):

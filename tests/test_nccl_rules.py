@@ -18,8 +18,8 @@ import torch
 
 from actors.execution import Executor
 from actors.stage_worker import JobSpec
-from orchestrator.cluster import flat, two_level
-from orchestrator.plan import Plan, ScheduleKind, Stage, interleave, straight_plan
+from orchestrator.core.cluster import flat, two_level
+from orchestrator.core.plan import Plan, ScheduleKind, Stage, interleave, straight_plan
 from orchestrator.planners.base import PlannerOptions, available, run_planner
 from orchestrator.schedule import Kind, ScheduleError, lower
 from orchestrator.schedule.nccl import RUNTIME_LAYOUT, CommLayout, directed_links, recv_post_points, replay

@@ -17,7 +17,7 @@ import pytest
 
 @pytest.mark.ray
 def test_a_node_watcher_reports_its_nodes_notice(ray_session: Any) -> None:
-    from orchestrator.node_watch import NodeWatch
+    from orchestrator.elastic.node_watch import NodeWatch
 
     state = {"preempted": "FALSE"}
 

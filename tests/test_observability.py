@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator.observability import EventLog, plot_prices, plot_throughput, redact
+from orchestrator.elastic.observability import EventLog, plot_prices, plot_throughput, redact
 
 
 def test_event_log_appends_and_redacts(tmp_path: Path) -> None:

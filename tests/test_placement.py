@@ -13,9 +13,9 @@ import pytest
 
 from actors.placement import NodeWatcher, Slot, check_identity, discover, node_accelerator, probe_pairs
 from actors.probe import prior_speed
-from orchestrator.cluster import GBPS
-from orchestrator.discovery import link_matrix
-from orchestrator.errors import UserError
+from orchestrator.core.cluster import GBPS
+from orchestrator.train.discovery import link_matrix
+from orchestrator.core.errors import UserError
 
 
 def node(node_id: str, cpus: float = 0, gpus: int = 0, head: bool = False, accel: str = "", alive: bool = True,
@@ -122,7 +122,7 @@ def test_a_plan_larger_than_the_cluster_is_one_line(ray_session: Any) -> None:
 
 
 def test_an_address_with_no_cluster_is_one_line_in_seconds() -> None:
-    from orchestrator.discovery import _reachable
+    from orchestrator.train.discovery import _reachable
 
     with pytest.raises(UserError, match="no Ray cluster at 127.0.0.1:1"):
         _reachable("127.0.0.1:1")

@@ -15,10 +15,11 @@ import time
 import numpy as np
 import pytest
 
-from orchestrator.cluster import GBPS, Cluster, Device
-from orchestrator.plan import ScheduleKind
+from orchestrator.core.cluster import GBPS, Cluster, Device
+from orchestrator.core.plan import ScheduleKind
 from orchestrator.planners.base import PlannerOptions, run_planner
-from orchestrator.profile import Block, Profile, load_profile
+from orchestrator.core.profile import Block, Profile
+from orchestrator.core.profile_loader import load_profile
 from tests.helpers import SHARED, random_profile
 from tests.oracle import optimum
 
@@ -98,7 +99,7 @@ def test_auto_honours_the_asked_schedule_and_stays_optimal_in_it() -> None:
 @pytest.mark.parametrize("seed,M", [(21, 2), (22, 4)])
 def test_auto_equals_exhaustive_optimum_on_symmetric_clusters(seed: int, M: int) -> None:
     """Identical devices: ``auto`` times one structure per symmetry class; the oracle times all."""
-    from orchestrator.cluster import two_level
+    from orchestrator.core.cluster import two_level
 
     profile = random_profile(6, seed)
     whole = profile.total_param_bytes * STATE + M * profile.stash_bytes(0, profile.num_blocks)

@@ -15,15 +15,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestrator.cluster import GBPS, Cluster, Device, flat, heterogeneous_servers, two_level
-from orchestrator.errors import UserError
-from orchestrator.plan import Plan, ScheduleKind, Stage, straight_plan
+from orchestrator.core.cluster import GBPS, Cluster, Device, flat, heterogeneous_servers, two_level
+from orchestrator.core.errors import UserError
+from orchestrator.core.plan import Plan, ScheduleKind, Stage, straight_plan
 from orchestrator.planners import autopipe, dapple, spp
 from orchestrator.planners.base import PlannerOptions, get_planner, run_planner
 from orchestrator.planners.interleaving import best_interleaving
-from orchestrator.profile import Block, Profile
+from orchestrator.core.profile import Block, Profile
 from orchestrator.schedule import lower
-from orchestrator.simulator import simulate
+from orchestrator.costmodel.simulator import simulate
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 BERT24 = SHARED / "profiles" / "dapple" / "profiling_results" / "bert-24-pbs-6.txt"
@@ -303,7 +303,7 @@ def test_plans_fit_memory_and_carry_objective(name: str) -> None:
 
 @pytest.mark.skipif(not BERT24.exists(), reason="../shared profiles not available")
 def test_spp_scenario_bert24_runs_and_auto_is_best() -> None:
-    from orchestrator.profile import load_profile
+    from orchestrator.core.profile_loader import load_profile
 
     prof = load_profile(BERT24)
     rng = np.random.default_rng(0)
@@ -344,7 +344,7 @@ def test_auto_bounds_bracket_the_simulator(seed: int) -> None:
     and its interleaved variants, with latency, replicas and heterogeneous links."""
     from orchestrator.planners.auto import replay, time_lower_bound
     from orchestrator.planners.interleaving import candidate_chunks, interleaved_plan
-    from orchestrator.simulator import memory_error
+    from orchestrator.costmodel.simulator import memory_error
 
     rng = np.random.default_rng(seed)
     prof = random_profile(rng, 12, act_scale=float(rng.choice([1e5, 3e6, 3e7])))

@@ -15,13 +15,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from orchestrator.cluster import GBPS, Cluster, Device, heterogeneous_servers, two_level
-from orchestrator.errors import UserError
-from orchestrator.group_sim import plan_lower_bound, simulate_groups
-from orchestrator.plan import Plan, ScheduleKind, Stage
+from orchestrator.core.cluster import GBPS, Cluster, Device, heterogeneous_servers, two_level
+from orchestrator.core.errors import UserError
+from orchestrator.costmodel.group_sim import plan_lower_bound, simulate_groups
+from orchestrator.core.plan import Plan, ScheduleKind, Stage
 from orchestrator.planners import auto, base, hierarchy
 from orchestrator.planners.base import PlannerOptions, run_planner
-from orchestrator.simulator import SimOptions, memory_error, simulate
+from orchestrator.costmodel.simulator import SimOptions, memory_error, simulate
 from tests.helpers import random_profile
 
 

@@ -11,10 +11,10 @@ import pytest
 import torch
 from torch import nn
 
-from orchestrator.errors import UserError
-from orchestrator.models import EXAMPLE_MODELS, example_batch, load_factory, loss_fn, mlp, tiny_transformer
-from orchestrator.profile import load_profile
-from orchestrator.profiler import profile_blocks, profile_example, profile_factory
+from orchestrator.core.errors import UserError
+from orchestrator.profiling.models import EXAMPLE_MODELS, example_batch, load_factory, loss_fn, mlp, tiny_transformer
+from orchestrator.core.profile_loader import load_profile
+from orchestrator.profiling.profiler import profile_blocks, profile_example, profile_factory
 
 FAST: dict[str, Any] = {"warmup": 1, "repeats": 3, "device": "cpu"}
 
@@ -153,7 +153,7 @@ def test_profile_factory_without_any_input_source_says_how(tmp_path: Path) -> No
 def test_backward_split_is_measured() -> None:
     """weight_s is the weight half's share of the backward: all of it for token ids (nothing
     else to differentiate), none for a block without parameters, in between for a Linear."""
-    from orchestrator.profiler import profile_blocks
+    from orchestrator.profiling.profiler import profile_blocks
 
     torch.manual_seed(0)
     emb, lin, act = torch.nn.Embedding(50, 64), torch.nn.Linear(64, 64), torch.nn.ReLU()

@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from actors.reference import ReferenceTrainer, max_difference
-from orchestrator.cluster import flat
-from orchestrator.errors import UserError
-from orchestrator.plan import Plan, Stage, straight_plan
+from orchestrator.core.cluster import flat
+from orchestrator.core.errors import UserError
+from orchestrator.core.plan import Plan, Stage, straight_plan
 from orchestrator.planners.base import PlannerOptions, run_planner
-from orchestrator.profile import Block, Profile
-from orchestrator.simulator import simulate
-from orchestrator.trainer import PipelineTrainer
+from orchestrator.core.profile import Block, Profile
+from orchestrator.costmodel.simulator import simulate
+from orchestrator.train.trainer import PipelineTrainer
 
 MB = 1e6
 PROFILE = Profile("chain", tuple(Block(f"b{i}", 1.0, 2.0, 1 * MB, 1 * MB, 10 * MB) for i in range(4)), 1, 1 * MB)
@@ -67,7 +67,7 @@ def test_recomputed_stages_train_exactly_with_dropout(worker_group: Any) -> None
     pytest.importorskip("transformers")
     from transformers import GPT2Config
 
-    from orchestrator import hf
+    from orchestrator.profiling import hf
 
     config = GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=64, n_positions=8, bos_token_id=0, eos_token_id=0)
     factory = partial(hf.causal_lm_blocks, config)
@@ -91,8 +91,8 @@ def test_a_block_that_fits_no_device_is_named() -> None:
 def test_zb_h1_refuses_recomputation_in_one_line() -> None:
     """A split backward needs the saved graph: a plan asking for both is refused, and the memory
     fallback of the planners does not turn recomputation on under ZB-H1."""
-    from orchestrator.errors import UserError
-    from orchestrator.plan import Plan, ScheduleKind, Stage
+    from orchestrator.core.errors import UserError
+    from orchestrator.core.plan import Plan, ScheduleKind, Stage
 
     with pytest.raises(UserError, match="zb-h1 cannot recompute"):
         Plan((Stage(0, 2, (0,), recompute=True), Stage(2, 4, (1,))), 4, ScheduleKind.ZB_H1)

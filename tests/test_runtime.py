@@ -21,10 +21,10 @@ import torch
 from actors.group import PipelineActorError
 from actors.reference import ReferenceTrainer, allclose, max_difference
 from actors.transport import intersect, replica_range, split_range, unit_range
-from orchestrator.models import example_batch, loss_fn, mlp, tiny_transformer
-from orchestrator.plan import Plan, ScheduleKind, interleave, straight_plan
+from orchestrator.profiling.models import example_batch, loss_fn, mlp, tiny_transformer
+from orchestrator.core.plan import Plan, ScheduleKind, interleave, straight_plan
 from orchestrator.schedule.lowering import peers
-from orchestrator.trainer import PipelineTrainer
+from orchestrator.train.trainer import PipelineTrainer
 
 WIDTHS = (8, 16, 16, 16, 16, 16, 16, 16, 4)  # 8 blocks
 MLP = partial(mlp, WIDTHS)

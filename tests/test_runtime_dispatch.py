@@ -17,9 +17,9 @@ import torch
 
 from actors import checkpoint as ckpt
 from actors.reference import ReferenceTrainer, allclose, max_difference
-from orchestrator.models import example_batch, loss_fn, mlp
-from orchestrator.plan import straight_plan
-from orchestrator.trainer import PipelineTrainer
+from orchestrator.profiling.models import example_batch, loss_fn, mlp
+from orchestrator.core.plan import straight_plan
+from orchestrator.train.trainer import PipelineTrainer
 
 WIDTHS = (8, 16, 16, 16, 16, 16, 16, 16, 4)
 MLP = partial(mlp, WIDTHS)

@@ -17,7 +17,7 @@ from actors.execution import Executor
 from actors import injection
 from actors.metrics import combine, combine_run
 from actors.stage_worker import JobSpec
-from orchestrator.plan import Plan, ScheduleKind, interleave, straight_plan
+from orchestrator.core.plan import Plan, ScheduleKind, interleave, straight_plan
 from orchestrator.schedule.ir import Kind
 from orchestrator.schedule.lowering import lower
 

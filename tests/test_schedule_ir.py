@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from orchestrator.plan import Plan, ScheduleKind, Stage, interleave, straight_plan
+from orchestrator.core.plan import Plan, ScheduleKind, Stage, interleave, straight_plan
 from orchestrator.schedule import Action, Kind, Schedule, ScheduleError, lower, parse_action, validate
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.cluster import GBPS, flat, two_level
-from orchestrator.plan import Plan, ScheduleKind, Stage, interleave, straight_plan
-from orchestrator.profile import Block, Profile
+from orchestrator.core.cluster import GBPS, flat, two_level
+from orchestrator.core.plan import Plan, ScheduleKind, Stage, interleave, straight_plan
+from orchestrator.core.profile import Block, Profile
 from orchestrator.schedule import Action, Kind, Schedule, ScheduleError
-from orchestrator.simulator import lower_bound, simulate
+from orchestrator.costmodel.simulator import lower_bound, simulate
 from tests.helpers import uniform_profile
 
 

@@ -14,8 +14,8 @@ import torch
 from actors import checkpoint as ckpt
 from actors import storage
 from actors.checkpoint_transfer import TransferError, copy_checkpoint
-from orchestrator.cli import main
-from orchestrator.errors import UserError
+from orchestrator.cli.commands import main
+from orchestrator.core.errors import UserError
 from tests.servers import az_container, azurite_connection, free_port, gcs_bucket, gcs_endpoint, s3_bucket, s3_client, s3_endpoint  # noqa: F401
 from tests.test_checkpoint_format import BLOCKS, write_checkpoint
 

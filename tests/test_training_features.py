@@ -23,10 +23,10 @@ from actors.materialize import materialize  # noqa: E402
 from actors.reference import ReferenceTrainer  # noqa: E402
 from actors.training import LossScale, TrainingOptions, autocast_blocks, decay_groups  # noqa: E402
 from actors.transport import unit_range  # noqa: E402
-from orchestrator import hf  # noqa: E402
-from orchestrator.errors import UserError  # noqa: E402
-from orchestrator.plan import straight_plan  # noqa: E402
-from orchestrator.trainer import PipelineTrainer  # noqa: E402
+from orchestrator.profiling import hf  # noqa: E402
+from orchestrator.core.errors import UserError  # noqa: E402
+from orchestrator.core.plan import straight_plan  # noqa: E402
+from orchestrator.train.trainer import PipelineTrainer  # noqa: E402
 
 VOCAB, SEQ, ROWS, MB = 64, 8, 6, 3
 

@@ -16,12 +16,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestrator.cluster import flat
-from orchestrator.group_sim import simulate_groups
-from orchestrator.plan import Plan, ScheduleKind, Stage, straight_plan
-from orchestrator.profile import Block, Profile, load_profile
+from orchestrator.core.cluster import flat
+from orchestrator.costmodel.group_sim import simulate_groups
+from orchestrator.core.plan import Plan, ScheduleKind, Stage, straight_plan
+from orchestrator.core.profile import Block, Profile
+from orchestrator.core.profile_loader import load_profile
 from orchestrator.schedule import Action, Kind, Schedule, ScheduleError, lower, validate
-from orchestrator.simulator import backward_parts, simulate
+from orchestrator.costmodel.simulator import backward_parts, simulate
 
 BERT24 = Path("/work/shared/profiles/dapple/profiling_results/bert-24-pbs-6.txt")
 
@@ -128,8 +129,8 @@ def test_bert24_goal_bubble_at_most_045_of_1f1b() -> None:
 
 def test_lower_bounds_hold_for_split_backwards() -> None:
     """auto prunes with these bounds: one above a ZB-H1 plan's time would hide it."""
-    from orchestrator.cluster import two_level
-    from orchestrator.group_sim import plan_lower_bound, work_bound
+    from orchestrator.core.cluster import two_level
+    from orchestrator.costmodel.group_sim import plan_lower_bound, work_bound
 
     rng = np.random.default_rng(3)
     for trial in range(40):
@@ -174,7 +175,7 @@ def test_split_backward_is_bitwise_the_whole_backward(model: str) -> None:
     import torch
 
     from actors.backward_split import backward_input
-    from orchestrator.models import example_batch, loss_fn, tiny_transformer
+    from orchestrator.profiling.models import example_batch, loss_fn, tiny_transformer
 
     kw = {"vocab": 32, "d_model": 16, "n_layers": 2, "n_heads": 2, "seq_len": 8}
 

@@ -15,7 +15,7 @@ planner's own and powers of two up to the depth otherwise), and Megatron's inter
 ``v = 2..MAX_CHUNKS`` balanced chunks. ``options.schedule`` (CLI ``--schedule``) restricts the kinds.
 
 Search without simulating everything: best-first branch and bound on the simulator's own terms
-(:mod:`orchestrator.group_sim`). A structure enters a heap with its cheapest bound (each group's
+(:mod:`orchestrator.costmodel.group_sim`). A structure enters a heap with its cheapest bound (each group's
 compute and all-reduces); popped, it is expanded into its variants, each with a true lower bound
 (fill, drain and link terms); a popped variant is timed by the simulator's group-level mode. The
 search stops when the least bound left reaches the best time found. The group mode is exact when a
@@ -37,16 +37,16 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from orchestrator.cluster import Cluster
-from orchestrator.errors import UserError
-from orchestrator.group_sim import BoundTerms, plan_lower_bound, simulate_groups, work_bound
-from orchestrator.plan import Plan, ScheduleKind, Stage
+from orchestrator.core.cluster import Cluster
+from orchestrator.core.errors import UserError
+from orchestrator.costmodel.group_sim import BoundTerms, plan_lower_bound, simulate_groups, work_bound
+from orchestrator.core.plan import Plan, ScheduleKind, Stage
 from orchestrator.planners import exhaustive, hierarchy
 from orchestrator.planners.base import REGISTRY, PlannerOptions, PlannerSpec, get_planner, register
 from orchestrator.planners.interleaving import MAX_CHUNKS
 from orchestrator.planners.partition import min_max_partition
-from orchestrator.profile import Profile
-from orchestrator.simulator import memory_error, simulate
+from orchestrator.core.profile import Profile
+from orchestrator.costmodel.simulator import memory_error, simulate
 
 CANDIDATES = ("even", "params", "pipedream", "spp", "dapple", "autopipe", "2bw")
 EXACT_STRUCTURES = 20000
@@ -71,7 +71,7 @@ def time_lower_bound(plan: Plan, profile: Profile, cluster: Cluster) -> float:
 def replay(plan: Plan, profile: Profile, cluster: Cluster, state_factor: float) -> tuple[float, bool]:
     """(group-level simulated iteration seconds — an upper bound, exact for alike replicas — and
     whether it fits memory); inf when the orders deadlock."""
-    from orchestrator.simulator import SimOptions
+    from orchestrator.costmodel.simulator import SimOptions
 
     res = simulate_groups(plan, profile, cluster, SimOptions(state_factor=state_factor))
     return res.iteration_s, res.fits

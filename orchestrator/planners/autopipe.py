@@ -40,13 +40,13 @@ from typing import Sequence
 
 import numpy as np
 
-from orchestrator.cluster import Cluster
-from orchestrator.errors import UserError
-from orchestrator.plan import Plan, ScheduleKind, straight_plan
+from orchestrator.core.cluster import Cluster
+from orchestrator.core.errors import UserError
+from orchestrator.core.plan import Plan, ScheduleKind, straight_plan
 from orchestrator.planners.base import PlannerOptions, PlannerSpec, register
 from orchestrator.planners.partition import devices_by_speed_order
 from orchestrator.planners.spp import estimate, fits_memory
-from orchestrator.profile import Block, Profile
+from orchestrator.core.profile import Block, Profile
 
 INF = np.inf
 

@@ -13,11 +13,11 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from orchestrator.cluster import Cluster
-from orchestrator.errors import UserError
-from orchestrator.plan import Plan, ScheduleKind
-from orchestrator.profile import Profile
-from orchestrator.simulator import DEFAULT_STATE_FACTOR, SimOptions, SimResult, lower_bound, memory_error, simulate
+from orchestrator.core.cluster import Cluster
+from orchestrator.core.errors import UserError
+from orchestrator.core.plan import Plan, ScheduleKind
+from orchestrator.core.profile import Profile
+from orchestrator.costmodel.simulator import DEFAULT_STATE_FACTOR, SimOptions, SimResult, lower_bound, memory_error, simulate
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,7 +138,7 @@ def evaluate(plan: Plan, profile: Profile, cluster: Cluster, options: PlannerOpt
     1024-GPU plan costs a minute and gigabytes, the group mode milliseconds."""
     result: SimResult | None = None
     if len(plan.devices) > GROUP_EVAL_DEVICES:
-        from orchestrator.group_sim import simulate_groups
+        from orchestrator.costmodel.group_sim import simulate_groups
 
         grouped = simulate_groups(plan, profile, cluster, options.sim_options)
         if grouped.exact:

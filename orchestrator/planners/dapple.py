@@ -41,12 +41,12 @@ from typing import Sequence
 
 import numpy as np
 
-from orchestrator.cluster import Cluster
-from orchestrator.errors import UserError
-from orchestrator.plan import Plan, ScheduleKind, Stage
+from orchestrator.core.cluster import Cluster
+from orchestrator.core.errors import UserError
+from orchestrator.core.plan import Plan, ScheduleKind, Stage
 from orchestrator.planners.base import PlannerOptions, PlannerSpec, register
 from orchestrator.planners.spp import all_reduce_time, boundary_time, fits_memory, seconds_per_byte
-from orchestrator.profile import Profile
+from orchestrator.core.profile import Profile
 
 INF = np.inf
 POLICIES = ("fresh_first", "append_first", "scatter_first")

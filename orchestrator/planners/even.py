@@ -6,11 +6,11 @@ stages as devices (or blocks), blocks dealt out evenly, no replication.
 
 from __future__ import annotations
 
-from orchestrator.cluster import Cluster
-from orchestrator.plan import Plan, straight_plan
+from orchestrator.core.cluster import Cluster
+from orchestrator.core.plan import Plan, straight_plan
 from orchestrator.planners.base import PlannerOptions, PlannerSpec, register
 from orchestrator.planners.partition import devices_by_speed_order
-from orchestrator.profile import Profile
+from orchestrator.core.profile import Profile
 
 
 def num_stages(profile: Profile, cluster: Cluster, options: PlannerOptions) -> int:

@@ -19,8 +19,8 @@ from math import comb
 
 import numpy as np
 
-from orchestrator.cluster import Cluster
-from orchestrator.plan import Stage
+from orchestrator.core.cluster import Cluster
+from orchestrator.core.plan import Stage
 
 MAX_VIRTUAL_STAGES = 4
 MAX_SYMMETRY_DEVICES = 6

@@ -28,12 +28,12 @@ from dataclasses import replace
 
 import numpy as np
 
-from orchestrator.cluster import Cluster
-from orchestrator.errors import UserError
-from orchestrator.plan import Plan, Stage
+from orchestrator.core.cluster import Cluster
+from orchestrator.core.errors import UserError
+from orchestrator.core.plan import Plan, Stage
 from orchestrator.planners.base import PlannerOptions, get_planner
 from orchestrator.planners.partition import min_max_partition
-from orchestrator.profile import Profile
+from orchestrator.core.profile import Profile
 
 MAX_SHARE = 64
 """Largest share a planner runs on (beyond it their cost grows too fast to repeat per share)."""

@@ -2,7 +2,7 @@
 
 Given any straight plan with ``p`` device groups, :func:`best_interleaving` tries ``v = 1, 2, …``
 virtual chunks per group: the blocks are re-cut into ``p·v`` balanced chunks (exact min-max of
-``F + B``) and chunk ``k`` runs on group ``k mod p`` (:func:`orchestrator.plan.interleave`). Each
+``F + B``) and chunk ``k`` runs on group ``k mod p`` (:func:`orchestrator.core.plan.interleave`). Each
 candidate is scored by the simulator — interleaving shrinks the bubble by ``v`` but multiplies the
 point-to-point traffic by ``v`` and changes the stash, so only simulation can tell — and the fastest
 that fits device memory is returned (``v = 1``, the plan itself, when nothing beats it).
@@ -22,13 +22,13 @@ from dataclasses import replace
 
 import numpy as np
 
-from orchestrator.cluster import Cluster
-from orchestrator.errors import UserError
-from orchestrator.plan import Plan, ScheduleKind, interleave
+from orchestrator.core.cluster import Cluster
+from orchestrator.core.errors import UserError
+from orchestrator.core.plan import Plan, ScheduleKind, interleave
 from orchestrator.planners.base import PlannerOptions
 from orchestrator.planners.partition import min_max_partition
-from orchestrator.profile import Profile
-from orchestrator.simulator import memory_error, simulate
+from orchestrator.core.profile import Profile
+from orchestrator.costmodel.simulator import memory_error, simulate
 
 MAX_CHUNKS = 8
 

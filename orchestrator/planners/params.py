@@ -7,12 +7,12 @@ baseline we want to beat. The split is the exact min-max contiguous partition of
 
 from __future__ import annotations
 
-from orchestrator.cluster import Cluster
-from orchestrator.plan import Plan, straight_plan
+from orchestrator.core.cluster import Cluster
+from orchestrator.core.plan import Plan, straight_plan
 from orchestrator.planners.base import PlannerOptions, PlannerSpec, register
 from orchestrator.planners.even import num_stages
 from orchestrator.planners.partition import devices_by_speed_order, min_max_partition
-from orchestrator.profile import Profile
+from orchestrator.core.profile import Profile
 
 
 def plan_params(profile: Profile, cluster: Cluster, options: PlannerOptions) -> Plan:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from orchestrator.cluster import Cluster
+from orchestrator.core.cluster import Cluster
 
 
 def greedy_parts(prefix: np.ndarray, bound: float) -> list[int] | None:

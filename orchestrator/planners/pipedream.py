@@ -34,12 +34,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from orchestrator.cluster import Cluster
-from orchestrator.errors import UserError
-from orchestrator.plan import Plan, ScheduleKind, Stage
+from orchestrator.core.cluster import Cluster
+from orchestrator.core.errors import UserError
+from orchestrator.core.plan import Plan, ScheduleKind, Stage
 from orchestrator.planners.base import PlannerOptions, PlannerSpec, register
 from orchestrator.planners.spp import fits_memory
-from orchestrator.profile import Profile
+from orchestrator.core.profile import Profile
 
 INF = np.inf
 

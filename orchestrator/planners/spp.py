@@ -53,12 +53,12 @@ from typing import Sequence
 import networkx as nx
 import numpy as np
 
-from orchestrator.cluster import Cluster
-from orchestrator.errors import UserError
-from orchestrator.plan import Plan, ScheduleKind, Stage
+from orchestrator.core.cluster import Cluster
+from orchestrator.core.errors import UserError
+from orchestrator.core.plan import Plan, ScheduleKind, Stage
 from orchestrator.planners.base import PlannerOptions, PlannerSpec, register
-from orchestrator.profile import Profile
-from orchestrator.group_sim import all_reduce_time, row_shares
+from orchestrator.core.profile import Profile
+from orchestrator.costmodel.group_sim import all_reduce_time, row_shares
 
 INF = np.inf
 

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from orchestrator.cluster import Cluster
-from orchestrator.errors import UserError
-from orchestrator.plan import Plan, ScheduleKind, Stage
+from orchestrator.core.cluster import Cluster
+from orchestrator.core.errors import UserError
+from orchestrator.core.plan import Plan, ScheduleKind, Stage
 from orchestrator.planners.base import PlannerOptions, PlannerSpec, register
 from orchestrator.planners.partition import devices_by_speed_order, min_max_partition
 from orchestrator.planners.spp import all_reduce_time, boundary_time
-from orchestrator.profile import Profile
+from orchestrator.core.profile import Profile
 
 
 def layouts(order: list[int], w: int, d: int) -> list[list[tuple[int, ...]]]:

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Callable
 
-from orchestrator.errors import UserError
-from orchestrator.plan import Plan, ScheduleKind
+from orchestrator.core.errors import UserError
+from orchestrator.core.plan import Plan, ScheduleKind
 from orchestrator.schedule.ir import Action, Kind
 
 Unit = tuple[int, int]

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Iterable, Mapping
 
-from orchestrator.plan import Plan
+from orchestrator.core.plan import Plan
 
 
 class Kind(str, Enum):

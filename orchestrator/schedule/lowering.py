@@ -13,7 +13,7 @@ Neighbouring virtual stages on the same device hand over locally and get no send
 
 from __future__ import annotations
 
-from orchestrator.plan import Plan
+from orchestrator.core.plan import Plan
 from orchestrator.schedule.generators import GENERATORS
 from orchestrator.schedule.ir import Action, Kind, Schedule, overlap, row_share, units_of
 from orchestrator.schedule.validate import validate

@@ -11,7 +11,7 @@ from actors import checkpoint as ckpt
 from actors import storage
 from actors.checkpoint_transfer import TransferError, copy_checkpoint
 from cloud.cli import main
-from orchestrator.errors import UserError
+from orchestrator.core.errors import UserError
 from tests.test_checkpoint_format import edit_manifest, flip_byte, write_checkpoint
 
 SNAP = str(Path(__file__).resolve().parents[2] / "pricing_data")
@@ -60,7 +60,7 @@ def test_uncommitted_source_step_mismatch_and_unknown_scheme(tmp_path):
 
 
 def test_checkpoint_copy_command(tmp_path, capsys):
-    from orchestrator.cli import main as orchestrator
+    from orchestrator.cli.commands import main as orchestrator
 
     src = write_checkpoint(tmp_path / "src", 2)
     assert orchestrator(["checkpoint", "copy", src, str(tmp_path / "dst" / "step_00000002")]) == 0

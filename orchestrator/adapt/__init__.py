@@ -1,0 +1,27 @@
+"""Adaptive controller (AutoPipe-Hu): keep a running job near its best partition as resources change.
+
+Monitor (observations → believed speeds/bandwidths) → cost model → two-worker incremental moves
+ranked by a vectorized estimate and confirmed by the simulator → explicit switch arbiter → live
+move through the :class:`PipelineHandle` the runtime implements. See ``controller.py`` for the
+state machine and ``handle.py`` for the runtime contract.
+"""
+
+from orchestrator.adapt.controller import Controller, ControllerConfig, State, StepRecord, Transition
+from orchestrator.adapt.estimate import CostModel, Layout
+from orchestrator.adapt.faults import FaultSchedule, Join, Kill, Slowdown, Throttle, scenario, set_inter_node_bandwidth
+from orchestrator.adapt.handle import IterationMetrics, MoveReport, PipelineHandle, RestartReport, move_transfers, transfer_time
+from orchestrator.adapt.monitor import MonitorConfig, MonitorState, Track, model_cluster, observe, update_track
+from orchestrator.adapt.moves import Move, MoveKind, path_to, walk, workers_touched
+from orchestrator.adapt.policies import (
+    ArbiterConfig, Continue, DropReplicas, ExplicitArbiter, Option, Restart, Stay, Switch, full_replan, on_device_loss, should_switch,
+)
+from orchestrator.adapt.simulated import NoiseTrace, SimulatedCosts, SimulatedPipeline
+
+__all__ = [
+    "ArbiterConfig", "Continue", "Controller", "ControllerConfig", "CostModel", "DropReplicas", "ExplicitArbiter", "FaultSchedule",
+    "IterationMetrics", "Join", "Kill", "Layout", "MonitorConfig", "MonitorState", "Move", "MoveKind", "MoveReport", "NoiseTrace", "Option",
+    "PipelineHandle", "Restart", "RestartReport", "SimulatedCosts", "SimulatedPipeline", "Slowdown", "State", "Stay", "StepRecord",
+    "Switch", "Throttle", "Track", "Transition", "full_replan", "model_cluster", "move_transfers", "observe",
+    "on_device_loss", "path_to", "scenario", "set_inter_node_bandwidth", "should_switch", "transfer_time", "update_track", "walk",
+    "workers_touched",
+]

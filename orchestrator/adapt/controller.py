@@ -1,0 +1,342 @@
+"""The adaptive controller: an explicit state machine stepped once per training iteration.
+
+::
+
+    WARMUP ──(warm-up iterations done)──▶ ADAPTING ◀──(model or membership changed)── STEADY
+                                            │  Switch: apply a move / restart, stay   ▲
+                                            └──────────── Stay ───────────────────────┘
+    any state ──(a device holding blocks died)──▶ RECOVERING ──(next good iteration)──▶ ADAPTING
+
+One :meth:`Controller.step` runs one iteration through the injected :class:`PipelineHandle`,
+folds the metrics into the monitor (:mod:`.monitor`), and — between iterations — acts in the
+current state. Decisions come from pure policies (:mod:`.policies`); the controller only carries
+them out and keeps the few facts a policy must not: the monitor state, the rest of a committed
+multi-move path, and calibrations of what moves and restarts really cost (from their reports).
+
+Deciding (in ADAPTING): on the believed cluster, the vectorized :class:`CostModel` ranks every
+two-worker move; :func:`walk` repeats the best one; :func:`path_to` gives the moves to a full
+re-plan's partition (for straight plans — greedy walks can stop in local optima). Each resulting
+destination, and the current plan, is then timed by the real simulator, and each path is priced
+by its hand-over transfers plus the calibrated per-move overhead. The arbiter picks. With
+``use_restart`` the stop-and-restart onto a full re-plan is one more option (the baseline when
+``use_moves`` is off).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Callable, Union
+
+from orchestrator.core.cluster import GBPS, Cluster
+from orchestrator.core.plan import Plan
+from orchestrator.core.profile import Profile
+from orchestrator.adapt.estimate import CostModel, Layout
+from orchestrator.adapt.handle import SHIPPED_STATE_FACTOR, IterationMetrics, PipelineHandle, move_transfers, transfer_time
+from orchestrator.adapt.monitor import MonitorConfig, Observation, initial_state, log_noise, model_cluster, observe
+from orchestrator.adapt.moves import best_moves, path_to, walk
+from orchestrator.adapt.simcache import SimCache
+from orchestrator.adapt.policies import (
+    Arbiter, ArbiterConfig, Continue, Decision, DropReplicas, ExplicitArbiter, FailureDecision, Option, Restart, Stay, Switch,
+    full_replan, on_device_loss,
+)
+from orchestrator.adapt.replan import Replanner
+
+
+class State(str, Enum):
+    WARMUP = "warmup"
+    STEADY = "steady"
+    ADAPTING = "adapting"
+    RECOVERING = "recovering"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ControllerConfig:
+    warmup_iterations: int = 5
+    """Iterations before the first decision: enough for the monitor to know each track's noise
+    (five samples), so that the first decision is not made on bands it has not measured yet."""
+    monitor: MonitorConfig = MonitorConfig()
+    arbiter: ArbiterConfig = ArbiterConfig()
+    use_moves: bool = True
+    use_restart: bool = False
+    straight: bool = False
+    """Only moves that keep one device per stage."""
+    replan_algorithm: str = "pipedream"
+    moves_per_pause: int = 0
+    """Moves of a chosen path carried out between two iterations (0: the whole path at once, so a
+    detected change is answered before the next iteration instead of one move per iteration —
+    the rest of a path would otherwise be re-judged on a model its own first moves disturbed)."""
+    max_walk: int = 32
+    confirm_top: int = 2
+    """Single moves confirmed with the simulator besides the walk's and the path's ends."""
+    move_overhead_s: float = 0.05
+    """Prior per-move stall beyond transfers; replaced by measurements."""
+    restart_fixed_s: float = 20.0
+    """Prior restart time beyond checkpoint I/O; replaced by measurements."""
+    storage_gbps: float = 8.0
+    total_iterations: int | None = None
+    calibration_alpha: float = 0.5
+    replan_reuse_tol: float | None = None
+    """A full re-plan computed on a believed model is reused while every speed and bandwidth stays
+    within this log distance of that model's; ``None``: the monitor's ``enter`` threshold (the
+    change-detection resolution: smaller deviations are never reported as changes), so it is
+    computed once per detected change; 0: only for the identical model. The re-plan's destination
+    is always re-timed on the current model before the arbiter sees it."""
+    plan_ahead: bool = True
+    """Compute the planner's answer (the full re-plan before its polishing walk, which is redone
+    per detected change) for the nominal cluster when the controller is built, and for each newly
+    believed model in a background thread as soon as the model is known (between iterations), so
+    that it runs while the next iteration does; a decision that needs it waits only for what is
+    left. The answer is the same as computing it in the decision (a pure function of the model);
+    only where the time is spent changes."""
+
+
+@dataclass(frozen=True)
+class Transition:
+    step: int
+    before: State
+    after: State
+    reason: str
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    step: int
+    iteration: int
+    state: State  # after the step
+    iteration_s: float
+    completed: bool
+    decision: Union[Decision, FailureDecision, None] = None
+    decision_s: float = 0.0
+    action: str = ""  # "", "move", "path-move", "restart", "drop-replicas"
+    action_s: float = 0.0  # stall or downtime the action cost
+
+
+@dataclass
+class Controller:
+    handle: PipelineHandle
+    profile: Profile
+    config: ControllerConfig = ControllerConfig()
+    clock: Callable[[], float] = time.perf_counter
+    arbiter: Arbiter | None = None
+    state: State = field(default=State.WARMUP, init=False)
+    transitions: list[Transition] = field(default_factory=list, init=False)
+    history: list[StepRecord] = field(default_factory=list, init=False)
+
+    def __post_init__(self) -> None:
+        self._arbiter: Arbiter = self.arbiter or ExplicitArbiter(self.config.arbiter)
+        self._monitor = initial_state(self.handle.nominal_cluster(), self.handle.alive_devices())
+        self._warm = 0
+        self._path: tuple[Plan, ...] = ()
+        self._move_overhead = self.config.move_overhead_s
+        self._restart_fixed = self.config.restart_fixed_s
+        self._steps = 0
+        self._iteration_logs: tuple[float, ...] = ()  # recent completed iterations, for the noise floor
+        self._sims = SimCache(self.profile)
+        tol = self.config.replan_reuse_tol
+        self._replanner = Replanner(self.profile, self.config.replan_algorithm, self.config.monitor.enter if tol is None else tol,
+                                    self._sims)
+        if self.config.plan_ahead:
+            # Start-up: plan the nominal cluster now, so the first decision finds it ready (the
+            # controller is built before training starts, like the initial plan).
+            plan, alive = self.handle.current_plan(), self.handle.alive_devices()
+            self._replanner.prepare(self.model(), alive, plan, self._replans_wanted(plan, alive), background=False)
+
+    # ----- public -----
+    def model(self) -> Cluster:
+        """The believed cluster (observed speeds and bandwidths) decisions are made on."""
+        return model_cluster(self._monitor, self.handle.nominal_cluster())
+
+    def run(self, steps: int) -> list[StepRecord]:
+        return [self.step() for _ in range(steps)]
+
+    def step(self) -> StepRecord:
+        record = self._step()
+        if self.config.plan_ahead:
+            plan, alive = self.handle.current_plan(), self.handle.alive_devices()
+            self._replanner.prepare(self.model(), alive, plan, self._replans_wanted(plan, alive), background=True)
+        return record
+
+    def close(self) -> None:
+        """Stop the background re-planning thread (pending work is dropped)."""
+        self._replanner.close()
+
+    def _step(self) -> StepRecord:
+        step = self._steps
+        self._steps += 1
+        metrics = self.handle.run_iteration()
+        alive = self.handle.alive_devices()
+        obs = observe(self._monitor, metrics, self.profile, alive, self.config.monitor)
+        self._monitor = obs.state
+        plan = self.handle.current_plan()
+        gone = (set(metrics.lost_devices) | set(obs.disappeared)) & set(plan.devices)
+        if metrics.completed and metrics.iteration_s > 0:
+            self._iteration_logs = (self._iteration_logs + (math.log(metrics.iteration_s),))[-self.config.monitor.noise_window :]
+        if not metrics.completed or gone:
+            return self._recover(step, metrics, tuple(sorted(gone)), alive)
+        if self.state is State.WARMUP:
+            self._warm += 1
+            if self._warm < self.config.warmup_iterations:
+                return self._record(step, metrics)
+            self._to(step, State.ADAPTING, "warm-up done")
+        elif self.state is State.RECOVERING:
+            self._to(step, State.ADAPTING, "recovered")
+        elif self.state is State.STEADY:
+            if not (obs.model_changed or obs.appeared):
+                return self._record(step, metrics)
+            self._to(step, State.ADAPTING, _why(obs))
+        return self._adapt(step, metrics, obs, alive)
+
+    # ----- states -----
+    def _adapt(self, step: int, metrics: IterationMetrics, obs: Observation, alive: tuple[int, ...]) -> StepRecord:
+        changed = obs.model_changed or obs.membership_changed
+        if self._path and not changed and set(self._path[0].devices) <= set(alive):
+            nxt, self._path = self._path[0], self._path[1:]
+            return self._record(step, metrics, None, 0.0, "path-move", self._apply_move(nxt))
+        self._path = ()
+        t0 = self.clock()
+        decision = self._decide(alive, metrics, changed)
+        elapsed = self.clock() - t0
+        if isinstance(decision, Stay):
+            self._to(step, State.STEADY, decision.reason)
+            return self._record(step, metrics, decision, elapsed)
+        option = decision.option
+        if option.kind == "restart":
+            report = self.handle.restart(option.steps[0], from_checkpoint=False)
+            self._calibrate_restart(option.steps[0], report.downtime_s)
+            return self._record(step, metrics, decision, elapsed, "restart", report.downtime_s)
+        now = option.steps if self.config.moves_per_pause == 0 else option.steps[: self.config.moves_per_pause]
+        self._path = option.steps[len(now):]
+        return self._record(step, metrics, decision, elapsed, "move", sum(self._apply_move(p) for p in now))
+
+    def _recover(self, step: int, metrics: IterationMetrics, gone: tuple[int, ...], alive: tuple[int, ...]) -> StepRecord:
+        self._path = ()
+        self._to(step, State.RECOVERING, f"lost device(s) {list(gone) or list(metrics.lost_devices)}")
+        plan = self.handle.current_plan()
+        lost = gone or tuple(metrics.lost_devices)
+        model = self.model()
+        t0 = self.clock()
+        decision = on_device_loss(plan, lost, alive, lambda ids: full_replan(self.profile, model, ids, plan, self.config.replan_algorithm))
+        elapsed = self.clock() - t0
+        if isinstance(decision, Continue):
+            return self._record(step, metrics, decision, elapsed)
+        if isinstance(decision, DropReplicas):
+            report = self.handle.apply_move(decision.plan)
+            return self._record(step, metrics, decision, elapsed, "drop-replicas", report.stall_s)
+        assert isinstance(decision, Restart)
+        rr = self.handle.restart(decision.plan, decision.from_checkpoint)
+        return self._record(step, metrics, decision, elapsed, "restart", rr.downtime_s)
+
+    # ----- deciding -----
+    def _decide(self, alive: tuple[int, ...], metrics: IterationMetrics, changed: bool) -> Decision:
+        """``changed``: this decision follows a detected change of the model or the membership."""
+        cfg = self.config
+        plan = self.handle.current_plan()
+        model = self.model()
+        current_s = self._sims.iteration_s(plan, model)
+        remaining = None if cfg.total_iterations is None else cfg.total_iterations - metrics.iteration - 1
+        movable = cfg.use_moves and plan.virtual_chunks == 1
+        cm = CostModel(self.profile, model, plan.num_microbatches, plan.schedule)
+        start = Layout.of(plan)
+        # Fast path: the best single moves, confirmed by the simulator.
+        singles = [(f"single {m.kind.value}", [m.layout]) for m, _ in best_moves(start, cm, alive, cfg.confirm_top, cfg.straight)] if movable else []
+        options = self._price(plan, model, singles)
+        if cfg.use_restart:
+            target = self._replanner.replan(model, alive, plan, straight=False)
+            if Layout.of(target) != start:
+                options.append(Option("restart", (target,), self._sims.iteration_s(target, model),
+                                      self.restart_cost(target, planned=True), "full re-plan"))
+        noise = log_noise(self._iteration_logs)
+        decision = self._arbiter.decide(current_s, options, remaining, noise)
+        if not movable or (isinstance(decision, Switch) and not changed):
+            return decision
+        # Slow path, when no single move pays or right after a detected change: multi-move walks
+        # across plateaus, and the path to a full re-plan's partition out of a local optimum —
+        # after a change the best destination is wanted, not the best first step (a whole path
+        # is carried out in one pause), so the controller gets there in one decision.
+        paths: list[tuple[str, list[Layout]]] = []
+        w = walk(start, cm, alive, cfg.max_walk, straight=cfg.straight)
+        if len(w.moves) > 1:
+            paths.append(("walk", [m.layout for m in w.moves]))
+        if all(len(g) == 1 for g in start.groups):
+            target_layout = Layout.of(self._replanner.replan(model, alive, plan, straight=True))
+            if target_layout != start:
+                paths.append(("path to re-plan", [m.layout for m in path_to(start, target_layout, alive)]))
+        return self._arbiter.decide(current_s, options + self._price(plan, model, paths), remaining, noise)
+
+    def _price(self, plan: Plan, model: Cluster, paths: list[tuple[str, list[Layout]]]) -> list[Option]:
+        """Simulate each path's destination on the model and price the path's switches."""
+        seen: set[Layout] = set()
+        out = []
+        for label, layouts in paths:
+            if layouts[-1] in seen:
+                continue
+            seen.add(layouts[-1])
+            steps = tuple(lay.to_plan(plan) for lay in layouts)
+            iteration_s, fits = self._sims.run(steps[-1], model)
+            if not fits:
+                continue
+            out.append(Option("move", steps, iteration_s, self.path_cost(plan, steps, model), f"{label} ({len(steps)} moves)"))
+        return out
+
+    def _replans_wanted(self, plan: Plan, alive: tuple[int, ...]) -> list[bool]:
+        """The full re-plans (``straight`` flags) a decision on ``plan`` may ask for."""
+        wanted = []
+        if alive and self.config.use_moves and plan.virtual_chunks == 1 and all(len(s.devices) == 1 for s in plan.stages):
+            wanted.append(True)  # the slow path's target
+        if alive and self.config.use_restart:
+            wanted.append(False)  # the restart option
+        return wanted
+
+    def path_cost(self, plan: Plan, steps: tuple[Plan, ...], model: Cluster) -> float:
+        """Predicted stall of applying ``steps`` one after another: transfers + per-move overhead."""
+        total, prev = 0.0, plan
+        for nxt in steps:
+            total += transfer_time(move_transfers(prev, nxt, self.profile, model), model) + self._move_overhead
+            prev = nxt
+        return total
+
+    def restart_cost(self, plan: Plan, planned: bool) -> float:
+        """Fixed restart time plus checkpoint I/O of the biggest stage (written first if planned)."""
+        biggest = max(self.profile.param_bytes(s.first, s.last) for s in plan.stages) * SHIPPED_STATE_FACTOR
+        io = biggest / (self.config.storage_gbps * GBPS)
+        return self._restart_fixed + io * (2 if planned else 1)
+
+    # ----- acting and bookkeeping -----
+    def _apply_move(self, plan: Plan) -> float:
+        before = self.handle.current_plan()
+        model = self.model()
+        predicted = transfer_time(move_transfers(before, plan, self.profile, model), model)
+        report = self.handle.apply_move(plan)
+        a = self.config.calibration_alpha
+        self._move_overhead = (1 - a) * self._move_overhead + a * max(0.0, report.stall_s - predicted)
+        return report.stall_s
+
+    def _calibrate_restart(self, plan: Plan, downtime_s: float) -> None:
+        io = self.restart_cost(plan, planned=False) - self._restart_fixed
+        a = self.config.calibration_alpha
+        self._restart_fixed = (1 - a) * self._restart_fixed + a * max(0.0, downtime_s - io)
+
+    def _to(self, step: int, state: State, reason: str) -> None:
+        if state is not self.state:
+            self.transitions.append(Transition(step, self.state, state, reason))
+            self.state = state
+
+    def _record(self, step: int, metrics: IterationMetrics, decision: Union[Decision, FailureDecision, None] = None,
+                decision_s: float = 0.0, action: str = "", action_s: float = 0.0) -> StepRecord:
+        rec = StepRecord(step, metrics.iteration, self.state, metrics.iteration_s, metrics.completed, decision, decision_s, action, action_s)
+        self.history.append(rec)
+        return rec
+
+
+def _why(obs: Observation) -> str:
+    parts = []
+    if obs.speed_changes:
+        parts.append(f"speed of {list(obs.speed_changes)} changed")
+    if obs.link_changes:
+        parts.append(f"bandwidth of {list(obs.link_changes)} changed")
+    if obs.appeared:
+        parts.append(f"device(s) {list(obs.appeared)} appeared")
+    return "; ".join(parts)

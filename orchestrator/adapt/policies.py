@@ -1,0 +1,207 @@
+"""Policies decide, the controller acts: the switch arbiter and the failure policy.
+
+Both are pure functions of their inputs returning frozen decision values; neither keeps counters
+or caches. The controller carries decisions out and records them.
+
+**Switch rule** (AutoPipe-Hu's arbiter, made explicit). For an option that would take the job
+from predicted iteration time ``t_now`` to ``t_new`` at a one-off cost ``cost_s`` (hand-over
+transfers and stall for live moves, downtime for a restart), with ``H`` iterations left in the
+horizon::
+
+    gain = t_now − t_new
+    switch  ⇔  gain ≥ max(min_relative_gain, noise_z · σ) · t_now   and   gain · H > margin · cost_s
+
+Among options that pass, the one with the largest net benefit ``gain · H − cost_s`` wins. The
+first clause ignores gains inside the model's own error — ``σ`` is the measured relative noise of
+the iteration time (the controller estimates it from the iterations it saw): a gain smaller than
+what one iteration to the next varies by cannot be told from noise, neither by the monitor that
+estimated the speeds behind it nor by anyone checking the move afterwards; the second clause is
+the break-even test.
+A learned arbiter can replace :class:`ExplicitArbiter` behind the :class:`Arbiter` protocol.
+
+**Failure policy.** A dead device that held no blocks changes nothing. If every stage still has a
+live replica, the survivors already hold all state: drop the dead replicas and continue live.
+Otherwise state was lost: restart on a full re-plan of the live devices from the last checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence, Union
+
+from orchestrator.core.cluster import Cluster
+from orchestrator.core.errors import UserError
+from orchestrator.core.plan import Plan, Stage
+from orchestrator.planners.base import PlannerOptions, run_planner
+from orchestrator.core.profile import Profile
+from orchestrator.costmodel.simulator import simulate
+from orchestrator.adapt.estimate import CostModel, Layout
+from orchestrator.adapt.moves import walk
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArbiterConfig:
+    horizon_iterations: int = 50
+    """Iterations over which a gain must pay for its switch (capped by the job's remaining ones)."""
+    margin: float = 1.0
+    """Required ratio of horizon gain to switch cost (>1: more conservative)."""
+    min_relative_gain: float = 0.02
+    """Gains below this fraction of the current iteration time are treated as model error."""
+    noise_z: float = 1.0
+    """Gains below this many standard deviations of the iteration time's measured relative noise
+    are treated as noise too (0: off)."""
+
+    def __post_init__(self) -> None:
+        if self.horizon_iterations < 1 or self.margin <= 0 or self.min_relative_gain < 0 or self.noise_z < 0:
+            raise ValueError("horizon must be >= 1, margin > 0, min_relative_gain >= 0, noise_z >= 0")
+
+    def min_gain(self, noise: float) -> float:
+        """The smallest relative gain that counts when iteration times vary by ``noise`` (log sd)."""
+        return max(self.min_relative_gain, self.noise_z * noise)
+
+
+@dataclass(frozen=True)
+class Option:
+    """A way to change the plan: ``steps`` are the plans to apply in order (one live move each,
+    or a single restart), ``predicted_s`` the simulated iteration time at the end."""
+
+    kind: str  # "move" or "restart"
+    steps: tuple[Plan, ...]
+    predicted_s: float
+    cost_s: float
+    label: str = ""
+
+
+@dataclass(frozen=True)
+class Switch:
+    option: Option
+    gain_s: float  # per iteration
+    horizon: int
+
+    @property
+    def net_s(self) -> float:
+        return self.gain_s * self.horizon - self.option.cost_s
+
+
+@dataclass(frozen=True)
+class Stay:
+    reason: str
+    best_gain_s: float = 0.0
+    best_cost_s: float = 0.0
+
+
+Decision = Union[Switch, Stay]
+
+
+def should_switch(current_s: float, predicted_s: float, cost_s: float, horizon: int, cfg: ArbiterConfig, noise: float = 0.0) -> bool:
+    """The explicit rule above, on its own so tests can probe both sides of the boundary."""
+    gain = current_s - predicted_s
+    return gain >= cfg.min_gain(noise) * current_s and gain > 0 and gain * horizon > cfg.margin * cost_s
+
+
+class Arbiter(Protocol):
+    def decide(self, current_s: float, options: Sequence[Option], remaining: int | None, noise: float = 0.0) -> Decision: ...
+
+
+@dataclass(frozen=True)
+class ExplicitArbiter:
+    config: ArbiterConfig = ArbiterConfig()
+
+    def decide(self, current_s: float, options: Sequence[Option], remaining: int | None, noise: float = 0.0) -> Decision:
+        horizon = self.config.horizon_iterations if remaining is None else max(0, min(remaining, self.config.horizon_iterations))
+        if horizon == 0:
+            return Stay("no iterations left")
+        passing = [o for o in options if should_switch(current_s, o.predicted_s, o.cost_s, horizon, self.config, noise)]
+        if not passing:
+            best = max(options, key=lambda o: current_s - o.predicted_s, default=None)
+            if best is None:
+                return Stay("no candidates")
+            return Stay("gain does not pay for the switch", current_s - best.predicted_s, best.cost_s)
+        win = max(passing, key=lambda o: (current_s - o.predicted_s) * horizon - o.cost_s)
+        return Switch(win, current_s - win.predicted_s, horizon)
+
+
+# ----- failure policy -----
+@dataclass(frozen=True)
+class Continue:
+    reason: str
+
+
+@dataclass(frozen=True)
+class DropReplicas:
+    plan: Plan
+    dropped: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Restart:
+    plan: Plan
+    from_checkpoint: bool
+    reason: str
+
+
+FailureDecision = Union[Continue, DropReplicas, Restart]
+
+
+def on_device_loss(plan: Plan, lost: Sequence[int], alive: Sequence[int], replan: Callable[[tuple[int, ...]], Plan]) -> FailureDecision:
+    """What to do after ``lost`` devices died; ``replan(alive)`` is a pure planner closure."""
+    gone = set(lost) & set(plan.devices)
+    if not gone:
+        return Continue("lost devices held no blocks")
+    if not alive:
+        raise UserError("every device is gone; nothing to continue on")
+    if all(set(s.devices) - gone for s in plan.stages):
+        stages = tuple(Stage(s.first, s.last, tuple(d for d in s.devices if d not in gone)) for s in plan.stages)
+        kept = Plan(stages, plan.num_microbatches, plan.schedule, plan.sliced_microbatches, algorithm=plan.algorithm)
+        return DropReplicas(kept, tuple(sorted(gone)))
+    return Restart(replan(tuple(sorted(alive))), True, f"device(s) {sorted(gone)} held the only copy of their blocks")
+
+
+SPEED_AGNOSTIC_PLANNERS = frozenset({"pipedream"})
+"""Planners whose raw answer (before polishing) ignores device speeds — PipeDream's DP reads the
+profile, the bandwidth hierarchy and memory only — so a caller may reuse it across speed-only
+model changes and just re-polish. ``tests/test_controller_speed.py`` checks that this stays true."""
+
+
+def full_replan(profile: Profile, model: Cluster, alive: Sequence[int], template: Plan, algorithm: str = "pipedream",
+                straight: bool = False, polish: bool = True, time_plan: Callable[[Plan], float] | None = None) -> Plan:
+    """A from-scratch plan on the live devices of the believed cluster, in nominal device ids.
+
+    Runs a registered planner (a pure function) on ``model.subset(alive)`` and maps the
+    renumbered devices back, falling back to ``even`` when the planner cannot place the model.
+    With ``polish``, the planner's answer is then improved by a walk of moves on the cost model
+    and the faster of the two by the simulator is returned: PipeDream's DP ignores device speeds
+    and pipeline fill, so on its own it is a weak "best plan" once GPUs differ. ``time_plan`` (a
+    plan's simulated iteration seconds on ``model``; default :func:`simulate`) lets a caller memoize.
+    """
+    plan = planner_plan(profile, model, alive, template, algorithm, straight)
+    return polish_plan(plan, profile, model, alive, straight, time_plan) if polish else plan
+
+
+def planner_plan(profile: Profile, model: Cluster, alive: Sequence[int], template: Plan, algorithm: str = "pipedream",
+                 straight: bool = False) -> Plan:
+    """The raw (unpolished) half of :func:`full_replan`."""
+    ids = sorted(alive)
+    sub = model.subset(ids)
+    opts = PlannerOptions(num_microbatches=template.num_microbatches, schedule=template.schedule, straight=straight,
+                          max_stages=min(len(ids), profile.num_blocks))
+    try:
+        plan = run_planner(algorithm, profile, sub, opts).plan
+    except UserError:
+        plan = run_planner("even", profile, sub, PlannerOptions(num_microbatches=template.num_microbatches, schedule=template.schedule,
+                                                                 check_memory=False, max_stages=opts.max_stages)).plan
+    stages = tuple(Stage(s.first, s.last, tuple(ids[d] for d in s.devices)) for s in plan.stages)
+    return Plan(stages, plan.num_microbatches, plan.schedule, plan.sliced_microbatches, algorithm=f"replan:{plan.algorithm}")
+
+
+def polish_plan(plan: Plan, profile: Profile, model: Cluster, alive: Sequence[int], straight: bool = False,
+                time_plan: Callable[[Plan], float] | None = None) -> Plan:
+    """The polishing half of :func:`full_replan`: a walk of moves from ``plan`` on the cost model,
+    then the faster of the two by the simulator."""
+    cm = CostModel(profile, model, plan.num_microbatches, plan.schedule)
+    end = walk(Layout.of(plan), cm, sorted(alive), straight=straight).end
+    if end == Layout.of(plan):
+        return plan  # nothing to polish (the same plan would tie, and min keeps the first)
+    polished = end.to_plan(plan, algorithm=f"{plan.algorithm}+walk")
+    timed = time_plan or (lambda p: simulate(p, profile, model).iteration_s)
+    return min((plan, polished), key=timed)

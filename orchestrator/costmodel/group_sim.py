@@ -1,0 +1,388 @@
+"""The simulator's group-level mode: one timeline per device group instead of one per device.
+
+A plan's stage replicas run the same compute order (the generator's order for their group), so
+when a group's replicas are alike, one representative timeline per group gives the simulator's
+result. :func:`simulate_groups` interprets the generators' orders with the simulator's cost terms
+(compute at the slowest replica's speed divided over the replicas, one FIFO message chain per
+directed group pair at its slowest replica pair, a split backward's ``BI`` and ``W`` apart, the
+ring all-reduce after a stage's last weight gradients, static + stashed memory), so its cost grows with stages × units, not with devices: a
+1024-GPU plan costs what its 8-group pipeline costs. Large clusters are planned with it
+(:mod:`orchestrator.planners.hierarchy`), and ``auto`` ranks candidates with it.
+
+It is *exact* (equal to :func:`orchestrator.costmodel.simulator.simulate`) when every group's devices have
+one speed and every receiving replica's slowest incoming message is the boundary's slowest
+(``GroupSim.exact``); otherwise it is an upper bound, because every device then waits at least as
+long as in the full simulation. :func:`plan_lower_bound` is a true lower bound for any plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Sequence
+
+import numpy as np
+
+from orchestrator.core.cluster import Cluster
+from orchestrator.core.plan import Plan, ScheduleKind, Stage
+from orchestrator.core.profile import Profile
+from orchestrator.schedule.generators import GENERATORS
+from orchestrator.schedule.ir import Action, Kind, unit_fraction, units_of
+from orchestrator.costmodel.simulator import SimOptions, SimResult, backward_parts, stash_sign
+
+INF = float("inf")
+
+
+@lru_cache(maxsize=4096)
+def row_shares(ra: int, rb: int) -> np.ndarray:
+    """[ra, rb] fraction of a micro-batch's rows replica a of one stage hands replica b of the next."""
+    # ir.overlap of ir.row_share ranges, vectorized (same float operations, same values)
+    a = np.arange(ra + 1) / ra
+    b = np.arange(rb + 1) / rb
+    out = np.maximum(0.0, np.minimum(a[1:, None], b[None, 1:]) - np.maximum(a[:-1, None], b[None, :-1]))
+    out[out <= 1e-12] = 0.0
+    out.flags.writeable = False
+    return out
+
+
+def pair_costs(cluster: Cluster, src: Sequence[int], dst: Sequence[int]) -> np.ndarray:
+    """[len(src), len(dst)] seconds per boundary byte of each replica pair (0 where rows do not
+    overlap, and between a device and itself: no message)."""
+    links = cluster.effective[np.ix_(list(src), list(dst))]
+    return row_shares(len(src), len(dst)) / links
+
+
+@dataclass(frozen=True)
+class PairStats:
+    """What the group mode and the bounds need of one directed boundary between device groups."""
+
+    top: float  # slowest replica pair, seconds per byte (0: no message at all)
+    first: float  # the cheapest receiver's slowest incoming pair (-1: some receiver gets no message)
+    uniform: bool  # every receiver's slowest incoming pair is the boundary's slowest
+
+
+@lru_cache(maxsize=8192)
+def pair_stats(cluster: Cluster, src: tuple[int, ...], dst: tuple[int, ...]) -> PairStats:
+    """Cached per (cluster, groups): planners score many structures over the same groups."""
+    c = pair_costs(cluster, src, dst)
+    per_recv = c.max(axis=0)
+    top = float(per_recv.max())
+    first = float(per_recv.min()) if bool(np.all(per_recv > 0)) else -1.0
+    return PairStats(top, first, bool(np.all(per_recv >= top * (1 - 1e-12))))
+
+
+@lru_cache(maxsize=8192)
+def _ring(cluster: Cluster, group: tuple[int, ...]) -> float:
+    return cluster.ring_bandwidth(group)
+
+
+def all_reduce_time(cluster: Cluster, group: Sequence[int], param_bytes: float) -> float:
+    """Ring all-reduce of a stage's gradients over its replicas (the simulator's term)."""
+    k = len(group)
+    if k < 2:
+        return 0.0
+    return 2.0 * (k - 1) / k * param_bytes / _ring(cluster, tuple(group))
+
+
+@dataclass(frozen=True)
+class GroupSim:
+    iteration_s: float  # inf when the orders deadlock
+    peak_bytes: tuple[float, ...]  # per device group: static state + peak stash of one replica
+    fits: bool  # every group's peak within its smallest device memory
+    exact: bool  # equal to the full simulation (see the module docstring)
+    busy_s: tuple[float, ...] = ()  # per device group: compute + all-reduce seconds of one replica
+    static_bytes: tuple[float, ...] = ()  # per device group
+
+    def as_sim_result(self, plan: Plan) -> SimResult:
+        """The per-device result the full simulator would give (no events: a large plan's trace
+        would be as large as its cluster). Only meaningful when ``exact``."""
+        busy, stash, static = {}, {}, {}
+        for g, devs in enumerate(plan.device_groups):
+            for d in devs:
+                busy[d] = self.busy_s[g]
+                static[d] = self.static_bytes[g]
+                stash[d] = self.peak_bytes[g] - self.static_bytes[g]
+        return SimResult(self.iteration_s, busy, stash, static, (), ())
+
+
+_ORDERS: dict[tuple[object, ...], tuple[list[list[Action]], list[dict[int, int]]]] = {}
+
+
+def _orders(kind: ScheduleKind, p: int, v: int, M: int, sliced: int, plan: Plan) -> tuple[list[list[Action]], list[dict[int, int]]]:
+    """The generator's compute orders (and each stage's last backward position per group); they
+    depend only on the schedule's shape, so candidates of one shape share them."""
+    key = (kind, p, v, M, sliced)
+    got = _ORDERS.get(key)
+    if got is None:
+        orders = GENERATORS[kind](plan, units_of(plan))
+        last_backward: list[dict[int, int]] = []
+        for order in orders:
+            lb: dict[int, int] = {}
+            for pos, act in enumerate(order):
+                if act.kind.grads_weights:
+                    lb[act.stage] = pos
+            last_backward.append(lb)
+        if len(_ORDERS) > 256:
+            _ORDERS.clear()
+        got = _ORDERS[key] = (orders, last_backward)
+    return got
+
+
+def simulate_groups(plan: Plan, profile: Profile, cluster: Cluster, options: SimOptions | None = None, lower: bool = False) -> GroupSim:
+    """One iteration of ``plan`` with one timeline per device group (see the module docstring).
+
+    ``lower=True`` gives a lower bound instead: each group at its fastest replica's speed, each
+    boundary at its cheapest receiver's slowest message. The simulator is a max-plus system over
+    fixed per-device and per-link orders, monotone in every duration, and every replica's own
+    durations are at least these, so no event of the full simulation is earlier."""
+    options = options or SimOptions()
+    units = units_of(plan)
+    orders, last_backward = _orders(plan.schedule, plan.num_physical_stages, plan.virtual_chunks, plan.num_microbatches, plan.sliced_microbatches, plan)
+    groups = plan.device_groups
+    p = len(groups)
+    stages = plan.stages
+    S = len(stages)
+    speeds = cluster.speeds
+    exact = True
+    speed, slowest = [], []
+    for devs in groups:
+        sp = [float(speeds[d]) / options.slowdown.get(d, 1.0) for d in devs] if options.slowdown else [float(x) for x in speeds[list(devs)]]
+        speed.append(max(sp) if lower else min(sp))
+        slowest.append(min(sp))
+        exact = exact and max(sp) == min(sp)
+    fw = [profile.forward_time(s.first, s.last) / speed[j % p] / s.replicas for j, s in enumerate(stages)]
+    bw = [profile.stage_backward_time(s.first, s.last, s.recompute) / speed[j % p] / s.replicas for j, s in enumerate(stages)]
+    split = [backward_parts(profile, j, s.first, s.last, s.recompute) for j, s in enumerate(stages)]
+    bi = [split[j][0] / speed[j % p] / s.replicas for j, s in enumerate(stages)]
+    ww = [split[j][1] / speed[j % p] / s.replicas for j, s in enumerate(stages)]
+    cost = {Kind.FORWARD: fw, Kind.BACKWARD: bw, Kind.BACKWARD_INPUT: bi, Kind.BACKWARD_WEIGHT: ww}
+    out_bytes = [profile.boundary_bytes(s.last) for s in stages]
+    in_bytes = [profile.boundary_bytes(s.first) for s in stages]
+    spb: dict[tuple[int, int], float] = {}
+    latp: dict[tuple[int, int], float] = {}
+    for j in range(S - 1):
+        ga, gb = j % p, (j + 1) % p
+        for src_g, dst_g in ((ga, gb), (gb, ga)):
+            if (src_g, dst_g) not in spb and src_g != dst_g:
+                stats = pair_stats(cluster, groups[src_g], groups[dst_g])
+                exact = exact and stats.uniform
+                if not lower:
+                    spb[(src_g, dst_g)], latp[(src_g, dst_g)] = stats.top, cluster.latency_s
+                elif stats.first < 0:  # some receiver gets its rows on its own device: no wait at all
+                    spb[(src_g, dst_g)], latp[(src_g, dst_g)] = 0.0, 0.0
+                else:
+                    spb[(src_g, dst_g)], latp[(src_g, dst_g)] = stats.first, cluster.latency_s
+    frac = {u: unit_fraction(u[1]) for u in units}
+    ar = [all_reduce_time(cluster, s.devices, profile.param_bytes(s.first, s.last)) for s in stages]
+
+    arr_f: dict[tuple[int, tuple[int, int]], float] = {}
+    arr_b: dict[tuple[int, tuple[int, int]], float] = {}
+    link: dict[tuple[int, int], float] = {}
+    pc = [0] * p
+    clock = [0.0] * p
+    busy = [0.0] * p
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        progressed = False
+        for g in range(p):
+            order = orders[g]
+            k = pc[g]
+            t = clock[g]
+            while k < len(order):
+                act = order[k]
+                j = act.stage
+                u = (act.microbatch, act.part)
+                fr = frac[u]
+                if act.kind is Kind.FORWARD:
+                    if j > 0:
+                        got = arr_f.get((j, u))
+                        if got is None:
+                            break
+                        t = max(t, got)
+                    t += fw[j] * fr
+                    busy[g] += fw[j] * fr
+                    if j + 1 < S:
+                        dst = (j + 1) % p
+                        if dst == g:
+                            arr_f[(j + 1, u)] = t
+                        else:
+                            st = max(t, link.get((g, dst), 0.0))
+                            link[(g, dst)] = st + latp[(g, dst)] + out_bytes[j] * fr * spb[(g, dst)]
+                            arr_f[(j + 1, u)] = link[(g, dst)]
+                elif act.kind is Kind.BACKWARD_WEIGHT:
+                    t += ww[j] * fr
+                    busy[g] += ww[j] * fr
+                    if last_backward[g].get(j) == k:
+                        t += ar[j]
+                        busy[g] += ar[j]
+                else:
+                    b = bw if act.kind is Kind.BACKWARD else bi
+                    if j + 1 < S:
+                        got = arr_b.get((j, u))
+                        if got is None:
+                            break
+                        t = max(t, got)
+                    t += b[j] * fr
+                    busy[g] += b[j] * fr
+                    if j > 0:
+                        dst = (j - 1) % p
+                        if dst == g:
+                            arr_b[(j - 1, u)] = t
+                        else:
+                            st = max(t, link.get((g, dst), 0.0))
+                            link[(g, dst)] = st + latp[(g, dst)] + in_bytes[j] * fr * spb[(g, dst)]
+                            arr_b[(j - 1, u)] = link[(g, dst)]
+                    if last_backward[g].get(j) == k:
+                        t += ar[j]
+                        busy[g] += ar[j]
+                k += 1
+            if k != pc[g]:
+                remaining -= k - pc[g]
+                pc[g], clock[g] = k, t
+                progressed = True
+        if not progressed:
+            return GroupSim(INF, (), False, False)
+    if lower and not exact:
+        # The slowest replica of each group runs its own order at its own speed, and its messages
+        # arrive no earlier than in the pass above (which bounds every sender's replicas): a
+        # tighter bound on that replica, hence on the iteration.
+        for g in range(p):
+            t = 0.0
+            for k, act in enumerate(orders[g]):
+                j = act.stage
+                u = (act.microbatch, act.part)
+                f = cost[act.kind]
+                if act.kind is Kind.FORWARD and j > 0:
+                    t = max(t, arr_f[(j, u)])
+                elif act.kind.grads_input and j + 1 < S:
+                    t = max(t, arr_b[(j, u)])
+                t += f[j] * frac[u] * speed[g] / slowest[g]
+                if act.kind.grads_weights and last_backward[g].get(j) == k:
+                    t += ar[j]
+            clock[g] = max(clock[g], t)
+    step = options.step_s_per_param_byte
+    if step:  # every device ends with its stages' optimizer steps
+        for g in range(p):
+            extra = sum(step * profile.param_bytes(stages[j].first, stages[j].last) for j in range(g, S, p))
+            clock[g] += extra
+            busy[g] += extra
+    peaks, statics = [], []
+    fits = True
+    for g, order in enumerate(orders):
+        static = sum(profile.param_bytes(stages[j].first, stages[j].last) for j in range(g, S, p)) * options.state_factor
+        stash = peak = 0.0
+        for act in order:
+            s = stages[act.stage]
+            delta = profile.stage_stash_bytes(s.first, s.last, s.recompute) * unit_fraction(act.part) / s.replicas
+            stash += stash_sign(act.kind) * delta
+            peak = max(peak, stash)
+        peaks.append(static + peak)
+        statics.append(static)
+        if static + peak > float(cluster.memories[list(groups[g])].min()):
+            fits = False
+    return GroupSim(max(clock), tuple(peaks), fits, exact, tuple(busy), tuple(statics))
+
+
+class BoundTerms:
+    """The parts of :func:`plan_lower_bound` that depend only on the stages (cuts and devices), so
+    the bound of every schedule and slicing variant of one structure costs a few operations.
+
+    ``head[j]``: no replica of stage j starts a forward before one unit went forward through
+    stages 0..j−1, each boundary costing at least its cheapest receiver's slowest message;
+    ``tail[j]``: after a backward on stage j the backwards of j−1..0 (and their messages) remain.
+    Then, per device group g: ``head[g]`` + all of its compute at its fastest speed + the larger of
+    ``tail[g]`` and its all-reduces (its last compute is a backward; all-reduces run on it). Per
+    boundary and direction: the first message leaves after ``head[j]`` + one forward, the link of
+    the slowest replica pair carries every unit's message in turn, and the last one still has a
+    forward and backward after it and the backward chain to stage 0. The cost grows with groups
+    and replica pairs, never with units."""
+
+    def __init__(self, stages: Sequence[Stage], profile: Profile, cluster: Cluster) -> None:
+        S = len(stages)
+        groups: list[tuple[int, ...]] = []
+        for st in stages:
+            if st.devices in groups:
+                break
+            groups.append(st.devices)
+        p = len(groups)
+        speeds = cluster.speeds
+        lat = cluster.latency_s
+        fast = [float(speeds[list(devs)].max()) for devs in groups]
+        self.f = [profile.forward_time(s.first, s.last) / fast[j % p] / s.replicas for j, s in enumerate(stages)]
+        self.b = [profile.stage_backward_time(s.first, s.last, s.recompute) / fast[j % p] / s.replicas for j, s in enumerate(stages)]
+        # a split backward's input-gradient part (what the chain back to stage 0 waits for)
+        self.bi = [backward_parts(profile, j, s.first, s.last, s.recompute)[0] / fast[j % p] / s.replicas for j, s in enumerate(stages)]
+        out_bytes = [profile.boundary_bytes(s.last) for s in stages]
+        # per boundary and direction: (bytes × slowest receiver-side cost, bytes × cheapest receiver's slowest)
+        self.msg_first: list[tuple[float, float]] = []  # (forward, backward) first-message byte-seconds
+        self.msg_link: list[tuple[float, float]] = []  # (forward, backward) slowest pair byte-seconds (-1: none)
+        self.has_msg: list[tuple[bool, bool]] = []
+        for j in range(S - 1):
+            src, dst = stages[j].devices, stages[j + 1].devices
+            fw_st, bw_st = pair_stats(cluster, src, dst), pair_stats(cluster, dst, src)
+            nbytes = out_bytes[j]
+            self.msg_first.append((fw_st.first * nbytes if fw_st.first > 0 else -1.0, bw_st.first * nbytes if bw_st.first > 0 else -1.0))
+            self.msg_link.append((fw_st.top * nbytes, bw_st.top * nbytes))
+            self.has_msg.append((fw_st.top > 0, bw_st.top > 0))
+        self.lat = lat
+        ar = [all_reduce_time(cluster, s.devices, profile.param_bytes(s.first, s.last)) for s in stages]
+        self.groups: list[tuple[int, float, float, float]] = []  # (group, compute per unit, speed, all-reduces)
+        for k in range(p):
+            work = sum(profile.compute_time(stages[j].first, stages[j].last) / stages[j].replicas for j in range(k, S, p))
+            self.groups.append((k, work, fast[k], sum(ar[j] for j in range(k, S, p))))
+        self.S = S
+
+    def bound(self, total: float, fmin: float, n_units: int, split: bool = False) -> float:
+        """Lower bound for ``n_units`` units of ``total`` micro-batches, the smallest ``fmin``.
+
+        ``split``: the schedule splits backwards (zero bubble). Then only input gradients chain
+        back to stage 0 (its own backward is all weight gradient, run whole after its ``BI``),
+        and a device's last action may be a deferred ``W`` that nothing waits for, so its
+        term ends with its all-reduce rather than with the chain."""
+        S, lat = self.S, self.lat
+        f, b = self.f, self.b
+        chain = [b[0]] + self.bi[1:] if split else b
+
+        def first(j: int, k: int) -> float:
+            v = self.msg_first[j][k]
+            return 0.0 if v < 0 else lat + v * fmin  # a receiver that needs no message (same device) waits 0
+
+        head = [0.0] * S
+        for j in range(S - 1):
+            head[j + 1] = head[j] + f[j] * fmin + first(j, 0)
+        tail = [0.0] * S
+        for j in range(1, S):
+            tail[j] = tail[j - 1] + chain[j - 1] * fmin + first(j - 1, 1)
+        best = 0.0
+        for g, work, speed, ar in self.groups:
+            best = max(best, head[g] + work * total / speed + (ar if split else max(ar, tail[g])))
+        for j in range(S - 1):
+            fb_next = (f[j + 1] + chain[j + 1]) * fmin
+            if self.has_msg[j][0]:
+                link = n_units * lat + self.msg_link[j][0] * total
+                best = max(best, head[j] + f[j] * fmin + link + fb_next + tail[j + 1])
+            if self.has_msg[j][1]:
+                link = n_units * lat + self.msg_link[j][1] * total
+                after = max(b[j] * fmin, chain[j] * fmin + tail[j]) if split else b[j] * fmin + tail[j]
+                best = max(best, head[j + 1] + fb_next + link + after)
+        return best * (1 - 1e-9)
+
+
+def plan_lower_bound(plan: Plan, profile: Profile, cluster: Cluster) -> float:
+    """A lower bound on ``simulate(plan).iteration_s`` (any schedule kind, any plan)."""
+    units = units_of(plan)
+    fmin = min(unit_fraction(part) for _, part in units)
+    total = sum(unit_fraction(part) for _, part in units)
+    return BoundTerms(plan.stages, profile, cluster).bound(total, fmin, len(units), plan.schedule is ScheduleKind.ZB_H1)
+
+
+def work_bound(stages: Sequence[Stage], profile: Profile, cluster: Cluster, total: float) -> float:
+    """The cheapest true lower bound of every schedule and slicing variant of ``stages``: per
+    device group, its compute for ``total`` micro-batches at its fastest replica plus its
+    all-reduces (no messages, so no pair costs: a few operations per group)."""
+    speeds = cluster.speeds
+    per_group: dict[tuple[int, ...], float] = {}
+    for s in stages:
+        w = profile.compute_time(s.first, s.last) * total / s.replicas / float(speeds[list(s.devices)].max())
+        per_group[s.devices] = per_group.get(s.devices, 0.0) + w + all_reduce_time(cluster, s.devices, profile.param_bytes(s.first, s.last))
+    return max(per_group.values()) * (1 - 1e-9)

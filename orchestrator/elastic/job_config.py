@@ -1,0 +1,169 @@
+"""The configuration of one elastic job, in the spirit of Ray Train: a few frozen dataclasses.
+
+``TrainConfig`` says what to train, ``ScalingConfig`` on what, ``RunConfig`` where state goes and
+how much failure is tolerated, ``AdaptConfig`` whether the controller re-plans live, and
+``SpotConfig`` how preemptions and prices are handled. Each part can be switched off on its own;
+:class:`~orchestrator.elastic.job_loop.ElasticJob` runs them together in one loop. Bad values are one
+line (:class:`~orchestrator.core.errors.UserError`) at construction, before any actor starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import Tensor, nn
+
+from actors import storage
+from actors.storage_env import PROTOCOLS, SUPPORTED
+from orchestrator.core.cluster import Cluster
+from orchestrator.adapt.controller import ControllerConfig
+from orchestrator.adapt.faults import FaultSchedule
+from orchestrator.core.errors import UserError
+from orchestrator.core.plan import Plan
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """What to train: picklable factories every stage actor rebuilds identically."""
+
+    model_factory: Callable[[], list[nn.Module]]
+    loss_fn: Callable[[Tensor, Tensor], Tensor]
+    optimizer_factory: Callable[[Any], torch.optim.Optimizer]
+    data_fn: Callable[[int], tuple[Tensor, Tensor]]
+    """``data_fn(step) -> (inputs, targets)``, deterministic in ``step`` (exact restarts need it)."""
+    num_microbatches: int = 8
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.num_microbatches < 1:
+            raise UserError("num_microbatches must be >= 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScalingConfig:
+    """On what: ``devices`` stage actors (device ``d`` = Ray slot ``d``), one plan over them."""
+
+    devices: int = 4
+    planner: str = "pipedream"
+    plan: Plan | None = None
+    """A fixed starting plan instead of ``planner``'s."""
+    cluster: Cluster | None = None
+    """The nominal cluster the plan, the controller and evacuation reason about (memory per
+    device included); default: ``devices`` equal devices at 10 Gb/s."""
+    use_gpu: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.devices < 1:
+            raise UserError("ScalingConfig.devices must be >= 1")
+        if self.cluster is not None and self.cluster.size != self.devices:
+            raise UserError(f"ScalingConfig: cluster has {self.cluster.size} devices but devices={self.devices}")
+        if self.plan is not None and max(self.plan.devices) >= self.devices:
+            raise UserError(f"ScalingConfig: the plan uses device {max(self.plan.devices)} but devices={self.devices}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """Where state goes and how much failure is tolerated."""
+
+    storage: str | Path = "checkpoints"
+    """A local folder or an ``s3://``, ``gs://``, ``az://`` URI (fsspec; credentials and endpoints
+    from each cloud's usual environment variables)."""
+    events: str | Path | None = None
+    """JSONL event log (default: ``events.jsonl`` beside a local storage folder, else none)."""
+    checkpoint_every: int = 10
+    async_checkpoints: bool = True
+    """Snapshot to host memory and upload while training continues (commit at the next boundary)."""
+    max_failures: int = 3
+    """Worker deaths without notice recovered from the latest checkpoint before giving up."""
+    pipelined: bool = True
+    """Submit iteration k+1 before gathering k when no decision is pending."""
+    name: str = "elastic"
+
+    def __post_init__(self) -> None:
+        if self.checkpoint_every < 0 or self.max_failures < 0:
+            raise UserError("RunConfig: checkpoint_every and max_failures must be >= 0")
+        scheme = storage.scheme(self.storage)
+        if scheme and scheme not in PROTOCOLS:
+            raise UserError(f"RunConfig: unknown storage scheme {scheme!r} in {self.storage} (use {SUPPORTED})")
+
+    def events_path(self) -> Path | None:
+        if self.events is not None:
+            return Path(self.events)
+        if storage.is_local(self.storage):
+            return Path(storage.local_path(self.storage)).parent / "events.jsonl"
+        return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdaptConfig:
+    """The adaptive controller: observe speeds and links, move blocks live when it pays."""
+
+    enabled: bool = True
+    controller: ControllerConfig = ControllerConfig(straight=True)
+    faults: FaultSchedule = FaultSchedule()
+    """Rehearsal only: slowdowns/throttles (CPU workers) and kills injected at given iterations;
+    applied even with ``enabled=False`` (the controller off, the faults still on)."""
+
+
+@dataclass(frozen=True)
+class InjectedNotice:
+    """Rehearsal: after step ``at_step``, ``devices`` get a notice with ``seconds`` left (empty:
+    every device the job has then, as when the whole placement is reclaimed)."""
+
+    at_step: int
+    seconds: float = 120.0
+    devices: tuple[int, ...] | None = None
+    """``None``: the device of the middle stage at that moment (one that holds blocks)."""
+
+    def __post_init__(self) -> None:
+        if self.at_step < 0 or self.seconds <= 0:
+            raise UserError("an injected notice needs at_step >= 0 and seconds > 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpotConfig:
+    """Preemptions and prices: live evacuation when it fits, else checkpoint → migration → restore."""
+
+    enabled: bool = True
+    evacuate_live: bool = True
+    """Off: every notice is handled by checkpoint → migration → restore (the baseline)."""
+    margin_s: float = 5.0
+    """Evacuation (or the checkpoint) must be predicted to finish this long before the deadline."""
+    notices: tuple[InjectedNotice, ...] = ()
+    watch: str | None = None
+    """``aws``/``gcp``/``azure``: a watcher of that cloud's metadata service on every node of the
+    job (and the driver's), polled between iterations (:mod:`orchestrator.elastic.node_watch`)."""
+    ray_drain_poll_s: float = 5.0
+    """Read the node watchers and Ray's drain requests (:mod:`orchestrator.elastic.drain`) this often,
+    between iterations; 0: never."""
+    catalog: str | None = None
+    """Price file or folder for migration decisions (default: the bundled snapshot)."""
+    cloud_yaml: str | None = None
+    """Write the validated Ray cluster YAML of each migration target into this folder."""
+    ray_up: bool = False
+    """Run ``ray up`` on that YAML (real clouds only; otherwise a dry run)."""
+    offer: Any = None
+    """The :class:`cloud.records.Offer` the job runs on (default: the catalog's cheapest spot offer
+    with as many GPUs as the job has devices); migrations are priced against it."""
+    migration_check_every: int = 0
+    """Ask the migration planner for a cheaper place every N steps (0: only on preemption and
+    replayed price changes)."""
+    price_events: tuple[tuple[int, float], ...] = field(default_factory=tuple)
+    """Rehearsal: (step, factor) — after that step the current offer's price is multiplied by
+    ``factor`` in the planner's view, as a replayed price change."""
+
+    horizon_scale: float = 1e4
+    """Samples still to train per sample of this run, for pricing a move (a rehearsal is a short
+    slice of a long job: moving pays only over the job's whole remaining length)."""
+    checkpoint_gb: float = 0.05
+    """Checkpoint size for the migration planner's transfer cost."""
+
+    def __post_init__(self) -> None:
+        if self.margin_s < 0 or self.migration_check_every < 0 or self.ray_drain_poll_s < 0:
+            raise UserError("SpotConfig: margin_s, migration_check_every and ray_drain_poll_s must be >= 0")
+        if any(f <= 0 or at < 0 for at, f in self.price_events):
+            raise UserError("SpotConfig: price_events need step >= 0 and factor > 0")
+        if self.notices and not self.enabled:
+            raise UserError("SpotConfig: injected notices need enabled=True")

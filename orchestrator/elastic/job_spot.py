@@ -1,0 +1,190 @@
+"""The glue between :class:`~orchestrator.elastic.job_loop.ElasticJob` and its policies.
+
+- :class:`JobHandle`: the controller's :class:`~orchestrator.adapt.handle.PipelineHandle`
+  over the job. The job's loop runs the iterations; ``run_iteration`` hands the controller the
+  metrics of the iteration the loop just finished (so the controller is a policy stepped between
+  iterations, not a second loop), and ``apply_move`` is the job's live move.
+- :func:`push_faults`: rehearsal slowdowns and link delays, as knobs on the workers.
+- :func:`spot_decision`: the cloud module's migration planner asked between iterations (and on
+  a preemption) over a :class:`PriceView` of the catalog; replayed price changes update it.
+- :func:`profile_model`: the model timed here, block by block (what the cost model, the
+  controller and evacuation reason about).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from actors.metrics import IterationMetrics as Measured
+from orchestrator.core.cluster import GBPS, Cluster
+from orchestrator.adapt.faults import Kill, Slowdown, Throttle
+from orchestrator.adapt.handle import IterationMetrics, MoveReport, RestartReport
+from orchestrator.core.errors import UserError
+from orchestrator.core.plan import Plan
+from orchestrator.core.profile import Profile
+
+if TYPE_CHECKING:
+    from orchestrator.elastic.job_config import TrainConfig
+    from orchestrator.elastic.job_loop import ElasticJob
+
+
+class JobHandle:
+    """See the module docstring; mirrors :class:`orchestrator.adapt.live.RayPipeline` call for call."""
+
+    def __init__(self, job: "ElasticJob") -> None:
+        self.job = job
+        self._staged: Measured | None = None
+
+    def stage(self, m: Measured) -> None:
+        self._staged = m
+
+    def current_plan(self) -> Plan:
+        return self.job.trainer.plan
+
+    def nominal_cluster(self) -> Cluster:
+        return self.job.cluster
+
+    def alive_devices(self) -> tuple[int, ...]:
+        return tuple(sorted(self.job.alive))
+
+    def run_iteration(self) -> IterationMetrics:
+        from orchestrator.adapt.live import to_controller_metrics
+
+        assert self._staged is not None, "the job's loop stages each iteration's metrics first"
+        m, self._staged = self._staged, None
+        return to_controller_metrics(m, self.job.trainer.step - 1, self.current_plan())
+
+    def apply_move(self, new_plan: Plan) -> MoveReport:
+        return self.job.move(new_plan)
+
+    def restart(self, new_plan: Plan, from_checkpoint: bool) -> RestartReport:
+        job = self.job
+        before = job.trainer.step
+        source = job._checkpoint("planned restart") if not from_checkpoint else None
+        import time
+
+        t0 = time.perf_counter()
+        resumed = job.trainer.restart_on(new_plan, source, members=sorted(job.alive),
+                                         slots={d: d for d in range(job.scaling.devices)})
+        return RestartReport(time.perf_counter() - t0, before - resumed, new_plan)
+
+
+def push_faults(job: "ElasticJob", k: int) -> None:
+    """Send each plan device its slowdown factor and outgoing link delays for iteration ``k``
+    (on change only), and arm the kills of iteration ``k``. Rehearsal only: CPU workers sleep,
+    GPU workers refuse slowdowns."""
+    faults = job.adapt.faults.faults
+    if not faults:
+        return
+    factor: dict[int, float] = {}
+    delays: dict[int, dict[int, float]] = {}
+    group = job.trainer.group
+    assert group is not None
+    for f in faults:
+        if isinstance(f, Kill) and f.at_iteration == k and f not in job._killed and f.device in job.trainer.plan.devices:
+            job._killed.add(f)  # dies halfway through iteration k, like a crashed process
+            group.call("arm_kill", k, devices=[f.device], what="arm kill")
+        elif isinstance(f, Slowdown) and f.active(k):
+            factor[f.device] = factor.get(f.device, 1.0) * f.factor
+        elif isinstance(f, Throttle) and f.active(k):
+            for s, d in [(f.src, f.dst)] + ([(f.dst, f.src)] if f.symmetric else []):
+                if f.delay_per_byte is not None:
+                    delays.setdefault(s, {})[d] = f.delay_per_byte
+                else:
+                    assert f.gbps is not None
+                    delays.setdefault(s, {})[d] = max(0.0, 1.0 / (f.gbps * GBPS) - 1.0 / job.cluster.link(s, d))
+    knobs = job._knobs
+    for d in job.trainer.plan.devices:
+        want = (factor.get(d, 1.0), tuple(sorted(delays.get(d, {}).items())))
+        if knobs.get(d) != want:
+            group.call("set_faults", want[0], dict(want[1]), devices=[d], what="set faults")
+            knobs[d] = want
+
+
+@dataclass
+class PriceView:
+    """What the migration planner sees: the offers (with replayed price changes applied), the
+    offer the job runs on, and this model's simulated throughput on each (GPU type, count)."""
+
+    offers: Any  # pandas.DataFrame
+    current: Any  # cloud.records.Offer
+    throughputs: Any  # cloud.throughput.ThroughputTable
+
+
+def price_view(job: "ElasticJob") -> PriceView:
+    """Built on first use (it plans the model for every GPU type of the catalog)."""
+    if job._prices is None:
+        from cloud.importers import load_any, load_snapshot
+        from cloud.records import Offer
+        from orchestrator.elastic.parts import simulated_throughputs
+
+        spot = job.spot
+        offers = load_any(spot.catalog) if spot.catalog else load_snapshot()
+        # a pipeline needs devices to spread over: targets with at least two GPUs (or the job's count)
+        offers = offers[(offers.gpu_count >= min(2, job.scaling.devices)) & (offers.usd_per_hour > 0)].reset_index(drop=True)
+        current = spot.offer
+        if current is None:
+            rows = offers[offers.spot & (offers.gpu_count == job.scaling.devices)].sort_values("usd_per_hour")
+            if rows.empty:
+                raise UserError(f"the price catalog has no spot offer with {job.scaling.devices} GPUs to start from")
+            r = rows.iloc[0]
+            current = Offer(str(r.cloud), str(r.region), str(r.zone), str(r.instance_type), str(r.gpu_type),
+                            int(r.gpu_count), True, float(r.usd_per_hour))
+        gpus = {(str(g), int(c)) for g, c in zip(offers.gpu_type, offers.gpu_count)}
+        job._prices = PriceView(offers, current, simulated_throughputs(job.profile, gpus, job.train.num_microbatches))
+    return job._prices
+
+
+def spot_decision(job: "ElasticJob", step: int, preempted: bool = False) -> Any:
+    """The migration planner between iterations (when due, or forced by a preemption): a
+    :class:`cloud.migration.Move` that pays, else None. Replayed price changes apply first."""
+    from cloud.migration import MigrationCosts, Move, plan_migration
+
+    spot = job.spot
+    changes = [f for at, f in spot.price_events if at == step]
+    due = preempted or bool(changes) or bool(spot.migration_check_every and step % spot.migration_check_every == 0)
+    if not due:
+        return None
+    view = price_view(job)
+    cur = view.current
+    same = (view.offers.cloud == cur.cloud) & (view.offers.region == cur.region) & (view.offers.zone == cur.zone) \
+        & (view.offers.instance_type == cur.instance_type) & (view.offers.spot == cur.spot)
+    for factor in changes:
+        view.offers.loc[same, "usd_per_hour"] *= factor
+        view.current = cur = replace(cur, usd_per_hour=cur.usd_per_hour * factor)
+        job.emit("price_change", step=step, offer=cur.label(), usd_per_hour=round(cur.usd_per_hour, 4), factor=factor)
+    rows = float(job.train.data_fn(0)[0].shape[0])
+    remaining = max(1.0, job.target_steps - step) * rows * spot.horizon_scale
+    table = view.offers[~same] if preempted else view.offers
+    decision = plan_migration(cur, table, view.throughputs, "job", remaining, MigrationCosts(checkpoint_gb=spot.checkpoint_gb))
+    job.emit("migration_decision", step=step, forced=preempted, decision=type(decision).__name__, reason=decision.reason)
+    return decision if isinstance(decision, Move) else None
+
+
+def write_target_yaml(job: "ElasticJob", offer: Any) -> None:
+    """The validated Ray cluster YAML of a migration target (``ray up`` only with ``ray_up``)."""
+    from pathlib import Path
+
+    from orchestrator.elastic.parts import cloud_launcher
+    from orchestrator.elastic.manager import Placement
+    from orchestrator.elastic.launch import LaunchTarget
+
+    assert job.spot.cloud_yaml is not None
+    placed = cloud_launcher(Path(job.spot.cloud_yaml), project_id="my-project", dry_run=not job.spot.ray_up)(
+        Placement(LaunchTarget("local"), offer.gpu_count, offer))
+    job.emit("target_yaml", target=offer.label(), devices=placed.devices, directory=job.spot.cloud_yaml)
+
+
+def profile_model(train: "TrainConfig") -> Profile:
+    """The model's blocks timed on one micro-batch here (the cost model rescales by observed speeds)."""
+    import torch
+
+    from actors import user_code
+    from orchestrator.profiling.profiler import profile_blocks
+
+    torch.manual_seed(train.seed)
+    blocks = user_code.blocks(train.model_factory)
+    inputs, _ = user_code.batch(train.data_fn, 0)
+    sample = torch.tensor_split(inputs, train.num_microbatches)[0]
+    return profile_blocks(blocks, sample, "job", int(sample.shape[0]), warmup=1, repeats=3, device="cpu")

@@ -1,0 +1,443 @@
+"""``PipelineTrainer``: pipeline-parallel training on Ray actors, driven by a :class:`Plan`.
+
+Shaped like Ray Train's ``TorchTrainer`` (construct with factories, call ``fit``, get a result
+and checkpoints back), but the workers are pipeline stages, not data-parallel copies::
+
+    trainer = PipelineTrainer(model_factory, loss_fn, lambda p: torch.optim.AdamW(p, 1e-3),
+                              data_fn, num_microbatches=8, checkpoint_dir="ckpt", checkpoint_every=100)
+    result = trainer.fit(1000)
+
+The driver only sends "run iteration ``step``" to every worker and gathers small reports; the
+workers fetch their own data (``data_fn(step)``, deterministic in ``step``) and exchange
+activations and gradients directly over ``torch.distributed``, so no tensor per micro-batch ever
+passes through the driver or the object store. Without a ``plan`` the model is profiled here and
+a planner from :mod:`orchestrator.planners` chooses one for the live Ray cluster.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence, overload
+
+import ray
+import torch
+from torch import Tensor, nn
+from tqdm import tqdm
+
+from actors import checkpoint as ckpt
+from actors import storage
+from actors import user_code
+from actors.group import PipelineActorError, WorkerGroup
+from actors.metrics import IterationMetrics, combine, combine_run
+from actors.stage_worker import JobSpec
+from actors.training import TrainingOptions
+from orchestrator.core.cluster import Cluster
+from orchestrator.core.errors import UserError
+from orchestrator.core.plan import Plan
+from orchestrator.train.fit_result import FitResult, InFlight
+
+
+class PipelineTrainer:
+    """Pipeline-parallel trainer; see the module docstring for the data and control flow."""
+
+    def __init__(
+        self,
+        model_factory: Callable[[], list[nn.Module]],
+        loss_fn: Callable[[Tensor, Tensor], Tensor],
+        optimizer_factory: Callable[[Any], torch.optim.Optimizer],
+        data_fn: Callable[[int], tuple[Tensor, Tensor]],
+        num_microbatches: int,
+        plan: Plan | None = None,
+        planner: str = "pipedream",
+        cluster: Cluster | None = None,
+        checkpoint_dir: str | Path | None = None,
+        checkpoint_every: int = 0,
+        max_failures: int = 0,
+        seed: int = 0,
+        resume: str | Path | None = None,
+        kill_at: Iterable[tuple[int, int]] = (),
+        progress: bool | None = None,
+        iteration_timeout_s: float = 600.0,
+        pg_timeout_s: float = 120.0,
+        workers: WorkerGroup | None = None,
+        use_gpu: bool | None = None,
+        pipelined_dispatch: bool = True,
+        iterations_per_call: int = 8,
+        validate: bool = True,
+        async_checkpoints: bool = False,
+        training: TrainingOptions | None = None,
+    ) -> None:
+        """``validate``: check the user's functions on the driver first (see
+        :func:`actors.user_code.validate_job`): one model build, one probe row, two ``data_fn(0)``.
+        ``training``: gradient clipping by the global norm and LR schedules
+        (:class:`actors.training.TrainingOptions`)."""
+        if checkpoint_every and checkpoint_dir is None:
+            raise UserError("checkpoint_every needs a checkpoint_dir")
+        if validate:
+            user_code.validate_job(model_factory, loss_fn, optimizer_factory, data_fn, num_microbatches, checkpoint_dir, seed)
+        self.spec = JobSpec(model_factory, loss_fn, optimizer_factory, data_fn, seed, pg_timeout_s, kill_at=frozenset(kill_at),
+                            training=training or TrainingOptions())
+        self.num_microbatches = num_microbatches
+        self.use_gpu = use_gpu
+        self._probed: WorkerGroup | None = None  # the workers that measured the cluster, kept to run the plan
+        self.plan = plan if plan is not None else self._make_plan(planner, cluster)
+        if self.plan.num_microbatches != num_microbatches:
+            raise UserError(f"the plan has {self.plan.num_microbatches} micro-batches but num_microbatches={num_microbatches}")
+        # a local folder stays a Path; a storage URI (s3://, gs://, az://) stays a string
+        self.checkpoint_dir: str | Path | None = (
+            None if checkpoint_dir is None else checkpoint_dir if isinstance(checkpoint_dir, str) and not storage.is_local(checkpoint_dir)
+            else Path(storage.local_path(checkpoint_dir)))
+        self.skipped_checkpoints: list[ckpt.Skipped] = []  # damaged ones passed over by resume/recovery, with reasons
+        self._uploading: tuple[str | Path, int, int, dict[str, Any], dict[str, Any], list[int]] | None = None
+        self.checkpoint_every, self.max_failures = checkpoint_every, max_failures
+        self.progress, self.iteration_timeout_s = progress, iteration_timeout_s
+        self.resume = resume
+        self.pipelined_dispatch = pipelined_dispatch
+        self.iterations_per_call = iterations_per_call  # fit: consecutive steps per remote call (see fit)
+        self._failing_run: tuple[int, int] | None = None  # the run of steps fit is gathering (which kill_at entries fired)
+        # periodic checkpoints snapshot the blocks and upload while the next steps train; each
+        # commits when the next one starts or when fit returns (see save_checkpoint(background=))
+        self.async_checkpoints = async_checkpoints
+        self.group = workers if workers is not None else self._probed
+        self._owns_group = workers is None
+        self._started = False
+        self.step = 0
+        self.failures = 0
+        self.history: dict[int, float] = {}
+
+    # ----- setup -----
+    def _make_plan(self, planner: str, cluster: Cluster | None) -> Plan:
+        """Profile the model on one micro-batch here and let ``planner`` choose a plan.
+
+        Without a ``cluster``: the Ray cluster's slots with speeds measured on a few of the
+        model's own blocks and links probed with the runtime's transport
+        (:func:`orchestrator.train.discovery.discover_cluster`); those workers then run the plan."""
+        from actors.probe import model_probe
+        from orchestrator.train.discovery import discover_cluster
+        from orchestrator.planners.base import PlannerOptions, run_planner
+        from orchestrator.profiling.profiler import profile_blocks
+
+        torch.manual_seed(self.spec.seed)
+        blocks = user_code.blocks(self.spec.model_factory)
+        inputs, _ = user_code.batch(self.spec.data_fn, 0)
+        sample = torch.tensor_split(inputs, self.num_microbatches)[0]
+        profile = profile_blocks(blocks, sample, "model", int(sample.shape[0]), device="cpu")
+        if cluster is None:
+            if not ray.is_initialized():
+                ray.init(ignore_reinit_error=True, log_to_driver=False)
+            kind = None if self.use_gpu is None else ("gpu" if self.use_gpu else "cpu")
+            found = discover_cluster(kind, seconds_of=model_probe(self.spec.model_factory, self.spec.data_fn,
+                                                                  rows=int(sample.shape[0])))
+            cluster, self._probed = found.cluster, found.group
+        try:
+            result = run_planner(planner, profile, cluster, PlannerOptions(num_microbatches=self.num_microbatches))
+        except BaseException:
+            if self._probed is not None:
+                self._probed.shutdown()
+            raise
+        return result.plan
+
+    def _ensure_started(self) -> None:
+        if not self._started:
+            self.start()
+
+    @property
+    def started(self) -> bool:
+        return self._started
+
+    def start(self, members: Sequence[int] | None = None, slots: Mapping[int, int] | None = None, size: int | None = None) -> None:
+        """Create (if needed) and configure the workers. ``members``/``slots``: see
+        :meth:`WorkerGroup.configure` — the live handle (:mod:`orchestrator.adapt.live`) pins device
+        ``d`` to worker ``d`` and makes every alive device a rank so it can move blocks live."""
+        if not ray.is_initialized():
+            ray.init(ignore_reinit_error=True, log_to_driver=False)
+        if self.group is None:
+            self.group = WorkerGroup(size or len(self.plan.devices), use_gpu=self.use_gpu)
+        self.group.configure(self.spec, self.plan, members=members, slots=slots)
+        self._started = True
+        if self.resume is not None:
+            self.restore(self.resume)
+            self.resume = None
+
+    def run_step(self) -> IterationMetrics:
+        """Exactly one iteration of ``self.plan`` (no retry: a failure propagates as
+        :class:`PipelineActorError`), then a checkpoint if one is due. The adaptive controller's
+        handle drives training through this, one step at a time, between its decisions."""
+        group = self._workers()
+        t = time.perf_counter()
+        reports = group.call("run_iteration", self.step, what=f"step {self.step}", timeout_s=self.iteration_timeout_s)
+        m = combine(reports, time.perf_counter() - t)
+        self.history[self.step] = m.loss
+        self.step += 1
+        if self._checkpoint_due(self.step):
+            self.save_checkpoint()
+        return m
+
+    def _checkpoint_due(self, done: int) -> bool:
+        """Whether a checkpoint is written once ``done`` steps have completed."""
+        return bool(self.checkpoint_every) and done % self.checkpoint_every == 0
+
+    def _workers(self) -> WorkerGroup:
+        self._ensure_started()
+        assert self.group is not None
+        return self.group
+
+    # ----- training -----
+    def fit(self, steps: int) -> FitResult:
+        """Train ``steps`` more iterations, restarting from the last checkpoint on worker death.
+
+        Calls of several iterations (``iterations_per_call``, default 8): each worker runs a run of
+        consecutive steps back to back in one remote call (:meth:`StageWorker.run_iterations`), so
+        Ray's per-call work (task hand-off in the worker, the driver's gather) is paid once per
+        run instead of once per iteration. A run never crosses a checkpoint and never passes the
+        last step. Pipelined dispatch (``pipelined_dispatch=True``, the default): run ``k + 1`` is
+        submitted to every worker before run ``k``'s results are gathered, so the workers start it
+        as soon as they finish ``k`` (each runs one call at a time, in submission order) instead of
+        waiting for the driver's round trip; not across a checkpoint. If a run fails, the next is
+        cancelled or ignored (see :meth:`WorkerGroup.discard`) and recovery is as without it.
+
+        ``metrics[k].iteration_s``: the time between the completions of step ``k - 1`` and ``k``.
+        The first step of a run is timed on the driver from the later of "run submitted" and
+        "previous run gathered" (submit-to-gather when nothing was in flight: the first run, and
+        the one after a checkpoint or a restart) to "run gathered", less the later steps of the
+        run, which are timed on the workers' clocks (completion = the last device to finish).
+        Summed, they are the training wall time less checkpoint writes and restarts (and, when not
+        pipelined, less the driver's own time between runs). Per-step losses, checkpoints and
+        failure handling do not depend on either setting.
+        """
+        group = self._workers()
+        first, target = self.step, self.step + steps
+        metrics: dict[int, IterationMetrics] = {}
+        written: list[str] = []
+        restarts = 0
+        show = self.progress if self.progress is not None else steps >= 50
+        bar = tqdm(total=steps, disable=not show, desc="pipeline", unit="it")
+        start = time.perf_counter()
+        ahead: InFlight | None = None
+        last_done: float | None = None  # when the previous run was gathered, if this one was submitted before that
+        try:
+            while self.step < target:
+                step = self.step
+                try:
+                    flight = ahead if ahead is not None and ahead.step == step else self.submit_step(step, self._run_end(step, target) - step)
+                    ahead = None
+                    end = step + flight.count
+                    if self.pipelined_dispatch and end < target and not self._checkpoint_due(end):
+                        ahead = self.submit_step(end, self._run_end(end, target) - end)
+                    run = self.complete_run(flight, last_done)
+                    last_done = time.perf_counter() if ahead is not None else None
+                except PipelineActorError as exc:
+                    if ahead is not None:
+                        group.discard(ahead.refs)
+                        ahead = None
+                    last_done = None
+                    if self.failures >= self.max_failures:
+                        raise
+                    restarts += 1
+                    self.recover(exc)
+                    bar.n = max(0, self.step - first)
+                    bar.refresh()
+                    continue
+                for k, m in enumerate(run):
+                    metrics[step + k] = m
+                bar.update(len(run))
+                bar.set_postfix(loss=f"{run[-1].loss:.4f}")
+                if self._checkpoint_due(self.step):
+                    written.append(str(self.save_checkpoint(background=self.async_checkpoints)))
+        finally:
+            if ahead is not None:  # an error other than a worker failure left a run in flight
+                group.discard(ahead.refs)
+            bar.close()
+        self.finish_checkpoint()  # the last background upload commits before fit returns
+        steps_done = list(range(first, target))
+        return FitResult(
+            steps_done, [self.history[s] for s in steps_done], [metrics[s] for s in steps_done if s in metrics],
+            self.plan, restarts, written, time.perf_counter() - start, {d["device"]: d["node_id"] for d in self.devices()},
+        )
+
+    def _run_end(self, step: int, target: int) -> int:
+        """End (exclusive) of the run of steps one call executes from ``step``: at most
+        ``iterations_per_call`` steps, never past ``target`` or a checkpoint."""
+        end = min(target, step + max(1, self.iterations_per_call))
+        if self.checkpoint_every:
+            end = min(end, (step // self.checkpoint_every + 1) * self.checkpoint_every)
+        return end
+
+    def recover(self, exc: PipelineActorError) -> None:
+        """New processes, same plan, state from the newest complete checkpoint (or the seed);
+        counts one failure against ``max_failures``."""
+        self.failures += 1
+        assert self.group is not None
+        self._uploading = None  # an upload from a dead worker never commits; its folder stays unmarked
+        lo, hi = self._failing_run or (self.step, self.step + 1)
+        self._failing_run = None
+        fired = {(s, d) for s, d in self.spec.kill_at if lo <= s < hi and (d == exc.device or not exc.died)}
+        self.spec = replace(self.spec, kill_at=self.spec.kill_at - fired)
+        self.group.restart()
+        self.group.configure(self.spec, self.plan)
+        found = ckpt.find_latest(self.checkpoint_dir) if self.checkpoint_dir is not None else None
+        if found is not None:
+            self.skipped_checkpoints.extend(found.skipped)
+        if found is not None and found.location is not None:
+            self.restore(found.location)
+        else:
+            self.step = 0
+
+    # ----- primitives of the job loop (orchestrator.elastic.job_loop) and the live handle -----
+    def submit_step(self, step: int | None = None, count: int = 1) -> "InFlight":
+        """Start iteration ``step`` (default: the next) — or the run of ``count`` consecutive
+        steps from it, executed back to back in one call per worker — without waiting."""
+        at = self.step if step is None else step
+        refs, devices = self._workers().submit("run_iterations", at, max(1, count))
+        return InFlight(at, refs, devices, time.perf_counter(), max(1, count))
+
+    def complete_step(self, flight: "InFlight", since: float | None = None) -> IterationMetrics:
+        """Gather the next step (``flight``, one step), record its loss and advance; ``since``: when
+        the previous step was gathered if ``flight`` was submitted before that (pipelined timing)."""
+        assert flight.count == 1, "a run of steps is gathered with complete_run"
+        return self.complete_run(flight, since)[0]
+
+    def complete_run(self, flight: "InFlight", since: float | None = None) -> list[IterationMetrics]:
+        """Gather the run ``flight`` started (see :meth:`fit` for how its steps are timed), record
+        the losses and advance past it."""
+        assert flight.step == self.step, (flight.step, self.step)
+        end = flight.step + flight.count
+        self._failing_run = (flight.step, end)
+        what = f"steps {flight.step}-{end - 1}" if flight.count > 1 else f"step {flight.step}"
+        reports = self._workers().gather(flight.refs, what, self.iteration_timeout_s * flight.count, flight.devices)  # bound per step
+        elapsed = time.perf_counter() - max(flight.submitted, since if since is not None else flight.submitted)
+        run = combine_run(reports, elapsed)
+        self._failing_run = None
+        for m in run:
+            self.history[self.step] = m.loss
+            self.step += 1
+        return run
+
+    def discard_step(self, flight: "InFlight") -> None:
+        self._workers().discard(flight.refs)
+
+    def move_live(self, plan: Plan, transfers: Sequence[tuple[int, int, int, int]], members: Sequence[int]) -> list[dict[str, Any]]:
+        """Switch to ``plan`` between iterations, handing block state worker to worker
+        (:meth:`WorkerGroup.move`); no step may be in flight."""
+        reports = self._workers().move(plan, transfers, members, self.iteration_timeout_s)
+        self.plan = plan
+        return reports
+
+    def restart_on(self, plan: Plan, source: str | Path | None, members: Sequence[int] | None = None,
+                   slots: Mapping[int, int] | None = None) -> int:
+        """The same (or, if broken, fresh) processes on ``plan``, state from the checkpoint at
+        ``source`` (``None``: the seed); returns the step training resumes at."""
+        group = self._workers()
+        self._uploading = None
+        self.plan = plan
+        group.configure(self.spec, plan, self.iteration_timeout_s, members=members, slots=slots)
+        if source is None:
+            self.step = 0
+            return 0
+        return self.restore(source)
+
+    # ----- checkpoints -----
+    @overload
+    def save_checkpoint(self, directory: Path, background: bool = False) -> Path: ...
+    @overload
+    def save_checkpoint(self, directory: str | Path | None = None, background: bool = False) -> str | Path: ...
+    def save_checkpoint(self, directory: str | Path | None = None, background: bool = False) -> str | Path:
+        """Every block once (replica 0 writes, from its own node), then the manifest and the commit
+        marker (driver); returns the checkpoint location (a Path for a local one).
+
+        ``background``: the workers snapshot their blocks (a CPU copy: the only stall) and upload
+        them while training continues; :meth:`finish_checkpoint` waits and commits. Until then the
+        folder has no commit marker and is not a checkpoint for any reader."""
+        group = self._workers()
+        if directory is None:
+            if self.checkpoint_dir is None:
+                raise UserError("no checkpoint_dir configured and no directory given")
+            directory = ckpt.step_dir(self.checkpoint_dir, self.step)
+        target = Path(directory) if storage.scheme(directory) == "" else str(directory)
+        extra = {"seed": self.spec.seed, "data_position": self.step, "rng": "reseeded from (seed, step, device) every step",
+                 "losses": {str(s): v for s, v in sorted(self.history.items())}}
+        if background:
+            self.finish_checkpoint()  # one upload at a time
+            devices = group.plan_devices()
+            group.call("save_blocks", str(target), True, devices=devices, what="checkpoint snapshot")
+            self._uploading = (target, self.step, self.plan.num_blocks, self.plan.to_dict(), extra, devices)
+            return target
+        entries = [e for part in group.call("save_blocks", str(target), what="checkpoint") for e in part]
+        ckpt.write_manifest(target, self.step, self.plan.num_blocks, entries, self.plan.to_dict(), extra, seed=self.spec.seed)
+        return target
+
+    @property
+    def upload_pending(self) -> bool:
+        """Whether a background checkpoint is uploading (not yet committed)."""
+        return self._uploading is not None
+
+    def finish_checkpoint(self) -> str | Path | None:
+        """Wait for the background checkpoint (if any), then commit it; returns its location."""
+        if self._uploading is None:
+            return None
+        (target, step, num_blocks, plan, extra, devices), self._uploading = self._uploading, None
+        entries = [e for part in self._workers().call("finish_blocks", devices=devices, what=f"checkpoint upload to {target}")
+                   for e in part]
+        ckpt.write_manifest(target, step, num_blocks, entries, plan, extra, seed=self.spec.seed)
+        return target
+
+    def restore(self, source: str | Path) -> int:
+        """Load a checkpoint taken under ANY plan of the same model; returns the resumed step.
+
+        ``"latest"`` is the newest valid checkpoint under ``checkpoint_dir`` and an error when there
+        is none; ``"latest_or_fresh"`` starts from the seed instead. Damaged checkpoints passed over
+        are kept in ``skipped_checkpoints`` (with reasons) for the caller's event log."""
+        group = self._workers()
+        if str(source) in ("latest", "latest_or_fresh"):
+            if self.checkpoint_dir is None:
+                raise UserError(f"resume={str(source)!r} needs a checkpoint_dir")
+            found = ckpt.find_latest(self.checkpoint_dir)
+            self.skipped_checkpoints.extend(found.skipped)
+            if found.location is None:
+                if str(source) == "latest_or_fresh":
+                    return self.step
+                why = f"; newest skipped: {found.skipped[0].reason}" if found.skipped else ""
+                raise UserError(f"resume='latest': no valid checkpoint under {self.checkpoint_dir}{why} "
+                                "(resume='latest_or_fresh' starts from the seed instead)")
+            source = found.location
+        directory = str(source)
+        manifest = ckpt.verify(directory)
+        ckpt.check_model(manifest, self.plan.num_blocks, directory)
+        group.call("load_blocks", str(directory), manifest, what=f"restore from {directory}")
+        self.step = int(manifest["step"])
+        self.history.update({int(k): float(v) for k, v in manifest.get("extra", {}).get("losses", {}).items()})
+        return self.step
+
+    # ----- inspection -----
+    def devices(self) -> list[dict[str, Any]]:
+        """Where each plan device's actor actually runs (reported by the actor at start)."""
+        group = self._workers()
+        out = []
+        for d in sorted(self.plan.devices):
+            seen = group.identities[group.slot_of[d]]
+            out.append({"device": d, "node_id": seen["node_id"], "accelerator": seen["accelerator"],
+                        "actual_device": seen["device"], "pid": seen["pid"]})
+        return out
+
+    def state_dicts(self) -> dict[int, dict[str, Tensor]]:
+        """Current weights keyed by block (from replica 0 of every stage)."""
+        group = self._workers()
+        owners = sorted({s.devices[0] for s in self.plan.stages})
+        merged: dict[int, dict[str, Tensor]] = {}
+        for part in group.call("state_dicts", devices=owners):
+            merged.update(part)
+        return merged
+
+    def shutdown(self) -> None:
+        if self.group is not None and self._owns_group:
+            self.group.shutdown()
+            self.group = None
+        self._started = False
+
+    def __enter__(self) -> "PipelineTrainer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
