@@ -11,7 +11,7 @@ are waited for at the end of the iteration), receives are ``irecv`` posted up to
 from an early sender flows while this device still computes. Every directed link has its own
 two-rank process group (``links``): on NCCL one communicator is one in-order stream with tags
 ignored, and a stream per direction is what makes early receives and 1F1B's crossing sends safe
-— :func:`orchestrator.schedule.nccl.replay` proves it for every schedule shape. Per-link order is
+— :func:`orchestrator.schedule.nccl.check_hang_free` proves it for every schedule shape. Per-link order is
 the program order on both sides (the lowering guarantees the orders match). A unit whose input
 (or output gradient) comes from several peers is received straight into row slices of one
 buffer, so no concatenation copy is made.

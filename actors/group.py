@@ -40,7 +40,7 @@ from actors import waits
 from orchestrator.core.errors import UserError
 from orchestrator.core.plan import Plan
 from orchestrator.schedule.lowering import lower
-from orchestrator.schedule.nccl import CommLayout, replay
+from orchestrator.schedule.nccl import CommLayout, check_hang_free
 
 
 class PipelineActorError(RuntimeError):
@@ -242,7 +242,7 @@ class WorkerGroup:
     def _check_nccl(self, spec: JobSpec, plan: Plan) -> None:
         """Proof, with the posting rule the workers will use, that ``plan`` cannot hang under
         NCCL's rules (milliseconds; see orchestrator/schedule/nccl.py)."""
-        replay(lower(plan), CommLayout(links="directed", recv_lookahead=recv_lookahead(spec.recv_lookahead, self.use_gpu)))
+        check_hang_free(lower(plan), CommLayout(links="directed", recv_lookahead=recv_lookahead(spec.recv_lookahead, self.use_gpu)))
 
     def unresponsive(self, devices: Sequence[int], timeout_s: float) -> set[int]:
         """Devices among ``devices`` whose worker is dead or does not answer within ``timeout_s``.

@@ -33,7 +33,7 @@ class Transfer:
 
 
 @dataclass
-class IterationMetrics:
+class MeasuredIteration:
     """One iteration as measured: per-device spans, transfers, bubbles and memory."""
 
     step: int
@@ -103,7 +103,7 @@ def _transfer_key(label: str, device: int, sending: bool) -> tuple[str, int, int
     return ("F" if forward else "B", stage, a.microbatch, a.part, a.peer, device)
 
 
-def combine(reports: Sequence[Mapping[str, Any]], wall_s: float | None = None) -> IterationMetrics:
+def combine(reports: Sequence[Mapping[str, Any]], wall_s: float | None = None) -> MeasuredIteration:
     """Merge the workers' reports of one iteration (see :meth:`actors.execution.Executor.run`)."""
     origin = min(float(r["t0_wall"]) for r in reports)
     offset = {int(r["device"]): float(r["t0_wall"]) - origin for r in reports}
@@ -123,7 +123,7 @@ def combine(reports: Sequence[Mapping[str, Any]], wall_s: float | None = None) -
             transfers.append(Transfer(key[4], d, label, int(nbytes), start, max(start, done + off)))
     iteration = max(float(r["iteration_s"]) + offset[int(r["device"])] for r in reports)
     losses = [float(r["loss"]) for r in reports if r.get("loss") is not None]
-    return IterationMetrics(
+    return MeasuredIteration(
         step=int(reports[0]["step"]),
         iteration_s=wall_s if wall_s is not None else iteration,
         loss=sum(losses),
@@ -142,7 +142,7 @@ def combine(reports: Sequence[Mapping[str, Any]], wall_s: float | None = None) -
     )
 
 
-def combine_run(runs: Sequence[Sequence[Mapping[str, Any]]], wall_s: float) -> list[IterationMetrics]:
+def combine_run(runs: Sequence[Sequence[Mapping[str, Any]]], wall_s: float) -> list[MeasuredIteration]:
     """Per-step metrics of one run of consecutive steps (``runs[device][i]``: that device's report
     of the run's ``i``-th step). ``wall_s``, the driver's time for the whole run, is split: every
     step after the first gets the time between its completion and the previous one's on the

@@ -30,7 +30,7 @@ def main() -> int:
         print(f"skipped: {TRACES} not found (the shared traces are needed)")
         return 0
     from cloud.importers import load_any
-    from cloud.replay import ReplayPolicy, Trace, common_start, replay, standard_policies
+    from cloud.replay import ReplayPolicy, Trace, common_start, replay_job, standard_policies
     from cloud.store import PriceStore
     from cloud.throughput import ThroughputTable
 
@@ -47,7 +47,7 @@ def main() -> int:
         samples = 4 * 24 * 3600 * table.get(model, "V100", 1)
         for start in starts:
             for p in policies:
-                r = replay(trace, p, table, model, samples, start)
+                r = replay_job(trace, p, table, model, samples, start)
                 rows.append({"model": model, "policy": p.name, "start": start, "cost": r.cost_usd, "migrations": r.migrations,
                              "hours": r.hours})
     frame = pd.DataFrame(rows)
@@ -60,7 +60,7 @@ def main() -> int:
     # replay speed: one dynamic policy over the whole ~3-month trace
     long_policy = ReplayPolicy("ours-3-months", clouds=("aws", "azure", "gcp"), max_gpus=16, dynamic=True)
     began = time.perf_counter()
-    long = replay(trace, long_policy, table, "ResNet-50 (batch size 64)",
+    long = replay_job(trace, long_policy, table, "ResNet-50 (batch size 64)",
                   samples=len(trace.times) * 3600 * table.get("ResNet-50 (batch size 64)", "V100", 1))
     replay_s = time.perf_counter() - began
 

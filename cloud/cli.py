@@ -154,7 +154,7 @@ def _plain(value: Any) -> Any:
 
 def cmd_cost_sim(args: argparse.Namespace) -> int:
     from .importers import load_any
-    from .replay import Trace, common_start, replay, standard_policies
+    from .replay import Trace, common_start, replay_job, standard_policies
     from .store import PriceStore
     from .throughput import ThroughputTable
 
@@ -173,7 +173,7 @@ def cmd_cost_sim(args: argparse.Namespace) -> int:
         samples = args.days * 24 * 3600 * table.get(model, "V100", 1)
         if samples <= 0:
             raise CloudInputError(f"{model!r} has no V100 throughput to size the job")
-        results = [replay(trace, p, table, model, samples, start) for p in policies]
+        results = [replay_job(trace, p, table, model, samples, start) for p in policies]
         base = results[0].cost_usd
         for r in results:
             rows.append({"model": model, "policy": r.policy, "cost_usd": round(r.cost_usd, 2),

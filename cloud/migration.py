@@ -63,12 +63,16 @@ class MigrationCosts:
 
 
 @dataclass(frozen=True, slots=True)
-class Stay:
+class KeepOffer:
+    """Stay on the current offer (the controller's own "stay" is :class:`orchestrator.adapt.policies.Stay`)."""
+
     reason: str
 
 
 @dataclass(frozen=True, slots=True)
-class Move:
+class Migrate:
+    """Move the job to ``target`` through a checkpoint: a migration, not the controller's two-worker move."""
+
     target: Offer
     reason: str
     expected_saving_usd: float
@@ -78,7 +82,7 @@ class Move:
             raise CloudInputError("a move must be expected to save money")
 
 
-Decision = Stay | Move
+MigrationDecision = KeepOffer | Migrate
 
 
 def egress_usd_per_gb(src_cloud: np.ndarray, src_region: np.ndarray, dst_cloud: np.ndarray, dst_region: np.ndarray) -> np.ndarray:
@@ -138,14 +142,14 @@ def plan_migration(
     model: str,
     remaining_samples: float,
     costs: MigrationCosts = MigrationCosts(),
-) -> Decision:
-    """Stay or Move for a running job, given the latest prices (``PriceStore.latest(now)``).
+) -> MigrationDecision:
+    """KeepOffer or Migrate for a running job, given the latest prices (``PriceStore.latest(now)``).
 
     The current offer must appear in ``offers``; if it does not (its price is gone, i.e. it is no
     longer offered), the best target is returned as a forced move.
     """
     if remaining_samples <= 0:
-        return Stay("job finished")
+        return KeepOffer("job finished")
     table = offers[(offers.gpu_count > 0) & (offers.usd_per_hour > 0)].reset_index(drop=True)
     key = (table.cloud == current.cloud) & (table.region == current.region) & (table.zone == current.zone) \
         & (table.instance_type == current.instance_type) & (table.spot == current.spot) \
@@ -161,13 +165,13 @@ def plan_migration(
     move, stay = move_scores(remaining_samples, tput, table.usd_per_hour.to_numpy(float), idx, egress, risk, costs)
     best, saving = choose(move, stay, idx, costs)
     if best == idx:
-        return Stay(f"no target saves more than max(${costs.min_saving_usd:g}, {costs.hysteresis:.0%}) of ${stay:.2f}")
+        return KeepOffer(f"no target saves more than max(${costs.min_saving_usd:g}, {costs.hysteresis:.0%}) of ${stay:.2f}")
     target = table.iloc[best]
     offer = Offer(str(target.cloud), str(target.region), str(target.zone), str(target.instance_type),
                   str(target.gpu_type), int(target.gpu_count), bool(target.spot), float(target.usd_per_hour))
     if not np.isfinite(stay):
-        return Move(offer, "current offer is no longer available", 0.0)
-    return Move(offer, f"expected ${move[best]:.2f} to finish there vs ${stay:.2f} here, migration costs included",
+        return Migrate(offer, "current offer is no longer available", 0.0)
+    return Migrate(offer, f"expected ${move[best]:.2f} to finish there vs ${stay:.2f} here, migration costs included",
                 round(saving, 4))
 
 

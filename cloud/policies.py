@@ -22,7 +22,7 @@ from .throughput import ThroughputTable, cost_normalized
 
 
 @dataclass(frozen=True, slots=True)
-class JobSpec:
+class JobDemand:
     """A training job to place: ``samples`` of work for ``model`` (throughput table key)."""
 
     name: str
@@ -72,7 +72,7 @@ def rank(offers: pd.DataFrame, throughputs: ThroughputTable, model: str) -> pd.D
     return ranked
 
 
-def cheapest(offers: pd.DataFrame, throughputs: ThroughputTable, job: JobSpec) -> Placement:
+def cheapest(offers: pd.DataFrame, throughputs: ThroughputTable, job: JobDemand) -> Placement:
     """The placement with the most samples per dollar (the thesis' first policy)."""
     best = rank(offers, throughputs, job.model).iloc[0]
     hours = job.samples / best.throughput / 3600.0
@@ -80,7 +80,7 @@ def cheapest(offers: pd.DataFrame, throughputs: ThroughputTable, job: JobSpec) -
 
 
 def min_cost_with_deadline(
-    offers: pd.DataFrame, throughputs: ThroughputTable, job: JobSpec, deadline_h: float
+    offers: pd.DataFrame, throughputs: ThroughputTable, job: JobDemand, deadline_h: float
 ) -> Placement:
     """Cheapest single placement that finishes within ``deadline_h``."""
     ranked = rank(offers, throughputs, job.model)
@@ -95,7 +95,7 @@ def min_cost_with_deadline(
 
 
 def min_makespan_within_budget(
-    offers: pd.DataFrame, throughputs: ThroughputTable, jobs: Sequence[JobSpec], budget_usd: float,
+    offers: pd.DataFrame, throughputs: ThroughputTable, jobs: Sequence[JobDemand], budget_usd: float,
     quotas: Mapping[str, float] | None = None, tolerance_h: float = 0.05,
 ) -> Allocation:
     """Smallest makespan whose min-cost allocation fits ``budget_usd`` (binary search on the makespan).
@@ -129,7 +129,7 @@ def min_makespan_within_budget(
 
 
 def _lp_setup(
-    offers: pd.DataFrame, throughputs: ThroughputTable, jobs: Sequence[JobSpec]
+    offers: pd.DataFrame, throughputs: ThroughputTable, jobs: Sequence[JobDemand]
 ) -> tuple[pd.DataFrame, np.ndarray]:
     usable = offers[(offers.gpu_count > 0) & (offers.usd_per_hour > 0)].reset_index(drop=True)
     tput = np.vstack([throughputs.column(j.model, usable.gpu_type, usable.gpu_count) for j in jobs])
@@ -150,7 +150,7 @@ def _quota_rows(usable: pd.DataFrame, n_jobs: int, quotas: Mapping[str, float] |
 
 
 def max_throughput_allocation(
-    offers: pd.DataFrame, throughputs: ThroughputTable, jobs: Sequence[JobSpec],
+    offers: pd.DataFrame, throughputs: ThroughputTable, jobs: Sequence[JobDemand],
     quotas: Mapping[str, float] | None = None, budget_usd_per_hour: float | None = None,
 ) -> Allocation:
     """Maximize the sum of each job's throughput normalized by its best single-offer throughput,
@@ -178,7 +178,7 @@ def max_throughput_allocation(
 
 
 def min_cost_allocation(
-    offers: pd.DataFrame, throughputs: ThroughputTable, jobs: Sequence[JobSpec],
+    offers: pd.DataFrame, throughputs: ThroughputTable, jobs: Sequence[JobDemand],
     required: Mapping[str, float], quotas: Mapping[str, float] | None = None,
 ) -> Allocation:
     """Minimize $/h so that job ``j`` gets at least ``required[j]`` samples/s, under quotas."""
@@ -201,7 +201,7 @@ def min_cost_allocation(
     return _allocation(res.x, usable, tput, jobs)
 
 
-def _allocation(x: np.ndarray, usable: pd.DataFrame, tput: np.ndarray, jobs: Sequence[JobSpec]) -> Allocation:
+def _allocation(x: np.ndarray, usable: pd.DataFrame, tput: np.ndarray, jobs: Sequence[JobDemand]) -> Allocation:
     mat = x.reshape(len(jobs), len(usable))
     mat[mat < 1e-9] = 0.0
     labels = [f"{r['cloud']}/{r['zone'] or r['region']}/{r['instance_type']}/{r['gpu_count']}x{r['gpu_type']}/"

@@ -84,7 +84,7 @@ def candidate_mask(meta: pd.DataFrame, policy: ReplayPolicy) -> np.ndarray:
     return mask.to_numpy()
 
 
-def replay(
+def replay_job(
     trace: Trace, policy: ReplayPolicy, throughputs: ThroughputTable, model: str, samples: float,
     start: pd.Timestamp | str | None = None,
 ) -> ReplayResult:
@@ -188,7 +188,7 @@ def replay_many(
     rows = []
     for start in starts:
         for policy in policies:
-            r = replay(trace, policy, throughputs, model, samples, start)
+            r = replay_job(trace, policy, throughputs, model, samples, start)
             rows.append({"policy": r.policy, "start": start, "cost_usd": r.cost_usd, "hours": r.hours,
                          "migrations": r.migrations, "finished": r.finished})
     return pd.DataFrame(rows)

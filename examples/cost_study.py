@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cloud.importers import load_any, load_snapshot  # noqa: E402
 from cloud.migration import MigrationCosts, plan_migration  # noqa: E402
-from cloud.policies import JobSpec, cheapest, min_cost_with_deadline  # noqa: E402
+from cloud.policies import JobDemand, cheapest, min_cost_with_deadline  # noqa: E402
 from cloud.records import Offer, is_estimate  # noqa: E402
 from cloud.store import PriceStore  # noqa: E402
 from cloud.throughput import ThroughputTable  # noqa: E402
@@ -31,7 +31,7 @@ def main() -> int:
     model = "ResNet-50 (batch size 64)"
     table = (ThroughputTable.from_oracle_json(ORACLE, scaling_efficiency=0.9) if ORACLE.exists()
              else ThroughputTable({(model, "V100", 1): 5.46, (model, "T4", 1): 1.9, (model, "A100", 1): 12.0}, 0.9))
-    job = JobSpec("resnet50", model, samples=4 * 24 * 3600 * table.get(model, "V100", 1))
+    job = JobDemand("resnet50", model, samples=4 * 24 * 3600 * table.get(model, "V100", 1))
     offers = store.latest()
 
     def basis(offer: Offer) -> str:

@@ -195,7 +195,7 @@ def test_background_write_uploads_the_snapshot_even_if_weights_change(tmp_path: 
 
 
 def test_job_manager_records_each_skipped_checkpoint_as_an_event(tmp_path: Path) -> None:
-    from cloud.migration import Stay
+    from cloud.migration import KeepOffer
     from tests.test_job_manager import Clock, FakeSession, _manager
 
     clock = Clock()
@@ -205,7 +205,7 @@ def test_job_manager_records_each_skipped_checkpoint_as_an_event(tmp_path: Path)
     later.train(8)
     later.checkpoint(torn)
     (torn / ckpt.COMMIT).unlink()  # ... and a newer one whose commit marker never landed
-    manager, sessions = _manager(tmp_path, lambda *_: Stay("fine"), clock, total_steps=2, final_checkpoint=False)
+    manager, sessions = _manager(tmp_path, lambda *_: KeepOffer("fine"), clock, total_steps=2, final_checkpoint=False)
     report = manager.run()
     skipped = [e for e in report.events if e["event"] == "checkpoint_skipped"]
     assert [e["path"] for e in skipped] == [str(torn)] and "missing commit marker" in skipped[0]["reason"]

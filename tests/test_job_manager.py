@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from actors import checkpoint as ckpt
-from cloud.migration import Move, Stay
+from cloud.migration import Migrate, KeepOffer
 from cloud.records import Offer
 from orchestrator.elastic.manager import JobConfig, JobManager, Placement
 from orchestrator.elastic.launch import LaunchTarget
@@ -91,8 +91,8 @@ def _manager(tmp_path: Path, policy: Any, clock: Clock, capacity: int = 8, **cfg
     return manager, sessions
 
 
-def move_to_b(placement: Placement, preempted: bool, step: int) -> Stay | Move:
-    return Move(OFFER_B, "cheaper", 1.0)
+def move_to_b(placement: Placement, preempted: bool, step: int) -> KeepOffer | Migrate:
+    return Migrate(OFFER_B, "cheaper", 1.0)
 
 
 def test_preemption_with_time_checkpoints_and_resumes_without_loss(tmp_path: Path) -> None:
@@ -168,9 +168,9 @@ def test_voluntary_migration_goes_through_the_same_path(tmp_path: Path) -> None:
     clock = Clock()
     calls: list[tuple[bool, int]] = []
 
-    def policy(placement: Placement, preempted: bool, step: int) -> Stay | Move:
+    def policy(placement: Placement, preempted: bool, step: int) -> KeepOffer | Migrate:
         calls.append((preempted, step))
-        return Move(OFFER_B, "cheaper", 2.0) if placement.offer == OFFER_A else Stay("already cheapest")
+        return Migrate(OFFER_B, "cheaper", 2.0) if placement.offer == OFFER_A else KeepOffer("already cheapest")
 
     manager, sessions = _manager(tmp_path, policy, clock, migration_check_every=4)
     report = manager.run()

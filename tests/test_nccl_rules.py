@@ -22,7 +22,7 @@ from orchestrator.core.cluster import flat, two_level
 from orchestrator.core.plan import Plan, ScheduleKind, Stage, interleave, straight_plan
 from orchestrator.planners.base import PlannerOptions, available, run_planner
 from orchestrator.schedule import Kind, ScheduleError, lower
-from orchestrator.schedule.nccl import RUNTIME_LAYOUT, CommLayout, directed_links, recv_post_points, replay
+from orchestrator.schedule.nccl import RUNTIME_LAYOUT, CommLayout, directed_links, recv_post_points, check_hang_free
 from tests.helpers import random_profile
 
 
@@ -52,7 +52,7 @@ SHAPES = _shapes()
 @pytest.mark.parametrize("lookahead", [1, RUNTIME_LAYOUT.recv_lookahead, 64])
 @pytest.mark.parametrize("plan", SHAPES, ids=lambda p: p.describe())
 def test_runtime_layout_never_hangs(plan: Plan, lookahead: int) -> None:
-    replay(lower(plan), CommLayout(links="directed", recv_lookahead=lookahead))
+    check_hang_free(lower(plan), CommLayout(links="directed", recv_lookahead=lookahead))
 
 
 @pytest.mark.parametrize("name", sorted(available()))
@@ -68,7 +68,7 @@ def test_every_planners_plans_replay_under_nccl_rules(name: str) -> None:
             if "UserError" not in type(exc).__name__ and not isinstance(exc, ValueError):
                 raise
             continue
-        replay(lower(result.plan))
+        check_hang_free(lower(result.plan))
         replayed.add(result.plan.describe())
     assert replayed, f"{name} produced no plan to replay"
 
@@ -77,29 +77,29 @@ def test_one_pair_communicator_with_early_receives_hangs() -> None:
     """The old runtime: receives posted 8 actions early on a stream shared by both directions."""
     plan = straight_plan([0, 2, 4], 4, ScheduleKind.GPIPE)
     with pytest.raises(ScheduleError, match="hangs under NCCL's rules"):
-        replay(lower(plan), CommLayout(links="pair", recv_lookahead=8))
-    replay(lower(plan), CommLayout(links="directed", recv_lookahead=8))
+        check_hang_free(lower(plan), CommLayout(links="pair", recv_lookahead=8))
+    check_hang_free(lower(plan), CommLayout(links="directed", recv_lookahead=8))
 
 
 def test_one_f_one_b_sends_meet_head_to_head_on_a_pair_communicator() -> None:
     plan = straight_plan([0, 2, 4], 4, ScheduleKind.ONE_F_ONE_B)
     with pytest.raises(ScheduleError) as err:
-        replay(lower(plan), CommLayout(links="pair", recv_lookahead=1))
+        check_hang_free(lower(plan), CommLayout(links="pair", recv_lookahead=1))
     assert "SEND_F" in str(err.value) and "SEND_B" in str(err.value)
     assert "ERROR HERE" in str(err.value)  # the validator's grid marks where
     # Messages that fit NCCL's buffer complete without their receiver: the same layout passes,
     # which is why a smoke test with tiny tensors would not find the hang.
-    replay(lower(plan), CommLayout(links="pair", recv_lookahead=1, eager_bytes=1 << 20), message_bytes=lambda a: 1024)
+    check_hang_free(lower(plan), CommLayout(links="pair", recv_lookahead=1, eager_bytes=1 << 20), message_bytes=lambda a: 1024)
     with pytest.raises(ScheduleError):
-        replay(lower(plan), CommLayout(links="pair", recv_lookahead=1, eager_bytes=1 << 20), message_bytes=lambda a: 8 << 20)
+        check_hang_free(lower(plan), CommLayout(links="pair", recv_lookahead=1, eager_bytes=1 << 20), message_bytes=lambda a: 8 << 20)
 
 
 def test_host_sync_around_compute_hangs_interleaved() -> None:
     """``torch.cuda.synchronize()`` in the hot loop also waits for sends whose receivers are behind."""
     plan = interleave(straight_plan([0, 2, 4], 4), 2)
     with pytest.raises(ScheduleError):
-        replay(lower(plan), CommLayout(links="directed", recv_lookahead=1, host_sync_compute=True))
-    replay(lower(plan), CommLayout(links="directed", recv_lookahead=1))
+        check_hang_free(lower(plan), CommLayout(links="directed", recv_lookahead=1, host_sync_compute=True))
+    check_hang_free(lower(plan), CommLayout(links="directed", recv_lookahead=1))
 
 
 def test_a_broken_schedule_is_caught() -> None:
@@ -109,7 +109,7 @@ def test_a_broken_schedule_is_caught() -> None:
     programs[0] = tuple(a for a in programs[0] if not (a.kind is Kind.SEND_F and a.microbatch == 1))
     broken = type(schedule)(schedule.plan, programs, schedule.units)
     with pytest.raises(ScheduleError, match="hangs"):
-        replay(broken)
+        check_hang_free(broken)
 
 
 def test_executor_posts_by_the_replayed_rule_on_the_directed_link_groups() -> None:

@@ -37,7 +37,7 @@ import torch
 
 from actors import checkpoint as ckpt
 from actors.group import PipelineActorError, WorkerGroup
-from actors.metrics import IterationMetrics as MeasuredIteration
+from actors.metrics import MeasuredIteration
 from orchestrator.core.cluster import GBPS, Cluster, flat
 from orchestrator.adapt.controller import Controller, ControllerConfig, StepRecord
 from orchestrator.adapt.faults import FaultSchedule, Join, Kill, Slowdown, Throttle

@@ -34,7 +34,7 @@ from typing import Any, Callable
 from actors import checkpoint as ckpt
 from actors import storage
 from actors.group import PipelineActorError, WorkerGroup
-from actors.metrics import IterationMetrics
+from actors.metrics import MeasuredIteration
 from orchestrator.core.cluster import flat
 from orchestrator.adapt.controller import Controller
 from orchestrator.adapt.handle import MoveReport, move_transfers
@@ -83,7 +83,7 @@ class ElasticJob:
         self.handle = JobHandle(self)
         self.iteration_s: list[float] = []
         self.records: list[dict[str, Any]] = []
-        self.last_metrics: IterationMetrics | None = None
+        self.last_metrics: MeasuredIteration | None = None
         self._notices: list[Notice] = []
         self._lock = threading.Lock()
         self._ahead: InFlight | None = None
@@ -168,7 +168,7 @@ class ElasticJob:
                    for f in self.adapt.faults.faults)
         return due
 
-    def _after(self, m: IterationMetrics, target: int) -> None:
+    def _after(self, m: MeasuredIteration, target: int) -> None:
         """Between iterations: each policy decides, the loop acts (after draining a step in flight)."""
         step = self.trainer.step
         if self.trainer.upload_pending and step > self._saved_at:
@@ -293,7 +293,7 @@ class ElasticJob:
 
     def _relocate(self, decision: Any, forced: bool, reason: str, notice: Notice | None = None, iteration_s: float = 0.0) -> None:
         """Checkpoint → migration → restore: the one path for preemptions that cannot be evacuated
-        and for migrations that pay (``decision``: a :class:`cloud.migration.Move` or None)."""
+        and for migrations that pay (``decision``: a :class:`cloud.migration.Migrate` or None)."""
         trainer = self.trainer
         t0 = time.perf_counter()
         before = trainer.step

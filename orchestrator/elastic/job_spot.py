@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from actors.metrics import IterationMetrics as Measured
+from actors.metrics import MeasuredIteration
 from orchestrator.core.cluster import GBPS, Cluster
 from orchestrator.adapt.faults import Kill, Slowdown, Throttle
 from orchestrator.adapt.handle import IterationMetrics, MoveReport, RestartReport
@@ -34,9 +34,9 @@ class JobHandle:
 
     def __init__(self, job: "ElasticJob") -> None:
         self.job = job
-        self._staged: Measured | None = None
+        self._staged: MeasuredIteration | None = None
 
-    def stage(self, m: Measured) -> None:
+    def stage(self, m: MeasuredIteration) -> None:
         self._staged = m
 
     def current_plan(self) -> Plan:
@@ -138,8 +138,8 @@ def price_view(job: "ElasticJob") -> PriceView:
 
 def spot_decision(job: "ElasticJob", step: int, preempted: bool = False) -> Any:
     """The migration planner between iterations (when due, or forced by a preemption): a
-    :class:`cloud.migration.Move` that pays, else None. Replayed price changes apply first."""
-    from cloud.migration import MigrationCosts, Move, plan_migration
+    :class:`cloud.migration.Migrate` that pays, else None. Replayed price changes apply first."""
+    from cloud.migration import MigrationCosts, Migrate, plan_migration
 
     spot = job.spot
     changes = [f for at, f in spot.price_events if at == step]
@@ -159,7 +159,7 @@ def spot_decision(job: "ElasticJob", step: int, preempted: bool = False) -> Any:
     table = view.offers[~same] if preempted else view.offers
     decision = plan_migration(cur, table, view.throughputs, "job", remaining, MigrationCosts(checkpoint_gb=spot.checkpoint_gb))
     job.emit("migration_decision", step=step, forced=preempted, decision=type(decision).__name__, reason=decision.reason)
-    return decision if isinstance(decision, Move) else None
+    return decision if isinstance(decision, Migrate) else None
 
 
 def write_target_yaml(job: "ElasticJob", offer: Any) -> None:

@@ -9,7 +9,7 @@
 The manager is a state machine over small, injected parts, so each transition can be tested
 without Ray or a cloud: a :class:`Session` is one training attempt on one placement (the real one
 wraps :class:`~orchestrator.train.trainer.PipelineTrainer`), a ``launcher`` brings a placement up and
-says how many devices really came, a ``policy`` returns the cloud module's ``Stay``/``Move``
+says how many devices really came, a ``policy`` returns the cloud module's ``KeepOffer``/``Migrate``
 decisions, and ``clock`` is injectable. Every transition is one JSONL event with its timestamp
 and cost so far.
 """
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from actors import checkpoint as ckpt
-from cloud.migration import Move, Stay
+from cloud.migration import Migrate, KeepOffer
 from cloud.records import Offer
 from orchestrator.core.cluster import Cluster
 from orchestrator.core.errors import UserError
@@ -86,7 +86,7 @@ class Session(Protocol):
 
 SessionFactory = Callable[[Placement, Path | None], Session]
 Launcher = Callable[[Placement], Placement]
-MigrationPolicy = Callable[[Placement, bool, int], "Stay | Move"]
+MigrationPolicy = Callable[[Placement, bool, int], "KeepOffer | Migrate"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -194,7 +194,7 @@ class JobManager:
                     continue
                 if self._migration_due(session):
                     decision = self.policy(self.placement, False, session.step)
-                    if isinstance(decision, Move):
+                    if isinstance(decision, Migrate):
                         session = self._migrate(session, decision, forced=False, checkpoint=self._checkpoint(session, "voluntary"))
                         continue
                 self.state = JobState.TRAINING
@@ -262,12 +262,12 @@ class JobManager:
             self._emit("notice_too_short", seconds_left=round(left, 3), needed_s=round(self._checkpoint_s + self.config.deadline_margin_s, 3),
                        fallback=str(self._last_durable) if self._last_durable else "start")
         decision = self.policy(self.placement, True, session.step)
-        move: Move | None = decision if isinstance(decision, Move) else None
+        move: Migrate | None = decision if isinstance(decision, Migrate) else None
         if move is None and self.placement.offer is not None:  # nowhere better: re-acquire the same kind of place
-            move = Move(self.placement.offer, f"re-acquire after preemption ({getattr(decision, 'reason', '')})", 0.0)
+            move = Migrate(self.placement.offer, f"re-acquire after preemption ({getattr(decision, 'reason', '')})", 0.0)
         return self._migrate(session, move, forced=True, checkpoint=saved or self._last_durable)
 
-    def _migrate(self, session: Session, decision: Move | None, forced: bool, checkpoint: Path | None) -> Session:
+    def _migrate(self, session: Session, decision: Migrate | None, forced: bool, checkpoint: Path | None) -> Session:
         self.state = JobState.MIGRATING
         self._accrue()
         old = self.placement
@@ -306,7 +306,7 @@ class JobManager:
 
     # ----- helpers -----
     def _migration_due(self, session: Session) -> bool:
-        """Every ``migration_check_every`` steps, once per step (a Stay must not be re-asked)."""
+        """Every ``migration_check_every`` steps, once per step (a KeepOffer must not be re-asked)."""
         every = self.config.migration_check_every
         if not every or session.step == 0 or session.step % every or self._last_check == session.step:
             return False

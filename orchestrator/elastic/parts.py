@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 from torch import Tensor, nn
 
-from cloud.migration import MigrationCosts, Move, Stay, plan_migration
+from cloud.migration import MigrationCosts, Migrate, KeepOffer, plan_migration
 from cloud.records import normalize_gpu
 from cloud.throughput import ThroughputTable
 from orchestrator.core.cluster import Cluster, flat
@@ -146,14 +146,14 @@ def simulated_throughputs(
 def snapshot_policy(
     offers: pd.DataFrame, throughputs: ThroughputTable, model: str, total_samples: float, samples_per_step: float,
     costs: MigrationCosts = MigrationCosts(), exclude_preempted: bool = True,
-) -> Callable[[Placement, bool, int], Stay | Move]:
+) -> Callable[[Placement, bool, int], KeepOffer | Migrate]:
     """The cloud migration planner over ``offers``; a preempted offer is removed from the candidates."""
 
-    def decide(placement: Placement, preempted: bool, step: int) -> Stay | Move:
+    def decide(placement: Placement, preempted: bool, step: int) -> KeepOffer | Migrate:
         remaining = max(0.0, total_samples - step * samples_per_step)
         current = placement.offer
         if current is None:
-            return Stay("not on a priced offer")
+            return KeepOffer("not on a priced offer")
         table = offers
         if preempted and exclude_preempted:
             same = (offers.cloud == current.cloud) & (offers.region == current.region) & (offers.zone == current.zone) \

@@ -98,7 +98,7 @@ class _Op:
     done: bool = False
 
 
-def replay(schedule: Schedule, layout: CommLayout = RUNTIME_LAYOUT,
+def check_hang_free(schedule: Schedule, layout: CommLayout = RUNTIME_LAYOUT,
            message_bytes: Callable[[Action], int] | None = None) -> None:
     """Raise :class:`ScheduleError` if ``schedule`` can hang under NCCL's rules and ``layout``.
 

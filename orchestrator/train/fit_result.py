@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from actors.metrics import IterationMetrics
+from actors.metrics import MeasuredIteration
 from orchestrator.core.plan import Plan
 from orchestrator.core.timeline import write_chrome_trace
 
@@ -20,7 +20,7 @@ class FitResult:
 
     steps: list[int]
     losses: list[float]
-    metrics: list[IterationMetrics]
+    metrics: list[MeasuredIteration]
     plan: Plan
     restarts: int = 0
     checkpoints: list[str] = field(default_factory=list)

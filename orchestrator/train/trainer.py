@@ -30,7 +30,7 @@ from actors import checkpoint as ckpt
 from actors import storage
 from actors import user_code
 from actors.group import PipelineActorError, WorkerGroup
-from actors.metrics import IterationMetrics, combine, combine_run
+from actors.metrics import MeasuredIteration, combine, combine_run
 from actors.stage_worker import JobSpec
 from actors.training import TrainingOptions
 from orchestrator.core.cluster import Cluster
@@ -161,7 +161,7 @@ class PipelineTrainer:
             self.restore(self.resume)
             self.resume = None
 
-    def run_step(self) -> IterationMetrics:
+    def run_step(self) -> MeasuredIteration:
         """Exactly one iteration of ``self.plan`` (no retry: a failure propagates as
         :class:`PipelineActorError`), then a checkpoint if one is due. The adaptive controller's
         handle drives training through this, one step at a time, between its decisions."""
@@ -209,7 +209,7 @@ class PipelineTrainer:
         """
         group = self._workers()
         first, target = self.step, self.step + steps
-        metrics: dict[int, IterationMetrics] = {}
+        metrics: dict[int, MeasuredIteration] = {}
         written: list[str] = []
         restarts = 0
         show = self.progress if self.progress is not None else steps >= 50
@@ -293,13 +293,13 @@ class PipelineTrainer:
         refs, devices = self._workers().submit("run_iterations", at, max(1, count))
         return InFlight(at, refs, devices, time.perf_counter(), max(1, count))
 
-    def complete_step(self, flight: "InFlight", since: float | None = None) -> IterationMetrics:
+    def complete_step(self, flight: "InFlight", since: float | None = None) -> MeasuredIteration:
         """Gather the next step (``flight``, one step), record its loss and advance; ``since``: when
         the previous step was gathered if ``flight`` was submitted before that (pipelined timing)."""
         assert flight.count == 1, "a run of steps is gathered with complete_run"
         return self.complete_run(flight, since)[0]
 
-    def complete_run(self, flight: "InFlight", since: float | None = None) -> list[IterationMetrics]:
+    def complete_run(self, flight: "InFlight", since: float | None = None) -> list[MeasuredIteration]:
         """Gather the run ``flight`` started (see :meth:`fit` for how its steps are timed), record
         the losses and advance past it."""
         assert flight.step == self.step, (flight.step, self.step)

@@ -5,9 +5,9 @@ import pandas as pd
 import pytest
 
 from cloud import policies as P
-from cloud.migration import MigrationCosts, Move, Stay, plan_migration
+from cloud.migration import MigrationCosts, Migrate, KeepOffer, plan_migration
 from cloud.records import Offer
-from cloud.replay import FREE_MOVES, ReplayPolicy, Trace, replay
+from cloud.replay import FREE_MOVES, ReplayPolicy, Trace, replay_job
 from cloud.store import PriceStore
 from cloud.throughput import ThroughputTable
 from cloud.errors import CloudError
@@ -26,14 +26,14 @@ OFFERS = offers([("aws", "us-east-1", "p2.xlarge", "K80", 1, 0.3), ("aws", "us-e
 
 def test_cheapest_is_max_samples_per_dollar_by_brute_force():
     for model in ("m", "n"):
-        best = P.cheapest(OFFERS, TPUT, P.JobSpec("j", model, 3600.0))
+        best = P.cheapest(OFFERS, TPUT, P.JobDemand("j", model, 3600.0))
         value = [TPUT.get(model, g, n) / p for g, n, p in zip(OFFERS.gpu_type, OFFERS.gpu_count, OFFERS.usd_per_hour)]
         assert best.offer.usd_per_hour == OFFERS.usd_per_hour[int(np.argmax(value))]
         assert best.cost_usd == pytest.approx(best.hours * best.offer.usd_per_hour)
 
 
 def test_deadline_forces_faster_offer():
-    job = P.JobSpec("j", "n", 3.0 * 3600 * 10)  # K80 needs 10 h
+    job = P.JobDemand("j", "n", 3.0 * 3600 * 10)  # K80 needs 10 h
     assert P.min_cost_with_deadline(OFFERS, TPUT, job, 20).offer.gpu_type == "K80"
     fast = P.min_cost_with_deadline(OFFERS, TPUT, job, 8)
     assert fast.hours <= 8 and fast.offer.instance_type == "Standard_NC6s_v3"
@@ -42,7 +42,7 @@ def test_deadline_forces_faster_offer():
 
 
 def test_lps_respect_quotas_and_requirements():
-    jobs = [P.JobSpec("a", "m", 1e5), P.JobSpec("b", "n", 1e5)]
+    jobs = [P.JobDemand("a", "m", 1e5), P.JobDemand("b", "n", 1e5)]
     free = P.max_throughput_allocation(OFFERS, TPUT, jobs)
     capped = P.max_throughput_allocation(OFFERS, TPUT, jobs, quotas={"V100": 1})
     assert sum(capped.throughput.values()) < sum(free.throughput.values())
@@ -59,7 +59,7 @@ def test_lps_respect_quotas_and_requirements():
 
 
 def test_makespan_binary_search_is_tight():
-    jobs = [P.JobSpec("a", "n", 3.0 * 3600 * 10)]
+    jobs = [P.JobDemand("a", "n", 3.0 * 3600 * 10)]
     loose = P.min_makespan_within_budget(OFFERS, TPUT, jobs, budget_usd=100)
     tight = P.min_makespan_within_budget(OFFERS, TPUT, jobs, budget_usd=3.2)
     assert loose.makespan_h < tight.makespan_h and tight.cost_usd <= 3.2 + 1e-6
@@ -73,20 +73,20 @@ def current():
 def test_migration_moves_only_when_saving_beats_costs():
     cheap = offers([("aws", "us-east-1", "p3.2xlarge", "V100", 1, 0.9), ("azure", "eastus", "Standard_NC6s_v3", "V100", 1, 0.3)])
     long_job = plan_migration(current(), cheap, TPUT, "m", 4.0 * 3600 * 48, MigrationCosts(checkpoint_gb=5))
-    assert isinstance(long_job, Move) and long_job.target.cloud == "azure" and long_job.expected_saving_usd > 20
+    assert isinstance(long_job, Migrate) and long_job.target.cloud == "azure" and long_job.expected_saving_usd > 20
     short_job = plan_migration(current(), cheap, TPUT, "m", 4.0 * 600, MigrationCosts(checkpoint_gb=5))
-    assert isinstance(short_job, Stay)
+    assert isinstance(short_job, KeepOffer)
     # huge checkpoint over the internet: egress eats the saving
     heavy = plan_migration(current(), cheap, TPUT, "m", 4.0 * 3600 * 48, MigrationCosts(checkpoint_gb=1000))
-    assert isinstance(heavy, Stay)
+    assert isinstance(heavy, KeepOffer)
 
 
 def test_preemption_risk_keeps_job_on_stable_offer():
     cheap = offers([("aws", "us-east-1", "p3.2xlarge", "V100", 1, 0.9), ("azure", "eastus", "Standard_NC6s_v3", "V100", 1, 0.8)])
     calm = plan_migration(current(), cheap, TPUT, "m", 4.0 * 3600 * 48, MigrationCosts(checkpoint_gb=0.1))
-    assert isinstance(calm, Move)
+    assert isinstance(calm, Migrate)
     risky = MigrationCosts(checkpoint_gb=0.1, preemptions_per_hour={("azure", "eastusa", "V100", 1): 0.5})
-    assert isinstance(plan_migration(current(), cheap, TPUT, "m", 4.0 * 3600 * 48, risky), Stay)
+    assert isinstance(plan_migration(current(), cheap, TPUT, "m", 4.0 * 3600 * 48, risky), KeepOffer)
 
 
 def synthetic_trace(hours: int) -> Trace:
@@ -103,19 +103,19 @@ def synthetic_trace(hours: int) -> Trace:
 def test_replay_dynamic_moves_and_saves():
     trace = synthetic_trace(300)
     job = 4.0 * 3600 * 250
-    static = replay(trace, ReplayPolicy("static", gpu_types=("V100",)), TPUT, "m", job)
-    dyn = replay(trace, ReplayPolicy("dyn", dynamic=True, costs=MigrationCosts(checkpoint_gb=1)), TPUT, "m", job)
+    static = replay_job(trace, ReplayPolicy("static", gpu_types=("V100",)), TPUT, "m", job)
+    dyn = replay_job(trace, ReplayPolicy("dyn", dynamic=True, costs=MigrationCosts(checkpoint_gb=1)), TPUT, "m", job)
     assert static.migrations == 0 and static.cost_usd == pytest.approx(250.0)
     assert dyn.migrations == 2 and dyn.cost_usd < 0.8 * static.cost_usd
     assert dyn.hours > 250  # time spent moving is not progress
-    free = replay(trace, ReplayPolicy("free", dynamic=True, costs=FREE_MOVES), TPUT, "m", job)
+    free = replay_job(trace, ReplayPolicy("free", dynamic=True, costs=FREE_MOVES), TPUT, "m", job)
     assert free.cost_usd <= dyn.cost_usd
 
 
 def test_three_month_replay_under_one_second():
     trace = synthetic_trace(24 * 92)
     began = time.perf_counter()
-    result = replay(trace, ReplayPolicy("dyn", dynamic=True), TPUT, "m", 4.0 * 3600 * 24 * 90)
+    result = replay_job(trace, ReplayPolicy("dyn", dynamic=True), TPUT, "m", 4.0 * 3600 * 24 * 90)
     assert time.perf_counter() - began < 1.0 and result.hours >= 24 * 90
 
 
@@ -128,7 +128,7 @@ def test_thesis_traces_policy_ladder(traces):
     pols = standard_policies()
     start = common_start(trace, pols)
     samples = 4 * 24 * 3600 * table.get("A3C", "V100", 1)
-    costs = {p.name: replay(trace, p, table, "A3C", samples, start).cost_usd for p in pols}
+    costs = {p.name: replay_job(trace, p, table, "A3C", samples, start).cost_usd for p in pols}
     # each rung adds a freedom, so it can only find a cheaper static choice
     assert costs["gpu-type"] < costs["baseline"] and costs["multi-cloud"] <= costs["multi-gpu"] <= costs["gpu-type"]
 
@@ -138,7 +138,7 @@ def test_forced_move_picks_the_cheapest_target_not_the_first_row() -> None:
     argmin silently returned row 0 (here the expensive on-demand offer)."""
     import pandas as pd
 
-    from cloud.migration import MigrationCosts, Move, plan_migration
+    from cloud.migration import MigrationCosts, Migrate, plan_migration
     from cloud.records import Offer
     from cloud.throughput import ThroughputTable
 
@@ -152,4 +152,4 @@ def test_forced_move_picks_the_cheapest_target_not_the_first_row() -> None:
     gone = Offer("azure", "westus2", "", "Standard_NC24s_v3", "V100", 4, True, 2.448)
     table = ThroughputTable({("m", "V100", 4): 100.0})
     decision = plan_migration(gone, offers, table, "m", 1e6, MigrationCosts())
-    assert isinstance(decision, Move) and decision.target.region == "eastus"
+    assert isinstance(decision, Migrate) and decision.target.region == "eastus"
