@@ -67,9 +67,7 @@ def test_slowdown_and_throttle_show_in_measured_metrics(pool: Any, kind: Schedul
     assert after.compute_s[1] < 3.0 * before.compute_s[1] * (after.compute_s[0] / before.compute_s[0]) + 1e-3
     # 0->1 carries 11 rows x 16 floats per iteration: the delay adds 70 ms to it, not to 1->0. A
     # transfer span also covers time the receiver was busy elsewhere, so part of the delay hides in it.
-    bw = lambda m, link: m.link_bytes[link] / m.link_s[link]  # noqa: E731
     assert after.link_s[(0, 1)] >= before.link_s[(0, 1)] + 0.5 * 1e-4 * after.link_bytes[(0, 1)]
-    assert bw(after, (0, 1)) < bw(before, (0, 1)) / 3
     assert after.link_s[(1, 0)] < after.link_s[(0, 1)]
     # sleeping never changes a gradient
     assert allclose(pipe.trainer.state_dicts(), reference_after(plan, 4).state_dicts())
