@@ -20,7 +20,8 @@ trusts a checkpoint only when the marker exists and matches the manifest byte fo
 manifest field has the right type, the step equals both the marker's and the folder's
 (``step_N``), every file is a plain name inside the checkpoint, and every block checksum
 matches. Anything else is a :class:`CheckpointError` (a :class:`UserError`: one line), so
-explicit restores, :func:`latest` and automatic recovery all refuse the same things.
+explicit restores, :func:`latest` and automatic recovery all refuse the same things. The format's names and the
+manifest's validator live in :mod:`actors.manifest`.
 """
 
 from __future__ import annotations
@@ -29,33 +30,21 @@ import hashlib
 import io
 import json
 import logging
-import math
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence, TypeGuard, overload
+from typing import Any, Mapping, Sequence, overload
 
 import torch
 from torch import nn
 
 from actors import storage
+from actors.manifest import (
+    COMMIT, FORMAT, MANIFEST, MAX_MANIFEST_BYTES, SHA256_HEX, VERSION, CheckpointError, dir_step, is_int, validate_manifest,
+)
 from orchestrator.core.errors import UserError
 
 log = logging.getLogger(__name__)
-
-MANIFEST = "manifest.json"
-COMMIT = "COMMIT"
-FORMAT = "raypipe-checkpoint"
-VERSION = 2
-MAX_MANIFEST_BYTES = 64 << 20
-_STEP_DIR = re.compile(r"step_(\d{8,})")
-_SHA = re.compile(r"[0-9a-f]{64}")
-
-
-class CheckpointError(UserError):
-    """A checkpoint that must not be loaded: torn, tampered, malformed or foreign."""
-
 
 def block_file(block: int) -> str:
     return f"block_{block:05d}.pt"
@@ -71,12 +60,6 @@ def step_dir(root: str | Path, step: int) -> str | Path:
     """``root/step_<NNNNNNNN>``; a Path for a Path, a string (local path or URI) for a string."""
     name = f"step_{step:08d}"
     return root / name if isinstance(root, Path) else storage.join(root, name)
-
-
-def dir_step(location: str | os.PathLike[str]) -> int | None:
-    """The step a ``step_N`` folder name promises, None for any other name."""
-    match = _STEP_DIR.fullmatch(storage.basename(location))
-    return int(match.group(1)) if match else None
 
 
 # ----- writing -----
@@ -202,8 +185,8 @@ def read_committed(directory: str | os.PathLike[str]) -> tuple[bytes, bytes, dic
         raise CheckpointError(f"checkpoint {where}: missing {MANIFEST}")
     raw_marker = storage.read_bytes(marker_at, limit=1 << 16)
     marker = _json(marker_at, raw_marker)
-    if (not isinstance(marker, dict) or marker.get("format") != FORMAT or not _is_int(marker.get("step"))
-            or not _is_int(marker.get("manifest_bytes")) or not _SHA.fullmatch(str(marker.get("manifest_sha256")))):
+    if (not isinstance(marker, dict) or marker.get("format") != FORMAT or not is_int(marker.get("step"))
+            or not is_int(marker.get("manifest_bytes")) or not SHA256_HEX.fullmatch(str(marker.get("manifest_sha256")))):
         raise CheckpointError(f"checkpoint {where}: malformed commit marker {COMMIT}")
     data = storage.read_bytes(manifest_at, limit=MAX_MANIFEST_BYTES)
     if len(data) != marker["manifest_bytes"] or hashlib.sha256(data).hexdigest() != marker["manifest_sha256"]:
@@ -218,65 +201,6 @@ def _json(location: str, data: bytes) -> Any:
         return json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"checkpoint file {location}: not valid JSON ({exc})") from None
-
-
-def _is_int(value: Any) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def validate_manifest(manifest: Any, where: str, marker_step: int) -> None:
-    """Every field a reader uses, checked; the step agrees with the marker and the folder name."""
-    def bad(why: str) -> CheckpointError:
-        return CheckpointError(f"checkpoint {where}: malformed manifest ({why})")
-
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise CheckpointError(f"checkpoint {where}: not a raypipe checkpoint manifest")
-    if manifest.get("version") != VERSION:
-        raise bad(f"version {manifest.get('version')!r}, this reader knows {VERSION}")
-    step, num_blocks, files = manifest.get("step"), manifest.get("num_blocks"), manifest.get("files")
-    if not _is_int(step) or step < 0:
-        raise bad(f"step {step!r} is not a non-negative integer")
-    if step != marker_step:
-        raise CheckpointError(f"checkpoint {where}: manifest step {step} differs from the commit marker's {marker_step}")
-    named = dir_step(where)
-    if named is not None and named != step:
-        raise CheckpointError(f"checkpoint {where}: holds step {step} but its folder says step {named}")
-    if not _is_int(num_blocks) or num_blocks < 1:
-        raise bad(f"num_blocks {num_blocks!r} is not a positive integer")
-    if not isinstance(manifest.get("plan"), dict) or not isinstance(manifest.get("extra"), dict):
-        raise bad("plan and extra must be objects")
-    if manifest.get("seed") is not None and not _is_int(manifest.get("seed")):
-        raise bad(f"seed {manifest.get('seed')!r} is not an integer")
-    losses = manifest["extra"].get("losses", {})
-    if not isinstance(losses, dict) or not all(
-            isinstance(k, str) and k.isdigit() and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-            for k, v in losses.items()):
-        raise bad("extra.losses must map step numbers to finite numbers")
-    if not isinstance(files, list):
-        raise bad("files is not a list")
-    names: set[str] = set()
-    for i, entry in enumerate(files):
-        if not isinstance(entry, dict):
-            raise bad(f"files[{i}] is not an object")
-        block, name, sha, size = entry.get("block"), entry.get("file"), entry.get("sha256"), entry.get("bytes")
-        if not _is_int(block) or not 0 <= block < num_blocks:
-            raise bad(f"files[{i}].block {block!r} is not a block index below {num_blocks}")
-        if not isinstance(name, str) or "/" in name or name in (MANIFEST, COMMIT):
-            raise bad(f"files[{i}].file {name!r} is not a plain file name inside the checkpoint")
-        try:
-            storage.check_relative(name)
-        except UserError:
-            raise bad(f"files[{i}].file {name!r} is not a plain file name inside the checkpoint") from None
-        if not isinstance(sha, str) or not _SHA.fullmatch(sha):
-            raise bad(f"files[{i}].sha256 {sha!r} is not a sha256 hex digest")
-        if not _is_int(size) or size < 0:
-            raise bad(f"files[{i}].bytes {size!r} is not a non-negative integer")
-        if name in names:
-            raise bad(f"files[{i}].file {name!r} is listed twice")
-        names.add(name)
-    blocks = sorted(int(e["block"]) for e in files)
-    if blocks != list(range(num_blocks)):
-        raise CheckpointError(f"checkpoint {where}: incomplete manifest (blocks {blocks} of {num_blocks})")
 
 
 def verify(directory: str | os.PathLike[str], manifest: Mapping[str, Any] | None = None) -> dict[str, Any]:
