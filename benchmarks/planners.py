@@ -208,6 +208,28 @@ def cuts_section(before_rev: str, ref_timeout: float) -> list[str]:
     return lines + [""]
 
 
+def _sections(text: str) -> list[tuple[str, str]]:
+    """``text`` cut at its ``## `` headings: (heading, the section's text including the heading); the part before
+    the first heading has the heading ""."""
+    parts: list[tuple[str, str]] = [("", "")]
+    for line in text.splitlines(keepends=True):
+        if line.startswith("## "):
+            parts.append((line.strip(), ""))
+        parts[-1] = (parts[-1][0], parts[-1][1] + line)
+    return parts
+
+
+def merge_sections(old: str, new: str) -> str:
+    """The results file with this run's sections replaced in place and every other section kept as it was.
+
+    The file also holds sections written by hand or by other scripts (the multi-tensor cuts, the oracle and
+    scaling tables, notes on changes); a run of this script must not drop them."""
+    fresh = dict(_sections(new))
+    kept = [(h, fresh.pop(h, body)) for h, body in _sections(old) if h]
+    merged = fresh.pop("", "") + "".join(body for _, body in kept) + "".join(fresh.values())
+    return merged
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a small subset (a few profiles, 8/32 GPUs)")
@@ -308,8 +330,9 @@ def main(argv: list[str] | None = None) -> int:
                 lines.append(fmt_row(f"{pname} / {n} / {topo}", res, PLANNERS))
                 print(lines[-1], flush=True)
     lines.append("")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text("\n".join(lines) + "\n")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(merge_sections(out.read_text() if out.is_file() else "", "\n".join(lines) + "\n"))
     print(f"wrote {args.out}")
     return 0
 
