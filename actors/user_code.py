@@ -37,7 +37,7 @@ class UserCodeError(UserError):
     """An exception raised by (or a contract broken by) code the user handed to the trainer."""
 
 
-def describe(fn: Any) -> str:
+def callable_name(fn: Any) -> str:
     """A readable name for a user callable: ``mypkg.data:batches`` (partials and lambdas too)."""
     while isinstance(fn, functools.partial):
         fn = fn.func
@@ -64,7 +64,7 @@ def call(role: str, fn: Callable[..., T], *args: Any) -> T:
     except UserError:
         raise
     except Exception as exc:  # noqa: BLE001 - whatever the user's code raises is reported, not retried
-        raise UserCodeError(f"{role} ({describe(fn)}) raised {_quote(exc)}") from None
+        raise UserCodeError(f"{role} ({callable_name(fn)}) raised {_quote(exc)}") from None
 
 
 def batch(
@@ -73,7 +73,7 @@ def batch(
     """``data_fn(step)`` checked to be ``(inputs, targets)`` tensors with equal (and expected) rows
     and, given ``sample`` (trailing shape and dtype of step 0's inputs), the same kind of rows."""
     out = call(f"data_fn({step})", data_fn, step)
-    name = describe(data_fn)
+    name = callable_name(data_fn)
     if not (isinstance(out, (tuple, list)) and len(out) == 2 and all(isinstance(t, Tensor) for t in out)):
         raise UserCodeError(f"data_fn({step}) ({name}) must return (inputs, targets) tensors, got {type(out).__name__}")
     inputs, targets = out
@@ -99,7 +99,7 @@ def block_failed(index: int, block: nn.Module, x: Tensor, exc: BaseException) ->
 def blocks(model_factory: Callable[[], Any]) -> list[nn.Module]:
     """``model_factory()`` checked to be a non-empty sequence of ``nn.Module`` blocks."""
     out = call("model factory", model_factory)
-    name = describe(model_factory)
+    name = callable_name(model_factory)
     try:
         built = list(out)
     except TypeError:
@@ -116,7 +116,7 @@ def optimizer(optimizer_factory: Callable[[Any], Any], params: Any, block: int) 
     """``optimizer_factory(params)`` for ``block``, checked to be a torch optimizer."""
     out = call(f"optimizer factory (block {block})", optimizer_factory, params)
     if not isinstance(out, torch.optim.Optimizer):
-        raise UserCodeError(f"optimizer factory ({describe(optimizer_factory)}) returned {type(out).__name__}, not a torch.optim.Optimizer")
+        raise UserCodeError(f"optimizer factory ({callable_name(optimizer_factory)}) returned {type(out).__name__}, not a torch.optim.Optimizer")
     return out
 
 
@@ -142,11 +142,11 @@ def loss(loss_fn: Callable[[Tensor, Tensor], Any], out: Tensor, targets: Tensor)
     value = call("loss_fn", loss_fn, out, targets)
     if not isinstance(value, Tensor) or value.numel() != 1:
         shape = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
-        raise UserCodeError(f"loss_fn ({describe(loss_fn)}) must return a scalar tensor, got {shape}")
+        raise UserCodeError(f"loss_fn ({callable_name(loss_fn)}) must return a scalar tensor, got {shape}")
     return value
 
 
-def check_writable(directory: str | os.PathLike[str], what: str = "checkpoint_dir") -> str | Path:
+def prepare_checkpoint_dir(directory: str | os.PathLike[str], what: str = "checkpoint_dir") -> str | Path:
     """Create ``directory`` if needed and prove a file can be written there (found now, not after training)."""
     from actors import storage
 
@@ -186,7 +186,7 @@ def validate_job(
     if isinstance(num_microbatches, bool) or not isinstance(num_microbatches, int):
         raise UserError(f"num_microbatches must be an integer, got {num_microbatches!r}")
     if checkpoint_dir is not None:
-        check_writable(checkpoint_dir)
+        prepare_checkpoint_dir(checkpoint_dir)
     with torch.random.fork_rng(devices=[]):  # the driver's RNG stream is the user's, not ours
         return _validate(model_factory, loss_fn, optimizer_factory, data_fn, num_microbatches, seed)
 
@@ -206,7 +206,7 @@ def _validate(
     again = batch(data_fn, 0)
     if not (_same(inputs, again[0]) and _same(targets, again[1])):
         raise UserCodeError(
-            f"data_fn ({describe(data_fn)}) is not deterministic: two calls of data_fn(0) returned different tensors; "
+            f"data_fn ({callable_name(data_fn)}) is not deterministic: two calls of data_fn(0) returned different tensors; "
             "the first and last stages call it separately, so it must depend only on the step"
         )
     torch.manual_seed(seed)

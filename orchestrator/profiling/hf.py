@@ -78,7 +78,7 @@ class DecoderLayer(nn.Module):
         return self.layer(hidden, attention_mask=None, position_ids=positions, position_embeddings=cos_sin)
 
 
-class LMHead(nn.Module):
+class HFHead(nn.Module):
     """Final norm and the projection to the vocabulary: hidden -> logits (B, T, vocab)."""
 
     def __init__(self, norm: nn.Module, lm_head: nn.Linear) -> None:
@@ -133,7 +133,7 @@ def causal_lm_blocks(config: Any, dtype: torch.dtype | None = None) -> list[nn.M
     model = stock_model(config, dtype)
     embed, rotary, layers, norm, lm_head = _parts(model)
     first: nn.Module = GPT2Embedding(*embed) if len(embed) == 3 else TokenEmbedding(embed[0])
-    blocks = [first, *(DecoderLayer(layer, rotary) for layer in layers), LMHead(norm, lm_head)]
+    blocks = [first, *(DecoderLayer(layer, rotary) for layer in layers), HFHead(norm, lm_head)]
     if lm_head.weight is embed[0].weight:  # tied input/output embeddings: one copy per block
         tied.untie(lm_head, "weight", embed[0], "weight", f"{getattr(embed[0], '_raypipe_path')}.weight")
     for b, block in enumerate(blocks):

@@ -34,7 +34,7 @@ from orchestrator.core.errors import UserError
 
 
 @dataclass(frozen=True)
-class Layout:
+class PackedLayout:
     """How a boundary value is packed: its pytree structure, each leaf's trailing shape and dtype."""
 
     spec: Any
@@ -47,12 +47,12 @@ class Layout:
         return self.spec is None
 
 
-def layout_of(value: Any, rows: int, where: str) -> Layout:
+def layout_of(value: Any, rows: int, where: str) -> PackedLayout:
     """The layout of a value crossing ``where``; a non-tensor leaf or one without the batch
     dimension cannot cross and is one line naming the boundary and the type."""
     if isinstance(value, Tensor):
         _check_rows(value, rows, where)
-        return Layout(None, ((tuple(value.shape[1:]), value.dtype),), value.dtype)
+        return PackedLayout(None, ((tuple(value.shape[1:]), value.dtype),), value.dtype)
     leaves, spec = pytree.tree_flatten(value)
     for leaf in leaves:
         if not isinstance(leaf, Tensor):
@@ -60,7 +60,7 @@ def layout_of(value: Any, rows: int, where: str) -> Layout:
                             "(only batch-first tensors, in tuples, lists or dicts, can)")
         _check_rows(leaf, rows, where)
     exact_int = any(not (t.is_floating_point() or t.dtype == torch.bool) for t in leaves)
-    return Layout(spec, tuple((tuple(t.shape[1:]), t.dtype) for t in leaves), torch.float64 if exact_int else torch.float32)
+    return PackedLayout(spec, tuple((tuple(t.shape[1:]), t.dtype) for t in leaves), torch.float64 if exact_int else torch.float32)
 
 
 def _check_rows(t: Tensor, rows: int, where: str) -> None:
@@ -69,14 +69,14 @@ def _check_rows(t: Tensor, rows: int, where: str) -> None:
                         f"its first dimension must be the batch ({rows} rows in the probe)")
 
 
-def pack(value: Any, layout: Layout) -> Tensor:
+def pack(value: Any, layout: PackedLayout) -> Tensor:
     if layout.single:
         return value
     leaves = pytree.tree_leaves(value)
     return torch.cat([t.reshape(t.shape[0], -1).to(layout.packed) for t in leaves], dim=1)
 
 
-def unpack(x: Tensor, layout: Layout) -> Any:
+def unpack(x: Tensor, layout: PackedLayout) -> Any:
     if layout.single:
         return x
     sizes = [int(torch.Size(shape).numel()) for shape, _ in layout.leaves]
@@ -88,7 +88,7 @@ def unpack(x: Tensor, layout: Layout) -> Any:
 class Packed(nn.Module):
     """A block whose input and output boundaries may carry several tensors (see module docstring)."""
 
-    def __init__(self, inner: nn.Module, into: Layout, out: Layout) -> None:
+    def __init__(self, inner: nn.Module, into: PackedLayout, out: PackedLayout) -> None:
         super().__init__()
         self.inner, self.into, self.out = inner, into, out
 

@@ -97,6 +97,3 @@ def _fmt(item: tuple[str, int, tuple[int, int]]) -> str:
     tag, stage, (mb, part) = item
     return f"{tag}{stage}:{mb}" + (f".{part}" if part else "")
 
-
-def describe(actions: list[Action]) -> str:
-    return " ".join(str(a) for a in actions)
