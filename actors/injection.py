@@ -3,7 +3,7 @@
 Opt-in: :func:`install` wraps entries of an executor's call table (``Executor.calls``, one
 handler per program action) and is applied by the worker only once a test or a rehearsal asked
 for injection (:meth:`actors.stage_worker.StageWorker.set_faults`, ``arm_kill``, or a job spec
-with ``kill_at``). An executor nobody injects into runs its handlers unwrapped: no branch of
+with ``kill_at``, which :func:`arm_kills` puts on a trainer). An executor nobody injects into runs its handlers unwrapped: no branch of
 this module is on the hot path of a normal job.
 
 * A slowdown factor sleeps ``(factor-1)x`` the compute's own CPU seconds (deterministic under
@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from orchestrator.schedule.ir import Action, Kind
 
@@ -116,3 +116,34 @@ def _killing(ex: "Executor", handler: Callable[[Action], None]) -> Callable[[Act
         handler(a)
 
     return run
+
+
+def arm_kills(trainer: Any, kills: Iterable[tuple[int, int]]) -> Any:
+    """Opt-in crash rehearsal on a :class:`~orchestrator.train.trainer.PipelineTrainer` (a test or a
+    benchmark installs it; the trainer itself knows nothing of it): for each ``(step, device)``
+    that device's worker dies halfway through that step, once. Returns ``trainer``.
+
+    The kills travel to the workers in the job spec (installed by every executor built from it).
+    The trainer's recovery is wrapped so that a kill that fired is dropped from the spec before the
+    fresh processes are configured: which fired is read off the run of steps being gathered when
+    the failure surfaced (the device that died, or any kill of that run when only a peer's error
+    surfaced)."""
+    trainer.spec = replace(trainer.spec, kill_at=trainer.spec.kill_at | frozenset(kills))
+    gathering: list[tuple[int, int]] = []
+    complete_run, recover = trainer.complete_run, trainer.recover
+
+    def completing(flight: Any, since: float | None = None) -> Any:
+        gathering[:] = [(flight.step, flight.step + flight.count)]
+        out = complete_run(flight, since)
+        gathering.clear()
+        return out
+
+    def recovering(exc: Any) -> None:
+        lo, hi = gathering[0] if gathering else (trainer.step, trainer.step + 1)
+        gathering.clear()
+        fired = {(s, d) for s, d in trainer.spec.kill_at if lo <= s < hi and (d == exc.device or not exc.died)}
+        trainer.spec = replace(trainer.spec, kill_at=trainer.spec.kill_at - fired)
+        recover(exc)
+
+    trainer.complete_run, trainer.recover = completing, recovering
+    return trainer

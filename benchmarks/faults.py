@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from actors import checkpoint as ckpt  # noqa: E402
+from actors.injection import arm_kills  # noqa: E402
 from actors.reference import ReferenceTrainer, allclose, max_difference  # noqa: E402
 from orchestrator.core.errors import UserError  # noqa: E402
 from orchestrator.profiling.models import example_batch, loss_fn, mlp  # noqa: E402
@@ -48,8 +49,8 @@ def kills(count: int, seed: int, tmp: Path) -> list[str]:
     steps = 2 * count + 4
     chosen = sorted(rng.sample(range(1, steps), count))
     kill_at = [(s, rng.randrange(4)) for s in chosen]
-    trainer = PipelineTrainer(MODEL, loss_fn("mlp"), SGD, DATA, 4, plan=plan, checkpoint_dir=tmp / "kills",
-                              checkpoint_every=2, max_failures=count, kill_at=kill_at, progress=False)
+    trainer = arm_kills(PipelineTrainer(MODEL, loss_fn("mlp"), SGD, DATA, 4, plan=plan, checkpoint_dir=tmp / "kills",
+                                        checkpoint_every=2, max_failures=count, progress=False), kill_at)
     t0 = time.perf_counter()
     result = trainer.fit(steps)
     wall = time.perf_counter() - t0

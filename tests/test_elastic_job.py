@@ -131,3 +131,36 @@ def test_evacuated_device_leaves_the_process_group_before_its_deadline(worker_gr
         assert job.trainer.step == 40 and 2 not in job.trainer.plan.devices and job.max_abs_diff() <= 1e-5
     finally:
         job.close()
+
+
+@pytest.mark.ray
+def test_short_notice_without_room_migrates_to_a_cheaper_offer_with_fewer_devices_exactly(worker_group: Any, tmp_path: Path) -> None:
+    """Checkpoint → migration → restore (what the old job manager did, now the job's one path):
+    the notice is too short for a checkpoint, so the job resumes from the newest durable one
+    (2 steps lost, redone), on the 3 devices of the cheaper offer the migration planner chose."""
+    from cloud.records import Offer
+
+    aws = Offer("aws", "us-east-1", "us-east-1a", "p3.8xlarge", "V100", 4, True, 3.67)
+    gcp = Offer("gcp", "us-central1", "us-central1-b", "n1-standard-16+3xV100", "V100", 3, True, 2.2)
+    catalog = tmp_path / "prices.csv"
+    catalog.write_text("timestamp,cloud,region,zone,instance_type,gpu_type,gpu_count,spot,usd_per_hour,source,observed_at\n"
+                       + "".join(f"2026-01-01T00:00:00Z,{o.cloud},{o.region},{o.zone},{o.instance_type},{o.gpu_type},"
+                                 f"{o.gpu_count},True,{o.usd_per_hour},test,2026-01-01T00:00:00Z\n" for o in (aws, gcp)))
+    params = sum(p.numel() * 4 for p in partial(mlp, WIDTHS)()[2].parameters())
+    tight = flat(4, 10, memory_bytes=params * 2 * 4.5)  # no room on the survivors
+    job = ElasticJob(TRAIN, ScalingConfig(devices=4, plan=PLAN, cluster=tight),
+                     RunConfig(storage=str(tmp_path / "ckpt"), events=tmp_path / "events.jsonl", checkpoint_every=4),
+                     AdaptConfig(enabled=False),
+                     SpotConfig(notices=(InjectedNotice(6, 2.0, (1,)),), catalog=str(catalog), offer=aws), workers=worker_group)
+    try:
+        events = job.fit(9).events
+        assert one(events, "notice_too_short")["fallback"].endswith("step_00000004")
+        migration = one(events, "migration")
+        assert migration["forced"] is True and migration["target"].startswith("gcp/") and migration["devices"] == [0, 1, 2]
+        assert one(events, "resumed")["step"] == 4 and one(events, "resumed")["lost_steps"] == 2
+        handled = one(events, "preemption_handled")
+        assert handled["mode"] == "restart" and handled["lost_steps"] == 2
+        assert sorted(job.trainer.plan.devices) == [0, 1, 2] and job.trainer.step == 9
+        assert job.max_abs_diff() <= 1e-5
+    finally:
+        job.close()

@@ -167,8 +167,10 @@ def test_killed_peer_is_recovered_not_hung(ray_gpu: Any, tmp_path: Any) -> None:
     from orchestrator.train.trainer import PipelineTrainer
 
     plan = PLANS_2GPU["1f1b"]
-    trainer = PipelineTrainer(wide_mlp, mse, SGD, wide_batch, plan.num_microbatches, plan=plan, use_gpu=True,
-                              checkpoint_dir=tmp_path, checkpoint_every=1, max_failures=1, kill_at={(2, 1)}, pg_timeout_s=60)
+    from actors.injection import arm_kills
+
+    trainer = arm_kills(PipelineTrainer(wide_mlp, mse, SGD, wide_batch, plan.num_microbatches, plan=plan, use_gpu=True,
+                                        checkpoint_dir=tmp_path, checkpoint_every=1, max_failures=1, pg_timeout_s=60), {(2, 1)})
     try:
         result = trainer.fit(4)
         assert len(result.losses) == 4 and result.restarts == 1

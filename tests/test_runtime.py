@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from actors.group import PipelineActorError
+from actors.injection import arm_kills
 from actors.reference import ReferenceTrainer, allclose, max_difference
 from actors.transport import intersect, replica_range, split_range, unit_range
 from orchestrator.profiling.models import example_batch, loss_fn, mlp, tiny_transformer
@@ -140,8 +141,8 @@ def test_metrics_and_measured_timeline(worker_group: Any, tmp_path: Path) -> Non
 @pytest.mark.ray
 def test_actor_death_names_stage_and_device(worker_group: Any) -> None:
     plan = straight_plan([0, 3, 6, 8], 3)
-    trainer = PipelineTrainer(MLP, loss_fn("mlp"), SGD, MLP_DATA, 3, plan=plan, workers=worker_group,
-                              kill_at={(1, 1)}, pg_timeout_s=20)
+    trainer = arm_kills(PipelineTrainer(MLP, loss_fn("mlp"), SGD, MLP_DATA, 3, plan=plan, workers=worker_group,
+                                        pg_timeout_s=20), {(1, 1)})
     # fit runs steps 0-2 in one call per worker (iterations_per_call): the death names that run
     with pytest.raises(PipelineActorError, match=r"stage 1 \(device 1, blocks \[3,6\)\) died during steps 0-2") as info:
         trainer.fit(3)
@@ -151,8 +152,8 @@ def test_actor_death_names_stage_and_device(worker_group: Any) -> None:
 @pytest.mark.ray
 def test_restarts_from_last_checkpoint_after_death(worker_group: Any, tmp_path: Path) -> None:
     plan = straight_plan([0, 3, 6, 8], 3, devices=[(0,), (1, 2), (3,)])
-    trainer = PipelineTrainer(MLP, loss_fn("mlp"), ADAM, MLP_DATA, 3, plan=plan, workers=worker_group,
-                              checkpoint_dir=tmp_path, checkpoint_every=2, max_failures=1, kill_at={(3, 2)}, pg_timeout_s=20)
+    trainer = arm_kills(PipelineTrainer(MLP, loss_fn("mlp"), ADAM, MLP_DATA, 3, plan=plan, workers=worker_group,
+                                        checkpoint_dir=tmp_path, checkpoint_every=2, max_failures=1, pg_timeout_s=20), {(3, 2)})
     result = trainer.fit(5)
     assert result.restarts == 1 and trainer.step == 5
     reference = ReferenceTrainer.for_plan(plan, MLP, loss_fn("mlp"), ADAM, MLP_DATA)

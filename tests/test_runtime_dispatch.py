@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from actors import checkpoint as ckpt
+from actors.injection import arm_kills
 from actors.reference import ReferenceTrainer, allclose, max_difference
 from orchestrator.profiling.models import example_batch, loss_fn, mlp
 from orchestrator.core.plan import straight_plan
@@ -99,7 +100,7 @@ def test_pipelined_fit_is_bit_identical_with_a_checkpoint_in_the_middle(worker_g
 def test_kill_during_pipelined_fit_recovers_exactly(worker_group: Any, tmp_path: Path, kill: tuple[int, int]) -> None:
     """(3, 2): the last stage dies in a step that was queued behind step 2; (2, 0): the first
     stage dies in step 2 while step 3 is queued behind it on every worker."""
-    t = trainer(worker_group, tmp_path, True, max_failures=1, kill_at={kill})
+    t = arm_kills(trainer(worker_group, tmp_path, True, max_failures=1), {kill})
     result = t.fit(5)
     assert result.restarts == 1 and t.step == 5
     assert result.checkpoints == [str(ckpt.step_dir(tmp_path, s)) for s in (2, 4)]
@@ -137,7 +138,7 @@ def test_runs_of_several_steps_per_call_are_bit_identical_and_pipelined(worker_g
 def test_kill_inside_a_run_of_steps_recovers_exactly(worker_group: Any, tmp_path: Path) -> None:
     """The middle stage dies at step 3, the second step of the run [2, 4): recovery from the
     checkpoint after step 2 (checkpoint_every=2), the kill fires once, the end is exact."""
-    t = trainer(worker_group, tmp_path, True, max_failures=1, kill_at={(3, 1)}, iterations_per_call=4)
+    t = arm_kills(trainer(worker_group, tmp_path, True, max_failures=1, iterations_per_call=4), {(3, 1)})
     result = t.fit(6)
     assert result.restarts == 1 and t.step == 6 and not t.spec.kill_at
     ref = ReferenceTrainer.for_plan(PLAN, MLP, loss_fn("mlp"), ADAM, DATA)

@@ -7,6 +7,8 @@
 - :func:`push_faults`: rehearsal slowdowns and link delays, as knobs on the workers.
 - :func:`spot_decision`: the cloud module's migration planner asked between iterations (and on
   a preemption) over a :class:`PriceView` of the catalog; replayed price changes update it.
+- :func:`simulated_throughputs`: this model's samples/s on each (GPU type, count) of a catalog,
+  planned and simulated, which the migration planner ranks offers by.
 - :func:`profile_model`: the model timed here, block by block (what the cost model, the
   controller and evacuation reason about).
 """
@@ -14,7 +16,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 from actors.metrics import MeasuredIteration
 from orchestrator.core.cluster import GBPS, Cluster
@@ -25,6 +27,7 @@ from orchestrator.core.plan import Plan
 from orchestrator.core.profile import Profile
 
 if TYPE_CHECKING:
+    from cloud.throughput import ThroughputTable
     from orchestrator.elastic.job_config import TrainConfig
     from orchestrator.elastic.job_loop import ElasticJob
 
@@ -117,7 +120,6 @@ def price_view(job: "ElasticJob") -> PriceView:
     if job._prices is None:
         from cloud.importers import load_any, load_snapshot
         from cloud.records import Offer
-        from orchestrator.elastic.parts import simulated_throughputs
 
         spot = job.spot
         offers = load_any(spot.catalog) if spot.catalog else load_snapshot()
@@ -165,15 +167,43 @@ def spot_decision(job: "ElasticJob", step: int, preempted: bool = False) -> Any:
 def write_target_yaml(job: "ElasticJob", offer: Any) -> None:
     """The validated Ray cluster YAML of a migration target (``ray up`` only with ``ray_up``)."""
     from pathlib import Path
+    from typing import cast
 
-    from orchestrator.elastic.parts import cloud_launcher
-    from orchestrator.elastic.manager import Placement
-    from orchestrator.elastic.launch import LaunchTarget
+    from orchestrator.elastic.launch import Cloud, ClusterSpec, ray_up, write_cluster_yaml
 
     assert job.spot.cloud_yaml is not None
-    placed = cloud_launcher(Path(job.spot.cloud_yaml), project_id="my-project", dry_run=not job.spot.ray_up)(
-        Placement(LaunchTarget("local"), offer.gpu_count, offer))
-    job.emit("target_yaml", target=offer.label(), devices=placed.devices, directory=job.spot.cloud_yaml)
+    spec = ClusterSpec(cloud=cast(Cloud, offer.cloud), region=offer.region, zone=offer.zone or None, instance_type=offer.instance_type,
+                       spot=offer.spot, gpu_type=offer.gpu_type, gpus_per_node=offer.gpu_count, project_id="my-project")
+    path = write_cluster_yaml(spec, Path(job.spot.cloud_yaml) / f"{offer.cloud}-{offer.region}-{offer.instance_type}.yaml")
+    ray_up(path, dry_run=not job.spot.ray_up)
+    job.emit("target_yaml", target=offer.label(), devices=spec.total_gpus, directory=job.spot.cloud_yaml)
+
+
+# Training speed relative to a V100 (fp32/mixed, typical transformer training; public benchmark
+# ratios, rounded). Used only where no measured profile for that GPU exists.
+GPU_RELATIVE_SPEED = {"K80": 0.22, "P100": 0.6, "T4": 0.45, "V100": 1.0, "A10G": 0.85, "L4": 0.75,
+                      "A100": 2.2, "A100-80GB": 2.4, "H100": 4.0}
+
+
+def simulated_throughputs(profile: Profile, gpus: Iterable[tuple[str, int]], num_microbatches: int, model: str = "job",
+                          intra_gbps: float = 100.0, planner: str = "pipedream") -> "ThroughputTable":
+    """Samples/s of ``profile``'s model on each (GPU type, count), planned and simulated, not
+    guessed, so the migration planner ranks offers for the job at hand."""
+    from cloud.records import normalize_gpu
+    from cloud.throughput import ThroughputTable
+    from orchestrator.core.cluster import flat
+    from orchestrator.planners.base import PlannerOptions, run_planner
+
+    table: dict[tuple[str, str, int], float] = {}
+    samples = profile.microbatch_size * num_microbatches
+    for gpu, count in set(gpus):
+        speed = GPU_RELATIVE_SPEED.get(normalize_gpu(gpu))
+        if speed is None or count < 1:
+            continue
+        cluster = flat(count, intra_gbps, speeds=[speed] * count)
+        result = run_planner(planner, profile, cluster, PlannerOptions(num_microbatches=num_microbatches, check_memory=False))
+        table[(model, gpu, count)] = samples / result.iteration_time_s
+    return ThroughputTable(table)
 
 
 def profile_model(train: "TrainConfig") -> Profile:

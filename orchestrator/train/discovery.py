@@ -73,6 +73,42 @@ def discover_cluster(kind: str | None = None, local_slots: int | None = None,
     return Discovered(Cluster(tuple(devices), bandwidth, latency), tuple(reports), group)
 
 
+def plan_on_cluster(spec: Any, num_microbatches: int, planner: str, cluster: Cluster | None,
+                    use_gpu: bool | None) -> tuple[Any, Any]:
+    """``(plan, workers)``: the model of ``spec`` (an :class:`actors.stage_worker.JobSpec`)
+    profiled here on one micro-batch and planned by ``planner``.
+
+    Without a ``cluster``: the Ray cluster's slots with speeds measured on a few of the model's
+    own blocks and links probed with the runtime's transport (:func:`discover_cluster`); those
+    workers are returned to run the plan (``None`` with a given cluster)."""
+    import ray
+    import torch
+
+    from actors import user_code
+    from actors.probe import model_probe
+    from orchestrator.planners.base import PlannerOptions, run_planner
+    from orchestrator.profiling.profiler import profile_blocks
+
+    torch.manual_seed(spec.seed)
+    blocks = user_code.blocks(spec.model_factory)
+    inputs, _ = user_code.batch(spec.data_fn, 0)
+    sample = torch.tensor_split(inputs, num_microbatches)[0]
+    profile = profile_blocks(blocks, sample, "model", int(sample.shape[0]), device="cpu")
+    probed = None
+    if cluster is None:
+        if not ray.is_initialized():
+            ray.init(ignore_reinit_error=True, log_to_driver=False)
+        kind = None if use_gpu is None else ("gpu" if use_gpu else "cpu")
+        found = discover_cluster(kind, seconds_of=model_probe(spec.model_factory, spec.data_fn, rows=int(sample.shape[0])))
+        cluster, probed = found.cluster, found.group
+    try:
+        return run_planner(planner, profile, cluster, PlannerOptions(num_microbatches=num_microbatches)).plan, probed
+    except BaseException:
+        if probed is not None:
+            probed.shutdown()
+        raise
+
+
 def link_matrix(nodes: Sequence[str], measured: dict[tuple[int, int], tuple[float, float]],
                 fallback_gbps: tuple[float, float]) -> tuple[np.ndarray, float]:
     """A full bytes/s matrix from the probed pairs: a pair not probed takes its node pair's

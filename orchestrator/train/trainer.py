@@ -17,9 +17,8 @@ a planner from :mod:`orchestrator.planners` chooses one for the live Ray cluster
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence, overload
+from typing import Any, Callable, Mapping, Sequence
 
 import ray
 import torch
@@ -36,10 +35,11 @@ from actors.training import TrainingOptions
 from orchestrator.core.cluster import Cluster
 from orchestrator.core.errors import UserError
 from orchestrator.core.plan import Plan
+from orchestrator.train.checkpointing import Checkpointing
 from orchestrator.train.fit_result import FitResult, InFlight
 
 
-class PipelineTrainer:
+class PipelineTrainer(Checkpointing):
     """Pipeline-parallel trainer; see the module docstring for the data and control flow."""
 
     def __init__(
@@ -57,7 +57,6 @@ class PipelineTrainer:
         max_failures: int = 0,
         seed: int = 0,
         resume: str | Path | None = None,
-        kill_at: Iterable[tuple[int, int]] = (),
         progress: bool | None = None,
         iteration_timeout_s: float = 600.0,
         pg_timeout_s: float = 120.0,
@@ -77,12 +76,15 @@ class PipelineTrainer:
             raise UserError("checkpoint_every needs a checkpoint_dir")
         if validate:
             user_code.validate_job(model_factory, loss_fn, optimizer_factory, data_fn, num_microbatches, checkpoint_dir, seed)
-        self.spec = JobSpec(model_factory, loss_fn, optimizer_factory, data_fn, seed, pg_timeout_s, kill_at=frozenset(kill_at),
-                            training=training or TrainingOptions())
+        self.spec = JobSpec(model_factory, loss_fn, optimizer_factory, data_fn, seed, pg_timeout_s, training=training or TrainingOptions())
         self.num_microbatches = num_microbatches
         self.use_gpu = use_gpu
         self._probed: WorkerGroup | None = None  # the workers that measured the cluster, kept to run the plan
-        self.plan = plan if plan is not None else self._make_plan(planner, cluster)
+        if plan is None:  # profiled here, planned for the given or the measured cluster
+            from orchestrator.train.discovery import plan_on_cluster
+
+            plan, self._probed = plan_on_cluster(self.spec, num_microbatches, planner, cluster, use_gpu)
+        self.plan = plan
         if self.plan.num_microbatches != num_microbatches:
             raise UserError(f"the plan has {self.plan.num_microbatches} micro-batches but num_microbatches={num_microbatches}")
         # a local folder stays a Path; a storage URI (s3://, gs://, az://) stays a string
@@ -96,7 +98,6 @@ class PipelineTrainer:
         self.resume = resume
         self.pipelined_dispatch = pipelined_dispatch
         self.iterations_per_call = iterations_per_call  # fit: consecutive steps per remote call (see fit)
-        self._failing_run: tuple[int, int] | None = None  # the run of steps fit is gathering (which kill_at entries fired)
         # periodic checkpoints snapshot the blocks and upload while the next steps train; each
         # commits when the next one starts or when fit returns (see save_checkpoint(background=))
         self.async_checkpoints = async_checkpoints
@@ -108,37 +109,6 @@ class PipelineTrainer:
         self.history: dict[int, float] = {}
 
     # ----- setup -----
-    def _make_plan(self, planner: str, cluster: Cluster | None) -> Plan:
-        """Profile the model on one micro-batch here and let ``planner`` choose a plan.
-
-        Without a ``cluster``: the Ray cluster's slots with speeds measured on a few of the
-        model's own blocks and links probed with the runtime's transport
-        (:func:`orchestrator.train.discovery.discover_cluster`); those workers then run the plan."""
-        from actors.probe import model_probe
-        from orchestrator.train.discovery import discover_cluster
-        from orchestrator.planners.base import PlannerOptions, run_planner
-        from orchestrator.profiling.profiler import profile_blocks
-
-        torch.manual_seed(self.spec.seed)
-        blocks = user_code.blocks(self.spec.model_factory)
-        inputs, _ = user_code.batch(self.spec.data_fn, 0)
-        sample = torch.tensor_split(inputs, self.num_microbatches)[0]
-        profile = profile_blocks(blocks, sample, "model", int(sample.shape[0]), device="cpu")
-        if cluster is None:
-            if not ray.is_initialized():
-                ray.init(ignore_reinit_error=True, log_to_driver=False)
-            kind = None if self.use_gpu is None else ("gpu" if self.use_gpu else "cpu")
-            found = discover_cluster(kind, seconds_of=model_probe(self.spec.model_factory, self.spec.data_fn,
-                                                                  rows=int(sample.shape[0])))
-            cluster, self._probed = found.cluster, found.group
-        try:
-            result = run_planner(planner, profile, cluster, PlannerOptions(num_microbatches=self.num_microbatches))
-        except BaseException:
-            if self._probed is not None:
-                self._probed.shutdown()
-            raise
-        return result.plan
-
     def _ensure_started(self) -> None:
         if not self._started:
             self.start()
@@ -271,10 +241,6 @@ class PipelineTrainer:
         self.failures += 1
         assert self.group is not None
         self._uploading = None  # an upload from a dead worker never commits; its folder stays unmarked
-        lo, hi = self._failing_run or (self.step, self.step + 1)
-        self._failing_run = None
-        fired = {(s, d) for s, d in self.spec.kill_at if lo <= s < hi and (d == exc.device or not exc.died)}
-        self.spec = replace(self.spec, kill_at=self.spec.kill_at - fired)
         self.group.restart()
         self.group.configure(self.spec, self.plan)
         found = ckpt.find_latest(self.checkpoint_dir) if self.checkpoint_dir is not None else None
@@ -304,12 +270,10 @@ class PipelineTrainer:
         the losses and advance past it."""
         assert flight.step == self.step, (flight.step, self.step)
         end = flight.step + flight.count
-        self._failing_run = (flight.step, end)
         what = f"steps {flight.step}-{end - 1}" if flight.count > 1 else f"step {flight.step}"
         reports = self._workers().gather(flight.refs, what, self.iteration_timeout_s * flight.count, flight.devices)  # bound per step
         elapsed = time.perf_counter() - max(flight.submitted, since if since is not None else flight.submitted)
         run = combine_run(reports, elapsed)
-        self._failing_run = None
         for m in run:
             self.history[self.step] = m.loss
             self.step += 1
@@ -337,78 +301,6 @@ class PipelineTrainer:
             self.step = 0
             return 0
         return self.restore(source)
-
-    # ----- checkpoints -----
-    @overload
-    def save_checkpoint(self, directory: Path, background: bool = False) -> Path: ...
-    @overload
-    def save_checkpoint(self, directory: str | Path | None = None, background: bool = False) -> str | Path: ...
-    def save_checkpoint(self, directory: str | Path | None = None, background: bool = False) -> str | Path:
-        """Every block once (replica 0 writes, from its own node), then the manifest and the commit
-        marker (driver); returns the checkpoint location (a Path for a local one).
-
-        ``background``: the workers snapshot their blocks (a CPU copy: the only stall) and upload
-        them while training continues; :meth:`finish_checkpoint` waits and commits. Until then the
-        folder has no commit marker and is not a checkpoint for any reader."""
-        group = self._workers()
-        if directory is None:
-            if self.checkpoint_dir is None:
-                raise UserError("no checkpoint_dir configured and no directory given")
-            directory = ckpt.step_dir(self.checkpoint_dir, self.step)
-        target = Path(directory) if storage.scheme(directory) == "" else str(directory)
-        extra = {"seed": self.spec.seed, "data_position": self.step, "rng": "reseeded from (seed, step, device) every step",
-                 "losses": {str(s): v for s, v in sorted(self.history.items())}}
-        if background:
-            self.finish_checkpoint()  # one upload at a time
-            devices = group.plan_devices()
-            group.call("save_blocks", str(target), True, devices=devices, what="checkpoint snapshot")
-            self._uploading = (target, self.step, self.plan.num_blocks, self.plan.to_dict(), extra, devices)
-            return target
-        entries = [e for part in group.call("save_blocks", str(target), what="checkpoint") for e in part]
-        ckpt.write_manifest(target, self.step, self.plan.num_blocks, entries, self.plan.to_dict(), extra, seed=self.spec.seed)
-        return target
-
-    @property
-    def upload_pending(self) -> bool:
-        """Whether a background checkpoint is uploading (not yet committed)."""
-        return self._uploading is not None
-
-    def finish_checkpoint(self) -> str | Path | None:
-        """Wait for the background checkpoint (if any), then commit it; returns its location."""
-        if self._uploading is None:
-            return None
-        (target, step, num_blocks, plan, extra, devices), self._uploading = self._uploading, None
-        entries = [e for part in self._workers().call("finish_blocks", devices=devices, what=f"checkpoint upload to {target}")
-                   for e in part]
-        ckpt.write_manifest(target, step, num_blocks, entries, plan, extra, seed=self.spec.seed)
-        return target
-
-    def restore(self, source: str | Path) -> int:
-        """Load a checkpoint taken under ANY plan of the same model; returns the resumed step.
-
-        ``"latest"`` is the newest valid checkpoint under ``checkpoint_dir`` and an error when there
-        is none; ``"latest_or_fresh"`` starts from the seed instead. Damaged checkpoints passed over
-        are kept in ``skipped_checkpoints`` (with reasons) for the caller's event log."""
-        group = self._workers()
-        if str(source) in ("latest", "latest_or_fresh"):
-            if self.checkpoint_dir is None:
-                raise UserError(f"resume={str(source)!r} needs a checkpoint_dir")
-            found = ckpt.find_latest(self.checkpoint_dir)
-            self.skipped_checkpoints.extend(found.skipped)
-            if found.location is None:
-                if str(source) == "latest_or_fresh":
-                    return self.step
-                why = f"; newest skipped: {found.skipped[0].reason}" if found.skipped else ""
-                raise UserError(f"resume='latest': no valid checkpoint under {self.checkpoint_dir}{why} "
-                                "(resume='latest_or_fresh' starts from the seed instead)")
-            source = found.location
-        directory = str(source)
-        manifest = ckpt.verify(directory)
-        ckpt.check_model(manifest, self.plan.num_blocks, directory)
-        group.call("load_blocks", str(directory), manifest, what=f"restore from {directory}")
-        self.step = int(manifest["step"])
-        self.history.update({int(k): float(v) for k, v in manifest.get("extra", {}).get("losses", {}).items()})
-        return self.step
 
     # ----- inspection -----
     def devices(self) -> list[dict[str, Any]]:
