@@ -137,7 +137,7 @@ def _unused(*_: object) -> None:
 
 def test_executor_passes_the_directed_link_group_to_isend_and_irecv(monkeypatch: pytest.MonkeyPatch) -> None:
     """The group objects handed to torch.distributed are the directed link's, in both directions."""
-    import actors.execution as execution
+    import actors.exchange as exchange
 
     calls: list[tuple[str, int, object]] = []
 
@@ -148,8 +148,8 @@ def test_executor_passes_the_directed_link_group_to_isend_and_irecv(monkeypatch:
         def is_completed(self) -> bool:
             return True
 
-    monkeypatch.setattr(execution.dist, "isend", lambda t, dst, group=None, tag=0: calls.append(("send", dst, group)) or Done())
-    monkeypatch.setattr(execution.dist, "irecv", lambda t, src, group=None, tag=0: calls.append(("recv", src, group)) or Done())
+    monkeypatch.setattr(exchange.dist, "isend", lambda t, dst, group=None, tag=0: calls.append(("send", dst, group)) or Done())
+    monkeypatch.setattr(exchange.dist, "irecv", lambda t, src, group=None, tag=0: calls.append(("recv", src, group)) or Done())
     plan = straight_plan([0, 1, 2], 2, ScheduleKind.ONE_F_ONE_B)
     schedule = lower(plan)
     links = {key: object() for key in directed_links(schedule)}
