@@ -23,7 +23,9 @@ from typing import Sequence
 
 import numpy as np
 
+from orchestrator import cost_terms
 from orchestrator.cluster import Cluster
+from orchestrator.cost_terms import compute_time, fits_memory, stash_bytes, static_bytes, transfer_time
 from orchestrator.plan import Plan, ScheduleKind, Stage
 from orchestrator.profile import Profile
 from orchestrator.schedule.generators import GENERATORS
@@ -71,17 +73,33 @@ def pair_stats(cluster: Cluster, src: tuple[int, ...], dst: tuple[int, ...]) -> 
     return PairStats(top, first, bool(np.all(per_recv >= top * (1 - 1e-12))))
 
 
+def seconds_per_byte(cluster: Cluster, src: Sequence[int], dst: Sequence[int]) -> float:
+    """Seconds per boundary byte between two device groups: replicas exchange overlapping row
+    shares in parallel on their own links, so the slowest pair decides (0 without groups)."""
+    if not src or not dst:
+        return 0.0
+    return pair_stats(cluster, tuple(src), tuple(dst)).top
+
+
+def boundary_time(cluster: Cluster, src: Sequence[int], dst: Sequence[int], nbytes: float) -> float:
+    """One unit's message across a boundary between device groups (:func:`cost_terms.transfer_time`
+    at the slowest pair's rate; the simulator sends a message per overlapping pair, even an empty one)."""
+    if not src or not dst:
+        return 0.0
+    return transfer_time(nbytes, seconds_per_byte(cluster, src, dst), cluster.latency_s)
+
+
 @lru_cache(maxsize=8192)
 def _ring(cluster: Cluster, group: tuple[int, ...]) -> float:
     return cluster.ring_bandwidth(group)
 
 
-def all_reduce_time(cluster: Cluster, group: Sequence[int], param_bytes: float) -> float:
-    """Ring all-reduce of a stage's gradients over its replicas (the simulator's term)."""
-    k = len(group)
-    if k < 2:
+def group_all_reduce(cluster: Cluster, group: Sequence[int], param_bytes: float) -> float:
+    """Ring all-reduce of a stage's gradients over its replicas (:func:`cost_terms.all_reduce_time`
+    on the group's ring, the bandwidth cached per group)."""
+    if len(group) < 2:
         return 0.0
-    return 2.0 * (k - 1) / k * param_bytes / _ring(cluster, tuple(group))
+    return cost_terms.all_reduce_time(len(group), param_bytes, _ring(cluster, tuple(group)))
 
 
 @dataclass(frozen=True)
@@ -150,11 +168,11 @@ def simulate_groups(plan: Plan, profile: Profile, cluster: Cluster, options: Sim
         speed.append(max(sp) if lower else min(sp))
         slowest.append(min(sp))
         exact = exact and max(sp) == min(sp)
-    fw = [profile.forward_time(s.first, s.last) / speed[j % p] / s.replicas for j, s in enumerate(stages)]
-    bw = [profile.stage_backward_time(s.first, s.last, s.recompute) / speed[j % p] / s.replicas for j, s in enumerate(stages)]
+    fw = [compute_time(profile.forward_time(s.first, s.last), speed[j % p], s.replicas) for j, s in enumerate(stages)]
+    bw = [compute_time(profile.stage_backward_time(s.first, s.last, s.recompute), speed[j % p], s.replicas) for j, s in enumerate(stages)]
     split = [backward_parts(profile, j, s.first, s.last, s.recompute) for j, s in enumerate(stages)]
-    bi = [split[j][0] / speed[j % p] / s.replicas for j, s in enumerate(stages)]
-    ww = [split[j][1] / speed[j % p] / s.replicas for j, s in enumerate(stages)]
+    bi = [compute_time(split[j][0], speed[j % p], s.replicas) for j, s in enumerate(stages)]
+    ww = [compute_time(split[j][1], speed[j % p], s.replicas) for j, s in enumerate(stages)]
     cost = {Kind.FORWARD: fw, Kind.BACKWARD: bw, Kind.BACKWARD_INPUT: bi, Kind.BACKWARD_WEIGHT: ww}
     out_bytes = [profile.boundary_bytes(s.last) for s in stages]
     in_bytes = [profile.boundary_bytes(s.first) for s in stages]
@@ -173,7 +191,19 @@ def simulate_groups(plan: Plan, profile: Profile, cluster: Cluster, options: Sim
                 else:
                     spb[(src_g, dst_g)], latp[(src_g, dst_g)] = stats.first, cluster.latency_s
     frac = {u: unit_fraction(u[1]) for u in units}
-    ar = [all_reduce_time(cluster, s.devices, profile.param_bytes(s.first, s.last)) for s in stages]
+    # each message's time per (stage, unit fraction): forward to stage j+1, backward to j−1
+    msg_f: dict[tuple[int, float], float] = {}
+    msg_b: dict[tuple[int, float], float] = {}
+    for fr in set(frac.values()):
+        for j in range(S):
+            g = j % p
+            if j + 1 < S and (j + 1) % p != g:
+                pair = (g, (j + 1) % p)
+                msg_f[(j, fr)] = transfer_time(out_bytes[j] * fr, spb[pair], latp[pair])
+            if j > 0 and (j - 1) % p != g:
+                pair = (g, (j - 1) % p)
+                msg_b[(j, fr)] = transfer_time(in_bytes[j] * fr, spb[pair], latp[pair])
+    ar = [group_all_reduce(cluster, s.devices, profile.param_bytes(s.first, s.last)) for s in stages]
 
     arr_f: dict[tuple[int, tuple[int, int]], float] = {}
     arr_b: dict[tuple[int, tuple[int, int]], float] = {}
@@ -207,7 +237,7 @@ def simulate_groups(plan: Plan, profile: Profile, cluster: Cluster, options: Sim
                             arr_f[(j + 1, u)] = t
                         else:
                             st = max(t, link.get((g, dst), 0.0))
-                            link[(g, dst)] = st + latp[(g, dst)] + out_bytes[j] * fr * spb[(g, dst)]
+                            link[(g, dst)] = st + msg_f[(j, fr)]
                             arr_f[(j + 1, u)] = link[(g, dst)]
                 elif act.kind is Kind.BACKWARD_WEIGHT:
                     t += ww[j] * fr
@@ -230,7 +260,7 @@ def simulate_groups(plan: Plan, profile: Profile, cluster: Cluster, options: Sim
                             arr_b[(j - 1, u)] = t
                         else:
                             st = max(t, link.get((g, dst), 0.0))
-                            link[(g, dst)] = st + latp[(g, dst)] + in_bytes[j] * fr * spb[(g, dst)]
+                            link[(g, dst)] = st + msg_b[(j, fr)]
                             arr_b[(j - 1, u)] = link[(g, dst)]
                     if last_backward[g].get(j) == k:
                         t += ar[j]
@@ -269,16 +299,16 @@ def simulate_groups(plan: Plan, profile: Profile, cluster: Cluster, options: Sim
     peaks, statics = [], []
     fits = True
     for g, order in enumerate(orders):
-        static = sum(profile.param_bytes(stages[j].first, stages[j].last) for j in range(g, S, p)) * options.state_factor
+        static = static_bytes(sum(profile.param_bytes(stages[j].first, stages[j].last) for j in range(g, S, p)), options.state_factor)
         stash = peak = 0.0
         for act in order:
             s = stages[act.stage]
-            delta = profile.stage_stash_bytes(s.first, s.last, s.recompute) * unit_fraction(act.part) / s.replicas
+            delta = stash_bytes(profile.stage_stash_bytes(s.first, s.last, s.recompute), unit_fraction(act.part), s.replicas)
             stash += stash_sign(act.kind) * delta
             peak = max(peak, stash)
         peaks.append(static + peak)
         statics.append(static)
-        if static + peak > float(cluster.memories[list(groups[g])].min()):
+        if not fits_memory(static + peak, float(cluster.memories[list(groups[g])].min())):
             fits = False
     return GroupSim(max(clock), tuple(peaks), fits, exact, tuple(busy), tuple(statics))
 
@@ -308,10 +338,10 @@ class BoundTerms:
         speeds = cluster.speeds
         lat = cluster.latency_s
         fast = [float(speeds[list(devs)].max()) for devs in groups]
-        self.f = [profile.forward_time(s.first, s.last) / fast[j % p] / s.replicas for j, s in enumerate(stages)]
-        self.b = [profile.stage_backward_time(s.first, s.last, s.recompute) / fast[j % p] / s.replicas for j, s in enumerate(stages)]
+        self.f = [compute_time(profile.forward_time(s.first, s.last), fast[j % p], s.replicas) for j, s in enumerate(stages)]
+        self.b = [compute_time(profile.stage_backward_time(s.first, s.last, s.recompute), fast[j % p], s.replicas) for j, s in enumerate(stages)]
         # a split backward's input-gradient part (what the chain back to stage 0 waits for)
-        self.bi = [backward_parts(profile, j, s.first, s.last, s.recompute)[0] / fast[j % p] / s.replicas for j, s in enumerate(stages)]
+        self.bi = [compute_time(backward_parts(profile, j, s.first, s.last, s.recompute)[0], fast[j % p], s.replicas) for j, s in enumerate(stages)]
         out_bytes = [profile.boundary_bytes(s.last) for s in stages]
         # per boundary and direction: (bytes × slowest receiver-side cost, bytes × cheapest receiver's slowest)
         self.msg_first: list[tuple[float, float]] = []  # (forward, backward) first-message byte-seconds
@@ -325,7 +355,7 @@ class BoundTerms:
             self.msg_link.append((fw_st.top * nbytes, bw_st.top * nbytes))
             self.has_msg.append((fw_st.top > 0, bw_st.top > 0))
         self.lat = lat
-        ar = [all_reduce_time(cluster, s.devices, profile.param_bytes(s.first, s.last)) for s in stages]
+        ar = [group_all_reduce(cluster, s.devices, profile.param_bytes(s.first, s.last)) for s in stages]
         self.groups: list[tuple[int, float, float, float]] = []  # (group, compute per unit, speed, all-reduces)
         for k in range(p):
             work = sum(profile.compute_time(stages[j].first, stages[j].last) / stages[j].replicas for j in range(k, S, p))
@@ -355,7 +385,7 @@ class BoundTerms:
             tail[j] = tail[j - 1] + chain[j - 1] * fmin + first(j - 1, 1)
         best = 0.0
         for g, work, speed, ar in self.groups:
-            best = max(best, head[g] + work * total / speed + (ar if split else max(ar, tail[g])))
+            best = max(best, head[g] + compute_time(work * total, speed) + (ar if split else max(ar, tail[g])))
         for j in range(S - 1):
             fb_next = (f[j + 1] + chain[j + 1]) * fmin
             if self.has_msg[j][0]:
@@ -383,6 +413,6 @@ def work_bound(stages: Sequence[Stage], profile: Profile, cluster: Cluster, tota
     speeds = cluster.speeds
     per_group: dict[tuple[int, ...], float] = {}
     for s in stages:
-        w = profile.compute_time(s.first, s.last) * total / s.replicas / float(speeds[list(s.devices)].max())
-        per_group[s.devices] = per_group.get(s.devices, 0.0) + w + all_reduce_time(cluster, s.devices, profile.param_bytes(s.first, s.last))
+        w = compute_time(profile.compute_time(s.first, s.last) * total, float(speeds[list(s.devices)].max()), s.replicas)
+        per_group[s.devices] = per_group.get(s.devices, 0.0) + w + group_all_reduce(cluster, s.devices, profile.param_bytes(s.first, s.last))
     return max(per_group.values()) * (1 - 1e-9)

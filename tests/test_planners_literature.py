@@ -18,7 +18,9 @@ import pytest
 from orchestrator.cluster import GBPS, Cluster, Device, flat, heterogeneous_servers, two_level
 from orchestrator.errors import UserError
 from orchestrator.plan import Plan, ScheduleKind, Stage, straight_plan
-from orchestrator.planners import autopipe, dapple, spp
+from orchestrator.cost_terms import all_reduce_time, transfer_time
+from orchestrator.group_sim import boundary_time
+from orchestrator.planners import autopipe, dapple, scoring, spp
 from orchestrator.planners.base import PlannerOptions, get_planner, run_planner
 from orchestrator.planners.interleaving import best_interleaving
 from orchestrator.profile import Block, Profile
@@ -107,8 +109,8 @@ def true_load(plan: Plan, prof: Profile, cl: Cluster, M: int) -> float:
         worst = max(worst, M * prof.compute_time(s.first, s.last) / s.replicas + ar)
         if j + 1 < len(plan.stages):
             nxt = plan.stages[j + 1].devices
-            worst = max(worst, M * spp.boundary_time(cl, s.devices, nxt, prof.boundary_bytes(s.last)))
-            worst = max(worst, M * spp.boundary_time(cl, nxt, s.devices, prof.boundary_bytes(s.last)))
+            worst = max(worst, M * boundary_time(cl, s.devices, nxt, prof.boundary_bytes(s.last)))
+            worst = max(worst, M * boundary_time(cl, nxt, s.devices, prof.boundary_bytes(s.last)))
     return worst
 
 
@@ -140,7 +142,7 @@ def test_spp_pe_replays_the_simulator_with_replicas(latency: float) -> None:
     for kind in (ScheduleKind.ONE_F_ONE_B, ScheduleKind.GPIPE):
         for sliced in (0, 2):
             plan = Plan(stages, 5, kind, sliced)
-            assert spp.estimate(plan, prof, cl).makespan == pytest.approx(simulate(plan, prof, cl).iteration_s, rel=1e-9)
+            assert scoring.estimate(plan, prof, cl).makespan == pytest.approx(simulate(plan, prof, cl).iteration_s, rel=1e-9)
 
 
 def test_rdo_keeps_servers_together() -> None:
@@ -229,7 +231,7 @@ def test_autopipe_slicing_reaches_ir_and_simulator_and_helps() -> None:
     parts = {a.part for acts in sched.programs.values() for a in acts if a.kind.is_compute}
     assert parts == {0, 1, 2}
     t_sliced = simulate(sliced, prof, cl).iteration_s
-    assert spp.estimate(sliced, prof, cl).makespan == pytest.approx(t_sliced)
+    assert scoring.estimate(sliced, prof, cl).makespan == pytest.approx(t_sliced)
     assert t_sliced < simulate(straight_plan(list(range(9)), 4), prof, cl).iteration_s
     plan = autopipe.plan_autopipe(prof, cl, opts(4))
     assert plan.sliced_microbatches > 0
@@ -415,7 +417,7 @@ def _prm_dense_reference(profile: Profile, tables: spp.PRMTables, M: int, state_
     rr = np.arange(1, V + 1, dtype=np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
         per_unit = comp[:, :, None, None] / (rr[None, None, None, :] * tables.smin[None, None, :, :])
-        ar = np.where(rr > 1, 2.0 * (rr - 1) / rr, 0.0)[None, None, None, :] * par[:, :, None, None] / tables.ring[None, None, :, :]
+        ar = all_reduce_time(rr[None, None, None, :], par[:, :, None, None], tables.ring[None, None, :, :])
         load = M * per_unit + np.nan_to_num(ar, nan=0.0)
         load = np.where(tables.valid[None, None] & ok[:, :, None, None], load, INF)
         if check_memory:
@@ -425,7 +427,7 @@ def _prm_dense_reference(profile: Profile, tables: spp.PRMTables, M: int, state_
         else:
             kmax = np.full(load.shape, INF)
         rmax = np.maximum(rr[:, None], rr[None, :])
-        comm = np.nan_to_num(M * (tables.latency + acts[:, None, None, None] / (rmax[None, None] * tables.pair[None])), nan=INF)
+        comm = np.nan_to_num(M * transfer_time(acts[:, None, None, None], 1.0 / (rmax[None, None] * tables.pair[None]), tables.latency), nan=INF)
     a_idx = np.arange(V)[:, None] + np.arange(1, V + 1)[None, :]
     a_ok = a_idx < V
     a_clip = np.where(a_ok, a_idx, 0)
@@ -488,12 +490,12 @@ def test_spp_pe_lower_bound_holds(seed: int) -> None:
         sliced = int(rng.integers(0, M + 1)) if rng.random() < 0.3 else 0
         for kind in (ScheduleKind.ONE_F_ONE_B, ScheduleKind.GPIPE):
             plan = Plan(tuple(stages), M, kind, sliced)
-            costs = spp.plan_costs(plan, prof, cl)
-            fr = spp.unit_fractions(M, sliced)
-            t = spp.estimate(plan, prof, cl).makespan
-            assert spp._pe_lower_bound(costs, fr) <= t
-            load_bound, partial = spp._compute_costs(plan, prof, cl)
-            assert spp._pe_lower_bound(partial, fr) <= t
+            costs = scoring.plan_costs(plan, prof, cl)
+            fr = scoring.unit_fractions(M, sliced)
+            t = scoring.estimate(plan, prof, cl).makespan
+            assert scoring.pe_lower_bound(costs, fr) <= t
+            load_bound, partial = scoring.compute_costs(plan, prof, cl)
+            assert scoring.pe_lower_bound(partial, fr) <= t
             assert load_bound <= t * (1 + 1e-12)  # the unchanged load-bound rule (exact up to rounding)
 
 
@@ -522,8 +524,8 @@ def test_spp_pruned_scoring_equals_scoring_every_candidate(seed: int, cluster: s
         stages = tuple(spp.prm_stages(res, tables, S, int(a), int(ri) + 1))
         for kind in (ScheduleKind.ONE_F_ONE_B, ScheduleKind.GPIPE):
             plan = Plan(stages, 8, kind)
-            if spp.fits_memory(plan, prof, cl, o):
-                every.append(spp.estimate(plan, prof, cl).makespan)
+            if scoring.plan_fits_memory(plan, prof, cl, o):
+                every.append(scoring.estimate(plan, prof, cl).makespan)
     assert got.objective_s == pytest.approx(min(every), rel=1e-12)
 
 

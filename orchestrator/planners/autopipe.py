@@ -11,7 +11,7 @@ Balanced Partitioning and Micro-batch Slicing"), straight 1F1B pipeline, one dev
    what lets AutoPipe balance better than whole layers.
 
 2. **Critical path and master stage.** The partition is replayed with the list scheduler of
-   :mod:`orchestrator.planners.spp` (the simulator's cost model, including transfers); walking back
+   SPP's PE (:mod:`orchestrator.planners.scoring`, the simulator's cost model, including transfers); walking back
    from the last operation along "what made it start" gives the critical path; the *master stage*
    is the stage contributing most compute time to it.
 
@@ -45,7 +45,7 @@ from orchestrator.errors import UserError
 from orchestrator.plan import Plan, ScheduleKind, straight_plan
 from orchestrator.planners.base import PlannerOptions, PlannerSpec, register
 from orchestrator.planners.partition import devices_by_speed_order
-from orchestrator.planners.spp import estimate, fits_memory
+from orchestrator.planners.scoring import estimate, plan_fits_memory, queues
 from orchestrator.profile import Block, Profile
 
 INF = np.inf
@@ -86,9 +86,7 @@ def critical_stage_times(plan: Plan, profile: Profile, cluster: Cluster) -> tupl
     key = max(trace, key=lambda k: trace[k][1])
     units = len({u for (_, _, u) in trace})
     # orders to find "previous op on the same stage"
-    from orchestrator.planners.spp import queue_1f1b
-
-    orders = queue_1f1b(S, units)
+    orders = queues(ScheduleKind.ONE_F_ONE_B, S, units)
     pos = {(s, f, u): i for s in range(S) for i, (f, u) in enumerate(orders[s])}
     while True:
         s, is_f, u = key
@@ -109,7 +107,7 @@ def _score(cuts: list[int], devices: list[int], M: int, sliced: int, profile: Pr
     plan = straight_plan(cuts, M, ScheduleKind.ONE_F_ONE_B, [(d,) for d in devices[: len(cuts) - 1]], "autopipe")
     if sliced:
         plan = Plan(plan.stages, M, ScheduleKind.ONE_F_ONE_B, sliced, "autopipe")
-    if not fits_memory(plan, profile, cluster, options):
+    if not plan_fits_memory(plan, profile, cluster, options):
         return None
     return estimate(plan, profile, cluster).makespan, plan
 

@@ -45,7 +45,9 @@ from orchestrator.cluster import Cluster
 from orchestrator.errors import UserError
 from orchestrator.plan import Plan, ScheduleKind, Stage
 from orchestrator.planners.base import PlannerOptions, PlannerSpec, register
-from orchestrator.planners.spp import all_reduce_time, boundary_time, fits_memory, seconds_per_byte
+from orchestrator.cost_terms import all_reduce_time, compute_time, fits_memory, stage_memory, transfer_time
+from orchestrator.group_sim import boundary_time, group_all_reduce, seconds_per_byte
+from orchestrator.planners.scoring import plan_fits_memory
 from orchestrator.profile import Profile
 
 INF = np.inf
@@ -234,9 +236,9 @@ def solve(profile: Profile, cluster: Cluster, options: PlannerOptions) -> Dapple
         sig = (len(g), float(min(speeds[g])), float(min(mems[g])), cluster.ring_bandwidth(g))
         cost = group_cost.get(sig)
         if cost is None:
-            cost = comp / (len(g) * float(min(speeds[g]))) + all_reduce_time(cluster, group, 1.0) * par / M
+            cost = compute_time(comp, float(min(speeds[g])), len(g)) + group_all_reduce(cluster, group, 1.0) * par / M
             if options.check_memory:
-                fits = par * options.state_factor + sta / len(g) <= float(min(mems[g]))
+                fits = fits_memory(stage_memory(par, sta, 1.0, len(g), options.state_factor), float(min(mems[g])))
                 cost = np.where(fits, cost, INF)
             group_cost[sig] = cost
         group_matrix[group] = cost
@@ -299,7 +301,7 @@ def solve(profile: Profile, cluster: Cluster, options: PlannerOptions) -> Dapple
     for level in range(1, cluster.size):
         at_level = by_level.get(level, [])
         if beam and len(at_level) > beam:
-            rest = (fb[-1] - fb) / ((cluster.size - level) * fastest)
+            rest = compute_time(fb[-1] - fb, fastest, cluster.size - level)
             score = np.min(np.maximum(rows.best[at_level], rest[None, :]), axis=1)
             at_level = [at_level[i] for i in np.argsort(score, kind="stable")[:beam]]
         for idx in at_level:
@@ -311,7 +313,7 @@ def solve(profile: Profile, cluster: Cluster, options: PlannerOptions) -> Dapple
             cands = candidates(occ, last)
             units = np.array([_unit_transfer(bt_cache, cluster, last, g) for _, g, _ in cands])
             lat = cluster.latency_s if last else 0.0
-            head = np.maximum(vals[None, :], 2.0 * (lat + units[:, None] * acts[None, :]))  # [C, j']
+            head = np.maximum(vals[None, :], 2.0 * transfer_time(acts[None, :], units[:, None], lat))  # [C, j'], there and back
             cand = np.maximum(head[:, :, None], np.stack([stage_matrix(g) for _, g, _ in cands]))  # [C, j', j]
             jp_all = np.argmin(cand, axis=1)  # [C, j]
             v_all = np.take_along_axis(cand, jp_all[:, None, :], axis=1)[:, 0]  # [C, j]
@@ -381,7 +383,7 @@ class _Replay:
 
 class _CostCache:
     """Per-group and per-boundary cost lookups shared by many latency evaluations (same arithmetic
-    as :func:`spp.all_reduce_time` / :func:`spp.boundary_time`, so values are bit-identical)."""
+    as :func:`group_sim.group_all_reduce` / :func:`group_sim.boundary_time`, so values are bit-identical)."""
 
     def __init__(self, profile: Profile, cluster: Cluster, spb: dict[tuple[tuple[int, ...], tuple[int, ...]], float] | None = None) -> None:
         self.profile, self.cluster = profile, cluster
@@ -399,10 +401,10 @@ class _CostCache:
         for j, (first, last, devs) in enumerate(stages):
             slow = self.slow.get(devs)
             if slow is None:
-                slow = self.slow[devs] = float(min(self.speeds[list(devs)])) * len(devs)
+                slow = self.slow[devs] = float(min(self.speeds[list(devs)]))
             pos.append(len(F))
-            F.append(prof.forward_time(first, last) / slow)
-            B.append(prof.backward_time(first, last) / slow)
+            F.append(compute_time(prof.forward_time(first, last), slow, len(devs)))
+            B.append(compute_time(prof.backward_time(first, last), slow, len(devs)))
             k = len(devs)
             if k < 2:
                 ar.append(0.0)
@@ -410,13 +412,13 @@ class _CostCache:
                 ring = self.ring.get(devs)
                 if ring is None:
                     ring = self.ring[devs] = cluster.ring_bandwidth(devs)
-                ar.append(2.0 * (k - 1) / k * prof.param_bytes(first, last) / ring)
+                ar.append(all_reduce_time(k, prof.param_bytes(first, last), ring))
             if j + 1 < len(stages):
                 nxt = stages[j + 1][2]
                 spb = self.spb.get((devs, nxt))
                 if spb is None:
                     spb = self.spb[(devs, nxt)] = seconds_per_byte(cluster, devs, nxt)
-                e = cluster.latency_s + prof.boundary_bytes(last) * spb
+                e = transfer_time(prof.boundary_bytes(last), spb, cluster.latency_s)
                 F.append(e)
                 B.append(e)
         return F, B, pos, ar
@@ -492,7 +494,7 @@ def _plan_dapple(profile: Profile, cluster: Cluster, options: PlannerOptions) ->
         if best is not None and (lat > best[0] or (lat == best[0] and idx > best_idx)):
             continue
         plan = Plan(tuple(Stage(a, b, g) for a, b, g in stages), M, options.kind, algorithm="dapple")
-        if not fits_memory(plan, profile, cluster, options):
+        if not plan_fits_memory(plan, profile, cluster, options):
             continue
         best, best_idx = (lat, plan), idx
     if best is None:
@@ -515,8 +517,8 @@ def dp_objective(plan: Plan, profile: Profile, cluster: Cluster, M: int) -> floa
     worst = 0.0
     for j, s in enumerate(plan.stages):
         g = list(s.devices)
-        stage = profile.compute_time(s.first, s.last) / (len(g) * float(min(cluster.speeds[g])))
-        stage += all_reduce_time(cluster, s.devices, profile.param_bytes(s.first, s.last)) / M
+        stage = compute_time(profile.compute_time(s.first, s.last), float(min(cluster.speeds[g])), len(g))
+        stage += group_all_reduce(cluster, s.devices, profile.param_bytes(s.first, s.last)) / M
         worst = max(worst, stage)
         if j + 1 < len(plan.stages):
             worst = max(worst, 2.0 * boundary_time(cluster, s.devices, plan.stages[j + 1].devices, profile.boundary_bytes(s.last)))

@@ -38,7 +38,8 @@ from orchestrator.cluster import Cluster
 from orchestrator.errors import UserError
 from orchestrator.plan import Plan, ScheduleKind, Stage
 from orchestrator.planners.base import PlannerOptions, PlannerSpec, register
-from orchestrator.planners.spp import fits_memory
+from orchestrator.cost_terms import fits_memory, stage_memory
+from orchestrator.planners.scoring import plan_fits_memory
 from orchestrator.profile import Profile
 
 INF = np.inf
@@ -153,7 +154,7 @@ def _ranges(profile: Profile, memory: tuple[float, float, float] | None = None) 
         cap, state, in_flight = memory
         st = profile.prefix("stash_bytes")
         end = np.minimum(j + 1, L)
-        ok = ok & ((p[end] - p[i]) * state + in_flight * (st[end] - st[i]) <= cap)
+        ok = ok & fits_memory(stage_memory(p[end] - p[i], st[end] - st[i], in_flight, 1.0, state), cap)
     compute = np.where(ok, f[np.minimum(j + 1, L)] - f[i], INF)
     params = np.where(ok, p[np.minimum(j + 1, L)] - p[i], 0.0)
     cut = profile.activations.astype(np.float64)
@@ -189,7 +190,7 @@ def plan_pipedream(profile: Profile, cluster: Cluster, options: PlannerOptions) 
     with k in flight — conservative (replicas would share the stash), and the fitting plan with the
     best PipeDream objective is returned."""
     plan = _plan(profile, cluster, options, None)
-    if not options.check_memory or fits_memory(plan, profile, cluster, options, options.kind):
+    if not options.check_memory or plan_fits_memory(plan, profile, cluster, options, options.kind):
         return plan
     M = options.num_microbatches
     cap = float(cluster.memories.min())
@@ -209,7 +210,7 @@ def plan_pipedream(profile: Profile, cluster: Cluster, options: PlannerOptions) 
         except (UserError, IndexError, ValueError):
             continue
         obj = cand.objective_s if cand.objective_s is not None else INF
-        if np.isfinite(obj) and fits_memory(cand, profile, cluster, options, options.kind) and (best is None or obj < (best.objective_s or INF)):
+        if np.isfinite(obj) and plan_fits_memory(cand, profile, cluster, options, options.kind) and (best is None or obj < (best.objective_s or INF)):
             best = cand
     if best is None:
         raise UserError("pipedream: no pipeline fits device memory: even its best plan does not fit (try more devices, fewer micro-batches or another planner)")
