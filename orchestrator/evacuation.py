@@ -24,7 +24,7 @@ from typing import Iterable, Sequence, Union
 
 from orchestrator.cluster import Cluster
 from orchestrator.controller.estimate import CostModel, Layout
-from orchestrator.controller.handle import move_transfers, transfer_time
+from orchestrator.controller.handle import move_transfers, handover_time
 from orchestrator.errors import UserError
 from orchestrator.plan import Plan
 from orchestrator.profile import Profile
@@ -137,7 +137,7 @@ def plan_evacuation(plan: Plan, notice: Notice, alive: Iterable[int], profile: P
         return Evacuate((), (), 0.0, "the doomed devices hold no blocks")
     predicted, prev = inflight_s, plan
     for nxt in steps:
-        predicted += transfer_time(move_transfers(prev, nxt, profile, cluster, frozenset()), cluster) + move_overhead_s
+        predicted += handover_time(move_transfers(prev, nxt, profile, cluster, frozenset()), cluster) + move_overhead_s
         prev = nxt
     left = notice.deadline - now
     if predicted > left - margin_s:
