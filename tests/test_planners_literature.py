@@ -185,7 +185,7 @@ def test_dapple_dp_equals_brute_force(seed: int, layout: tuple[int, ...]) -> Non
     prof = random_profile(rng, 4, act_scale=3e6)
     cl = heterogeneous_servers(list(layout), [float(x) for x in rng.uniform(50, 150, len(layout))], 10).with_latency(5e-5 * seed)
     M = 4
-    dp = dapple.solve(prof, cl, opts(M, check_memory=False, extra={"dapple_beam": 0}))
+    dp = dapple.solve(prof, cl, opts(M, check_memory=False, dapple_beam=0))
     L = prof.num_blocks
     dp_best = min(float(b[L]) for b in dp.best)
     assert dp_best == pytest.approx(_dapple_brute(prof, cl, M), rel=1e-9)

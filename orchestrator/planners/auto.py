@@ -27,7 +27,7 @@ costs minutes, so only candidates the group mode times exactly compete, the firs
 slicing only as the planner chose it, and the ``REFINE`` best structures then get every slicing
 count of the powers of two up to their depth.
 
-``options.extra["auto_planners"]`` (a list of names) restricts the planners.
+``options.auto_planners`` (names) restricts the planners.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ from orchestrator.errors import UserError
 from orchestrator.group_sim import BoundTerms, plan_lower_bound, simulate_groups, work_bound
 from orchestrator.plan import Plan, ScheduleKind, Stage
 from orchestrator.planners import exhaustive, hierarchy
-from orchestrator.planners.base import REGISTRY, PlannerOptions, PlannerSpec, get_planner, register
+from orchestrator.planners.catalog import baseline
+from orchestrator.planners.options import PlannerOptions, PlannerSpec
 from orchestrator.planners.interleaving import MAX_CHUNKS
 from orchestrator.planners.partition import min_max_partition
 from orchestrator.profile import Profile
@@ -176,20 +177,20 @@ def _expand(item: _Item, profile: Profile, cluster: Cluster, options: PlannerOpt
 
 
 def _seed_plans(profile: Profile, cluster: Cluster, options: PlannerOptions, names: list[str], failures: list[str]) -> list[tuple[str, Plan]]:
-    inner = replace(options, extra={k: v for k, v in options.extra.items() if k not in ("interleave", "auto_planners")})
+    inner = replace(options, interleave=False, auto_planners=None)
     if cluster.size > FULL_SEARCH_DEVICES and hierarchy.regular_servers(cluster) is not None:
         return hierarchy.replicated_plans(profile, cluster, inner, names, failures)
     out: list[tuple[str, Plan]] = []
     for name in names:
         try:
-            out.append((name, get_planner(name).fn(profile, cluster, inner)))
+            out.append((name, baseline(name).fn(profile, cluster, inner)))
         except UserError as exc:
             failures.append(f"{name}: {exc}")
     return out
 
 
 def plan_auto(profile: Profile, cluster: Cluster, options: PlannerOptions) -> Plan:
-    names = [n for n in options.extra.get("auto_planners", CANDIDATES) if n != "auto"]
+    names = [n for n in (options.auto_planners or CANDIDATES) if n != "auto"]
     kinds = allowed_kinds(options)
     failures: list[str] = []
     M = options.num_microbatches
@@ -304,5 +305,4 @@ def _branch_and_bound(heap: list[_Item], profile: Profile, cluster: Cluster, opt
     return replace(win.plan, algorithm=f"auto:{win.label}", objective_s=win.hi)
 
 
-register(PlannerSpec("auto", plan_auto, "every planner and schedule (+ exhaustive on small instances), fastest simulated plan that fits memory"))
-assert "auto" in REGISTRY
+SPEC = PlannerSpec("auto", plan_auto, "every planner and schedule (+ exhaustive on small instances), fastest simulated plan that fits memory")

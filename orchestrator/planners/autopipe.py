@@ -43,7 +43,7 @@ import numpy as np
 from orchestrator.cluster import Cluster
 from orchestrator.errors import UserError
 from orchestrator.plan import Plan, ScheduleKind, straight_plan
-from orchestrator.planners.base import PlannerOptions, PlannerSpec, register
+from orchestrator.planners.options import PlannerOptions, PlannerSpec
 from orchestrator.planners.partition import devices_by_speed_order
 from orchestrator.planners.scoring import estimate, plan_fits_memory, queues
 from orchestrator.profile import Block, Profile
@@ -196,4 +196,4 @@ def max_stage_compute(plan: Plan, profile: Profile, cluster: Cluster, options: P
     return max(profile.compute_time(s.first, s.last) for s in plan.stages)
 
 
-register(PlannerSpec("autopipe", plan_autopipe, "AutoPipe (Liu et al. 2022): balanced DP, critical-path heuristic, micro-batch slicing"))
+SPEC = PlannerSpec("autopipe", plan_autopipe, "AutoPipe (Liu et al. 2022): balanced DP, critical-path heuristic, micro-batch slicing")

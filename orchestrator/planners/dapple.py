@@ -44,7 +44,7 @@ import numpy as np
 from orchestrator.cluster import Cluster
 from orchestrator.errors import UserError
 from orchestrator.plan import Plan, ScheduleKind, Stage
-from orchestrator.planners.base import PlannerOptions, PlannerSpec, register
+from orchestrator.planners.options import PlannerOptions, PlannerSpec
 from orchestrator.cost_terms import all_reduce_time, compute_time, fits_memory, stage_memory, transfer_time
 from orchestrator.group_sim import boundary_time, group_all_reduce, seconds_per_byte
 from orchestrator.planners.scoring import plan_fits_memory
@@ -295,7 +295,7 @@ def solve(profile: Profile, cluster: Cluster, options: PlannerOptions) -> Dapple
     # Expand states level by level in devices used: a transition always adds devices, so every
     # state is final when its level is reached. Beyond ``beam`` states per level only the most
     # promising are expanded (optimistic bound: the rest of the model spread over the free devices).
-    beam = int(options.extra.get("dapple_beam", DEFAULT_BEAM))
+    beam = DEFAULT_BEAM if options.dapple_beam is None else options.dapple_beam
     fb = profile.prefix("forward_s") + profile.prefix("backward_s")
     fastest = float(speeds.max())
     for level in range(1, cluster.size):
@@ -461,11 +461,11 @@ def plan_dapple(profile: Profile, cluster: Cluster, options: PlannerOptions) -> 
     """DAPPLE's plan; when no final state of the beam-limited DP fits memory (the beam ranks
     states by time alone), the DP runs again with an 8× wider beam and then none, so "no
     pipeline fits" means none of DAPPLE's placements fits, not that the beam dropped them."""
-    beam = int(options.extra.get("dapple_beam", DEFAULT_BEAM))
+    beam = DEFAULT_BEAM if options.dapple_beam is None else options.dapple_beam
     widths = [beam, beam * 8, 0] if beam else [0]
     for k, width in enumerate(widths):
         try:
-            return _plan_dapple(profile, cluster, replace(options, extra=dict(options.extra, dapple_beam=width)))
+            return _plan_dapple(profile, cluster, replace(options, dapple_beam=width))
         except UserError:
             if k == len(widths) - 1 or not options.check_memory:
                 raise
@@ -508,7 +508,7 @@ def _latency_objective(plan: Plan, profile: Profile, cluster: Cluster, options: 
     return latency(plan, profile, cluster)
 
 
-register(PlannerSpec("dapple", plan_dapple, "DAPPLE (PPoPP'21): latency model with pivot stage, DP over device sets, 1F1B", _latency_objective))
+SPEC = PlannerSpec("dapple", plan_dapple, "DAPPLE (PPoPP'21): latency model with pivot stage, DP over device sets, 1F1B", _latency_objective)
 
 
 def dp_objective(plan: Plan, profile: Profile, cluster: Cluster, M: int) -> float:

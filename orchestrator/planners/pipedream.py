@@ -37,7 +37,7 @@ import numpy as np
 from orchestrator.cluster import Cluster
 from orchestrator.errors import UserError
 from orchestrator.plan import Plan, ScheduleKind, Stage
-from orchestrator.planners.base import PlannerOptions, PlannerSpec, register
+from orchestrator.planners.options import PlannerOptions, PlannerSpec
 from orchestrator.cost_terms import fits_memory, stage_memory
 from orchestrator.planners.scoring import plan_fits_memory
 from orchestrator.profile import Profile
@@ -411,4 +411,4 @@ def bottleneck(plan: Plan, profile: Profile, cluster: Cluster, options: PlannerO
     return worst
 
 
-register(PlannerSpec("pipedream", plan_pipedream, "PipeDream hierarchical DP with replication", bottleneck, ("pd",)))
+SPEC = PlannerSpec("pipedream", plan_pipedream, "PipeDream hierarchical DP with replication", bottleneck, ("pd",))

@@ -24,7 +24,7 @@ from orchestrator.cluster import Cluster
 from orchestrator.cost_terms import compute_time, fits_memory, in_flight, stage_memory, transfer_time
 from orchestrator.group_sim import group_all_reduce, seconds_per_byte
 from orchestrator.plan import Plan, ScheduleKind, Stage
-from orchestrator.planners.base import PlannerOptions
+from orchestrator.planners.options import PlannerOptions
 from orchestrator.profile import Profile
 from orchestrator.schedule.generators import GENERATORS
 from orchestrator.schedule.ir import Kind

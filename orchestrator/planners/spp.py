@@ -48,13 +48,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-import networkx as nx
 import numpy as np
 
 from orchestrator.cluster import Cluster
 from orchestrator.errors import UserError
 from orchestrator.plan import Plan, ScheduleKind, Stage
-from orchestrator.planners.base import PlannerOptions, PlannerSpec, register
+from orchestrator.planners.options import PlannerOptions, PlannerSpec
 from orchestrator.cost_terms import all_reduce_time, compute_time, static_bytes, transfer_time
 from orchestrator.group_sim import group_all_reduce
 from orchestrator.planners.scoring import PipelineCosts, compute_costs, list_schedule, pe_lower_bound, plan_costs, plan_fits_memory, queues, unit_fractions
@@ -79,6 +78,8 @@ def _device_order_cached(n: int, raw: bytes) -> tuple[int, ...]:
 
 
 def _device_order(bw: np.ndarray) -> list[int]:
+    import networkx as nx  # only for the min cuts: importing the planners stays cheap
+
     n = bw.shape[0]
     np.fill_diagonal(bw, 0.0)
     sym = np.minimum(bw, bw.T)
@@ -385,4 +386,4 @@ def prm_objective(plan: Plan, profile: Profile, cluster: Cluster, M: int) -> flo
     return worst
 
 
-register(PlannerSpec("spp", plan_spp, "SPP (INFOCOM'22): RDO min-cut order, PRM DP with replication, PE list scheduling"))
+SPEC = PlannerSpec("spp", plan_spp, "SPP (INFOCOM'22): RDO min-cut order, PRM DP with replication, PE list scheduling")

@@ -23,7 +23,7 @@ import numpy as np
 from orchestrator.cluster import Cluster
 from orchestrator.errors import UserError
 from orchestrator.plan import Plan, ScheduleKind, Stage
-from orchestrator.planners.base import PlannerOptions, PlannerSpec, register
+from orchestrator.planners.options import PlannerOptions, PlannerSpec
 from orchestrator.planners.partition import devices_by_speed_order, min_max_partition
 from orchestrator.cost_terms import compute_time, in_flight, stage_memory
 from orchestrator.group_sim import group_all_reduce, boundary_time
@@ -82,4 +82,4 @@ def _objective(plan: Plan, profile: Profile, cluster: Cluster, options: PlannerO
     return estimate_2bw(plan, profile, cluster, options.state_factor)[0]
 
 
-register(PlannerSpec("2bw", plan_2bw, "PipeDream-2BW: width x depth search with double-buffered weight memory", _objective, ("pipedream-2bw", "twobw")))
+SPEC = PlannerSpec("2bw", plan_2bw, "PipeDream-2BW: width x depth search with double-buffered weight memory", _objective, ("pipedream-2bw", "twobw"))
