@@ -20,7 +20,7 @@ from orchestrator.errors import UserError
 from orchestrator.plan import Plan, ScheduleKind, Stage, straight_plan
 from orchestrator.cost_terms import all_reduce_time, transfer_time
 from orchestrator.group_sim import boundary_time
-from orchestrator.planners import autopipe, dapple, scoring, spp
+from orchestrator.planners import autopipe, dapple, dapple_placement, scoring, spp
 from orchestrator.planners.base import PlannerOptions, get_planner, run_planner
 from orchestrator.planners.interleaving import best_interleaving
 from orchestrator.profile import Block, Profile
@@ -156,7 +156,7 @@ def test_rdo_keeps_servers_together() -> None:
 # -------------------------------------------------------------------------------------- DAPPLE
 def _dapple_brute(prof: Profile, cl: Cluster, M: int) -> float:
     servers = list(cl.nodes().values())
-    types = dapple.server_types(cl, servers)
+    types = dapple_placement.server_types(cl, servers)
     L = prof.num_blocks
     best = math.inf
 
@@ -164,8 +164,8 @@ def _dapple_brute(prof: Profile, cl: Cluster, M: int) -> float:
         nonlocal best
         for end in range(first + 1, L + 1):
             for m in range(1, cl.size + 1):
-                for pol in dapple.POLICIES:
-                    got = dapple.allocate(servers, occ, last, m, pol, types)
+                for pol in dapple_placement.POLICIES:
+                    got = dapple_placement.allocate(servers, occ, last, m, pol, types)
                     if got is None:
                         continue
                     nocc, group = got
@@ -190,7 +190,7 @@ def test_dapple_dp_equals_brute_force(seed: int, layout: tuple[int, ...]) -> Non
     dp_best = min(float(b[L]) for b in dp.best)
     assert dp_best == pytest.approx(_dapple_brute(prof, cl, M), rel=1e-9)
     k = int(np.argmin([b[L] for b in dp.best]))
-    plan = Plan(tuple(dapple.unwind(dp, k, L)), M)
+    plan = Plan(tuple(dapple_placement.unwind(dp, k, L)), M)
     assert dapple.dp_objective(plan, prof, cl, M) == pytest.approx(dp_best, rel=1e-9)
 
 
@@ -207,9 +207,9 @@ def test_dapple_latency_matches_simulator_for_a_balanced_pipeline() -> None:
 def test_dapple_policies_differ() -> None:
     servers = [[0, 1, 2, 3], [4, 5, 6, 7]]
     occ, last = (2, 0), (0, 1)
-    assert dapple.allocate(servers, occ, last, 2, "fresh_first") == ((2, 2), (4, 5))
-    assert dapple.allocate(servers, occ, last, 2, "append_first") == ((4, 0), (2, 3))
-    assert dapple.allocate(servers, occ, last, 2, "scatter_first") == ((3, 1), (2, 4))
+    assert dapple_placement.allocate(servers, occ, last, 2, "fresh_first") == ((2, 2), (4, 5))
+    assert dapple_placement.allocate(servers, occ, last, 2, "append_first") == ((4, 0), (2, 3))
+    assert dapple_placement.allocate(servers, occ, last, 2, "scatter_first") == ((3, 1), (2, 4))
 
 
 # ------------------------------------------------------------------------------------ AutoPipe
@@ -330,7 +330,7 @@ def test_dapple_pruned_scoring_picks_the_best_final_state(seed: int, layout: tup
     every = []
     for k in range(len(dp.keys)):
         if np.isfinite(dp.best[k][L]):
-            plan = Plan(tuple(dapple.unwind(dp, k, L)), M)
+            plan = Plan(tuple(dapple_placement.unwind(dp, k, L)), M)
             lat = dapple.latency(plan, prof, cl)
             assert lat >= M * float(dp.best[k][L]) * (1 - 1e-9)  # the bound the pruning relies on
             every.append(lat)
@@ -341,10 +341,11 @@ def test_dapple_pruned_scoring_picks_the_best_final_state(seed: int, layout: tup
 
 @pytest.mark.parametrize("seed", range(6))
 def test_auto_bounds_bracket_the_simulator(seed: int) -> None:
-    """auto prunes with time_lower_bound (≤ simulated time) and accepts interleaved variants by
-    replay (≥ simulated time; equal when a stage's replicas are alike) — on every planner's plan
+    """auto prunes with the group mode's plan_lower_bound (≤ simulated time) and accepts variants by
+    the group mode's time (≥ simulated time; equal when a stage's replicas are alike) — on every planner's plan
     and its interleaved variants, with latency, replicas and heterogeneous links."""
-    from orchestrator.planners.auto import replay, time_lower_bound
+    from orchestrator.group_sim import plan_lower_bound, simulate_groups
+    from orchestrator.simulator import SimOptions
     from orchestrator.planners.interleaving import candidate_chunks, interleaved_plan
     from orchestrator.simulator import memory_error
 
@@ -361,8 +362,9 @@ def test_auto_bounds_bracket_the_simulator(seed: int) -> None:
         for v in candidate_chunks(base, prof):
             plan = base if v == 1 else interleaved_plan(base, prof, v)
             res = simulate(plan, prof, cl)
-            t, fits = replay(plan, prof, cl, 4.0)
-            assert time_lower_bound(plan, prof, cl) <= res.iteration_s
+            grouped = simulate_groups(plan, prof, cl, SimOptions(state_factor=4.0))
+            t, fits = grouped.iteration_s, grouped.fits
+            assert plan_lower_bound(plan, prof, cl) <= res.iteration_s
             assert t >= res.iteration_s * (1 - 1e-12)
             assert t == pytest.approx(res.iteration_s, rel=1e-9)  # alike replicas: exact
             assert fits == (memory_error(res, cl) is None)

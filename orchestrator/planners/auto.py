@@ -39,7 +39,7 @@ import numpy as np
 
 from orchestrator.cluster import Cluster
 from orchestrator.errors import UserError
-from orchestrator.group_sim import BoundTerms, plan_lower_bound, simulate_groups, work_bound
+from orchestrator.group_sim import BoundTerms, simulate_groups, work_bound
 from orchestrator.plan import Plan, ScheduleKind, Stage
 from orchestrator.planners import exhaustive, hierarchy
 from orchestrator.planners.catalog import baseline
@@ -55,27 +55,8 @@ FULL_SEARCH_DEVICES = 64
 REFINE = 3
 INF = float("inf")
 
-PlanKey = tuple[object, ...]
 STRAIGHT_KINDS = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.ZB_H1)
 """The schedules of a structure with one stage per device group (the others interleave)."""
-
-
-def plan_key(plan: Plan) -> PlanKey:
-    return (plan.stages, plan.num_microbatches, plan.schedule, plan.sliced_microbatches)
-
-
-def time_lower_bound(plan: Plan, profile: Profile, cluster: Cluster) -> float:
-    """A true lower bound on ``simulate(plan).iteration_s`` (:func:`group_sim.plan_lower_bound`)."""
-    return plan_lower_bound(plan, profile, cluster)
-
-
-def replay(plan: Plan, profile: Profile, cluster: Cluster, state_factor: float) -> tuple[float, bool]:
-    """(group-level simulated iteration seconds — an upper bound, exact for alike replicas — and
-    whether it fits memory); inf when the orders deadlock."""
-    from orchestrator.simulator import SimOptions
-
-    res = simulate_groups(plan, profile, cluster, SimOptions(state_factor=state_factor))
-    return res.iteration_s, res.fits
 
 
 @dataclass
