@@ -9,15 +9,20 @@ dynamic program over thousands of candidates and a per-action interpreter share 
 The argument order of every product is fixed here, so scalar and vectorized calls round alike.
 
 Nothing here knows a :class:`~orchestrator.plan.Plan` or a schedule order: only the quantities
-(seconds of work, bytes, bandwidths, counts) a term depends on.
+(seconds of work, bytes, bandwidths, counts) a term depends on, and, at the end, the same terms
+between device groups of a :class:`~orchestrator.cluster.Cluster` (replicas split a micro-batch's
+rows, so a boundary's messages run per overlapping replica pair and the slowest pair decides).
 """
 
 from __future__ import annotations
 
-from typing import TypeVar, Union, overload
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Sequence, TypeVar, Union, overload
 
 import numpy as np
 
+from orchestrator.cluster import Cluster
 from orchestrator.plan import ScheduleKind
 
 Num = Union[float, np.ndarray]
@@ -41,7 +46,7 @@ def compute_time(work_s: N, speed: Num, replicas: Num = 1.0) -> N:
 def transfer_time(nbytes: N, seconds_per_byte: Num, latency_s: float = 0.0) -> N:
     """One point-to-point message: per-message latency plus bytes at ``seconds_per_byte`` (the
     inverse of a link's bandwidth, or a replicated boundary's slowest pair share, see
-    :func:`orchestrator.group_sim.pair_costs`)."""
+    :func:`pair_costs`)."""
     return latency_s + nbytes * seconds_per_byte  # type: ignore[return-value]
 
 
@@ -103,3 +108,71 @@ def stage_memory(param_bytes: N, per_unit_stash: N, units: Num, replicas: Num = 
 def fits_memory(need_bytes: N, capacity_bytes: Num) -> N:
     """Whether a peak fits a device (the one comparison; arrays give a boolean array)."""
     return need_bytes <= capacity_bytes  # type: ignore[return-value]
+
+
+# ----- between device groups of a cluster -------------------------------------------------------
+@lru_cache(maxsize=4096)
+def row_shares(ra: int, rb: int) -> np.ndarray:
+    """[ra, rb] fraction of a micro-batch's rows replica a of one stage hands replica b of the next."""
+    # ir.overlap of ir.row_share ranges, vectorized (same float operations, same values)
+    a = np.arange(ra + 1) / ra
+    b = np.arange(rb + 1) / rb
+    out = np.maximum(0.0, np.minimum(a[1:, None], b[None, 1:]) - np.maximum(a[:-1, None], b[None, :-1]))
+    out[out <= 1e-12] = 0.0
+    out.flags.writeable = False
+    return out
+
+
+def pair_costs(cluster: Cluster, src: Sequence[int], dst: Sequence[int]) -> np.ndarray:
+    """[len(src), len(dst)] seconds per boundary byte of each replica pair (0 where rows do not
+    overlap, and between a device and itself: no message)."""
+    links = cluster.effective[np.ix_(list(src), list(dst))]
+    return row_shares(len(src), len(dst)) / links
+
+
+@dataclass(frozen=True)
+class PairStats:
+    """What the group mode and the bounds need of one directed boundary between device groups."""
+
+    top: float  # slowest replica pair, seconds per byte (0: no message at all)
+    first: float  # the cheapest receiver's slowest incoming pair (-1: some receiver gets no message)
+    uniform: bool  # every receiver's slowest incoming pair is the boundary's slowest
+
+
+@lru_cache(maxsize=8192)
+def pair_stats(cluster: Cluster, src: tuple[int, ...], dst: tuple[int, ...]) -> PairStats:
+    """Cached per (cluster, groups): planners score many structures over the same groups."""
+    c = pair_costs(cluster, src, dst)
+    per_recv = c.max(axis=0)
+    top = float(per_recv.max())
+    first = float(per_recv.min()) if bool(np.all(per_recv > 0)) else -1.0
+    return PairStats(top, first, bool(np.all(per_recv >= top * (1 - 1e-12))))
+
+
+def seconds_per_byte(cluster: Cluster, src: Sequence[int], dst: Sequence[int]) -> float:
+    """Seconds per boundary byte between two device groups: replicas exchange overlapping row
+    shares in parallel on their own links, so the slowest pair decides (0 without groups)."""
+    if not src or not dst:
+        return 0.0
+    return pair_stats(cluster, tuple(src), tuple(dst)).top
+
+
+def boundary_time(cluster: Cluster, src: Sequence[int], dst: Sequence[int], nbytes: float) -> float:
+    """One unit's message across a boundary between device groups (:func:`transfer_time` at the
+    slowest pair's rate; the simulator sends a message per overlapping pair, even an empty one)."""
+    if not src or not dst:
+        return 0.0
+    return transfer_time(nbytes, seconds_per_byte(cluster, src, dst), cluster.latency_s)
+
+
+@lru_cache(maxsize=8192)
+def _ring(cluster: Cluster, group: tuple[int, ...]) -> float:
+    return cluster.ring_bandwidth(group)
+
+
+def group_all_reduce(cluster: Cluster, group: Sequence[int], param_bytes: float) -> float:
+    """Ring all-reduce of a stage's gradients over its replicas (:func:`all_reduce_time` on the
+    group's ring, the bandwidth cached per group)."""
+    if len(group) < 2:
+        return 0.0
+    return all_reduce_time(len(group), param_bytes, _ring(cluster, tuple(group)))

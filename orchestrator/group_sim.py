@@ -23,9 +23,8 @@ from typing import Sequence
 
 import numpy as np
 
-from orchestrator import cost_terms
 from orchestrator.cluster import Cluster
-from orchestrator.cost_terms import compute_time, fits_memory, stash_bytes, static_bytes, transfer_time
+from orchestrator.cost_terms import compute_time, fits_memory, group_all_reduce, pair_stats, stash_bytes, static_bytes, transfer_time
 from orchestrator.plan import Plan, ScheduleKind, Stage
 from orchestrator.profile import Profile
 from orchestrator.schedule.generators import GENERATORS
@@ -35,71 +34,9 @@ from orchestrator.simulator import SimOptions, SimResult, backward_parts, stash_
 INF = float("inf")
 
 
-@lru_cache(maxsize=4096)
-def row_shares(ra: int, rb: int) -> np.ndarray:
-    """[ra, rb] fraction of a micro-batch's rows replica a of one stage hands replica b of the next."""
-    # ir.overlap of ir.row_share ranges, vectorized (same float operations, same values)
-    a = np.arange(ra + 1) / ra
-    b = np.arange(rb + 1) / rb
-    out = np.maximum(0.0, np.minimum(a[1:, None], b[None, 1:]) - np.maximum(a[:-1, None], b[None, :-1]))
-    out[out <= 1e-12] = 0.0
-    out.flags.writeable = False
-    return out
-
-
-def pair_costs(cluster: Cluster, src: Sequence[int], dst: Sequence[int]) -> np.ndarray:
-    """[len(src), len(dst)] seconds per boundary byte of each replica pair (0 where rows do not
-    overlap, and between a device and itself: no message)."""
-    links = cluster.effective[np.ix_(list(src), list(dst))]
-    return row_shares(len(src), len(dst)) / links
-
-
-@dataclass(frozen=True)
-class PairStats:
-    """What the group mode and the bounds need of one directed boundary between device groups."""
-
-    top: float  # slowest replica pair, seconds per byte (0: no message at all)
-    first: float  # the cheapest receiver's slowest incoming pair (-1: some receiver gets no message)
-    uniform: bool  # every receiver's slowest incoming pair is the boundary's slowest
-
-
-@lru_cache(maxsize=8192)
-def pair_stats(cluster: Cluster, src: tuple[int, ...], dst: tuple[int, ...]) -> PairStats:
-    """Cached per (cluster, groups): planners score many structures over the same groups."""
-    c = pair_costs(cluster, src, dst)
-    per_recv = c.max(axis=0)
-    top = float(per_recv.max())
-    first = float(per_recv.min()) if bool(np.all(per_recv > 0)) else -1.0
-    return PairStats(top, first, bool(np.all(per_recv >= top * (1 - 1e-12))))
-
-
-def seconds_per_byte(cluster: Cluster, src: Sequence[int], dst: Sequence[int]) -> float:
-    """Seconds per boundary byte between two device groups: replicas exchange overlapping row
-    shares in parallel on their own links, so the slowest pair decides (0 without groups)."""
-    if not src or not dst:
-        return 0.0
-    return pair_stats(cluster, tuple(src), tuple(dst)).top
-
-
-def boundary_time(cluster: Cluster, src: Sequence[int], dst: Sequence[int], nbytes: float) -> float:
-    """One unit's message across a boundary between device groups (:func:`cost_terms.transfer_time`
-    at the slowest pair's rate; the simulator sends a message per overlapping pair, even an empty one)."""
-    if not src or not dst:
-        return 0.0
-    return transfer_time(nbytes, seconds_per_byte(cluster, src, dst), cluster.latency_s)
-
-
-@lru_cache(maxsize=8192)
-def _ring(cluster: Cluster, group: tuple[int, ...]) -> float:
-    return cluster.ring_bandwidth(group)
-
-
-def group_all_reduce(cluster: Cluster, group: Sequence[int], param_bytes: float) -> float:
-    """Ring all-reduce of a stage's gradients over its replicas (:func:`cost_terms.all_reduce_time`
-    on the group's ring, the bandwidth cached per group)."""
-    if len(group) < 2:
-        return 0.0
-    return cost_terms.all_reduce_time(len(group), param_bytes, _ring(cluster, tuple(group)))
+Traced = tuple[Action, float, float, bool]
+"""A compute action's (action, start, end, waited): ``waited`` when its input's arrival, not its
+group's previous action, bounded its start (what a critical path walks back along)."""
 
 
 @dataclass(frozen=True)
@@ -110,6 +47,7 @@ class GroupSim:
     exact: bool  # equal to the full simulation (see the module docstring)
     busy_s: tuple[float, ...] = ()  # per device group: compute + all-reduce seconds of one replica
     static_bytes: tuple[float, ...] = ()  # per device group
+    trace: tuple[tuple[Traced, ...], ...] = ()  # per device group, with ``trace=True``
 
     def as_sim_result(self, plan: Plan) -> SimResult:
         """The per-device result the full simulator would give (no events: a large plan's trace
@@ -146,8 +84,10 @@ def _orders(kind: ScheduleKind, p: int, v: int, M: int, sliced: int, plan: Plan)
     return got
 
 
-def simulate_groups(plan: Plan, profile: Profile, cluster: Cluster, options: SimOptions | None = None, lower: bool = False) -> GroupSim:
-    """One iteration of ``plan`` with one timeline per device group (see the module docstring).
+def simulate_groups(plan: Plan, profile: Profile, cluster: Cluster, options: SimOptions | None = None, lower: bool = False,
+                    trace: bool = False) -> GroupSim:
+    """One iteration of ``plan`` with one timeline per device group (see the module docstring);
+    ``trace`` records every compute action's interval (:data:`Traced`).
 
     ``lower=True`` gives a lower bound instead: each group at its fastest replica's speed, each
     boundary at its cheapest receiver's slowest message. The simulator is a max-plus system over
@@ -211,6 +151,7 @@ def simulate_groups(plan: Plan, profile: Profile, cluster: Cluster, options: Sim
     pc = [0] * p
     clock = [0.0] * p
     busy = [0.0] * p
+    rec: list[list[Traced]] | None = [[] for _ in range(p)] if trace else None
     remaining = sum(len(o) for o in orders)
     while remaining:
         progressed = False
@@ -223,24 +164,32 @@ def simulate_groups(plan: Plan, profile: Profile, cluster: Cluster, options: Sim
                 j = act.stage
                 u = (act.microbatch, act.part)
                 fr = frac[u]
+                t0 = t
                 if act.kind is Kind.FORWARD:
                     if j > 0:
                         got = arr_f.get((j, u))
                         if got is None:
                             break
-                        t = max(t, got)
+                        if got > t:
+                            t = got
+                    start = t
                     t += fw[j] * fr
+                    if rec is not None:
+                        rec[g].append((act, start, t, start > t0))
                     busy[g] += fw[j] * fr
                     if j + 1 < S:
                         dst = (j + 1) % p
                         if dst == g:
                             arr_f[(j + 1, u)] = t
                         else:
-                            st = max(t, link.get((g, dst), 0.0))
+                            free = link.get((g, dst), 0.0)
+                            st = t if t > free else free
                             link[(g, dst)] = st + msg_f[(j, fr)]
                             arr_f[(j + 1, u)] = link[(g, dst)]
                 elif act.kind is Kind.BACKWARD_WEIGHT:
                     t += ww[j] * fr
+                    if rec is not None:
+                        rec[g].append((act, t0, t, False))
                     busy[g] += ww[j] * fr
                     if last_backward[g].get(j) == k:
                         t += ar[j]
@@ -251,15 +200,20 @@ def simulate_groups(plan: Plan, profile: Profile, cluster: Cluster, options: Sim
                         got = arr_b.get((j, u))
                         if got is None:
                             break
-                        t = max(t, got)
+                        if got > t:
+                            t = got
+                    start = t
                     t += b[j] * fr
+                    if rec is not None:
+                        rec[g].append((act, start, t, start > t0))
                     busy[g] += b[j] * fr
                     if j > 0:
                         dst = (j - 1) % p
                         if dst == g:
                             arr_b[(j - 1, u)] = t
                         else:
-                            st = max(t, link.get((g, dst), 0.0))
+                            free = link.get((g, dst), 0.0)
+                            st = t if t > free else free
                             link[(g, dst)] = st + msg_b[(j, fr)]
                             arr_b[(j - 1, u)] = link[(g, dst)]
                     if last_backward[g].get(j) == k:
@@ -298,19 +252,22 @@ def simulate_groups(plan: Plan, profile: Profile, cluster: Cluster, options: Sim
             busy[g] += extra
     peaks, statics = [], []
     fits = True
+    per_unit = [profile.stage_stash_bytes(s.first, s.last, s.recompute) for s in stages]
+    deltas = {(j, part): stash_bytes(per_unit[j], unit_fraction(part), s.replicas) for j, s in enumerate(stages) for part in {u[1] for u in units}}
+    signs = {kind: stash_sign(kind) for kind in Kind}
     for g, order in enumerate(orders):
         static = static_bytes(sum(profile.param_bytes(stages[j].first, stages[j].last) for j in range(g, S, p)), options.state_factor)
         stash = peak = 0.0
         for act in order:
-            s = stages[act.stage]
-            delta = stash_bytes(profile.stage_stash_bytes(s.first, s.last, s.recompute), unit_fraction(act.part), s.replicas)
-            stash += stash_sign(act.kind) * delta
-            peak = max(peak, stash)
+            stash += signs[act.kind] * deltas[(act.stage, act.part)]
+            if stash > peak:
+                peak = stash
         peaks.append(static + peak)
         statics.append(static)
         if not fits_memory(static + peak, float(cluster.memories[list(groups[g])].min())):
             fits = False
-    return GroupSim(max(clock), tuple(peaks), fits, exact, tuple(busy), tuple(statics))
+    traced = tuple(tuple(r) for r in rec) if rec is not None else ()
+    return GroupSim(max(clock), tuple(peaks), fits, exact, tuple(busy), tuple(statics), traced)
 
 
 class BoundTerms:

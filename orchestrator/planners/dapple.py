@@ -49,7 +49,7 @@ from orchestrator.errors import UserError
 from orchestrator.plan import Plan, ScheduleKind, Stage
 from orchestrator.planners.options import PlannerOptions, PlannerSpec
 from orchestrator.cost_terms import all_reduce_time, compute_time, fits_memory, stage_memory, transfer_time
-from orchestrator.group_sim import boundary_time, group_all_reduce, seconds_per_byte
+from orchestrator.cost_terms import boundary_time, group_all_reduce, seconds_per_byte
 from orchestrator.planners.dapple_placement import POLICIES, DappleDP, Key, Occ, Allocator, Replay, Rows, server_types
 from orchestrator.planners.scoring import plan_fits_memory
 from orchestrator.profile import Profile

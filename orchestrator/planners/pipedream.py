@@ -38,7 +38,7 @@ from orchestrator.cluster import Cluster
 from orchestrator.errors import UserError
 from orchestrator.plan import Plan, ScheduleKind, Stage
 from orchestrator.planners.options import PlannerOptions, PlannerSpec
-from orchestrator.cost_terms import fits_memory, stage_memory
+from orchestrator.cost_terms import all_reduce_time, compute_time, fits_memory, stage_memory
 from orchestrator.planners.scoring import plan_fits_memory
 from orchestrator.profile import Profile
 
@@ -81,8 +81,10 @@ def hierarchy(cluster: Cluster) -> list[Level]:
 
 
 def _stage_time(compute: np.ndarray, params: np.ndarray, m: np.ndarray, level: Level) -> np.ndarray:
-    sync = 4.0 * (m - 1) * params / (m * level.bandwidth) / level.within
-    return (compute + sync) / m
+    # PipeDream's gradient exchange: twice a ring all-reduce, 4(m−1)/m · |w| / B, over the level's
+    # bandwidth shared by the workers of one lower-level unit
+    sync = 2.0 * all_reduce_time(m, params, level.bandwidth) / level.within
+    return compute_time(compute + sync, 1.0, m)
 
 
 def solve_level(compute: np.ndarray, params: np.ndarray, cut: np.ndarray, level: Level, straight: bool, all_starts: bool) -> LevelTable:
@@ -402,8 +404,8 @@ def bottleneck(plan: Plan, profile: Profile, cluster: Cluster, options: PlannerO
     for idx, s in enumerate(plan.stages):
         m = s.replicas
         ring = cluster.ring_bandwidth(s.devices)
-        sync = 4.0 * (m - 1) * profile.param_bytes(s.first, s.last) / (m * ring) if m > 1 else 0.0
-        worst = max(worst, (profile.compute_time(s.first, s.last) + sync) / m)
+        sync = 2.0 * all_reduce_time(m, profile.param_bytes(s.first, s.last), ring)  # as in _stage_time
+        worst = max(worst, compute_time(profile.compute_time(s.first, s.last) + sync, 1.0, m))
         if idx + 1 < len(plan.stages):
             nxt = plan.stages[idx + 1]
             bw = min(cluster.link(a, b) for a in s.devices for b in nxt.devices)

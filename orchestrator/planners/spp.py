@@ -55,8 +55,9 @@ from orchestrator.errors import UserError
 from orchestrator.plan import Plan, ScheduleKind, Stage
 from orchestrator.planners.options import PlannerOptions, PlannerSpec
 from orchestrator.cost_terms import all_reduce_time, compute_time, static_bytes, transfer_time
-from orchestrator.group_sim import group_all_reduce
-from orchestrator.planners.scoring import PipelineCosts, compute_costs, list_schedule, pe_lower_bound, plan_costs, plan_fits_memory, queues, unit_fractions
+from orchestrator.cost_terms import group_all_reduce
+from orchestrator.group_sim import simulate_groups
+from orchestrator.planners.scoring import PipelineCosts, compute_costs, pe_lower_bound, plan_costs, plan_fits_memory, unit_fractions
 from orchestrator.profile import Profile
 
 INF = np.inf
@@ -327,7 +328,7 @@ def _best_schedule(plan: Plan, profile: Profile, cluster: Cluster, options: Plan
             continue  # cannot be faster than the other queue
         if bar is not None and pe_lower_bound(costs, fr) >= bar:
             continue  # cannot beat the incumbent plan
-        t = list_schedule(costs, fr, queues(kind, costs.num_stages, len(fr))).makespan  # == estimate(cand)
+        t = simulate_groups(cand, profile, cluster).iteration_s  # PE: the simulator's group mode
         if best is None or t < best[0] - 1e-12:
             best = (t, cand)
     return best

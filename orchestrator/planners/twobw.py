@@ -26,7 +26,7 @@ from orchestrator.plan import Plan, ScheduleKind, Stage
 from orchestrator.planners.options import PlannerOptions, PlannerSpec
 from orchestrator.planners.partition import devices_by_speed_order, min_max_partition
 from orchestrator.cost_terms import compute_time, in_flight, stage_memory
-from orchestrator.group_sim import group_all_reduce, boundary_time
+from orchestrator.cost_terms import boundary_time, group_all_reduce
 from orchestrator.profile import Profile
 
 
