@@ -8,7 +8,7 @@ trace's own median: each device's speed multiplier (expected compute / reported 
 used link's bandwidth multiplier and the iteration time's multiplier. Those multipliers carry the
 machine's real noise — CPU contention of four actors on shared cores, gloo latency, scheduler
 hiccups, their correlations between devices and over time — and nothing of the model or the plan,
-so :class:`orchestrator.controller.SimulatedPipeline` can replay them on any plan and scenario
+so :class:`orchestrator.adapt.SimulatedPipeline` can replay them on any plan and scenario
 (``SimulatedCosts(trace=...)``).
 
 Run: ``python benchmarks/noise_traces.py [--iterations 40] [--name NAME]``; writes
@@ -28,10 +28,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from orchestrator.cluster import flat  # noqa: E402
-from orchestrator.controller import FaultSchedule  # noqa: E402
-from orchestrator.controller.monitor import expected_compute  # noqa: E402
-from orchestrator.plan import straight_plan  # noqa: E402
+from orchestrator.core.cluster import flat  # noqa: E402
+from orchestrator.adapt import FaultSchedule  # noqa: E402
+from orchestrator.adapt.monitor import expected_compute  # noqa: E402
+from orchestrator.core.plan import straight_plan  # noqa: E402
 
 OUT = ROOT / "tests" / "data" / "noise_traces"
 
@@ -42,8 +42,8 @@ def record(iterations: int, bounds: list[int]) -> dict[str, object]:
 
     from actors.group import WorkerGroup
     from adaptive import LIVE_M, _live_data, _live_model, _live_optimizer
-    from orchestrator.live import RayPipeline, measured_profile
-    from orchestrator.trainer import PipelineTrainer
+    from orchestrator.adapt.live import RayPipeline, measured_profile
+    from orchestrator.train.trainer import PipelineTrainer
 
     if not ray.is_initialized():
         ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)

@@ -61,7 +61,7 @@ def test_every_planners_plans_replay_under_nccl_rules(name: str) -> None:
     clusters = [flat(4, 10.0), two_level(2, 2, 100.0, 5.0)]
     replayed = set()
     for seed, cluster, m, interleaved in itertools.product([1, 2], clusters, [4, 8], [False, True]):
-        options = PlannerOptions(num_microbatches=m, check_memory=False, extra={"interleave": interleaved})
+        options = PlannerOptions(num_microbatches=m, check_memory=False, interleave=interleaved)
         try:
             result = run_planner(name, random_profile(12, seed), cluster, options)
         except Exception as exc:  # noqa: BLE001 - a planner may refuse a setting; that is not our concern here

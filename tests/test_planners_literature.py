@@ -18,7 +18,8 @@ import pytest
 from orchestrator.core.cluster import GBPS, Cluster, Device, flat, heterogeneous_servers, two_level
 from orchestrator.core.errors import UserError
 from orchestrator.core.plan import Plan, ScheduleKind, Stage, straight_plan
-from orchestrator.planners import autopipe, dapple, spp
+from orchestrator.costmodel.terms import all_reduce_time, boundary_time, transfer_time
+from orchestrator.planners import autopipe, dapple, dapple_placement, scoring, spp
 from orchestrator.planners.base import PlannerOptions, get_planner, run_planner
 from orchestrator.planners.interleaving import best_interleaving
 from orchestrator.core.profile import Block, Profile
@@ -107,8 +108,8 @@ def true_load(plan: Plan, prof: Profile, cl: Cluster, M: int) -> float:
         worst = max(worst, M * prof.compute_time(s.first, s.last) / s.replicas + ar)
         if j + 1 < len(plan.stages):
             nxt = plan.stages[j + 1].devices
-            worst = max(worst, M * spp.boundary_time(cl, s.devices, nxt, prof.boundary_bytes(s.last)))
-            worst = max(worst, M * spp.boundary_time(cl, nxt, s.devices, prof.boundary_bytes(s.last)))
+            worst = max(worst, M * boundary_time(cl, s.devices, nxt, prof.boundary_bytes(s.last)))
+            worst = max(worst, M * boundary_time(cl, nxt, s.devices, prof.boundary_bytes(s.last)))
     return worst
 
 
@@ -140,7 +141,7 @@ def test_spp_pe_replays_the_simulator_with_replicas(latency: float) -> None:
     for kind in (ScheduleKind.ONE_F_ONE_B, ScheduleKind.GPIPE):
         for sliced in (0, 2):
             plan = Plan(stages, 5, kind, sliced)
-            assert spp.estimate(plan, prof, cl).makespan == pytest.approx(simulate(plan, prof, cl).iteration_s, rel=1e-9)
+            assert scoring.estimate(plan, prof, cl) == pytest.approx(simulate(plan, prof, cl).iteration_s, rel=1e-9)
 
 
 def test_rdo_keeps_servers_together() -> None:
@@ -154,7 +155,7 @@ def test_rdo_keeps_servers_together() -> None:
 # -------------------------------------------------------------------------------------- DAPPLE
 def _dapple_brute(prof: Profile, cl: Cluster, M: int) -> float:
     servers = list(cl.nodes().values())
-    types = dapple.server_types(cl, servers)
+    types = dapple_placement.server_types(cl, servers)
     L = prof.num_blocks
     best = math.inf
 
@@ -162,8 +163,8 @@ def _dapple_brute(prof: Profile, cl: Cluster, M: int) -> float:
         nonlocal best
         for end in range(first + 1, L + 1):
             for m in range(1, cl.size + 1):
-                for pol in dapple.POLICIES:
-                    got = dapple.allocate(servers, occ, last, m, pol, types)
+                for pol in dapple_placement.POLICIES:
+                    got = dapple_placement.allocate(servers, occ, last, m, pol, types)
                     if got is None:
                         continue
                     nocc, group = got
@@ -183,12 +184,12 @@ def test_dapple_dp_equals_brute_force(seed: int, layout: tuple[int, ...]) -> Non
     prof = random_profile(rng, 4, act_scale=3e6)
     cl = heterogeneous_servers(list(layout), [float(x) for x in rng.uniform(50, 150, len(layout))], 10).with_latency(5e-5 * seed)
     M = 4
-    dp = dapple.solve(prof, cl, opts(M, check_memory=False, extra={"dapple_beam": 0}))
+    dp = dapple.solve(prof, cl, opts(M, check_memory=False, dapple_beam=0))
     L = prof.num_blocks
     dp_best = min(float(b[L]) for b in dp.best)
     assert dp_best == pytest.approx(_dapple_brute(prof, cl, M), rel=1e-9)
     k = int(np.argmin([b[L] for b in dp.best]))
-    plan = Plan(tuple(dapple.unwind(dp, k, L)), M)
+    plan = Plan(tuple(dapple_placement.unwind(dp, k, L)), M)
     assert dapple.dp_objective(plan, prof, cl, M) == pytest.approx(dp_best, rel=1e-9)
 
 
@@ -205,9 +206,9 @@ def test_dapple_latency_matches_simulator_for_a_balanced_pipeline() -> None:
 def test_dapple_policies_differ() -> None:
     servers = [[0, 1, 2, 3], [4, 5, 6, 7]]
     occ, last = (2, 0), (0, 1)
-    assert dapple.allocate(servers, occ, last, 2, "fresh_first") == ((2, 2), (4, 5))
-    assert dapple.allocate(servers, occ, last, 2, "append_first") == ((4, 0), (2, 3))
-    assert dapple.allocate(servers, occ, last, 2, "scatter_first") == ((3, 1), (2, 4))
+    assert dapple_placement.allocate(servers, occ, last, 2, "fresh_first") == ((2, 2), (4, 5))
+    assert dapple_placement.allocate(servers, occ, last, 2, "append_first") == ((4, 0), (2, 3))
+    assert dapple_placement.allocate(servers, occ, last, 2, "scatter_first") == ((3, 1), (2, 4))
 
 
 # ------------------------------------------------------------------------------------ AutoPipe
@@ -229,7 +230,7 @@ def test_autopipe_slicing_reaches_ir_and_simulator_and_helps() -> None:
     parts = {a.part for acts in sched.programs.values() for a in acts if a.kind.is_compute}
     assert parts == {0, 1, 2}
     t_sliced = simulate(sliced, prof, cl).iteration_s
-    assert spp.estimate(sliced, prof, cl).makespan == pytest.approx(t_sliced)
+    assert scoring.estimate(sliced, prof, cl) == pytest.approx(t_sliced)
     assert t_sliced < simulate(straight_plan(list(range(9)), 4), prof, cl).iteration_s
     plan = autopipe.plan_autopipe(prof, cl, opts(4))
     assert plan.sliced_microbatches > 0
@@ -328,7 +329,7 @@ def test_dapple_pruned_scoring_picks_the_best_final_state(seed: int, layout: tup
     every = []
     for k in range(len(dp.keys)):
         if np.isfinite(dp.best[k][L]):
-            plan = Plan(tuple(dapple.unwind(dp, k, L)), M)
+            plan = Plan(tuple(dapple_placement.unwind(dp, k, L)), M)
             lat = dapple.latency(plan, prof, cl)
             assert lat >= M * float(dp.best[k][L]) * (1 - 1e-9)  # the bound the pruning relies on
             every.append(lat)
@@ -339,10 +340,11 @@ def test_dapple_pruned_scoring_picks_the_best_final_state(seed: int, layout: tup
 
 @pytest.mark.parametrize("seed", range(6))
 def test_auto_bounds_bracket_the_simulator(seed: int) -> None:
-    """auto prunes with time_lower_bound (≤ simulated time) and accepts interleaved variants by
-    replay (≥ simulated time; equal when a stage's replicas are alike) — on every planner's plan
+    """auto prunes with the group mode's plan_lower_bound (≤ simulated time) and accepts variants by
+    the group mode's time (≥ simulated time; equal when a stage's replicas are alike) — on every planner's plan
     and its interleaved variants, with latency, replicas and heterogeneous links."""
-    from orchestrator.planners.auto import replay, time_lower_bound
+    from orchestrator.costmodel.group_sim import plan_lower_bound, simulate_groups
+    from orchestrator.costmodel.simulator import SimOptions
     from orchestrator.planners.interleaving import candidate_chunks, interleaved_plan
     from orchestrator.costmodel.simulator import memory_error
 
@@ -359,8 +361,9 @@ def test_auto_bounds_bracket_the_simulator(seed: int) -> None:
         for v in candidate_chunks(base, prof):
             plan = base if v == 1 else interleaved_plan(base, prof, v)
             res = simulate(plan, prof, cl)
-            t, fits = replay(plan, prof, cl, 4.0)
-            assert time_lower_bound(plan, prof, cl) <= res.iteration_s
+            grouped = simulate_groups(plan, prof, cl, SimOptions(state_factor=4.0))
+            t, fits = grouped.iteration_s, grouped.fits
+            assert plan_lower_bound(plan, prof, cl) <= res.iteration_s
             assert t >= res.iteration_s * (1 - 1e-12)
             assert t == pytest.approx(res.iteration_s, rel=1e-9)  # alike replicas: exact
             assert fits == (memory_error(res, cl) is None)
@@ -415,7 +418,7 @@ def _prm_dense_reference(profile: Profile, tables: spp.PRMTables, M: int, state_
     rr = np.arange(1, V + 1, dtype=np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
         per_unit = comp[:, :, None, None] / (rr[None, None, None, :] * tables.smin[None, None, :, :])
-        ar = np.where(rr > 1, 2.0 * (rr - 1) / rr, 0.0)[None, None, None, :] * par[:, :, None, None] / tables.ring[None, None, :, :]
+        ar = all_reduce_time(rr[None, None, None, :], par[:, :, None, None], tables.ring[None, None, :, :])
         load = M * per_unit + np.nan_to_num(ar, nan=0.0)
         load = np.where(tables.valid[None, None] & ok[:, :, None, None], load, INF)
         if check_memory:
@@ -425,7 +428,7 @@ def _prm_dense_reference(profile: Profile, tables: spp.PRMTables, M: int, state_
         else:
             kmax = np.full(load.shape, INF)
         rmax = np.maximum(rr[:, None], rr[None, :])
-        comm = np.nan_to_num(M * (tables.latency + acts[:, None, None, None] / (rmax[None, None] * tables.pair[None])), nan=INF)
+        comm = np.nan_to_num(M * transfer_time(acts[:, None, None, None], 1.0 / (rmax[None, None] * tables.pair[None]), tables.latency), nan=INF)
     a_idx = np.arange(V)[:, None] + np.arange(1, V + 1)[None, :]
     a_ok = a_idx < V
     a_clip = np.where(a_ok, a_idx, 0)
@@ -488,12 +491,12 @@ def test_spp_pe_lower_bound_holds(seed: int) -> None:
         sliced = int(rng.integers(0, M + 1)) if rng.random() < 0.3 else 0
         for kind in (ScheduleKind.ONE_F_ONE_B, ScheduleKind.GPIPE):
             plan = Plan(tuple(stages), M, kind, sliced)
-            costs = spp.plan_costs(plan, prof, cl)
-            fr = spp.unit_fractions(M, sliced)
-            t = spp.estimate(plan, prof, cl).makespan
-            assert spp._pe_lower_bound(costs, fr) <= t
-            load_bound, partial = spp._compute_costs(plan, prof, cl)
-            assert spp._pe_lower_bound(partial, fr) <= t
+            costs = scoring.plan_costs(plan, prof, cl)
+            fr = scoring.unit_fractions(M, sliced)
+            t = scoring.estimate(plan, prof, cl)
+            assert scoring.pe_lower_bound(costs, fr) <= t
+            load_bound, partial = scoring.compute_costs(plan, prof, cl)
+            assert scoring.pe_lower_bound(partial, fr) <= t
             assert load_bound <= t * (1 + 1e-12)  # the unchanged load-bound rule (exact up to rounding)
 
 
@@ -522,8 +525,8 @@ def test_spp_pruned_scoring_equals_scoring_every_candidate(seed: int, cluster: s
         stages = tuple(spp.prm_stages(res, tables, S, int(a), int(ri) + 1))
         for kind in (ScheduleKind.ONE_F_ONE_B, ScheduleKind.GPIPE):
             plan = Plan(stages, 8, kind)
-            if spp.fits_memory(plan, prof, cl, o):
-                every.append(spp.estimate(plan, prof, cl).makespan)
+            if scoring.plan_fits_memory(plan, prof, cl, o):
+                every.append(scoring.estimate(plan, prof, cl))
     assert got.objective_s == pytest.approx(min(every), rel=1e-12)
 
 

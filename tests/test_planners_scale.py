@@ -172,7 +172,7 @@ def test_dapple_widens_its_beam_before_giving_up(monkeypatch: pytest.MonkeyPatch
     widths: list[int] = []
 
     def fake(profile: object, cluster: object, options: PlannerOptions) -> Plan:
-        widths.append(int(options.extra["dapple_beam"]))
+        widths.append(options.dapple_beam or 0)
         raise UserError("dapple: no pipeline fits device memory")
 
     monkeypatch.setattr(dapple, "_plan_dapple", fake)
@@ -209,7 +209,7 @@ def test_a_schedule_a_plan_cannot_run_is_one_line() -> None:
 def test_interleaving_another_schedule_is_one_line(kind: ScheduleKind) -> None:
     profile = random_profile(12, 2, act_scale=1e7)
     with pytest.raises(UserError, match=f"^even: cannot interleave the {kind.value} schedule"):
-        run_planner("even", profile, two_level(1, 2, 100, 10), PlannerOptions(num_microbatches=4, schedule=kind, extra={"interleave": True}))
+        run_planner("even", profile, two_level(1, 2, 100, 10), PlannerOptions(num_microbatches=4, schedule=kind, interleave=True))
 
 
 def test_large_cluster_search_respects_straight_and_max_stages() -> None:

@@ -34,7 +34,8 @@ from orchestrator.core.cluster import GBPS, Cluster
 from orchestrator.core.plan import Plan
 from orchestrator.core.profile import Profile
 from orchestrator.adapt.estimate import CostModel, Layout
-from orchestrator.adapt.handle import SHIPPED_STATE_FACTOR, IterationMetrics, PipelineHandle, move_transfers, transfer_time
+from orchestrator.adapt.handle import IterationMetrics, PipelineHandle, handover_time, move_transfers
+from orchestrator.costmodel.terms import shipped_bytes, transfer_time
 from orchestrator.adapt.monitor import MonitorConfig, Observation, initial_state, log_noise, model_cluster, observe
 from orchestrator.adapt.moves import best_moves, path_to, walk
 from orchestrator.adapt.simcache import SimCache
@@ -294,21 +295,21 @@ class Controller:
         """Predicted stall of applying ``steps`` one after another: transfers + per-move overhead."""
         total, prev = 0.0, plan
         for nxt in steps:
-            total += transfer_time(move_transfers(prev, nxt, self.profile, model), model) + self._move_overhead
+            total += handover_time(move_transfers(prev, nxt, self.profile, model), model) + self._move_overhead
             prev = nxt
         return total
 
     def restart_cost(self, plan: Plan, planned: bool) -> float:
         """Fixed restart time plus checkpoint I/O of the biggest stage (written first if planned)."""
-        biggest = max(self.profile.param_bytes(s.first, s.last) for s in plan.stages) * SHIPPED_STATE_FACTOR
-        io = biggest / (self.config.storage_gbps * GBPS)
+        biggest = shipped_bytes(max(self.profile.param_bytes(s.first, s.last) for s in plan.stages))
+        io = transfer_time(biggest, 1.0 / (self.config.storage_gbps * GBPS))
         return self._restart_fixed + io * (2 if planned else 1)
 
     # ----- acting and bookkeeping -----
     def _apply_move(self, plan: Plan) -> float:
         before = self.handle.current_plan()
         model = self.model()
-        predicted = transfer_time(move_transfers(before, plan, self.profile, model), model)
+        predicted = handover_time(move_transfers(before, plan, self.profile, model), model)
         report = self.handle.apply_move(plan)
         a = self.config.calibration_alpha
         self._move_overhead = (1 - a) * self._move_overhead + a * max(0.0, report.stall_s - predicted)

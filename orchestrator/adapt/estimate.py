@@ -15,7 +15,8 @@ through the pipeline and back, plus the slowest gradient all-reduce. Memory is c
 Σ c_s², breaks ties between plans with the same bottleneck in favour of better balance — this is
 what lets a walk of single moves cross plateaus where two stages share the bottleneck.
 
-The estimate only *ranks*; the controller confirms the few best with the real simulator before
+Every term is :mod:`orchestrator.costmodel.terms`' (compute, transfer, ring all-reduce, in-flight
+memory), evaluated on arrays. The estimate only *ranks*; the controller confirms the few best with the real simulator before
 the arbiter sees any number (see :mod:`orchestrator.adapt.controller`).
 """
 
@@ -29,7 +30,7 @@ import numpy as np
 from orchestrator.core.cluster import Cluster
 from orchestrator.core.plan import Plan, ScheduleKind, Stage
 from orchestrator.core.profile import Profile
-from orchestrator.costmodel.simulator import DEFAULT_STATE_FACTOR
+from orchestrator.costmodel.terms import DEFAULT_STATE_FACTOR, all_reduce_time, compute_time, fits_memory, in_flight, stage_memory, transfer_time
 
 Groups = tuple[tuple[int, ...], ...]
 
@@ -142,26 +143,22 @@ class CostModel:
         attrs = self._gattr[gid]  # [n, S, 4]
         speed, reps, ring, mem = attrs[..., 0], attrs[..., 1], attrs[..., 2], attrs[..., 3]
         lo, hi = cuts[:, :-1], cuts[:, 1:]
-        comp = (self._work[hi] - self._work[lo]) / (speed * reps)
+        comp = compute_time(self._work[hi] - self._work[lo], speed, reps)
         params = self._params[hi] - self._params[lo]
         m = self.m
         if S > 1:
             link_bw = self._glink[gid[:, :-1], gid[:, 1:]]
-            x = self._cut_bytes[cuts[:, 1:-1]] / (link_bw * np.maximum(reps[:, :-1], reps[:, 1:]))
+            x = transfer_time(self._cut_bytes[cuts[:, 1:-1]], 1.0 / (link_bw * np.maximum(reps[:, :-1], reps[:, 1:])))
             period = np.maximum(comp.max(axis=1), x.max(axis=1))
             comm = 2.0 * x.sum(axis=1)
         else:
             period, comm = comp.max(axis=1), np.zeros(n)
-        allreduce = np.where(reps > 1, 2.0 * (reps - 1) / reps * params / ring, 0.0).max(axis=1)
+        allreduce = all_reduce_time(reps, params, ring).max(axis=1)
         t = (m - 1) * period + comp.sum(axis=1) + comm + allreduce
-        if self.schedule is ScheduleKind.GPIPE:
-            inflight = np.full(S, float(m))
-        elif self.schedule is ScheduleKind.ZB_H1:  # every stage holds up to S units until their W (1F1B's timing: an upper bound)
-            inflight = np.full(S, float(min(S, m)))
-        else:
-            inflight = np.minimum(np.arange(S, 0, -1), m).astype(float)
-        need = params * self.state_factor + (self._stash[hi] - self._stash[lo]) * inflight[None, :] / reps
-        ok = np.all(need <= mem, axis=1) if self.check_memory else np.ones(n, dtype=bool)
+        # ZB-H1 is timed as 1F1B (an upper bound); its memory is its own
+        inflight = in_flight(self.schedule, np.arange(S), S, m).astype(float)
+        need = stage_memory(params, self._stash[hi] - self._stash[lo], inflight[None, :], reps, self.state_factor)
+        ok = np.all(fits_memory(need, mem), axis=1) if self.check_memory else np.ones(n, dtype=bool)
         return np.where(ok, t, np.inf), (comp**2).sum(axis=1), ok
 
     def estimate_plan(self, plan: Plan) -> float:

@@ -16,13 +16,10 @@ from dataclasses import dataclass, field
 from typing import Mapping, Protocol, runtime_checkable
 
 from orchestrator.core.cluster import Cluster
+from orchestrator.costmodel.terms import SHIPPED_STATE_FACTOR, shipped_bytes, transfer_time
 from orchestrator.core.errors import UserError
 from orchestrator.core.plan import Plan
 from orchestrator.core.profile import Profile
-
-#: Bytes shipped per parameter byte when a block changes owner: weights + two Adam moments.
-#: Gradients are not shipped: moves happen between iterations, after the optimizer step.
-SHIPPED_STATE_FACTOR = 3.0
 
 Link = tuple[int, int]
 
@@ -146,16 +143,16 @@ def move_transfers(old: Plan, new: Plan, profile: Profile, cluster: Cluster, dea
                     if not sources:
                         raise ValueError(f"blocks [{lo},{hi}) have no live holder; restart from a checkpoint instead")
                     src = max(sources, key=lambda s: cluster.link(s, d))
-                    out.append(BlockHandover(src, d, lo, hi, profile.param_bytes(lo, hi) * shipped_factor))
+                    out.append(BlockHandover(src, d, lo, hi, shipped_bytes(profile.param_bytes(lo, hi), shipped_factor)))
     return out
 
 
-def transfer_time(transfers: list[BlockHandover], cluster: Cluster) -> float:
+def handover_time(transfers: list[BlockHandover], cluster: Cluster) -> float:
     """Time for all hand-overs when each sender and each receiver handles one transfer at a time
     and distinct pairs run in parallel: the busiest endpoint bounds it."""
     busy: dict[tuple[str, int], float] = {}
     for t in transfers:
-        dur = t.nbytes / cluster.link(t.src, t.dst)
+        dur = transfer_time(t.nbytes, 1.0 / cluster.link(t.src, t.dst))
         busy[("s", t.src)] = busy.get(("s", t.src), 0.0) + dur
         busy[("r", t.dst)] = busy.get(("r", t.dst), 0.0) + dur
     return max(busy.values(), default=0.0)

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from orchestrator.core.cluster import GBPS, Cluster
+from orchestrator.costmodel.terms import shipped_bytes, transfer_time
 from orchestrator.core.errors import UserError
 from orchestrator.core.plan import Plan
 from orchestrator.core.profile import Profile
@@ -41,7 +42,7 @@ from orchestrator.adapt.handle import (
     MoveReport,
     RestartReport,
     move_transfers,
-    transfer_time,
+    handover_time,
 )
 
 
@@ -99,7 +100,7 @@ class SimulatedCosts:
 def restart_downtime(plan: Plan, profile: Profile, costs: SimulatedCosts) -> float:
     """Fixed restart time plus the largest stage's state read from checkpoint storage."""
     biggest = max(profile.param_bytes(s.first, s.last) for s in plan.stages)
-    return costs.restart_fixed_s + biggest * costs.shipped_factor / (costs.storage_gbps * GBPS)
+    return costs.restart_fixed_s + transfer_time(shipped_bytes(biggest, costs.shipped_factor), 1.0 / (costs.storage_gbps * GBPS))
 
 
 class SimulatedPipeline:
@@ -189,7 +190,7 @@ class SimulatedPipeline:
         self._check_plan(new_plan)
         cond = self.faults.conditions(self.cluster, self.step_index)
         moves = move_transfers(self._plan, new_plan, self.profile, cond.cluster, frozenset(self._dead), self.costs.shipped_factor)
-        stall = transfer_time(moves, cond.cluster) + self.costs.move_overhead_s
+        stall = handover_time(moves, cond.cluster) + self.costs.move_overhead_s
         self.wall_s += stall
         self._plan = new_plan
         self.log.append(("move", self.step_index, stall))

@@ -122,7 +122,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         straight=args.straight,
         max_stages=args.max_stages,
         check_memory=not args.ignore_memory,
-        extra={"interleave": True} if args.interleave else {},
+        interleave=args.interleave,
     )
     result = run_planner(args.algorithm, profile, cluster, options)
     payload = result.to_json()

@@ -24,6 +24,7 @@ from typing import Sequence
 import numpy as np
 
 from orchestrator.core.cluster import Cluster
+from orchestrator.costmodel.terms import compute_time, fits_memory, group_all_reduce, pair_stats, stash_bytes, static_bytes, transfer_time
 from orchestrator.core.plan import Plan, ScheduleKind, Stage
 from orchestrator.core.profile import Profile
 from orchestrator.schedule.generators import GENERATORS
@@ -33,55 +34,9 @@ from orchestrator.costmodel.simulator import SimOptions, SimResult, backward_par
 INF = float("inf")
 
 
-@lru_cache(maxsize=4096)
-def row_shares(ra: int, rb: int) -> np.ndarray:
-    """[ra, rb] fraction of a micro-batch's rows replica a of one stage hands replica b of the next."""
-    # ir.overlap of ir.row_share ranges, vectorized (same float operations, same values)
-    a = np.arange(ra + 1) / ra
-    b = np.arange(rb + 1) / rb
-    out = np.maximum(0.0, np.minimum(a[1:, None], b[None, 1:]) - np.maximum(a[:-1, None], b[None, :-1]))
-    out[out <= 1e-12] = 0.0
-    out.flags.writeable = False
-    return out
-
-
-def pair_costs(cluster: Cluster, src: Sequence[int], dst: Sequence[int]) -> np.ndarray:
-    """[len(src), len(dst)] seconds per boundary byte of each replica pair (0 where rows do not
-    overlap, and between a device and itself: no message)."""
-    links = cluster.effective[np.ix_(list(src), list(dst))]
-    return row_shares(len(src), len(dst)) / links
-
-
-@dataclass(frozen=True)
-class PairStats:
-    """What the group mode and the bounds need of one directed boundary between device groups."""
-
-    top: float  # slowest replica pair, seconds per byte (0: no message at all)
-    first: float  # the cheapest receiver's slowest incoming pair (-1: some receiver gets no message)
-    uniform: bool  # every receiver's slowest incoming pair is the boundary's slowest
-
-
-@lru_cache(maxsize=8192)
-def pair_stats(cluster: Cluster, src: tuple[int, ...], dst: tuple[int, ...]) -> PairStats:
-    """Cached per (cluster, groups): planners score many structures over the same groups."""
-    c = pair_costs(cluster, src, dst)
-    per_recv = c.max(axis=0)
-    top = float(per_recv.max())
-    first = float(per_recv.min()) if bool(np.all(per_recv > 0)) else -1.0
-    return PairStats(top, first, bool(np.all(per_recv >= top * (1 - 1e-12))))
-
-
-@lru_cache(maxsize=8192)
-def _ring(cluster: Cluster, group: tuple[int, ...]) -> float:
-    return cluster.ring_bandwidth(group)
-
-
-def all_reduce_time(cluster: Cluster, group: Sequence[int], param_bytes: float) -> float:
-    """Ring all-reduce of a stage's gradients over its replicas (the simulator's term)."""
-    k = len(group)
-    if k < 2:
-        return 0.0
-    return 2.0 * (k - 1) / k * param_bytes / _ring(cluster, tuple(group))
+Traced = tuple[Action, float, float, bool]
+"""A compute action's (action, start, end, waited): ``waited`` when its input's arrival, not its
+group's previous action, bounded its start (what a critical path walks back along)."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +47,7 @@ class GroupSim:
     exact: bool  # equal to the full simulation (see the module docstring)
     busy_s: tuple[float, ...] = ()  # per device group: compute + all-reduce seconds of one replica
     static_bytes: tuple[float, ...] = ()  # per device group
+    trace: tuple[tuple[Traced, ...], ...] = ()  # per device group, with ``trace=True``
 
     def as_sim_result(self, plan: Plan) -> SimResult:
         """The per-device result the full simulator would give (no events: a large plan's trace
@@ -128,8 +84,10 @@ def _orders(kind: ScheduleKind, p: int, v: int, M: int, sliced: int, plan: Plan)
     return got
 
 
-def simulate_groups(plan: Plan, profile: Profile, cluster: Cluster, options: SimOptions | None = None, lower: bool = False) -> GroupSim:
-    """One iteration of ``plan`` with one timeline per device group (see the module docstring).
+def simulate_groups(plan: Plan, profile: Profile, cluster: Cluster, options: SimOptions | None = None, lower: bool = False,
+                    trace: bool = False) -> GroupSim:
+    """One iteration of ``plan`` with one timeline per device group (see the module docstring);
+    ``trace`` records every compute action's interval (:data:`Traced`).
 
     ``lower=True`` gives a lower bound instead: each group at its fastest replica's speed, each
     boundary at its cheapest receiver's slowest message. The simulator is a max-plus system over
@@ -150,11 +108,11 @@ def simulate_groups(plan: Plan, profile: Profile, cluster: Cluster, options: Sim
         speed.append(max(sp) if lower else min(sp))
         slowest.append(min(sp))
         exact = exact and max(sp) == min(sp)
-    fw = [profile.forward_time(s.first, s.last) / speed[j % p] / s.replicas for j, s in enumerate(stages)]
-    bw = [profile.stage_backward_time(s.first, s.last, s.recompute) / speed[j % p] / s.replicas for j, s in enumerate(stages)]
+    fw = [compute_time(profile.forward_time(s.first, s.last), speed[j % p], s.replicas) for j, s in enumerate(stages)]
+    bw = [compute_time(profile.stage_backward_time(s.first, s.last, s.recompute), speed[j % p], s.replicas) for j, s in enumerate(stages)]
     split = [backward_parts(profile, j, s.first, s.last, s.recompute) for j, s in enumerate(stages)]
-    bi = [split[j][0] / speed[j % p] / s.replicas for j, s in enumerate(stages)]
-    ww = [split[j][1] / speed[j % p] / s.replicas for j, s in enumerate(stages)]
+    bi = [compute_time(split[j][0], speed[j % p], s.replicas) for j, s in enumerate(stages)]
+    ww = [compute_time(split[j][1], speed[j % p], s.replicas) for j, s in enumerate(stages)]
     cost = {Kind.FORWARD: fw, Kind.BACKWARD: bw, Kind.BACKWARD_INPUT: bi, Kind.BACKWARD_WEIGHT: ww}
     out_bytes = [profile.boundary_bytes(s.last) for s in stages]
     in_bytes = [profile.boundary_bytes(s.first) for s in stages]
@@ -173,7 +131,19 @@ def simulate_groups(plan: Plan, profile: Profile, cluster: Cluster, options: Sim
                 else:
                     spb[(src_g, dst_g)], latp[(src_g, dst_g)] = stats.first, cluster.latency_s
     frac = {u: unit_fraction(u[1]) for u in units}
-    ar = [all_reduce_time(cluster, s.devices, profile.param_bytes(s.first, s.last)) for s in stages]
+    # each message's time per (stage, unit fraction): forward to stage j+1, backward to j−1
+    msg_f: dict[tuple[int, float], float] = {}
+    msg_b: dict[tuple[int, float], float] = {}
+    for fr in set(frac.values()):
+        for j in range(S):
+            g = j % p
+            if j + 1 < S and (j + 1) % p != g:
+                pair = (g, (j + 1) % p)
+                msg_f[(j, fr)] = transfer_time(out_bytes[j] * fr, spb[pair], latp[pair])
+            if j > 0 and (j - 1) % p != g:
+                pair = (g, (j - 1) % p)
+                msg_b[(j, fr)] = transfer_time(in_bytes[j] * fr, spb[pair], latp[pair])
+    ar = [group_all_reduce(cluster, s.devices, profile.param_bytes(s.first, s.last)) for s in stages]
 
     arr_f: dict[tuple[int, tuple[int, int]], float] = {}
     arr_b: dict[tuple[int, tuple[int, int]], float] = {}
@@ -181,6 +151,7 @@ def simulate_groups(plan: Plan, profile: Profile, cluster: Cluster, options: Sim
     pc = [0] * p
     clock = [0.0] * p
     busy = [0.0] * p
+    rec: list[list[Traced]] | None = [[] for _ in range(p)] if trace else None
     remaining = sum(len(o) for o in orders)
     while remaining:
         progressed = False
@@ -193,24 +164,32 @@ def simulate_groups(plan: Plan, profile: Profile, cluster: Cluster, options: Sim
                 j = act.stage
                 u = (act.microbatch, act.part)
                 fr = frac[u]
+                t0 = t
                 if act.kind is Kind.FORWARD:
                     if j > 0:
                         got = arr_f.get((j, u))
                         if got is None:
                             break
-                        t = max(t, got)
+                        if got > t:
+                            t = got
+                    start = t
                     t += fw[j] * fr
+                    if rec is not None:
+                        rec[g].append((act, start, t, start > t0))
                     busy[g] += fw[j] * fr
                     if j + 1 < S:
                         dst = (j + 1) % p
                         if dst == g:
                             arr_f[(j + 1, u)] = t
                         else:
-                            st = max(t, link.get((g, dst), 0.0))
-                            link[(g, dst)] = st + latp[(g, dst)] + out_bytes[j] * fr * spb[(g, dst)]
+                            free = link.get((g, dst), 0.0)
+                            st = t if t > free else free
+                            link[(g, dst)] = st + msg_f[(j, fr)]
                             arr_f[(j + 1, u)] = link[(g, dst)]
                 elif act.kind is Kind.BACKWARD_WEIGHT:
                     t += ww[j] * fr
+                    if rec is not None:
+                        rec[g].append((act, t0, t, False))
                     busy[g] += ww[j] * fr
                     if last_backward[g].get(j) == k:
                         t += ar[j]
@@ -221,16 +200,21 @@ def simulate_groups(plan: Plan, profile: Profile, cluster: Cluster, options: Sim
                         got = arr_b.get((j, u))
                         if got is None:
                             break
-                        t = max(t, got)
+                        if got > t:
+                            t = got
+                    start = t
                     t += b[j] * fr
+                    if rec is not None:
+                        rec[g].append((act, start, t, start > t0))
                     busy[g] += b[j] * fr
                     if j > 0:
                         dst = (j - 1) % p
                         if dst == g:
                             arr_b[(j - 1, u)] = t
                         else:
-                            st = max(t, link.get((g, dst), 0.0))
-                            link[(g, dst)] = st + latp[(g, dst)] + in_bytes[j] * fr * spb[(g, dst)]
+                            free = link.get((g, dst), 0.0)
+                            st = t if t > free else free
+                            link[(g, dst)] = st + msg_b[(j, fr)]
                             arr_b[(j - 1, u)] = link[(g, dst)]
                     if last_backward[g].get(j) == k:
                         t += ar[j]
@@ -268,19 +252,22 @@ def simulate_groups(plan: Plan, profile: Profile, cluster: Cluster, options: Sim
             busy[g] += extra
     peaks, statics = [], []
     fits = True
+    per_unit = [profile.stage_stash_bytes(s.first, s.last, s.recompute) for s in stages]
+    deltas = {(j, part): stash_bytes(per_unit[j], unit_fraction(part), s.replicas) for j, s in enumerate(stages) for part in {u[1] for u in units}}
+    signs = {kind: stash_sign(kind) for kind in Kind}
     for g, order in enumerate(orders):
-        static = sum(profile.param_bytes(stages[j].first, stages[j].last) for j in range(g, S, p)) * options.state_factor
+        static = static_bytes(sum(profile.param_bytes(stages[j].first, stages[j].last) for j in range(g, S, p)), options.state_factor)
         stash = peak = 0.0
         for act in order:
-            s = stages[act.stage]
-            delta = profile.stage_stash_bytes(s.first, s.last, s.recompute) * unit_fraction(act.part) / s.replicas
-            stash += stash_sign(act.kind) * delta
-            peak = max(peak, stash)
+            stash += signs[act.kind] * deltas[(act.stage, act.part)]
+            if stash > peak:
+                peak = stash
         peaks.append(static + peak)
         statics.append(static)
-        if static + peak > float(cluster.memories[list(groups[g])].min()):
+        if not fits_memory(static + peak, float(cluster.memories[list(groups[g])].min())):
             fits = False
-    return GroupSim(max(clock), tuple(peaks), fits, exact, tuple(busy), tuple(statics))
+    traced = tuple(tuple(r) for r in rec) if rec is not None else ()
+    return GroupSim(max(clock), tuple(peaks), fits, exact, tuple(busy), tuple(statics), traced)
 
 
 class BoundTerms:
@@ -308,10 +295,10 @@ class BoundTerms:
         speeds = cluster.speeds
         lat = cluster.latency_s
         fast = [float(speeds[list(devs)].max()) for devs in groups]
-        self.f = [profile.forward_time(s.first, s.last) / fast[j % p] / s.replicas for j, s in enumerate(stages)]
-        self.b = [profile.stage_backward_time(s.first, s.last, s.recompute) / fast[j % p] / s.replicas for j, s in enumerate(stages)]
+        self.f = [compute_time(profile.forward_time(s.first, s.last), fast[j % p], s.replicas) for j, s in enumerate(stages)]
+        self.b = [compute_time(profile.stage_backward_time(s.first, s.last, s.recompute), fast[j % p], s.replicas) for j, s in enumerate(stages)]
         # a split backward's input-gradient part (what the chain back to stage 0 waits for)
-        self.bi = [backward_parts(profile, j, s.first, s.last, s.recompute)[0] / fast[j % p] / s.replicas for j, s in enumerate(stages)]
+        self.bi = [compute_time(backward_parts(profile, j, s.first, s.last, s.recompute)[0], fast[j % p], s.replicas) for j, s in enumerate(stages)]
         out_bytes = [profile.boundary_bytes(s.last) for s in stages]
         # per boundary and direction: (bytes × slowest receiver-side cost, bytes × cheapest receiver's slowest)
         self.msg_first: list[tuple[float, float]] = []  # (forward, backward) first-message byte-seconds
@@ -325,7 +312,7 @@ class BoundTerms:
             self.msg_link.append((fw_st.top * nbytes, bw_st.top * nbytes))
             self.has_msg.append((fw_st.top > 0, bw_st.top > 0))
         self.lat = lat
-        ar = [all_reduce_time(cluster, s.devices, profile.param_bytes(s.first, s.last)) for s in stages]
+        ar = [group_all_reduce(cluster, s.devices, profile.param_bytes(s.first, s.last)) for s in stages]
         self.groups: list[tuple[int, float, float, float]] = []  # (group, compute per unit, speed, all-reduces)
         for k in range(p):
             work = sum(profile.compute_time(stages[j].first, stages[j].last) / stages[j].replicas for j in range(k, S, p))
@@ -355,7 +342,7 @@ class BoundTerms:
             tail[j] = tail[j - 1] + chain[j - 1] * fmin + first(j - 1, 1)
         best = 0.0
         for g, work, speed, ar in self.groups:
-            best = max(best, head[g] + work * total / speed + (ar if split else max(ar, tail[g])))
+            best = max(best, head[g] + compute_time(work * total, speed) + (ar if split else max(ar, tail[g])))
         for j in range(S - 1):
             fb_next = (f[j + 1] + chain[j + 1]) * fmin
             if self.has_msg[j][0]:
@@ -383,6 +370,6 @@ def work_bound(stages: Sequence[Stage], profile: Profile, cluster: Cluster, tota
     speeds = cluster.speeds
     per_group: dict[tuple[int, ...], float] = {}
     for s in stages:
-        w = profile.compute_time(s.first, s.last) * total / s.replicas / float(speeds[list(s.devices)].max())
-        per_group[s.devices] = per_group.get(s.devices, 0.0) + w + all_reduce_time(cluster, s.devices, profile.param_bytes(s.first, s.last))
+        w = compute_time(profile.compute_time(s.first, s.last) * total, float(speeds[list(s.devices)].max()), s.replicas)
+        per_group[s.devices] = per_group.get(s.devices, 0.0) + w + group_all_reduce(cluster, s.devices, profile.param_bytes(s.first, s.last))
     return max(per_group.values()) * (1 - 1e-9)

@@ -1,7 +1,7 @@
 """Discrete-event interpreter of the schedule IR over the cost model.
 
-Cost model (the same one the planners optimize):
-- compute: profile time × unit fraction / device speed / stage replicas; a split backward's ``BI``
+Cost model (the terms of :mod:`orchestrator.costmodel.terms`, the same ones the planners optimize):
+- compute: profile time / (device speed × stage replicas) × unit fraction; a split backward's ``BI``
   and ``W`` take the profile's input- and weight-gradient parts (:func:`backward_parts`);
 - point-to-point: message latency + bytes / effective link bandwidth, one transfer at a time per link direction,
   in the sender's program order (sends are asynchronous; receives block);
@@ -25,14 +25,12 @@ import numpy as np
 
 from orchestrator.core import limits
 from orchestrator.core.cluster import Cluster
+from orchestrator.costmodel.terms import DEFAULT_STATE_FACTOR, all_reduce_time, compute_time, fits_memory, stash_bytes, static_bytes, transfer_time
 from orchestrator.core.plan import Plan
 from orchestrator.core.profile import Profile
 from orchestrator.schedule.ir import Action, Kind, Schedule, unit_fraction
 from orchestrator.schedule.lowering import lower, peers
 from orchestrator.schedule.validate import ScheduleError, render_grid
-
-# Memory per parameter byte held by a training stage: weights, gradients and two Adam moments.
-DEFAULT_STATE_FACTOR = 4.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,8 +130,8 @@ class _Costs:
             base = self.bwd[a.stage]
         else:
             base = self.split[a.stage][0 if kind is Kind.BACKWARD_INPUT else 1]
-        slow = self.options.slowdown.get(device, 1.0)
-        return base * unit_fraction(a.part) * slow / self.cluster.devices[device].speed / stage.replicas
+        speed = self.cluster.devices[device].speed / self.options.slowdown.get(device, 1.0)
+        return compute_time(base, speed, stage.replicas) * unit_fraction(a.part)
 
     def transfer_bytes(self, a: Action, src: int) -> float:
         """Bytes of a send from ``src`` (whose replica index in ``a.stage`` defines the row share)."""
@@ -146,10 +144,9 @@ class _Costs:
 
     def all_reduce(self, stage_index: int) -> float:
         group = self.plan.stages[stage_index].devices
-        k = len(group)
-        if k < 2:
+        if len(group) < 2:
             return 0.0
-        return 2.0 * (k - 1) / k * self.params[stage_index] / self.cluster.ring_bandwidth(group)
+        return all_reduce_time(len(group), self.params[stage_index], self.cluster.ring_bandwidth(group))
 
 
 def simulate(
@@ -194,7 +191,7 @@ def simulate(
                     dur = costs.compute(a, d)
                     idx = emit(Event(d, str(a), a.kind.value, t, t + dur, last_event[d]))
                     busy[d] += dur
-                    delta = costs.stash[a.stage] * unit_fraction(a.part) / plan.stages[a.stage].replicas
+                    delta = stash_bytes(costs.stash[a.stage], unit_fraction(a.part), plan.stages[a.stage].replicas)
                     stash[d] += stash_sign(a.kind) * delta
                     peak[d] = max(peak[d], stash[d])
                     clock[d], last_event[d] = t + dur, idx
@@ -204,7 +201,7 @@ def simulate(
                     start = max(t, free_at)
                     cause = last_event[d] if t >= free_at else prev
                     nbytes = costs.transfer_bytes(a, d)
-                    dur = cluster.latency_s + nbytes / cluster.link(d, a.peer)
+                    dur = transfer_time(nbytes, 1.0 / cluster.link(d, a.peer), cluster.latency_s)
                     idx = emit(Event(d, str(a), "transfer", start, start + dur, cause, link))
                     link_free[link] = (start + dur, idx)
                     tag = "F" if a.kind is Kind.SEND_F else "B"
@@ -250,7 +247,7 @@ def simulate(
             )
 
     iteration = max(clock.values()) if clock else 0.0
-    static = {d: sum(costs.params[j] for j in plan.stages_of_device(d)) * options.state_factor for d in devices}
+    static = {d: static_bytes(sum(costs.params[j] for j in plan.stages_of_device(d)), options.state_factor) for d in devices}
     path = _critical_path(events)
     return SimResult(iteration, busy, peak, static, tuple(events), path)
 
@@ -273,14 +270,10 @@ def lower_bound(profile: Profile, cluster: Cluster, num_microbatches: int) -> fl
     return num_microbatches * profile.total_compute_s / float(np.sum(cluster.speeds))
 
 
-def fits_memory(result: SimResult, cluster: Cluster) -> bool:
-    return all(mem <= cluster.devices[d].memory_bytes for d, mem in result.peak_memory_bytes.items())
-
-
 def memory_error(result: SimResult, cluster: Cluster) -> str | None:
     for d, mem in result.peak_memory_bytes.items():
         cap = cluster.devices[d].memory_bytes
-        if mem > cap:
+        if not fits_memory(mem, cap):
             return f"device {d} needs {mem / 2**30:.2f} GiB but has {cap / 2**30:.2f} GiB"
     return None
 

@@ -24,7 +24,7 @@ from typing import Iterable, Sequence, Union
 
 from orchestrator.core.cluster import Cluster
 from orchestrator.adapt.estimate import CostModel, Layout
-from orchestrator.adapt.handle import move_transfers, transfer_time
+from orchestrator.adapt.handle import move_transfers, handover_time
 from orchestrator.core.errors import UserError
 from orchestrator.core.plan import Plan
 from orchestrator.core.profile import Profile
@@ -137,7 +137,7 @@ def plan_evacuation(plan: Plan, notice: Notice, alive: Iterable[int], profile: P
         return Evacuate((), (), 0.0, "the doomed devices hold no blocks")
     predicted, prev = inflight_s, plan
     for nxt in steps:
-        predicted += transfer_time(move_transfers(prev, nxt, profile, cluster, frozenset()), cluster) + move_overhead_s
+        predicted += handover_time(move_transfers(prev, nxt, profile, cluster, frozenset()), cluster) + move_overhead_s
         prev = nxt
     left = notice.deadline - now
     if predicted > left - margin_s:

@@ -27,7 +27,7 @@ costs minutes, so only candidates the group mode times exactly compete, the firs
 slicing only as the planner chose it, and the ``REFINE`` best structures then get every slicing
 count of the powers of two up to their depth.
 
-``options.extra["auto_planners"]`` (a list of names) restricts the planners.
+``options.auto_planners`` (names) restricts the planners.
 """
 
 from __future__ import annotations
@@ -39,10 +39,11 @@ import numpy as np
 
 from orchestrator.core.cluster import Cluster
 from orchestrator.core.errors import UserError
-from orchestrator.costmodel.group_sim import BoundTerms, plan_lower_bound, simulate_groups, work_bound
+from orchestrator.costmodel.group_sim import BoundTerms, simulate_groups, work_bound
 from orchestrator.core.plan import Plan, ScheduleKind, Stage
 from orchestrator.planners import exhaustive, hierarchy
-from orchestrator.planners.base import REGISTRY, PlannerOptions, PlannerSpec, get_planner, register
+from orchestrator.planners.catalog import baseline
+from orchestrator.planners.options import PlannerOptions, PlannerSpec
 from orchestrator.planners.interleaving import MAX_CHUNKS
 from orchestrator.planners.partition import min_max_partition
 from orchestrator.core.profile import Profile
@@ -54,27 +55,8 @@ FULL_SEARCH_DEVICES = 64
 REFINE = 3
 INF = float("inf")
 
-PlanKey = tuple[object, ...]
 STRAIGHT_KINDS = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.ZB_H1)
 """The schedules of a structure with one stage per device group (the others interleave)."""
-
-
-def plan_key(plan: Plan) -> PlanKey:
-    return (plan.stages, plan.num_microbatches, plan.schedule, plan.sliced_microbatches)
-
-
-def time_lower_bound(plan: Plan, profile: Profile, cluster: Cluster) -> float:
-    """A true lower bound on ``simulate(plan).iteration_s`` (:func:`group_sim.plan_lower_bound`)."""
-    return plan_lower_bound(plan, profile, cluster)
-
-
-def replay(plan: Plan, profile: Profile, cluster: Cluster, state_factor: float) -> tuple[float, bool]:
-    """(group-level simulated iteration seconds — an upper bound, exact for alike replicas — and
-    whether it fits memory); inf when the orders deadlock."""
-    from orchestrator.costmodel.simulator import SimOptions
-
-    res = simulate_groups(plan, profile, cluster, SimOptions(state_factor=state_factor))
-    return res.iteration_s, res.fits
 
 
 @dataclass
@@ -176,20 +158,20 @@ def _expand(item: _Item, profile: Profile, cluster: Cluster, options: PlannerOpt
 
 
 def _seed_plans(profile: Profile, cluster: Cluster, options: PlannerOptions, names: list[str], failures: list[str]) -> list[tuple[str, Plan]]:
-    inner = replace(options, extra={k: v for k, v in options.extra.items() if k not in ("interleave", "auto_planners")})
+    inner = replace(options, interleave=False, auto_planners=None)
     if cluster.size > FULL_SEARCH_DEVICES and hierarchy.regular_servers(cluster) is not None:
         return hierarchy.replicated_plans(profile, cluster, inner, names, failures)
     out: list[tuple[str, Plan]] = []
     for name in names:
         try:
-            out.append((name, get_planner(name).fn(profile, cluster, inner)))
+            out.append((name, baseline(name).fn(profile, cluster, inner)))
         except UserError as exc:
             failures.append(f"{name}: {exc}")
     return out
 
 
 def plan_auto(profile: Profile, cluster: Cluster, options: PlannerOptions) -> Plan:
-    names = [n for n in options.extra.get("auto_planners", CANDIDATES) if n != "auto"]
+    names = [n for n in (options.auto_planners or CANDIDATES) if n != "auto"]
     kinds = allowed_kinds(options)
     failures: list[str] = []
     M = options.num_microbatches
@@ -304,5 +286,4 @@ def _branch_and_bound(heap: list[_Item], profile: Profile, cluster: Cluster, opt
     return replace(win.plan, algorithm=f"auto:{win.label}", objective_s=win.hi)
 
 
-register(PlannerSpec("auto", plan_auto, "every planner and schedule (+ exhaustive on small instances), fastest simulated plan that fits memory"))
-assert "auto" in REGISTRY
+SPEC = PlannerSpec("auto", plan_auto, "every planner and schedule (+ exhaustive on small instances), fastest simulated plan that fits memory")

@@ -11,7 +11,7 @@ Balanced Partitioning and Micro-batch Slicing"), straight 1F1B pipeline, one dev
    what lets AutoPipe balance better than whole layers.
 
 2. **Critical path and master stage.** The partition is replayed with the list scheduler of
-   :mod:`orchestrator.planners.spp` (the simulator's cost model, including transfers); walking back
+   the simulator's group-level mode (:func:`orchestrator.costmodel.group_sim.simulate_groups`, the simulator's cost model, including transfers); walking back
    from the last operation along "what made it start" gives the critical path; the *master stage*
    is the stage contributing most compute time to it.
 
@@ -43,9 +43,11 @@ import numpy as np
 from orchestrator.core.cluster import Cluster
 from orchestrator.core.errors import UserError
 from orchestrator.core.plan import Plan, ScheduleKind, straight_plan
-from orchestrator.planners.base import PlannerOptions, PlannerSpec, register
+from orchestrator.planners.options import PlannerOptions, PlannerSpec
 from orchestrator.planners.partition import devices_by_speed_order
-from orchestrator.planners.spp import estimate, fits_memory
+from orchestrator.costmodel.group_sim import simulate_groups
+from orchestrator.planners.scoring import estimate, plan_fits_memory
+from orchestrator.schedule.ir import Kind
 from orchestrator.core.profile import Block, Profile
 
 INF = np.inf
@@ -77,41 +79,34 @@ def balanced_partition(weights: Sequence[float], p: int) -> tuple[list[int], flo
 
 
 def critical_stage_times(plan: Plan, profile: Profile, cluster: Cluster) -> tuple[float, list[float]]:
-    """Iteration time and compute seconds each stage contributes to the critical path."""
-    res = estimate(plan, profile, cluster, trace=True)
-    trace = res.trace or {}
-    S = len(plan.stages)
-    per = [0.0] * S
-    # the op that ends last (ignoring all-reduce, which is zero for straight single-device stages)
-    key = max(trace, key=lambda k: trace[k][1])
-    units = len({u for (_, _, u) in trace})
-    # orders to find "previous op on the same stage"
-    from orchestrator.planners.spp import queue_1f1b
-
-    orders = queue_1f1b(S, units)
-    pos = {(s, f, u): i for s in range(S) for i, (f, u) in enumerate(orders[s])}
+    """Iteration time and compute seconds each stage contributes to the critical path (walked back
+    from the compute action that ends last: to the sender when an input's arrival bounded an
+    action's start, else to the stage's previous action)."""
+    res = simulate_groups(plan, profile, cluster, trace=True)
+    events = res.trace
+    per = [0.0] * len(plan.stages)
+    where = {(a.stage, a.kind, a.microbatch, a.part): (g, i) for g, evs in enumerate(events) for i, (a, _, _, _) in enumerate(evs)}
+    g, i = max(((g, i) for g, evs in enumerate(events) for i in range(len(evs))), key=lambda gi: events[gi[0]][gi[1]][2])
     while True:
-        s, is_f, u = key
-        start, end, cause = trace[key]
-        per[s] += end - start
-        if cause == "dev":
-            i = pos[key]
-            if i == 0:
-                break
-            pf, pu = orders[s][i - 1]
-            key = (s, pf, pu)
+        a, start, end, waited = events[g][i]
+        per[a.stage] += end - start
+        if waited:  # a forward waits for the previous stage's forward, a backward for the next one's
+            sender = a.stage - 1 if a.kind is Kind.FORWARD else a.stage + 1
+            g, i = where[(sender, a.kind, a.microbatch, a.part)]
+        elif i == 0:
+            break
         else:
-            key = (s - 1, True, u) if is_f else (s + 1, False, u)
-    return res.makespan, per
+            i -= 1
+    return res.iteration_s, per
 
 
 def _score(cuts: list[int], devices: list[int], M: int, sliced: int, profile: Profile, cluster: Cluster, options: PlannerOptions) -> tuple[float, Plan] | None:
     plan = straight_plan(cuts, M, ScheduleKind.ONE_F_ONE_B, [(d,) for d in devices[: len(cuts) - 1]], "autopipe")
     if sliced:
         plan = Plan(plan.stages, M, ScheduleKind.ONE_F_ONE_B, sliced, "autopipe")
-    if not fits_memory(plan, profile, cluster, options):
+    if not plan_fits_memory(plan, profile, cluster, options):
         return None
-    return estimate(plan, profile, cluster).makespan, plan
+    return estimate(plan, profile, cluster), plan
 
 
 def refine(cuts: list[int], devices: list[int], profile: Profile, cluster: Cluster, options: PlannerOptions) -> tuple[list[int], float]:
@@ -198,4 +193,4 @@ def max_stage_compute(plan: Plan, profile: Profile, cluster: Cluster, options: P
     return max(profile.compute_time(s.first, s.last) for s in plan.stages)
 
 
-register(PlannerSpec("autopipe", plan_autopipe, "AutoPipe (Liu et al. 2022): balanced DP, critical-path heuristic, micro-batch slicing"))
+SPEC = PlannerSpec("autopipe", plan_autopipe, "AutoPipe (Liu et al. 2022): balanced DP, critical-path heuristic, micro-batch slicing")

@@ -1,4 +1,4 @@
-"""The one shape every planner has, and the registry that names them.
+"""The registry that names every planner, and the one place that runs and scores them.
 
 A planner is a pure function ``(profile, cluster, options) -> Plan``: no Ray, no I/O, no hidden
 state. :func:`run_planner` is the single place that times it, scores the plan with the simulator,
@@ -8,63 +8,21 @@ the same footing (the simulator), whatever it optimizes internally.
 
 from __future__ import annotations
 
-import difflib
 import time
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from dataclasses import dataclass, replace
+from typing import Any
 
 from orchestrator.core.cluster import Cluster
 from orchestrator.core.errors import UserError
+from orchestrator.costmodel.group_sim import simulate_groups
 from orchestrator.core.plan import Plan, ScheduleKind
+from orchestrator.planners import auto, catalog
+from orchestrator.planners.interleaving import best_interleaving
+from orchestrator.planners.options import PlannerOptions, PlannerSpec, find
 from orchestrator.core.profile import Profile
-from orchestrator.costmodel.simulator import DEFAULT_STATE_FACTOR, SimOptions, SimResult, lower_bound, memory_error, simulate
+from orchestrator.costmodel.simulator import SimResult, lower_bound, memory_error, simulate
 
-
-@dataclass(frozen=True, kw_only=True)
-class PlannerOptions:
-    num_microbatches: int
-    """Micro-batches per iteration (the gradient-accumulation count)."""
-    schedule: ScheduleKind | None = None
-    """Schedule the plan must run (CLI ``--schedule``); None lets the planner choose (``auto``
-    searches all of them, ZB-H1 included, the others use their own, 1F1B by default)."""
-    straight: bool = False
-    """Forbid stage replication: one device per stage (PipeDream's straight pipeline)."""
-    max_stages: int | None = None
-    """Upper bound on the pipeline depth (None: up to the device count)."""
-    state_factor: float = DEFAULT_STATE_FACTOR
-    """Bytes of memory per parameter byte (weights, gradients, optimizer state)."""
-    check_memory: bool = True
-    """Reject plans whose simulated peak memory exceeds a device's memory."""
-    extra: dict[str, Any] = field(default_factory=dict)
-    """Planner-specific knobs (documented in each planner module)."""
-
-    def __post_init__(self) -> None:
-        if self.num_microbatches < 1:
-            raise UserError("the micro-batch count must be >= 1")
-        if self.max_stages is not None and self.max_stages < 1:
-            raise UserError("max_stages must be >= 1")
-
-    @property
-    def kind(self) -> ScheduleKind:
-        """The schedule a planner without a choice of its own builds its plans for."""
-        return ScheduleKind.ONE_F_ONE_B if self.schedule in (None, ScheduleKind.INTERLEAVED) else self.schedule
-
-    @property
-    def sim_options(self) -> SimOptions:
-        return SimOptions(state_factor=self.state_factor)
-
-
-PlannerFn = Callable[[Profile, Cluster, PlannerOptions], Plan]
-ObjectiveFn = Callable[[Plan, Profile, Cluster, PlannerOptions], float]
-
-
-@dataclass(frozen=True)
-class PlannerSpec:
-    name: str
-    fn: PlannerFn
-    description: str
-    objective: ObjectiveFn | None = None
-    aliases: tuple[str, ...] = ()
+__all__ = ["REGISTRY", "MemoryFitError", "PlanResult", "PlannerOptions", "PlannerSpec", "available", "evaluate", "get_planner", "run_planner"]
 
 
 @dataclass(frozen=True)
@@ -101,28 +59,15 @@ class PlanResult:
         return out
 
 
-REGISTRY: dict[str, PlannerSpec] = {}
-
-
-def register(spec: PlannerSpec) -> PlannerSpec:
-    REGISTRY[spec.name] = spec
-    return spec
+REGISTRY: dict[str, PlannerSpec] = {**catalog.BASELINES, auto.SPEC.name: auto.SPEC}
+"""Every planner by name: the ones ``auto`` combines, and ``auto``."""
 
 
 def get_planner(name: str) -> PlannerSpec:
-    _load_builtin()
-    key = name.lower()
-    for spec in REGISTRY.values():
-        if key == spec.name or key in spec.aliases:
-            return spec
-    names = sorted(REGISTRY)
-    hint = difflib.get_close_matches(key, names, n=1)
-    suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
-    raise UserError(f"unknown algorithm {name!r}{suggestion} (available: {', '.join(names)})")
+    return find(REGISTRY, name)
 
 
 def available() -> list[str]:
-    _load_builtin()
     return sorted(REGISTRY)
 
 
@@ -138,8 +83,6 @@ def evaluate(plan: Plan, profile: Profile, cluster: Cluster, options: PlannerOpt
     1024-GPU plan costs a minute and gigabytes, the group mode milliseconds."""
     result: SimResult | None = None
     if len(plan.devices) > GROUP_EVAL_DEVICES:
-        from orchestrator.costmodel.group_sim import simulate_groups
-
         grouped = simulate_groups(plan, profile, cluster, options.sim_options)
         if grouped.exact:
             result = grouped.as_sim_result(plan)
@@ -215,8 +158,6 @@ def _honour_schedule(name: str, plan: Plan, profile: Profile, cluster: Cluster, 
     interleaved schedule is reached by re-cutting the plan into virtual chunks, and a plan that
     cannot be interleaved (one stage, or a micro-batch count that is not a multiple of the depth)
     is one line of error naming the planner and the schedule."""
-    from orchestrator.planners.interleaving import best_interleaving
-
     want = options.schedule
     if want is ScheduleKind.INTERLEAVED:
         if plan.virtual_chunks == 1:
@@ -234,27 +175,8 @@ def _honour_schedule(name: str, plan: Plan, profile: Profile, cluster: Cluster, 
         if plan.virtual_chunks > 1:
             raise UserError(f"{name}: its plan is interleaved and cannot run the {want.value} schedule")
         plan = replace(plan, schedule=want)
-    if options.extra.get("interleave") and plan.virtual_chunks == 1:
+    if options.interleave and plan.virtual_chunks == 1:
         if want in (ScheduleKind.GPIPE, ScheduleKind.ZB_H1):  # interleaving is 1F1B's (Megatron's PTD-P)
             raise UserError(f"{name}: cannot interleave the {want.value} schedule (--interleave runs interleaved 1F1B)")
         plan = best_interleaving(plan, profile, cluster, options)
     return plan
-
-
-_LOADED = False
-
-
-def _load_builtin() -> None:
-    """Import the planner modules (each registers itself); deferred so importing base is cheap."""
-    global _LOADED
-    if _LOADED:
-        return
-    _LOADED = True
-    import importlib
-
-    for module in ("even", "params", "pipedream", "spp", "dapple", "autopipe", "twobw", "auto"):
-        try:
-            importlib.import_module(f"orchestrator.planners.{module}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"orchestrator.planners.{module}":
-                raise

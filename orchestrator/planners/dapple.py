@@ -30,6 +30,9 @@ and the value is the pivot time ``max_x (F_x + B_x)`` of the partial pipeline, w
 final state is then scored by the latency ``L`` above and the smallest ``L`` that fits memory wins,
 which is how DAPPLE compares hybrid configurations (different replication/stage counts).
 
+The placement policies, the server symmetry and the DP's tables are in
+:mod:`orchestrator.planners.dapple_placement`; every cost is a term of :mod:`orchestrator.costmodel.terms`.
+
 Deviation / choices left open: memory inside the DP only rejects stages that cannot fit even one
 micro-batch's stash; exact 1F1B in-flight memory is checked on the finished plans.
 """
@@ -44,145 +47,16 @@ import numpy as np
 from orchestrator.core.cluster import Cluster
 from orchestrator.core.errors import UserError
 from orchestrator.core.plan import Plan, ScheduleKind, Stage
-from orchestrator.planners.base import PlannerOptions, PlannerSpec, register
-from orchestrator.planners.spp import all_reduce_time, boundary_time, fits_memory, seconds_per_byte
+from orchestrator.planners.options import PlannerOptions, PlannerSpec
+from orchestrator.costmodel.terms import all_reduce_time, compute_time, fits_memory, stage_memory, transfer_time
+from orchestrator.costmodel.terms import boundary_time, group_all_reduce, seconds_per_byte
+from orchestrator.planners.dapple_placement import POLICIES, DappleDP, Key, Occ, Allocator, Replay, Rows, server_types
+from orchestrator.planners.scoring import plan_fits_memory
 from orchestrator.core.profile import Profile
 
 INF = np.inf
-POLICIES = ("fresh_first", "append_first", "scatter_first")
 DEFAULT_BEAM = 16
 SMALL_CLUSTER = 16
-
-Occ = tuple[int, ...]
-Key = tuple[tuple[object, ...], int]  # canonical (occupancy, last group), stage count (0 unless capped)
-
-
-def allocate(
-    servers: list[list[int]], occ: Occ, last: tuple[int, ...], m: int, policy: str, types: list[int] | None = None
-) -> tuple[Occ, tuple[int, ...]] | None:
-    """The ``m`` devices a policy picks next, and the new occupancy (None if too few are free).
-
-    Ties are broken by (server type, state, index) so that interchangeable servers are treated
-    alike, which keeps the DP's symmetry reduction exact."""
-    return _Allocator(servers, occ, last, types).take(m, policy)
-
-
-class _Allocator:
-    """:func:`allocate` for one (occupancy, last group) and many (m, policy): the server orders
-    each policy walks are computed once."""
-
-    def __init__(self, servers: list[list[int]], occ: Occ, last: tuple[int, ...], types: list[int] | None) -> None:
-        n = len(servers)
-        self.servers, self.occ = servers, occ
-        self.free = free = [len(g) - u for g, u in zip(servers, occ)]
-        self.total_free = sum(free)
-        ty = types or [0] * n
-        if last:
-            last_set = set(last)
-            in_last = [sum(1 for d in g if d in last_set) for g in servers]
-        else:
-            in_last = [0] * n
-        self.ring = sorted(range(n), key=lambda k: (ty[k], occ[k], in_last[k], k))
-        fresh = sorted((k for k in range(n) if occ[k] == 0), key=lambda k: (ty[k], k))
-        partial = sorted(
-            (k for k in range(n) if 0 < occ[k] < len(servers[k])), key=lambda k: (in_last[k] == 0, -free[k], ty[k], occ[k], -in_last[k], k)
-        )
-        self.orders = {"fresh_first": fresh + partial, "append_first": partial + fresh}
-
-    def take(self, m: int, policy: str) -> tuple[Occ, tuple[int, ...]] | None:
-        if self.total_free < m:
-            return None
-        free, occ = self.free, self.occ
-        take = [0] * len(free)
-        need = m
-        if policy == "scatter_first":
-            ring = self.ring
-            while need:
-                for k in ring:
-                    if need and free[k] - take[k] > 0:
-                        take[k] += 1
-                        need -= 1
-        else:
-            for k in self.orders[policy]:
-                if not need:
-                    break
-                t = min(need, free[k])
-                take[k] += t
-                need -= t
-        group = tuple(d for k, g in enumerate(self.servers) if take[k] for d in g[occ[k] : occ[k] + take[k]])
-        return tuple(u + t for u, t in zip(occ, take)), group
-
-
-def server_types(cluster: Cluster, servers: list[list[int]]) -> list[int] | None:
-    """A type per server such that servers of one type are interchangeable (same size, speeds,
-    memories and internal links, and one inter-server bandwidth everywhere); None if no symmetry."""
-    eff = cluster.effective
-    if len(servers) < 2:
-        return None
-    cross = [float(eff[a, b]) for i, g in enumerate(servers) for h in servers[i + 1 :] for a in g for b in h]
-    cross += [float(eff[b, a]) for i, g in enumerate(servers) for h in servers[i + 1 :] for a in g for b in h]
-    if max(cross) != min(cross):
-        return None
-    sigs: dict[tuple[object, ...], int] = {}
-    types = []
-    for g in servers:
-        sig = (
-            len(g),
-            tuple(float(cluster.speeds[d]) for d in g),
-            tuple(float(cluster.memories[d]) for d in g),
-            tuple(float(x) for x in eff[np.ix_(g, g)].ravel()),
-        )
-        types.append(sigs.setdefault(sig, len(sigs)))
-    return types
-
-
-@dataclass
-class DappleDP:
-    keys: list[Key]
-    real: list[tuple[Occ, tuple[int, ...]]]  # a representative (occupancy, last group) per key
-    best: np.ndarray  # [keys, L+1]: pivot value after planning blocks [0, j), j = 0..L
-    parent: np.ndarray  # [keys, L+1]: parent key index (-1 = first stage)
-    parent_j: np.ndarray
-    move: np.ndarray  # [keys, L+1]: replicas*3 + policy index of the stage ending there
-    servers: list[list[int]]
-    types: list[int] | None
-    spb: dict[tuple[tuple[int, ...], tuple[int, ...]], float] = field(default_factory=dict)  # seconds per boundary byte
-
-
-class _Rows:
-    """Growable [n, L+1] tables (value, parent, parent_j, move), one row per DP key."""
-
-    def __init__(self, width: int) -> None:
-        self.n = 0
-        self.best = np.full((64, width), INF)
-        self.parent = np.full((64, width), -2, dtype=np.int64)
-        self.parent_j = np.full((64, width), -1, dtype=np.int64)
-        self.move = np.full((64, width), -1, dtype=np.int64)
-
-    def add(self) -> int:
-        if self.n == len(self.best):
-            extra = len(self.best)
-            self.best = np.concatenate([self.best, np.full_like(self.best[:extra], INF)])
-            self.parent = np.concatenate([self.parent, np.full_like(self.parent[:extra], -2)])
-            self.parent_j = np.concatenate([self.parent_j, np.full_like(self.parent_j[:extra], -1)])
-            self.move = np.concatenate([self.move, np.full_like(self.move[:extra], -1)])
-        self.n += 1
-        return self.n - 1
-
-    def relax(self, targets: np.ndarray, vals: np.ndarray, parents: np.ndarray, pjs: np.ndarray, moves: np.ndarray) -> None:
-        """Sequential strict-``<`` updates of rows ``targets`` (in order), batched when distinct."""
-        if len(np.unique(targets)) != len(targets):
-            for c in range(len(targets)):
-                self.relax(targets[c : c + 1], vals[c : c + 1], parents[c : c + 1], pjs[c : c + 1], moves[c : c + 1])
-            return
-        cur = self.best[targets]
-        better = vals < cur
-        if not better.any():
-            return
-        self.best[targets] = np.where(better, vals, cur)
-        self.parent[targets] = np.where(better, parents, self.parent[targets])
-        self.parent_j[targets] = np.where(better, pjs, self.parent_j[targets])
-        self.move[targets] = np.where(better, moves, self.move[targets])
 
 
 def _stage_costs(profile: Profile, cluster: Cluster) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -217,7 +91,7 @@ def solve(profile: Profile, cluster: Cluster, options: PlannerOptions) -> Dapple
     real: list[tuple[Occ, tuple[int, ...]]] = []
     index: dict[Key, int] = {}
     by_level: dict[int, list[int]] = {}
-    rows = _Rows(L + 1)
+    rows = Rows(L + 1)
     types = server_types(cluster, servers)
     server_of = {d: k for k, g in enumerate(servers) for d in g}
     bt_cache: dict[tuple[tuple[int, ...], tuple[int, ...]], float] = {}
@@ -234,9 +108,9 @@ def solve(profile: Profile, cluster: Cluster, options: PlannerOptions) -> Dapple
         sig = (len(g), float(min(speeds[g])), float(min(mems[g])), cluster.ring_bandwidth(g))
         cost = group_cost.get(sig)
         if cost is None:
-            cost = comp / (len(g) * float(min(speeds[g]))) + all_reduce_time(cluster, group, 1.0) * par / M
+            cost = compute_time(comp, float(min(speeds[g])), len(g)) + group_all_reduce(cluster, group, 1.0) * par / M
             if options.check_memory:
-                fits = par * options.state_factor + sta / len(g) <= float(min(mems[g]))
+                fits = fits_memory(stage_memory(par, sta, 1.0, len(g), options.state_factor), float(min(mems[g])))
                 cost = np.where(fits, cost, INF)
             group_cost[sig] = cost
         group_matrix[group] = cost
@@ -273,7 +147,7 @@ def solve(profile: Profile, cluster: Cluster, options: PlannerOptions) -> Dapple
         if cached is not None:
             return cached
         out: dict[tuple[int, ...], tuple[Occ, int]] = {}
-        alloc = _Allocator(servers, occ, last, types)
+        alloc = Allocator(servers, occ, last, types)
         for m in sizes:
             if m > alloc.total_free:
                 break
@@ -293,13 +167,13 @@ def solve(profile: Profile, cluster: Cluster, options: PlannerOptions) -> Dapple
     # Expand states level by level in devices used: a transition always adds devices, so every
     # state is final when its level is reached. Beyond ``beam`` states per level only the most
     # promising are expanded (optimistic bound: the rest of the model spread over the free devices).
-    beam = int(options.extra.get("dapple_beam", DEFAULT_BEAM))
+    beam = DEFAULT_BEAM if options.dapple_beam is None else options.dapple_beam
     fb = profile.prefix("forward_s") + profile.prefix("backward_s")
     fastest = float(speeds.max())
     for level in range(1, cluster.size):
         at_level = by_level.get(level, [])
         if beam and len(at_level) > beam:
-            rest = (fb[-1] - fb) / ((cluster.size - level) * fastest)
+            rest = compute_time(fb[-1] - fb, fastest, cluster.size - level)
             score = np.min(np.maximum(rows.best[at_level], rest[None, :]), axis=1)
             at_level = [at_level[i] for i in np.argsort(score, kind="stable")[:beam]]
         for idx in at_level:
@@ -311,7 +185,7 @@ def solve(profile: Profile, cluster: Cluster, options: PlannerOptions) -> Dapple
             cands = candidates(occ, last)
             units = np.array([_unit_transfer(bt_cache, cluster, last, g) for _, g, _ in cands])
             lat = cluster.latency_s if last else 0.0
-            head = np.maximum(vals[None, :], 2.0 * (lat + units[:, None] * acts[None, :]))  # [C, j']
+            head = np.maximum(vals[None, :], 2.0 * transfer_time(acts[None, :], units[:, None], lat))  # [C, j'], there and back
             cand = np.maximum(head[:, :, None], np.stack([stage_matrix(g) for _, g, _ in cands]))  # [C, j', j]
             jp_all = np.argmin(cand, axis=1)  # [C, j]
             v_all = np.take_along_axis(cand, jp_all[:, None, :], axis=1)[:, 0]  # [C, j]
@@ -330,58 +204,9 @@ def _unit_transfer(cache: dict[tuple[tuple[int, ...], tuple[int, ...]], float], 
     return got
 
 
-def unwind(dp: DappleDP, idx: int, L: int) -> list[Stage]:
-    """Follow the back-pointers, then replay the placement moves from an empty cluster so the
-    device ids are consistent along the path (keys are only defined up to server symmetry)."""
-    steps = []
-    j = L
-    while idx >= 0:
-        pj = int(dp.parent_j[idx][j])
-        steps.append((pj, j, int(dp.move[idx][j])))
-        idx, j = int(dp.parent[idx][j]), pj
-    occ: Occ = tuple(0 for _ in dp.servers)
-    last: tuple[int, ...] = ()
-    stages = []
-    for first, end, mv in reversed(steps):
-        got = allocate(dp.servers, occ, last, mv // 3, POLICIES[mv % 3], dp.types)
-        assert got is not None
-        occ, last = got
-        stages.append(Stage(first, end, last))
-    return stages
-
-
-class _Replay:
-    """:func:`unwind` for many final states at once: the replayed placement of every DP node
-    (key, j) is memoized, so paths that share a prefix replay it once."""
-
-    def __init__(self, dp: DappleDP) -> None:
-        self.dp = dp
-        empty: Occ = tuple(0 for _ in dp.servers)
-        self.memo: dict[tuple[int, int], tuple[Occ, tuple[int, ...], tuple[tuple[int, int, tuple[int, ...]], ...]]] = {(-1, 0): (empty, (), ())}
-
-    def stages(self, idx: int, j: int) -> tuple[tuple[int, int, tuple[int, ...]], ...]:
-        dp, memo = self.dp, self.memo
-        chain: list[tuple[int, int]] = []
-        node = (idx, j)
-        while node not in memo:
-            chain.append(node)
-            k, e = node
-            node = (int(dp.parent[k][e]), int(dp.parent_j[k][e]))
-        occ, last, stages = memo[node]
-        for k, e in reversed(chain):
-            first = int(dp.parent_j[k][e])
-            mv = int(dp.move[k][e])
-            got = allocate(dp.servers, occ, last, mv // 3, POLICIES[mv % 3], dp.types)
-            assert got is not None
-            occ, last = got
-            stages = (*stages, (first, e, last))
-            memo[(k, e)] = (occ, last, stages)
-        return stages
-
-
 class _CostCache:
     """Per-group and per-boundary cost lookups shared by many latency evaluations (same arithmetic
-    as :func:`spp.all_reduce_time` / :func:`spp.boundary_time`, so values are bit-identical)."""
+    as :func:`group_sim.group_all_reduce` / :func:`group_sim.boundary_time`, so values are bit-identical)."""
 
     def __init__(self, profile: Profile, cluster: Cluster, spb: dict[tuple[tuple[int, ...], tuple[int, ...]], float] | None = None) -> None:
         self.profile, self.cluster = profile, cluster
@@ -399,10 +224,10 @@ class _CostCache:
         for j, (first, last, devs) in enumerate(stages):
             slow = self.slow.get(devs)
             if slow is None:
-                slow = self.slow[devs] = float(min(self.speeds[list(devs)])) * len(devs)
+                slow = self.slow[devs] = float(min(self.speeds[list(devs)]))
             pos.append(len(F))
-            F.append(prof.forward_time(first, last) / slow)
-            B.append(prof.backward_time(first, last) / slow)
+            F.append(compute_time(prof.forward_time(first, last), slow, len(devs)))
+            B.append(compute_time(prof.backward_time(first, last), slow, len(devs)))
             k = len(devs)
             if k < 2:
                 ar.append(0.0)
@@ -410,13 +235,13 @@ class _CostCache:
                 ring = self.ring.get(devs)
                 if ring is None:
                     ring = self.ring[devs] = cluster.ring_bandwidth(devs)
-                ar.append(2.0 * (k - 1) / k * prof.param_bytes(first, last) / ring)
+                ar.append(all_reduce_time(k, prof.param_bytes(first, last), ring))
             if j + 1 < len(stages):
                 nxt = stages[j + 1][2]
                 spb = self.spb.get((devs, nxt))
                 if spb is None:
                     spb = self.spb[(devs, nxt)] = seconds_per_byte(cluster, devs, nxt)
-                e = cluster.latency_s + prof.boundary_bytes(last) * spb
+                e = transfer_time(prof.boundary_bytes(last), spb, cluster.latency_s)
                 F.append(e)
                 B.append(e)
         return F, B, pos, ar
@@ -459,11 +284,11 @@ def plan_dapple(profile: Profile, cluster: Cluster, options: PlannerOptions) -> 
     """DAPPLE's plan; when no final state of the beam-limited DP fits memory (the beam ranks
     states by time alone), the DP runs again with an 8× wider beam and then none, so "no
     pipeline fits" means none of DAPPLE's placements fits, not that the beam dropped them."""
-    beam = int(options.extra.get("dapple_beam", DEFAULT_BEAM))
+    beam = DEFAULT_BEAM if options.dapple_beam is None else options.dapple_beam
     widths = [beam, beam * 8, 0] if beam else [0]
     for k, width in enumerate(widths):
         try:
-            return _plan_dapple(profile, cluster, replace(options, extra=dict(options.extra, dapple_beam=width)))
+            return _plan_dapple(profile, cluster, replace(options, dapple_beam=width))
         except UserError:
             if k == len(widths) - 1 or not options.check_memory:
                 raise
@@ -482,7 +307,7 @@ def _plan_dapple(profile: Profile, cluster: Cluster, options: PlannerOptions) ->
     final = dp.best[:, L]
     order = [int(i) for i in np.lexsort((np.arange(len(final)), final)) if np.isfinite(final[i])]
     best_idx = -1
-    replay = _Replay(dp)
+    replay = Replay(dp)
     costs = _CostCache(profile, cluster, dp.spb)
     for idx in order:
         if best is not None and M * float(final[idx]) > best[0] * (1 + 1e-9):
@@ -492,7 +317,7 @@ def _plan_dapple(profile: Profile, cluster: Cluster, options: PlannerOptions) ->
         if best is not None and (lat > best[0] or (lat == best[0] and idx > best_idx)):
             continue
         plan = Plan(tuple(Stage(a, b, g) for a, b, g in stages), M, options.kind, algorithm="dapple")
-        if not fits_memory(plan, profile, cluster, options):
+        if not plan_fits_memory(plan, profile, cluster, options):
             continue
         best, best_idx = (lat, plan), idx
     if best is None:
@@ -506,7 +331,7 @@ def _latency_objective(plan: Plan, profile: Profile, cluster: Cluster, options: 
     return latency(plan, profile, cluster)
 
 
-register(PlannerSpec("dapple", plan_dapple, "DAPPLE (PPoPP'21): latency model with pivot stage, DP over device sets, 1F1B", _latency_objective))
+SPEC = PlannerSpec("dapple", plan_dapple, "DAPPLE (PPoPP'21): latency model with pivot stage, DP over device sets, 1F1B", _latency_objective)
 
 
 def dp_objective(plan: Plan, profile: Profile, cluster: Cluster, M: int) -> float:
@@ -515,8 +340,8 @@ def dp_objective(plan: Plan, profile: Profile, cluster: Cluster, M: int) -> floa
     worst = 0.0
     for j, s in enumerate(plan.stages):
         g = list(s.devices)
-        stage = profile.compute_time(s.first, s.last) / (len(g) * float(min(cluster.speeds[g])))
-        stage += all_reduce_time(cluster, s.devices, profile.param_bytes(s.first, s.last)) / M
+        stage = compute_time(profile.compute_time(s.first, s.last), float(min(cluster.speeds[g])), len(g))
+        stage += group_all_reduce(cluster, s.devices, profile.param_bytes(s.first, s.last)) / M
         worst = max(worst, stage)
         if j + 1 < len(plan.stages):
             worst = max(worst, 2.0 * boundary_time(cluster, s.devices, plan.stages[j + 1].devices, profile.boundary_bytes(s.last)))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from orchestrator.core.cluster import Cluster
 from orchestrator.core.plan import Plan, straight_plan
-from orchestrator.planners.base import PlannerOptions, PlannerSpec, register
+from orchestrator.planners.options import PlannerOptions, PlannerSpec
 from orchestrator.planners.partition import devices_by_speed_order
 from orchestrator.core.profile import Profile
 
@@ -25,4 +25,4 @@ def plan_even(profile: Profile, cluster: Cluster, options: PlannerOptions) -> Pl
     return straight_plan(cuts, options.num_microbatches, options.kind, [(order[i],) for i in range(k)], "even")
 
 
-register(PlannerSpec("even", plan_even, "equal block counts per stage, one device each (GPipe-style)"))
+SPEC = PlannerSpec("even", plan_even, "equal block counts per stage, one device each (GPipe-style)")

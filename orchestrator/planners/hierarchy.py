@@ -31,7 +31,8 @@ import numpy as np
 from orchestrator.core.cluster import Cluster
 from orchestrator.core.errors import UserError
 from orchestrator.core.plan import Plan, Stage
-from orchestrator.planners.base import PlannerOptions, get_planner
+from orchestrator.planners.catalog import baseline
+from orchestrator.planners.options import PlannerOptions
 from orchestrator.planners.partition import min_max_partition
 from orchestrator.core.profile import Profile
 
@@ -127,7 +128,7 @@ def _run_planners(profile: Profile, cluster: Cluster, options: PlannerOptions, n
         if g > HEAVY.get(name, MAX_SHARE):
             continue
         try:
-            plan = get_planner(name).fn(sub_profile, sub, sub_options)
+            plan = baseline(name).fn(sub_profile, sub, sub_options)
         except UserError as exc:
             failures.append(f"{name} on {g} devices: {exc}")
             continue

@@ -11,7 +11,7 @@ Megatron requires the micro-batch count to be a multiple of the depth ``p``; whe
 plan is returned unchanged. AutoPipe's slicing does not combine with interleaving (the unit count
 would break that rule), so interleaved candidates drop it.
 
-Use: ``options.extra["interleave"] = True`` (CLI ``--interleave``) makes :func:`run_planner` pass every planner's
+Use: ``options.interleave`` (CLI ``--interleave``) makes :func:`run_planner` pass every planner's
 plan through here; ``auto`` offers interleaving to every candidate and keeps those its bounds
 cannot rule out.
 """
@@ -25,7 +25,7 @@ import numpy as np
 from orchestrator.core.cluster import Cluster
 from orchestrator.core.errors import UserError
 from orchestrator.core.plan import Plan, ScheduleKind, interleave
-from orchestrator.planners.base import PlannerOptions
+from orchestrator.planners.options import PlannerOptions
 from orchestrator.planners.partition import min_max_partition
 from orchestrator.core.profile import Profile
 from orchestrator.costmodel.simulator import memory_error, simulate

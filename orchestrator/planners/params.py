@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from orchestrator.core.cluster import Cluster
 from orchestrator.core.plan import Plan, straight_plan
-from orchestrator.planners.base import PlannerOptions, PlannerSpec, register
+from orchestrator.planners.options import PlannerOptions, PlannerSpec
 from orchestrator.planners.even import num_stages
 from orchestrator.planners.partition import devices_by_speed_order, min_max_partition
 from orchestrator.core.profile import Profile
@@ -28,4 +28,4 @@ def max_stage_params(plan: Plan, profile: Profile, cluster: Cluster, options: Pl
     return max(profile.param_bytes(s.first, s.last) for s in plan.stages)
 
 
-register(PlannerSpec("params", plan_params, "equal parameter bytes per stage (DeepSpeed-style)", max_stage_params, ("parameters", "deepspeed")))
+SPEC = PlannerSpec("params", plan_params, "equal parameter bytes per stage (DeepSpeed-style)", max_stage_params, ("parameters", "deepspeed"))

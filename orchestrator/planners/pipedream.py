@@ -37,8 +37,9 @@ import numpy as np
 from orchestrator.core.cluster import Cluster
 from orchestrator.core.errors import UserError
 from orchestrator.core.plan import Plan, ScheduleKind, Stage
-from orchestrator.planners.base import PlannerOptions, PlannerSpec, register
-from orchestrator.planners.spp import fits_memory
+from orchestrator.planners.options import PlannerOptions, PlannerSpec
+from orchestrator.costmodel.terms import all_reduce_time, compute_time, fits_memory, stage_memory
+from orchestrator.planners.scoring import plan_fits_memory
 from orchestrator.core.profile import Profile
 
 INF = np.inf
@@ -80,8 +81,10 @@ def hierarchy(cluster: Cluster) -> list[Level]:
 
 
 def _stage_time(compute: np.ndarray, params: np.ndarray, m: np.ndarray, level: Level) -> np.ndarray:
-    sync = 4.0 * (m - 1) * params / (m * level.bandwidth) / level.within
-    return (compute + sync) / m
+    # PipeDream's gradient exchange: twice a ring all-reduce, 4(m−1)/m · |w| / B, over the level's
+    # bandwidth shared by the workers of one lower-level unit
+    sync = 2.0 * all_reduce_time(m, params, level.bandwidth) / level.within
+    return compute_time(compute + sync, 1.0, m)
 
 
 def solve_level(compute: np.ndarray, params: np.ndarray, cut: np.ndarray, level: Level, straight: bool, all_starts: bool) -> LevelTable:
@@ -153,7 +156,7 @@ def _ranges(profile: Profile, memory: tuple[float, float, float] | None = None) 
         cap, state, in_flight = memory
         st = profile.prefix("stash_bytes")
         end = np.minimum(j + 1, L)
-        ok = ok & ((p[end] - p[i]) * state + in_flight * (st[end] - st[i]) <= cap)
+        ok = ok & fits_memory(stage_memory(p[end] - p[i], st[end] - st[i], in_flight, 1.0, state), cap)
     compute = np.where(ok, f[np.minimum(j + 1, L)] - f[i], INF)
     params = np.where(ok, p[np.minimum(j + 1, L)] - p[i], 0.0)
     cut = profile.activations.astype(np.float64)
@@ -189,7 +192,7 @@ def plan_pipedream(profile: Profile, cluster: Cluster, options: PlannerOptions) 
     with k in flight — conservative (replicas would share the stash), and the fitting plan with the
     best PipeDream objective is returned."""
     plan = _plan(profile, cluster, options, None)
-    if not options.check_memory or fits_memory(plan, profile, cluster, options, options.kind):
+    if not options.check_memory or plan_fits_memory(plan, profile, cluster, options, options.kind):
         return plan
     M = options.num_microbatches
     cap = float(cluster.memories.min())
@@ -209,7 +212,7 @@ def plan_pipedream(profile: Profile, cluster: Cluster, options: PlannerOptions) 
         except (UserError, IndexError, ValueError):
             continue
         obj = cand.objective_s if cand.objective_s is not None else INF
-        if np.isfinite(obj) and fits_memory(cand, profile, cluster, options, options.kind) and (best is None or obj < (best.objective_s or INF)):
+        if np.isfinite(obj) and plan_fits_memory(cand, profile, cluster, options, options.kind) and (best is None or obj < (best.objective_s or INF)):
             best = cand
     if best is None:
         raise UserError("pipedream: no pipeline fits device memory: even its best plan does not fit (try more devices, fewer micro-batches or another planner)")
@@ -401,8 +404,8 @@ def bottleneck(plan: Plan, profile: Profile, cluster: Cluster, options: PlannerO
     for idx, s in enumerate(plan.stages):
         m = s.replicas
         ring = cluster.ring_bandwidth(s.devices)
-        sync = 4.0 * (m - 1) * profile.param_bytes(s.first, s.last) / (m * ring) if m > 1 else 0.0
-        worst = max(worst, (profile.compute_time(s.first, s.last) + sync) / m)
+        sync = 2.0 * all_reduce_time(m, profile.param_bytes(s.first, s.last), ring)  # as in _stage_time
+        worst = max(worst, compute_time(profile.compute_time(s.first, s.last) + sync, 1.0, m))
         if idx + 1 < len(plan.stages):
             nxt = plan.stages[idx + 1]
             bw = min(cluster.link(a, b) for a in s.devices for b in nxt.devices)
@@ -410,4 +413,4 @@ def bottleneck(plan: Plan, profile: Profile, cluster: Cluster, options: PlannerO
     return worst
 
 
-register(PlannerSpec("pipedream", plan_pipedream, "PipeDream hierarchical DP with replication", bottleneck, ("pd",)))
+SPEC = PlannerSpec("pipedream", plan_pipedream, "PipeDream hierarchical DP with replication", bottleneck, ("pd",))

@@ -48,196 +48,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Sequence
-
-import networkx as nx
 import numpy as np
 
 from orchestrator.core.cluster import Cluster
 from orchestrator.core.errors import UserError
 from orchestrator.core.plan import Plan, ScheduleKind, Stage
-from orchestrator.planners.base import PlannerOptions, PlannerSpec, register
+from orchestrator.planners.options import PlannerOptions, PlannerSpec
+from orchestrator.costmodel.terms import all_reduce_time, compute_time, static_bytes, transfer_time
+from orchestrator.costmodel.terms import group_all_reduce
+from orchestrator.costmodel.group_sim import simulate_groups
+from orchestrator.planners.scoring import PipelineCosts, compute_costs, pe_lower_bound, plan_costs, plan_fits_memory, unit_fractions
 from orchestrator.core.profile import Profile
-from orchestrator.costmodel.group_sim import all_reduce_time, row_shares
 
 INF = np.inf
-
-
-# ----------------------------------------------------------------------------------------------
-# Cost model shared by the literature planners (the simulator's, per micro-batch).
-# ----------------------------------------------------------------------------------------------
-def seconds_per_byte(cluster: Cluster, src: Sequence[int], dst: Sequence[int]) -> float:
-    """Seconds per boundary byte: replicas exchange overlapping row shares in parallel on their own
-    links, so the slowest pair decides."""
-    if not src or not dst:
-        return 0.0
-    links = cluster.effective[np.ix_(list(src), list(dst))]
-    return float(np.max(row_shares(len(src), len(dst)) / links))
-
-
-def boundary_time(cluster: Cluster, src: Sequence[int], dst: Sequence[int], nbytes: float) -> float:
-    """Time of one unit's transfer across a boundary: per-message latency plus the slowest pair's
-    share (the simulator sends a message per overlapping replica pair, even an empty one)."""
-    if not src or not dst:
-        return 0.0
-    return cluster.latency_s + nbytes * seconds_per_byte(cluster, src, dst)
-
-
-@dataclass(frozen=True)
-class PipelineCosts:
-    """Per-micro-batch costs of a straight pipeline (one entry per stage / boundary)."""
-
-    fwd: list[float]
-    bwd: list[float]
-    comm: list[float]  # boundary s -> s+1 bytes time per unit (activation forward, gradient backward)
-    allreduce: list[float]
-    latency: float = 0.0  # per message, also for half units
-
-    @property
-    def num_stages(self) -> int:
-        return len(self.fwd)
-
-
-def plan_costs(plan: Plan, profile: Profile, cluster: Cluster) -> PipelineCosts:
-    speeds = cluster.speeds
-    fwd, bwd, comm, ar = [], [], [], []
-    for j, s in enumerate(plan.stages):
-        slow = float(min(speeds[list(s.devices)])) * s.replicas
-        fwd.append(profile.forward_time(s.first, s.last) / slow)
-        bwd.append(profile.backward_time(s.first, s.last) / slow)
-        ar.append(all_reduce_time(cluster, s.devices, profile.param_bytes(s.first, s.last)) if j < plan.num_physical_stages else 0.0)
-        if j + 1 < len(plan.stages):
-            comm.append(profile.boundary_bytes(s.last) * seconds_per_byte(cluster, s.devices, plan.stages[j + 1].devices))
-    return PipelineCosts(fwd, bwd, comm, ar, cluster.latency_s)
-
-
-def unit_fractions(num_microbatches: int, sliced: int = 0) -> list[float]:
-    return [0.5] * (2 * sliced) + [1.0] * (num_microbatches - sliced)
-
-
-def queue_1f1b(num_stages: int, num_units: int) -> list[list[tuple[bool, int]]]:
-    """U_s for the early-backward order: ``S-s-1`` warm-up forwards, then alternate (as the IR does)."""
-    orders = []
-    for s in range(num_stages):
-        w = min(num_stages - s - 1, num_units)
-        order = [(True, k) for k in range(w)]
-        for i in range(num_units - w):
-            order += [(True, w + i), (False, i)]
-        order += [(False, i) for i in range(num_units - w, num_units)]
-        orders.append(order)
-    return orders
-
-
-def queue_gpipe(num_stages: int, num_units: int) -> list[list[tuple[bool, int]]]:
-    return [[(True, u) for u in range(num_units)] + [(False, u) for u in range(num_units)] for _ in range(num_stages)]
-
-
-@dataclass
-class PEResult:
-    makespan: float
-    stage_end: list[float]  # last backward end per stage (before the all-reduce)
-    # (stage, is_forward, unit) -> (start, end, cause) where cause is "dev" or "dep"; only with trace
-    trace: dict[tuple[int, bool, int], tuple[float, float, str]] | None = None
-
-
-def list_schedule(
-    costs: PipelineCosts,
-    fractions: Sequence[float],
-    orders: Sequence[Sequence[tuple[bool, int]]],
-    trace: bool = False,
-) -> PEResult:
-    """SPP's PE: run every queue ``U_s`` as-soon-as-possible; transfers FIFO per link direction."""
-    S = costs.num_stages
-    U = len(fractions)
-    fwd, bwd, comm, lat = costs.fwd, costs.bwd, costs.comm, costs.latency
-    arr_f: list[list[float]] = [[-1.0] * U for _ in range(S)]
-    arr_b: list[list[float]] = [[-1.0] * U for _ in range(S)]
-    link_f = [0.0] * S
-    link_b = [0.0] * S
-    pc = [0] * S
-    clock = [0.0] * S
-    rec: dict[tuple[int, bool, int], tuple[float, float, str]] | None = {} if trace else None
-    remaining = sum(len(o) for o in orders)
-    while remaining:
-        progressed = False
-        for s in range(S):
-            order = orders[s]
-            p = pc[s]
-            t = clock[s]
-            n = len(order)
-            while p < n:
-                is_f, u = order[p]
-                frac = fractions[u]
-                cause = "dev"
-                if is_f:
-                    if s > 0:
-                        a = arr_f[s][u]
-                        if a < 0:
-                            break
-                        if a > t:
-                            t, cause = a, "dep"
-                    start = t
-                    t += fwd[s] * frac
-                    if s + 1 < S:
-                        st = t if t > link_f[s] else link_f[s]
-                        link_f[s] = st + lat + comm[s] * frac
-                        arr_f[s + 1][u] = link_f[s]
-                else:
-                    if s + 1 < S:
-                        a = arr_b[s][u]
-                        if a < 0:
-                            break
-                        if a > t:
-                            t, cause = a, "dep"
-                    start = t
-                    t += bwd[s] * frac
-                    if s > 0:
-                        st = t if t > link_b[s - 1] else link_b[s - 1]
-                        link_b[s - 1] = st + lat + comm[s - 1] * frac
-                        arr_b[s - 1][u] = link_b[s - 1]
-                if rec is not None:
-                    rec[(s, is_f, u)] = (start, t, cause)
-                p += 1
-            if p != pc[s]:
-                remaining -= p - pc[s]
-                pc[s], clock[s] = p, t
-                progressed = True
-        if not progressed:
-            raise RuntimeError("PE deadlock: the order queues are inconsistent")
-    ends = [clock[s] + costs.allreduce[s] for s in range(S)]
-    return PEResult(max(ends), list(clock), rec)
-
-
-def in_flight(schedule: ScheduleKind, stage: int, num_stages: int, num_units: int) -> int:
-    if schedule is ScheduleKind.GPIPE:
-        return num_units
-    if schedule is ScheduleKind.ZB_H1:  # every stage holds units until their deferred W
-        return min(num_stages, num_units)
-    return min(num_stages - stage, num_units)
-
-
-def fits_memory(plan: Plan, profile: Profile, cluster: Cluster, options: PlannerOptions, schedule: ScheduleKind | None = None) -> bool:
-    """Static check of a straight plan: params·state_factor + in-flight stash per replica."""
-    if not options.check_memory:
-        return True
-    schedule = schedule or plan.schedule
-    S = len(plan.stages)
-    mem = cluster.memories
-    for j, s in enumerate(plan.stages):
-        k = in_flight(schedule, j, S, plan.num_microbatches)
-        need = profile.param_bytes(s.first, s.last) * options.state_factor + k * profile.stash_bytes(s.first, s.last) / s.replicas
-        if need > float(min(mem[list(s.devices)])):
-            return False
-    return True
-
-
-def estimate(plan: Plan, profile: Profile, cluster: Cluster, schedule: ScheduleKind | None = None, trace: bool = False) -> PEResult:
-    """PE makespan of a straight plan under the 1F1B or GPipe queue (halved warm-up units included)."""
-    schedule = schedule or plan.schedule
-    costs = plan_costs(plan, profile, cluster)
-    fr = unit_fractions(plan.num_microbatches, plan.sliced_microbatches)
-    maker = queue_gpipe if schedule is ScheduleKind.GPIPE else queue_1f1b
-    return list_schedule(costs, fr, maker(costs.num_stages, len(fr)), trace)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -256,6 +79,8 @@ def _device_order_cached(n: int, raw: bytes) -> tuple[int, ...]:
 
 
 def _device_order(bw: np.ndarray) -> list[int]:
+    import networkx as nx  # only for the min cuts: importing the planners stays cheap
+
     n = bw.shape[0]
     np.fill_diagonal(bw, 0.0)
     sym = np.minimum(bw, bw.T)
@@ -396,16 +221,15 @@ def prm(profile: Profile, tables: PRMTables, M: int, state_factor: float, max_st
     # The big [L, L+1, P] tables are built in place (same operations, operands and rounding as
     # M·c + A, the memory limit and the boundary load written out; commuted operands only).
     with np.errstate(invalid="ignore", divide="ignore"):
-        load = comp[:, :, None] / (rp * smin)[None, None, :]  # per unit
+        load = compute_time(comp[:, :, None], smin[None, None, :], rp[None, None, :])  # per unit
         load *= M
-        ar = np.where(rp > 1, 2.0 * (rp - 1) / rp, 0.0)[None, None, :] * par[:, :, None]
-        ar /= ring[None, None, :]
+        ar = all_reduce_time(rp[None, None, :], par[:, :, None], ring[None, None, :])
         np.nan_to_num(ar, copy=False, nan=0.0)
         load += ar  # [L, L+1, P]
         del ar
         np.copyto(load, INF, where=~(tables.valid[pa, pr - 1][None, None, :] & ok[:, :, None]))
         if check_memory:
-            spare = tables.mem[pa, pr - 1][None, None, :] - state_factor * par[:, :, None]
+            spare = tables.mem[pa, pr - 1][None, None, :] - static_bytes(par[:, :, None], state_factor)
             kmax = spare * rp[None, None, :]
             kmax /= np.where(sta > 0, sta, 1.0)[:, :, None]
             np.copyto(kmax, INF, where=~(sta > 0)[:, :, None])
@@ -417,8 +241,8 @@ def prm(profile: Profile, tables: PRMTables, M: int, state_factor: float, max_st
         Pn = P - V  # runs that end before V (have a next stage)
         rmax = np.maximum(rp[:Pn, None], rr[None, :])  # [P', r']
         pair = tables.pair[pa[:Pn], pr[:Pn] - 1, :]  # [P', r']
-        comm = acts[:, None, None] / (rmax * pair)[None]  # [L+1, P', V(r')]
-        comm += tables.latency
+        # the paper's boundary estimate: the activation split max(r, r') ways over the slowest cross link
+        comm = transfer_time(acts[:, None, None], 1.0 / (rmax * pair)[None], tables.latency)  # [L+1, P', V(r')]
         comm *= M
         np.nan_to_num(comm, copy=False, nan=INF)
 
@@ -496,59 +320,19 @@ def _best_schedule(plan: Plan, profile: Profile, cluster: Cluster, options: Plan
     fr = unit_fractions(plan.num_microbatches, plan.sliced_microbatches)
     for kind in kinds:
         cand = Plan(plan.stages, plan.num_microbatches, kind, algorithm=plan.algorithm)
-        if not fits_memory(cand, profile, cluster, options):
+        if not plan_fits_memory(cand, profile, cluster, options):
             continue
         if costs is None:  # the costs do not depend on the queue: compute them once for both
             costs = plan_costs(cand, profile, cluster)
-        if best is not None and _pe_lower_bound(costs, fr) >= best[0] - 1e-12:
+        if best is not None and pe_lower_bound(costs, fr) >= best[0] - 1e-12:
             continue  # cannot be faster than the other queue
-        if bar is not None and _pe_lower_bound(costs, fr) >= bar:
+        if bar is not None and pe_lower_bound(costs, fr) >= bar:
             continue  # cannot beat the incumbent plan
-        maker = queue_gpipe if kind is ScheduleKind.GPIPE else queue_1f1b
-        t = list_schedule(costs, fr, maker(costs.num_stages, len(fr))).makespan  # == estimate(cand)
+        t = simulate_groups(cand, profile, cluster).iteration_s  # PE: the simulator's group mode
         if best is None or t < best[0] - 1e-12:
             best = (t, cand)
     return best
 
-
-def _pe_lower_bound(costs: PipelineCosts, fractions: Sequence[float]) -> float:
-    """A lower bound on :func:`list_schedule`'s makespan under either queue (both start every stage
-    with unit 0's forward and end it with the last unit's backward): stage s waits for unit 0 to go
-    forward through stages < s, then runs all its units, then either all-reduces or hands the
-    last unit's gradient back through stages < s (stage 0 then all-reduces)."""
-    S = costs.num_stages
-    f0, fl = fractions[0], fractions[-1]
-    lat = costs.latency
-    total = sum(fractions)
-    best = 0.0
-    head = 0.0
-    tail = costs.allreduce[0]
-    for s in range(S):
-        if s > 0:
-            head += costs.fwd[s - 1] * f0 + lat + costs.comm[s - 1] * f0
-            tail += lat + costs.comm[s - 1] * fl + costs.bwd[s - 1] * fl
-        best = max(best, head + (costs.fwd[s] + costs.bwd[s]) * total + max(costs.allreduce[s], tail))
-    return best * (1 - 1e-9)
-
-
-def _compute_costs(plan: Plan, profile: Profile, cluster: Cluster) -> tuple[float, PipelineCosts]:
-    """``(max_s M·(F_s + B_s) + AR_s, costs without transfers)`` with exactly :func:`plan_costs`'
-    terms: PE's makespan is at least the first and :func:`_pe_lower_bound` of the second for
-    either queue (transfers only delay)."""
-    speeds = cluster.speeds
-    M = plan.num_microbatches
-    bound = -INF
-    fwd, bwd, ar = [], [], []
-    for j, s in enumerate(plan.stages):
-        slow = float(min(speeds[list(s.devices)])) * s.replicas
-        f = profile.forward_time(s.first, s.last) / slow
-        b = profile.backward_time(s.first, s.last) / slow
-        x = all_reduce_time(cluster, s.devices, profile.param_bytes(s.first, s.last)) if j < plan.num_physical_stages else 0.0
-        bound = max(bound, M * (f + b) + x)
-        fwd.append(f)
-        bwd.append(b)
-        ar.append(x)
-    return float(bound), PipelineCosts(fwd, bwd, [0.0] * (len(fwd) - 1), ar, cluster.latency_s)
 
 
 def plan_spp(profile: Profile, cluster: Cluster, options: PlannerOptions) -> Plan:
@@ -572,10 +356,10 @@ def plan_spp(profile: Profile, cluster: Cluster, options: PlannerOptions) -> Pla
         plan = Plan(tuple(prm_stages(res, tables, S, int(a0), int(r0))), M, ScheduleKind.ONE_F_ONE_B, algorithm="spp")
         # PE's makespan is at least the largest stage load: skip plans that cannot win.
         if best is not None:
-            load_bound, partial = _compute_costs(plan, profile, cluster)
+            load_bound, partial = compute_costs(plan, profile, cluster)
             if load_bound >= best[0]:
                 continue
-            if _pe_lower_bound(partial, unit_fractions(M, plan.sliced_microbatches)) >= best[0]:
+            if pe_lower_bound(partial, unit_fractions(M, plan.sliced_microbatches)) >= best[0]:
                 continue  # neither queue can beat the incumbent (so neither would be kept)
         scored = _best_schedule(plan, profile, cluster, options, bar=None if best is None else best[0])
         if scored is not None and (best is None or scored[0] < best[0] - 1e-12):
@@ -594,13 +378,13 @@ def prm_objective(plan: Plan, profile: Profile, cluster: Cluster, M: int) -> flo
     for j, s in enumerate(plan.stages):
         r = s.replicas
         slow = float(min(cluster.speeds[list(s.devices)]))
-        load = M * profile.compute_time(s.first, s.last) / (r * slow) + all_reduce_time(cluster, s.devices, profile.param_bytes(s.first, s.last))
+        load = M * compute_time(profile.compute_time(s.first, s.last), slow, r) + group_all_reduce(cluster, s.devices, profile.param_bytes(s.first, s.last))
         worst = max(worst, load)
         if j + 1 < len(plan.stages):
             nxt = plan.stages[j + 1]
             bw = min(min(cluster.link(x, y), cluster.link(y, x)) for x in s.devices for y in nxt.devices)
-            worst = max(worst, M * (cluster.latency_s + profile.boundary_bytes(s.last) / (max(r, nxt.replicas) * bw)))
+            worst = max(worst, M * transfer_time(profile.boundary_bytes(s.last), 1.0 / (max(r, nxt.replicas) * bw), cluster.latency_s))
     return worst
 
 
-register(PlannerSpec("spp", plan_spp, "SPP (INFOCOM'22): RDO min-cut order, PRM DP with replication, PE list scheduling"))
+SPEC = PlannerSpec("spp", plan_spp, "SPP (INFOCOM'22): RDO min-cut order, PRM DP with replication, PE list scheduling")

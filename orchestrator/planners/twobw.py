@@ -23,9 +23,10 @@ import numpy as np
 from orchestrator.core.cluster import Cluster
 from orchestrator.core.errors import UserError
 from orchestrator.core.plan import Plan, ScheduleKind, Stage
-from orchestrator.planners.base import PlannerOptions, PlannerSpec, register
+from orchestrator.planners.options import PlannerOptions, PlannerSpec
 from orchestrator.planners.partition import devices_by_speed_order, min_max_partition
-from orchestrator.planners.spp import all_reduce_time, boundary_time
+from orchestrator.costmodel.terms import compute_time, in_flight, stage_memory
+from orchestrator.costmodel.terms import boundary_time, group_all_reduce
 from orchestrator.core.profile import Profile
 
 
@@ -43,12 +44,13 @@ def estimate_2bw(plan: Plan, profile: Profile, cluster: Cluster, state_factor: f
     for s, st in enumerate(plan.stages):
         w = st.replicas
         slow = float(min(cluster.speeds[list(st.devices)]))
-        t = profile.compute_time(st.first, st.last) / (w * slow)
+        t = compute_time(profile.compute_time(st.first, st.last), slow, w)
         if s + 1 < d:
             t = max(t, 2.0 * boundary_time(cluster, st.devices, plan.stages[s + 1].devices, profile.boundary_bytes(st.last)))
         t_max = max(t_max, t)
-        ar_max = max(ar_max, all_reduce_time(cluster, st.devices, profile.param_bytes(st.first, st.last)))
-        need = profile.param_bytes(st.first, st.last) * (state_factor + 1) + min(d - s, M) * profile.stash_bytes(st.first, st.last) / w
+        ar_max = max(ar_max, group_all_reduce(cluster, st.devices, profile.param_bytes(st.first, st.last)))
+        # 2BW's second weight version: one more parameter copy; 1F1B's in-flight stash
+        need = stage_memory(profile.param_bytes(st.first, st.last), profile.stash_bytes(st.first, st.last), in_flight(ScheduleKind.ONE_F_ONE_B, s, d, M), w, state_factor + 1)
         worst = max(worst, need / float(min(cluster.memories[list(st.devices)])))
     return (M + d - 1) * t_max + ar_max, worst
 
@@ -80,4 +82,4 @@ def _objective(plan: Plan, profile: Profile, cluster: Cluster, options: PlannerO
     return estimate_2bw(plan, profile, cluster, options.state_factor)[0]
 
 
-register(PlannerSpec("2bw", plan_2bw, "PipeDream-2BW: width x depth search with double-buffered weight memory", _objective, ("pipedream-2bw", "twobw")))
+SPEC = PlannerSpec("2bw", plan_2bw, "PipeDream-2BW: width x depth search with double-buffered weight memory", _objective, ("pipedream-2bw", "twobw"))
