@@ -84,10 +84,9 @@ def test_imports_point_downwards():
     assert sorted(upward) == []
 
 
-# being removed (the planner registry, the job loop's policies, the executor's spec): must end empty
+# being removed (the job loop's policies, the executor's spec): must end empty
 KNOWN_CYCLES = [["actors.execution", "actors.injection", "actors.stage_worker"],
-                ["orchestrator.elastic.job_loop", "orchestrator.elastic.job_spot"],
-                ["orchestrator.planners.base", "orchestrator.planners.interleaving"]]
+                ["orchestrator.elastic.job_loop", "orchestrator.elastic.job_spot"]]
 
 
 def test_no_import_cycles():
