@@ -35,7 +35,7 @@ from orchestrator.plan import Plan
 from orchestrator.profile import Profile
 from orchestrator.controller.estimate import CostModel, Layout
 from orchestrator.controller.handle import SHIPPED_STATE_FACTOR, IterationMetrics, PipelineHandle, move_transfers, transfer_time
-from orchestrator.controller.monitor import MonitorConfig, Observation, initial_state, log_noise, model_cluster, observe
+from orchestrator.controller.monitor import MonitorConfig, Observation, initial_state, log_noise, model_cluster, observe, speed_error
 from orchestrator.controller.moves import best_moves, path_to, walk
 from orchestrator.controller.simcache import SimCache
 from orchestrator.controller.policies import (
@@ -67,7 +67,10 @@ class ControllerConfig:
     moves_per_pause: int = 0
     """Moves of a chosen path carried out between two iterations (0: the whole path at once, so a
     detected change is answered before the next iteration instead of one move per iteration —
-    the rest of a path would otherwise be re-judged on a model its own first moves disturbed)."""
+    the rest of a path would otherwise be re-judged on a model its own first moves disturbed).
+    A whole path is carried out as one live move from the current plan to the path's end: each
+    block is handed over once, to its final owner, in one stall (a block the path would move
+    twice travels once), and the path is priced that way."""
     max_walk: int = 32
     confirm_top: int = 2
     """Single moves confirmed with the simulator besides the walk's and the path's ends."""
@@ -173,7 +176,11 @@ class Controller:
         plan = self.handle.current_plan()
         gone = (set(metrics.lost_devices) | set(obs.disappeared)) & set(plan.devices)
         if metrics.completed and metrics.iteration_s > 0:
-            self._iteration_logs = (self._iteration_logs + (math.log(metrics.iteration_s),))[-self.config.monitor.noise_window :]
+            # The iteration time with the machine-wide load factored out (time × common speed):
+            # a load that slows every device alike slows every plan alike, so it is no noise on
+            # the comparison of two plans (the arbiter's noise floor).
+            residual = math.log(metrics.iteration_s) + obs.common_log
+            self._iteration_logs = (self._iteration_logs + (residual,))[-self.config.monitor.noise_window :]
         if not metrics.completed or gone:
             return self._recover(step, metrics, tuple(sorted(gone)), alive)
         if self.state is State.WARMUP:
@@ -207,7 +214,9 @@ class Controller:
             report = self.handle.restart(option.steps[0], from_checkpoint=False)
             self._calibrate_restart(option.steps[0], report.downtime_s)
             return self._record(step, metrics, decision, elapsed, "restart", report.downtime_s)
-        now = option.steps if self.config.moves_per_pause == 0 else option.steps[: self.config.moves_per_pause]
+        if self.config.moves_per_pause == 0:
+            return self._record(step, metrics, decision, elapsed, "move", self._apply_move(option.steps[-1]))
+        now = option.steps[: self.config.moves_per_pause]
         self._path = option.steps[len(now):]
         return self._record(step, metrics, decision, elapsed, "move", sum(self._apply_move(p) for p in now))
 
@@ -248,7 +257,7 @@ class Controller:
             if Layout.of(target) != start:
                 options.append(Option("restart", (target,), self._sims.iteration_s(target, model),
                                       self.restart_cost(target, planned=True), "full re-plan"))
-        noise = log_noise(self._iteration_logs)
+        noise = self.noise(plan)
         decision = self._arbiter.decide(current_s, options, remaining, noise)
         if not movable or (isinstance(decision, Switch) and not changed):
             return decision
@@ -265,6 +274,12 @@ class Controller:
             if target_layout != start:
                 paths.append(("path to re-plan", [m.layout for m in path_to(start, target_layout, alive)]))
         return self._arbiter.decide(current_s, options + self._price(plan, model, paths), remaining, noise)
+
+    def noise(self, plan: Plan) -> float:
+        """The relative error a predicted gain must beat (the arbiter's noise floor): the larger of
+        how much the iteration time varies beyond the machine-wide load, and how uncertain the
+        believed speeds of the plan's devices still are."""
+        return max(log_noise(self._iteration_logs), speed_error(self._monitor, plan.devices))
 
     def _price(self, plan: Plan, model: Cluster, paths: list[tuple[str, list[Layout]]]) -> list[Option]:
         """Simulate each path's destination on the model and price the path's switches."""
@@ -291,9 +306,10 @@ class Controller:
         return wanted
 
     def path_cost(self, plan: Plan, steps: tuple[Plan, ...], model: Cluster) -> float:
-        """Predicted stall of applying ``steps`` one after another: transfers + per-move overhead."""
+        """Predicted stall of carrying ``steps`` out: transfers + per-move overhead of each live
+        move — one move to the last step when a whole path goes in one pause."""
         total, prev = 0.0, plan
-        for nxt in steps:
+        for nxt in steps[-1:] if self.config.moves_per_pause == 0 else steps:
             total += transfer_time(move_transfers(prev, nxt, self.profile, model), model) + self._move_overhead
             prev = nxt
         return total
