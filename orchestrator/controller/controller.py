@@ -204,7 +204,7 @@ class Controller:
             return self._record(step, metrics, None, 0.0, "path-move", self._apply_move(nxt))
         self._path = ()
         t0 = self.clock()
-        decision = self._decide(alive, metrics, changed)
+        decision = self._decide(alive, metrics, changed, obs.speed_changes)
         elapsed = self.clock() - t0
         if isinstance(decision, Stay):
             self._to(step, State.STEADY, decision.reason)
@@ -239,8 +239,9 @@ class Controller:
         return self._record(step, metrics, decision, elapsed, "restart", rr.downtime_s)
 
     # ----- deciding -----
-    def _decide(self, alive: tuple[int, ...], metrics: IterationMetrics, changed: bool) -> Decision:
-        """``changed``: this decision follows a detected change of the model or the membership."""
+    def _decide(self, alive: tuple[int, ...], metrics: IterationMetrics, changed: bool, confirmed: tuple[int, ...] = ()) -> Decision:
+        """``changed``: this decision follows a detected change of the model or the membership;
+        ``confirmed``: the devices whose speed change the monitor has just confirmed."""
         cfg = self.config
         plan = self.handle.current_plan()
         model = self.model()
@@ -257,7 +258,7 @@ class Controller:
             if Layout.of(target) != start:
                 options.append(Option("restart", (target,), self._sims.iteration_s(target, model),
                                       self.restart_cost(target, planned=True), "full re-plan"))
-        noise = self.noise(plan)
+        noise = self.noise(plan, confirmed)
         decision = self._arbiter.decide(current_s, options, remaining, noise)
         if not movable or (isinstance(decision, Switch) and not changed):
             return decision
@@ -275,11 +276,17 @@ class Controller:
                 paths.append(("path to re-plan", [m.layout for m in path_to(start, target_layout, alive)]))
         return self._arbiter.decide(current_s, options + self._price(plan, model, paths), remaining, noise)
 
-    def noise(self, plan: Plan) -> float:
+    def noise(self, plan: Plan, confirmed: tuple[int, ...] = ()) -> float:
         """The relative error a predicted gain must beat (the arbiter's noise floor): the larger of
         how much the iteration time varies beyond the machine-wide load, and how uncertain the
-        believed speeds of the plan's devices still are."""
-        return max(log_noise(self._iteration_logs), speed_error(self._monitor, plan.devices))
+        believed speeds of the plan's devices still are — except those in ``confirmed``, whose new
+        level the monitor has just told from noise (its persistence test is the stricter one:
+        a level confirmed from ``persist`` samples is uncertain by its noise over √persist, and
+        a real step of a factor of two would be refused as "noise" under that floor on a loaded
+        machine). A decision nothing was confirmed for — the first after warm-up, one after a
+        link's change — rests on speed differences nobody tested, so their error counts."""
+        devices = [d for d in plan.devices if d not in confirmed]
+        return max(log_noise(self._iteration_logs), speed_error(self._monitor, devices))
 
     def _price(self, plan: Plan, model: Cluster, paths: list[tuple[str, list[Layout]]]) -> list[Option]:
         """Simulate each path's destination on the model and price the path's switches."""

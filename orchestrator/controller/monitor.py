@@ -115,6 +115,14 @@ class Track:
     """The last ``noise_window`` raw observations, oldest first."""
     since: int = 0
     """Observations since the level was last set (learning or a confirmed change)."""
+    reported: float | None = None
+    """The level last reported as a change (``None``: ``ref``). Refinement moves ``ref`` a
+    little at a time; a level that has drifted a band away from what was last reported is
+    reported, so a change that arrives through refinement is not missed for arriving slowly."""
+
+    @property
+    def base(self) -> float:
+        return self.ref if self.reported is None else self.reported
 
     def noise(self) -> float:
         return log_noise(self.recent)
@@ -148,7 +156,8 @@ def update_log(track: Track, lv: float, cfg: MonitorConfig) -> tuple[Track, bool
     if len(track.recent) < LEARNING:
         recent = track.recent + (lv,)
         level = statistics.median(recent)
-        return Track(level, level, 0, recent, len(recent)), abs(level - track.ref) > cfg.enter
+        changed = abs(level - track.base) > cfg.enter
+        return Track(level, level, 0, recent, len(recent), level if changed else track.reported), changed
     smooth = (1 - cfg.alpha) * track.smooth + cfg.alpha * lv
     band = cfg.band(track.noise())  # the noise known before this sample: a step cannot widen its own band
     recent = (track.recent + (lv,))[-cfg.noise_window :]
@@ -162,15 +171,17 @@ def update_log(track: Track, lv: float, cfg: MonitorConfig) -> tuple[Track, bool
     if pending >= cfg.persist:
         last = recent[-cfg.persist :]
         level = sum(last) / len(last)
-        return Track(level, level, 0, recent, cfg.persist), True
+        return Track(level, level, 0, recent, cfg.persist, level), True
     since = track.since + 1
     if cfg.refine and pending == 0 and since > cfg.persist:
         # Refine the level with every sample since it was set (their median): a level confirmed
         # from ``persist`` noisy samples is only a first estimate, and a confirmed "change" that
-        # was a burst of noise is walked back as the samples come in. Reported only beyond the band.
+        # was a burst of noise is walked back as the samples come in. Reported once the level is
+        # a band away from the level last reported.
         level = statistics.median(recent[-min(since, len(recent)) :])
-        return Track(level, smooth, 0, recent, since), abs(level - track.ref) > band
-    return Track(track.ref, smooth, pending, recent, since), False
+        changed = abs(level - track.base) > band
+        return Track(level, smooth, 0, recent, since, level if changed else track.reported), changed
+    return Track(track.ref, smooth, pending, recent, since, track.reported), False
 
 
 @dataclass(frozen=True)
