@@ -77,6 +77,13 @@ class MonitorConfig:
     """Deviation below which a pending change is forgotten (hysteresis: exit < enter)."""
     persist: int = 3
     """Consecutive out-of-band iterations needed to confirm a change."""
+    persist_up: int = 5
+    """The same for a rise (a device or link that got faster). The two mistakes do not cost the
+    same: moving work off a device whose slowdown then ends loses a little balance, moving work
+    onto a device whose speed-up then ends makes it the bottleneck. And on shared cores speed-ups
+    are the transient kind: when another job's load drops, one actor may get a whole core for a
+    few iterations (seen live: one of four actors 2.5x faster than the others for three
+    iterations, then back), while a co-located job that slows a device stays for a while."""
     noise_z: float = 3.0
     """The band is at least this many standard deviations of the smoothed value's noise (0: off)."""
     noise_window: int = 24
@@ -93,10 +100,10 @@ class MonitorConfig:
             raise ValueError("alpha must be in (0, 1]")
         if not 0 <= self.exit < self.enter:
             raise ValueError("need 0 <= exit < enter")
-        if self.persist < 1:
-            raise ValueError("persist must be >= 1")
-        if self.noise_z < 0 or self.noise_window < max(self.persist, 2):
-            raise ValueError("noise_z must be >= 0 and noise_window >= max(persist, 2)")
+        if self.persist < 1 or self.persist_up < 1:
+            raise ValueError("persist and persist_up must be >= 1")
+        if self.noise_z < 0 or self.noise_window < max(self.persist, self.persist_up, 2):
+            raise ValueError("noise_z must be >= 0 and noise_window >= max(persist, persist_up, 2)")
 
     def band(self, noise: float) -> float:
         """The change-detection threshold (log distance) for a track whose raw samples have
@@ -168,10 +175,11 @@ def update_log(track: Track, lv: float, cfg: MonitorConfig) -> tuple[Track, bool
         pending = 0  # back near the model: forget
     else:
         pending = track.pending
-    if pending >= cfg.persist:
-        last = recent[-cfg.persist :]
+    need = cfg.persist_up if dev > 0 else cfg.persist
+    if pending >= need:
+        last = recent[-need:]
         level = sum(last) / len(last)
-        return Track(level, level, 0, recent, cfg.persist, level), True
+        return Track(level, level, 0, recent, need, level), True
     since = track.since + 1
     if cfg.refine and pending == 0 and since > cfg.persist:
         # Refine the level with every sample since it was set (their median): a level confirmed
