@@ -63,11 +63,20 @@ def test_band_between_exit_and_enter_is_ignored() -> None:
 
 
 def test_hysteresis_pending_survives_a_borderline_sample() -> None:
-    up = math.exp(0.4)
-    mid = math.exp(0.1)  # between exit and enter: neither counts nor resets
+    down = math.exp(-0.4)
+    mid = math.exp(-0.1)  # between exit and enter: neither counts nor resets
     assert CFG.persist == 3
-    assert feed([up, mid, up, up]) == [3]
-    assert feed([up, 1.0, up, up]) == []  # back at the model: forgotten
+    assert feed([down, mid, down, down]) == [3]
+    assert feed([down, 1.0, down, down]) == []  # back at the model: forgotten
+
+
+def test_a_rise_needs_longer_to_be_confirmed_than_a_fall() -> None:
+    """Three iterations of a device 2.5x faster (an actor that won a core for a while) are no
+    change; the same three iterations 2.5x slower are."""
+    assert CFG.persist_up == 5
+    assert feed([2.5] * 3 + [1.0] * 10) == []
+    assert feed([0.4] * 3 + [1.0] * 10) == [2, 7]  # and its end, a rise, after five
+    assert feed([2.5] * 6) == [4]
 
 
 def test_a_new_track_learns_its_level_from_the_median_of_its_first_samples() -> None:

@@ -36,7 +36,7 @@ from orchestrator.core.profile import Profile
 from orchestrator.adapt.estimate import CostModel, Layout
 from orchestrator.adapt.handle import IterationMetrics, PipelineHandle, handover_time, move_transfers
 from orchestrator.costmodel.terms import shipped_bytes, transfer_time
-from orchestrator.adapt.monitor import MonitorConfig, Observation, initial_state, log_noise, model_cluster, observe
+from orchestrator.adapt.monitor import MonitorConfig, Observation, initial_state, log_noise, model_cluster, observe, speed_error
 from orchestrator.adapt.moves import best_moves, path_to, walk
 from orchestrator.adapt.simcache import SimCache
 from orchestrator.adapt.policies import (
@@ -68,7 +68,10 @@ class ControllerConfig:
     moves_per_pause: int = 0
     """Moves of a chosen path carried out between two iterations (0: the whole path at once, so a
     detected change is answered before the next iteration instead of one move per iteration —
-    the rest of a path would otherwise be re-judged on a model its own first moves disturbed)."""
+    the rest of a path would otherwise be re-judged on a model its own first moves disturbed).
+    A whole path is carried out as one live move from the current plan to the path's end: each
+    block is handed over once, to its final owner, in one stall (a block the path would move
+    twice travels once), and the path is priced that way."""
     max_walk: int = 32
     confirm_top: int = 2
     """Single moves confirmed with the simulator besides the walk's and the path's ends."""
@@ -174,7 +177,11 @@ class Controller:
         plan = self.handle.current_plan()
         gone = (set(metrics.lost_devices) | set(obs.disappeared)) & set(plan.devices)
         if metrics.completed and metrics.iteration_s > 0:
-            self._iteration_logs = (self._iteration_logs + (math.log(metrics.iteration_s),))[-self.config.monitor.noise_window :]
+            # The iteration time with the machine-wide load factored out (time × common speed):
+            # a load that slows every device alike slows every plan alike, so it is no noise on
+            # the comparison of two plans (the arbiter's noise floor).
+            residual = math.log(metrics.iteration_s) + obs.common_log
+            self._iteration_logs = (self._iteration_logs + (residual,))[-self.config.monitor.noise_window :]
         if not metrics.completed or gone:
             return self._recover(step, metrics, tuple(sorted(gone)), alive)
         if self.state is State.WARMUP:
@@ -198,7 +205,7 @@ class Controller:
             return self._record(step, metrics, None, 0.0, "path-move", self._apply_move(nxt))
         self._path = ()
         t0 = self.clock()
-        decision = self._decide(alive, metrics, changed)
+        decision = self._decide(alive, metrics, changed, obs.speed_changes)
         elapsed = self.clock() - t0
         if isinstance(decision, Stay):
             self._to(step, State.STEADY, decision.reason)
@@ -208,7 +215,9 @@ class Controller:
             report = self.handle.restart(option.steps[0], from_checkpoint=False)
             self._calibrate_restart(option.steps[0], report.downtime_s)
             return self._record(step, metrics, decision, elapsed, "restart", report.downtime_s)
-        now = option.steps if self.config.moves_per_pause == 0 else option.steps[: self.config.moves_per_pause]
+        if self.config.moves_per_pause == 0:
+            return self._record(step, metrics, decision, elapsed, "move", self._apply_move(option.steps[-1]))
+        now = option.steps[: self.config.moves_per_pause]
         self._path = option.steps[len(now):]
         return self._record(step, metrics, decision, elapsed, "move", sum(self._apply_move(p) for p in now))
 
@@ -231,8 +240,9 @@ class Controller:
         return self._record(step, metrics, decision, elapsed, "restart", rr.downtime_s)
 
     # ----- deciding -----
-    def _decide(self, alive: tuple[int, ...], metrics: IterationMetrics, changed: bool) -> Decision:
-        """``changed``: this decision follows a detected change of the model or the membership."""
+    def _decide(self, alive: tuple[int, ...], metrics: IterationMetrics, changed: bool, confirmed: tuple[int, ...] = ()) -> Decision:
+        """``changed``: this decision follows a detected change of the model or the membership;
+        ``confirmed``: the devices whose speed change the monitor has just confirmed."""
         cfg = self.config
         plan = self.handle.current_plan()
         model = self.model()
@@ -249,7 +259,7 @@ class Controller:
             if Layout.of(target) != start:
                 options.append(Option("restart", (target,), self._sims.iteration_s(target, model),
                                       self.restart_cost(target, planned=True), "full re-plan"))
-        noise = log_noise(self._iteration_logs)
+        noise = self.noise(plan, confirmed)
         decision = self._arbiter.decide(current_s, options, remaining, noise)
         if not movable or (isinstance(decision, Switch) and not changed):
             return decision
@@ -266,6 +276,18 @@ class Controller:
             if target_layout != start:
                 paths.append(("path to re-plan", [m.layout for m in path_to(start, target_layout, alive)]))
         return self._arbiter.decide(current_s, options + self._price(plan, model, paths), remaining, noise)
+
+    def noise(self, plan: Plan, confirmed: tuple[int, ...] = ()) -> float:
+        """The relative error a predicted gain must beat (the arbiter's noise floor): the larger of
+        how much the iteration time varies beyond the machine-wide load, and how uncertain the
+        believed speeds of the plan's devices still are — except those in ``confirmed``, whose new
+        level the monitor has just told from noise (its persistence test is the stricter one:
+        a level confirmed from ``persist`` samples is uncertain by its noise over √persist, and
+        a real step of a factor of two would be refused as "noise" under that floor on a loaded
+        machine). A decision nothing was confirmed for — the first after warm-up, one after a
+        link's change — rests on speed differences nobody tested, so their error counts."""
+        devices = [d for d in plan.devices if d not in confirmed]
+        return max(log_noise(self._iteration_logs), speed_error(self._monitor, devices))
 
     def _price(self, plan: Plan, model: Cluster, paths: list[tuple[str, list[Layout]]]) -> list[Option]:
         """Simulate each path's destination on the model and price the path's switches."""
@@ -292,9 +314,10 @@ class Controller:
         return wanted
 
     def path_cost(self, plan: Plan, steps: tuple[Plan, ...], model: Cluster) -> float:
-        """Predicted stall of applying ``steps`` one after another: transfers + per-move overhead."""
+        """Predicted stall of carrying ``steps`` out: transfers + per-move overhead of each live
+        move — one move to the last step when a whole path goes in one pause."""
         total, prev = 0.0, plan
-        for nxt in steps:
+        for nxt in steps[-1:] if self.config.moves_per_pause == 0 else steps:
             total += handover_time(move_transfers(prev, nxt, self.profile, model), model) + self._move_overhead
             prev = nxt
         return total

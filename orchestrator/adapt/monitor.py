@@ -28,6 +28,19 @@ real step in the window hardly moves it — and the band is widened to ``noise_z
 deviations of the *smoothed* value when that is wider than ``enter``. A real step of a factor of
 two (0.69 in log) still clears the band while the noise is below about 0.35.
 
+**Common mode is not a device's change.** Actors that share a machine's cores slow down and speed
+up together whenever something else (another job, another engineer's build) takes the CPU: in
+the recorded traces most of a device's per-iteration swing is shared by every device. The best
+partition depends on the devices' speeds *relative to each other*; a load that scales them all
+alike does not change it (only compute against communication, a second-order effect). So each
+iteration's common mode — the median deviation of the observed devices from the model — goes
+into one cluster-wide ``level`` track, and each device's track follows its speed relative to it
+(a device's believed speed is ``exp(level + relative)``). The relative tracks are quieter, so
+their bands are narrower and a real step of one device stands out sooner; a burst of load that
+hits every device is no device's change; and when one device slows and the CPU it frees speeds
+the others up, the slowed one carries the change. A change of the level updates the model (the
+next decision uses it) but is not reported as a change.
+
 A new track (a device's speed against its nominal prior, a link on first sight) first *learns*
 its level: its reference is the median of its first five samples, so one noisy first sample does
 not become the model. Links the job does not use are never observed. So a shared-network change (all inter-node links
@@ -64,23 +77,33 @@ class MonitorConfig:
     """Deviation below which a pending change is forgotten (hysteresis: exit < enter)."""
     persist: int = 3
     """Consecutive out-of-band iterations needed to confirm a change."""
+    persist_up: int = 5
+    """The same for a rise (a device or link that got faster). The two mistakes do not cost the
+    same: moving work off a device whose slowdown then ends loses a little balance, moving work
+    onto a device whose speed-up then ends makes it the bottleneck. And on shared cores speed-ups
+    are the transient kind: when another job's load drops, one actor may get a whole core for a
+    few iterations (seen live: one of four actors 2.5x faster than the others for three
+    iterations, then back), while a co-located job that slows a device stays for a while."""
     noise_z: float = 3.0
     """The band is at least this many standard deviations of the smoothed value's noise (0: off)."""
     noise_window: int = 24
     """Raw samples kept per track to estimate its noise and refine its level."""
     refine: bool = True
     """Refine a level with the samples since it was set (see the module docstring)."""
-    """Raw samples kept per track to estimate its noise (needs at least 5)."""
+    common_mode: bool = True
+    """Factor each iteration's common change of every observed device's speed (the median
+    deviation: load that slows all actors of a shared machine alike) out of the device tracks
+    into one cluster-wide level (see the module docstring)."""
 
     def __post_init__(self) -> None:
         if not 0 < self.alpha <= 1:
             raise ValueError("alpha must be in (0, 1]")
         if not 0 <= self.exit < self.enter:
             raise ValueError("need 0 <= exit < enter")
-        if self.persist < 1:
-            raise ValueError("persist must be >= 1")
-        if self.noise_z < 0 or self.noise_window < max(self.persist, 2):
-            raise ValueError("noise_z must be >= 0 and noise_window >= max(persist, 2)")
+        if self.persist < 1 or self.persist_up < 1:
+            raise ValueError("persist and persist_up must be >= 1")
+        if self.noise_z < 0 or self.noise_window < max(self.persist, self.persist_up, 2):
+            raise ValueError("noise_z must be >= 0 and noise_window >= max(persist, persist_up, 2)")
 
     def band(self, noise: float) -> float:
         """The change-detection threshold (log distance) for a track whose raw samples have
@@ -99,6 +122,14 @@ class Track:
     """The last ``noise_window`` raw observations, oldest first."""
     since: int = 0
     """Observations since the level was last set (learning or a confirmed change)."""
+    reported: float | None = None
+    """The level last reported as a change (``None``: ``ref``). Refinement moves ``ref`` a
+    little at a time; a level that has drifted a band away from what was last reported is
+    reported, so a change that arrives through refinement is not missed for arriving slowly."""
+
+    @property
+    def base(self) -> float:
+        return self.ref if self.reported is None else self.reported
 
     def noise(self) -> float:
         return log_noise(self.recent)
@@ -124,11 +155,16 @@ def update_track(track: Track, value: float, cfg: MonitorConfig) -> tuple[Track,
     The first samples of a track teach it its level: until it has seen ``LEARNING`` of them the
     reference is their median (one noisy first sample must not become the model, as it would by
     jumping to it) and a change is reported whenever that median moves by more than ``enter``."""
-    lv = math.log(value)
+    return update_log(track, math.log(value), cfg)
+
+
+def update_log(track: Track, lv: float, cfg: MonitorConfig) -> tuple[Track, bool]:
+    """:func:`update_track` of an observation already in log space."""
     if len(track.recent) < LEARNING:
         recent = track.recent + (lv,)
         level = statistics.median(recent)
-        return Track(level, level, 0, recent, len(recent)), abs(level - track.ref) > cfg.enter
+        changed = abs(level - track.base) > cfg.enter
+        return Track(level, level, 0, recent, len(recent), level if changed else track.reported), changed
     smooth = (1 - cfg.alpha) * track.smooth + cfg.alpha * lv
     band = cfg.band(track.noise())  # the noise known before this sample: a step cannot widen its own band
     recent = (track.recent + (lv,))[-cfg.noise_window :]
@@ -139,18 +175,21 @@ def update_track(track: Track, value: float, cfg: MonitorConfig) -> tuple[Track,
         pending = 0  # back near the model: forget
     else:
         pending = track.pending
-    if pending >= cfg.persist:
-        last = recent[-cfg.persist :]
+    need = cfg.persist_up if dev > 0 else cfg.persist
+    if pending >= need:
+        last = recent[-need:]
         level = sum(last) / len(last)
-        return Track(level, level, 0, recent, cfg.persist), True
+        return Track(level, level, 0, recent, need, level), True
     since = track.since + 1
     if cfg.refine and pending == 0 and since > cfg.persist:
         # Refine the level with every sample since it was set (their median): a level confirmed
         # from ``persist`` noisy samples is only a first estimate, and a confirmed "change" that
-        # was a burst of noise is walked back as the samples come in. Reported only beyond the band.
+        # was a burst of noise is walked back as the samples come in. Reported once the level is
+        # a band away from the level last reported.
         level = statistics.median(recent[-min(since, len(recent)) :])
-        return Track(level, smooth, 0, recent, since), abs(level - track.ref) > band
-    return Track(track.ref, smooth, pending, recent, since), False
+        changed = abs(level - track.base) > band
+        return Track(level, smooth, 0, recent, since, level if changed else track.reported), changed
+    return Track(track.ref, smooth, pending, recent, since, track.reported), False
 
 
 @dataclass(frozen=True)
@@ -158,8 +197,15 @@ class MonitorState:
     """Beliefs after some iterations. Mappings are never mutated; updates build new ones."""
 
     speeds: Mapping[int, Track] = field(default_factory=dict)
+    """Each device's log speed relative to ``level`` (its absolute log speed without common mode)."""
     links: Mapping[Link, Track] = field(default_factory=dict)
     alive: frozenset[int] = frozenset()
+    level: Track = Track(0.0, 0.0)
+    """The cluster-wide log-speed level: what load common to every device adds (nominal: 0)."""
+
+    def speed(self, d: int) -> float:
+        """Device ``d``'s believed speed (level and relative speed together)."""
+        return math.exp(self.level.ref + self.speeds[d].ref)
 
 
 @dataclass(frozen=True)
@@ -169,6 +215,9 @@ class Observation:
     link_changes: tuple[Link, ...] = ()
     appeared: tuple[int, ...] = ()
     disappeared: tuple[int, ...] = ()
+    common_log: float = 0.0
+    """This iteration's cluster-wide log speed (the level plus its common deviation; 0 when not
+    observed or ``common_mode`` is off): what the machine's load did to every device at once."""
 
     @property
     def model_changed(self) -> bool:
@@ -205,13 +254,22 @@ def observe(state: MonitorState, metrics: IterationMetrics, profile: Profile, al
     if not metrics.completed:
         return Observation(replace(state, alive=now), appeared=appeared, disappeared=disappeared)
     speeds = dict(state.speeds)
-    speed_changes = []
+    logs: dict[int, float] = {}
     for d, expect in expected_compute(metrics.plan, profile).items():
         seen = metrics.compute_s.get(d)
-        if not seen or seen <= 0 or expect <= 0:
-            continue
+        if seen and seen > 0 and expect > 0:
+            logs[d] = math.log(expect / seen)
+    # This iteration's common mode: the median deviation of the observed devices from what the
+    # model believes (one device's own step hardly moves the median of several).
+    level = state.level
+    deviation = {d: lv - level.ref - (speeds[d].ref if d in speeds else 0.0) for d, lv in logs.items()}
+    common = statistics.median(deviation.values()) if cfg.common_mode and len(logs) >= 2 else 0.0
+    if logs and cfg.common_mode:
+        level, _ = update_log(level, level.ref + common, cfg)
+    speed_changes = []
+    for d, dev in deviation.items():
         track = speeds.get(d) or Track(0.0, 0.0)
-        speeds[d], changed = update_track(track, expect / seen, cfg)
+        speeds[d], changed = update_log(track, track.ref + dev - common, cfg)
         if changed:
             speed_changes.append(d)
     links = dict(state.links)
@@ -230,13 +288,27 @@ def observe(state: MonitorState, metrics: IterationMetrics, profile: Profile, al
         links[link], changed = update_track(seen_track, bw, cfg)
         if changed:
             link_changes.append(link)
-    new_state = MonitorState(speeds, links, now)
-    return Observation(new_state, tuple(speed_changes), tuple(link_changes), appeared, disappeared)
+    new_state = MonitorState(speeds, links, now, level)
+    common_log = state.level.ref + common if logs and cfg.common_mode else 0.0
+    return Observation(new_state, tuple(speed_changes), tuple(link_changes), appeared, disappeared, common_log)
+
+
+def speed_error(state: MonitorState, devices: Sequence[int]) -> float:
+    """The largest standard error (log) of the believed relative speeds of ``devices``: a track's
+    noise over the square root of the samples its level rests on. A level just learned or just
+    confirmed from a few noisy samples is uncertain by about that much, so a plan's predicted
+    gain smaller than this is a guess (the arbiter's noise floor takes it into account)."""
+    out = 0.0
+    for d in devices:
+        track = state.speeds.get(d)
+        if track is not None and len(track.recent) >= LEARNING:
+            out = max(out, track.noise() / math.sqrt(max(1, min(track.since, len(track.recent)))))
+    return out
 
 
 def model_cluster(state: MonitorState, nominal: Cluster) -> Cluster:
     """The cluster the controller plans on: believed speeds and bandwidths, nominal ids."""
-    speeds = [math.exp(state.speeds[d].ref) if d in state.speeds else nominal.devices[d].speed for d in range(nominal.size)]
+    speeds = [state.speed(d) if d in state.speeds else nominal.devices[d].speed for d in range(nominal.size)]
     bw = np.array(nominal.bandwidth, dtype=np.float64)
     np.fill_diagonal(bw, 0.0)
     node = [dev.node for dev in nominal.devices]
