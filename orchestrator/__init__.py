@@ -1,30 +1,69 @@
-"""raypipe orchestrator: profiles, cluster model, plans, schedule IR, simulator, planners, CLI.
+"""raypipe: plan, simulate and run pipeline-parallel training on Ray, and keep it fast and cheap while it runs.
+
+The public API is the short list in ``__all__``; everything else is reached through its layer's package
+(``orchestrator.core``, ``schedule``, ``costmodel``, ``planners``, ``profiling``, ``train``, ``adapt``, ``elastic``,
+``cli``; the runtime is :mod:`actors`, the cloud layer :mod:`cloud`). Every name is imported on first use, so
+``import orchestrator`` costs nothing and planning or simulating through it loads neither torch nor Ray.
 
 The one entry point for training is :class:`ElasticJob` (configured by :class:`TrainConfig`,
-:class:`ScalingConfig`, :class:`RunConfig`, :class:`AdaptConfig` and :class:`SpotConfig`);
-it is imported lazily so that ``import orchestrator`` stays free of torch and Ray.
+:class:`ScalingConfig`, :class:`RunConfig`, :class:`AdaptConfig` and :class:`SpotConfig`); :class:`PipelineTrainer`
+is the runtime layer under it, for a fixed plan without policies.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from orchestrator.core.errors import UserError
-from orchestrator.core.profile import Block, Profile
-from orchestrator.core.profile_loader import load_profile
+# public name -> the module that defines it (imported on first use)
+_API = {
+    # core data
+    "UserError": "orchestrator.core.errors",
+    "Block": "orchestrator.core.profile", "Profile": "orchestrator.core.profile",
+    "load_profile": "orchestrator.core.profile_loader",
+    "Cluster": "orchestrator.core.cluster", "load_cluster": "orchestrator.core.cluster",
+    "flat": "orchestrator.core.cluster", "two_level": "orchestrator.core.cluster",
+    "Plan": "orchestrator.core.plan", "Stage": "orchestrator.core.plan", "ScheduleKind": "orchestrator.core.plan",
+    # planning and timing
+    "PlannerOptions": "orchestrator.planners.options", "run_planner": "orchestrator.planners.base",
+    "simulate": "orchestrator.costmodel.simulator",
+    # models as blocks (torch)
+    "profile_blocks": "orchestrator.profiling.profiler", "sequential_blocks": "orchestrator.profiling.modules",
+    "split_at": "orchestrator.profiling.modules",
+    # training (torch, Ray)
+    "PipelineTrainer": "orchestrator.train.trainer",
+    "ElasticJob": "orchestrator.elastic.job_loop", "JobResult": "orchestrator.elastic.job_loop",
+    "TrainConfig": "orchestrator.elastic.job_config", "ScalingConfig": "orchestrator.elastic.job_config",
+    "RunConfig": "orchestrator.elastic.job_config", "AdaptConfig": "orchestrator.elastic.job_config",
+    "SpotConfig": "orchestrator.elastic.job_config", "InjectedNotice": "orchestrator.elastic.job_config",
+}
 
-_JOB = {"ElasticJob": "orchestrator.elastic.job_loop", "JobResult": "orchestrator.elastic.job_loop", "TrainConfig": "orchestrator.elastic.job_config",
-        "ScalingConfig": "orchestrator.elastic.job_config", "RunConfig": "orchestrator.elastic.job_config", "AdaptConfig": "orchestrator.elastic.job_config",
-        "SpotConfig": "orchestrator.elastic.job_config", "InjectedNotice": "orchestrator.elastic.job_config"}
+__all__ = sorted(_API)
+
+if TYPE_CHECKING:  # for type checkers and IDEs only; at run time each name is imported by __getattr__
+    from orchestrator.core.cluster import Cluster, flat, load_cluster, two_level
+    from orchestrator.core.errors import UserError
+    from orchestrator.core.plan import Plan, ScheduleKind, Stage
+    from orchestrator.core.profile import Block, Profile
+    from orchestrator.core.profile_loader import load_profile
+    from orchestrator.costmodel.simulator import simulate
+    from orchestrator.elastic.job_config import AdaptConfig, InjectedNotice, RunConfig, ScalingConfig, SpotConfig, TrainConfig
+    from orchestrator.elastic.job_loop import ElasticJob, JobResult
+    from orchestrator.planners.base import run_planner
+    from orchestrator.planners.options import PlannerOptions
+    from orchestrator.profiling.modules import sequential_blocks, split_at
+    from orchestrator.profiling.profiler import profile_blocks
+    from orchestrator.train.trainer import PipelineTrainer
 
 
 def __getattr__(name: str) -> Any:
-    if name in _JOB:
-        import importlib
+    module = _API.get(name)
+    if module is None:
+        raise AttributeError(f"module 'orchestrator' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # the next lookup is a plain attribute
+    return value
 
-        return getattr(importlib.import_module(_JOB[name]), name)
-    raise AttributeError(f"module 'orchestrator' has no attribute {name!r}")
 
-
-__all__ = ["AdaptConfig", "Block", "ElasticJob", "InjectedNotice", "JobResult", "Profile", "RunConfig", "ScalingConfig",
-           "SpotConfig", "TrainConfig", "UserError", "load_profile"]
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_API))

@@ -98,8 +98,19 @@ def test_no_import_cycles():
     "import orchestrator",
     "import orchestrator.core.profile_loader, orchestrator.planners.base as b; b.available()",
     "import orchestrator.costmodel.simulator, orchestrator.adapt.controller",
+    "import orchestrator as o; [getattr(o, n) for n in ('load_profile', 'flat', 'PlannerOptions', 'run_planner', 'simulate', 'Plan')]",
 ])
 def test_planning_and_simulating_import_neither_torch_nor_ray(code):
     probe = f"{code}\nimport json, sys\nprint(json.dumps(sorted(m for m in ('torch', 'ray') if m in sys.modules)))"
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_every_public_name_resolves():
+    import orchestrator
+
+    assert orchestrator.__all__ == sorted(orchestrator.__all__) and "ElasticJob" in orchestrator.__all__
+    for name in orchestrator.__all__:
+        assert getattr(orchestrator, name).__name__ == name
+    with pytest.raises(AttributeError, match="no attribute 'JobManager'"):
+        getattr(orchestrator, "JobManager")
