@@ -31,12 +31,13 @@ import io
 import json
 import logging
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence, overload
+from typing import Any, Callable, Mapping, Sequence, overload
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from actors import storage
 from actors.manifest import (
@@ -63,10 +64,12 @@ def step_dir(root: str | Path, step: int) -> str | Path:
 
 
 # ----- writing -----
-def snapshot_block(block: int, module: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
+def snapshot_block(block: int, module: nn.Module, optimizer: torch.optim.Optimizer | None,
+                   taken: Mapping[str, Tensor] | None = None) -> dict[str, Any]:
     """A CPU copy of one block's state, independent of later optimizer steps (so it can be
-    uploaded in the background while training goes on)."""
-    state = {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
+    uploaded in the background while training goes on). ``taken``: entries copied earlier."""
+    taken = taken or {}
+    state = {k: taken[k] if k in taken else v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
     opt = None
     if optimizer is not None:
         buffer = io.BytesIO()  # a deep copy that also detaches every tensor of the optimizer state
@@ -74,6 +77,18 @@ def snapshot_block(block: int, module: nn.Module, optimizer: torch.optim.Optimiz
         buffer.seek(0)
         opt = torch.load(buffer, map_location="cpu", weights_only=True)
     return {"block": block, "model": state, "optimizer": opt, "shapes": {k: list(v.shape) for k, v in state.items()}}
+
+
+def deferred_snapshot(block: int, module: nn.Module, optimizer: torch.optim.Optimizer | None) -> Callable[[], dict[str, Any]]:
+    """:func:`snapshot_block` in two parts: the buffers now, the parameters and the optimizer state when called.
+
+    Why: parameters and optimizer state change only in the optimizer step, so their copy may run in a thread while
+    the next iteration's forward and backward run, as long as it ends before that step (the executor waits for it,
+    ``Executor.snapshot_due``) — the training then stalls only for what the copy does not overlap. Buffers are
+    copied at once because a forward may update them in place (BatchNorm's running statistics)."""
+    params = {k for k, v in module.state_dict(keep_vars=True).items() if isinstance(v, nn.Parameter)}
+    buffers = {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items() if k not in params}
+    return lambda: snapshot_block(block, module, optimizer, taken=buffers)
 
 
 def write_payload(directory: str | os.PathLike[str], payload: Mapping[str, Any]) -> dict[str, Any]:
@@ -96,17 +111,20 @@ class BackgroundWrite:
     """Block snapshots uploaded by a thread while training goes on (the asynchronous checkpoint).
 
     Why a snapshot first: the next optimizer step changes the weights in place, so the state is
-    copied to CPU (:func:`snapshot_block`) before this returns, and only the copies are uploaded.
-    The stall seen by training is the copy, not the upload. :meth:`result` waits and returns the
-    manifest entries (or raises what the upload raised); nothing is committed here, so a process
-    that dies mid-upload leaves a folder without commit marker, which no reader trusts.
+    copied to CPU (:func:`snapshot_block`) and only the copies are uploaded. A snapshot given as a
+    :func:`deferred_snapshot` is taken by the thread too, before any upload; :attr:`snapshotted` is
+    set once every copy exists (or failed), and the executor's next optimizer step waits for it, so
+    the stall seen by training is the part of the copy the next forward and backward do not hide.
+    :meth:`result` waits and returns the manifest entries (or raises what the upload raised);
+    nothing is committed here, so a process that dies mid-upload leaves a folder without commit
+    marker, which no reader trusts.
     """
 
-    def __init__(self, directory: str | os.PathLike[str], payloads: Sequence[Mapping[str, Any]]) -> None:
-        import threading
-
+    def __init__(self, directory: str | os.PathLike[str],
+                 payloads: Sequence[Mapping[str, Any] | Callable[[], Mapping[str, Any]]]) -> None:
         self.directory, self.entries, self.error = os.fspath(directory), [], None
-        self._payloads: list[Mapping[str, Any]] = list(payloads)
+        self._payloads = list(payloads)
+        self.snapshotted = threading.Event()
         self._thread = threading.Thread(target=self._run, name="checkpoint-upload", daemon=True)
         self._thread.start()
 
@@ -115,12 +133,18 @@ class BackgroundWrite:
 
     def _run(self) -> None:
         try:
-            for payload in self._payloads:
+            try:
+                taken = [p() if callable(p) else p for p in self._payloads]
+            finally:
+                self.snapshotted.set()  # the step may go on: the copies exist, or the error is recorded below
+            self._payloads = []
+            for payload in taken:
                 self.entries.append(write_payload(self.directory, payload))
+            taken = []  # free the snapshot as soon as it is uploaded
         except BaseException as exc:  # noqa: BLE001 - handed to the caller of result()
             self.error = exc
         finally:
-            self._payloads = []  # free the snapshot as soon as it is uploaded
+            self._payloads = []
 
     def done(self) -> bool:
         return not self._thread.is_alive()

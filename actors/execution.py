@@ -41,6 +41,7 @@ path of every later iteration.
 from __future__ import annotations
 
 import resource
+import threading
 import time
 from collections import defaultdict, deque
 from typing import TYPE_CHECKING, Any, Callable
@@ -88,6 +89,9 @@ class Executor(Exchange):
     before_step: Callable[[int], bool] | None = None  # False: skip this iteration's steps (fp16 overflow)
     after_step: Callable[[int], None] | None = None
     scale_loss: Callable[[Tensor], Tensor] | None = None  # fp16 loss scaling (after the loss is recorded)
+    # Set while an asynchronous checkpoint still copies this worker's state (actors.checkpoint.deferred_snapshot):
+    # the next optimizer step waits for the copy, which overlaps the forward and backward before it.
+    snapshot_due: threading.Event | None = None
 
     def __init__(
         self, spec: "JobSpec", plan: Plan, device: int, rank_of: dict[int, int], program: tuple[Action, ...],
@@ -318,6 +322,9 @@ class Executor(Exchange):
     def _step(self, a: Action) -> None:
         start = self._now()
         s = self.plan.stages[a.stage]
+        if self.snapshot_due is not None:
+            self.snapshot_due.wait()
+            self.snapshot_due = None
         stepping = self.before_step is None or self.before_step(self.step_index)
         for b in range(s.first, s.last):
             opt = self.optimizers.get(b)

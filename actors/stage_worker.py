@@ -204,6 +204,9 @@ class StageWorker:
 
     def _executor(self, *args: Any, **kwargs: Any) -> Executor:
         ex = Executor(*args, **kwargs)
+        upload = getattr(self, "upload", None)
+        if upload is not None and not upload.snapshotted.is_set():  # a new plan's first step waits for the copy too
+            ex.snapshot_due = upload.snapshotted
         if self.injecting or ex.spec.kill_at:  # fault injection is opt-in (actors/injection.py)
             injection.install(ex, self.knobs)
         return ex
@@ -246,6 +249,7 @@ class StageWorker:
         subgroups to create, in the same order on every member (``new_group`` is collective).
         ``spec``/``device``: only for a worker joining without having been configured (a new GPU).
         """
+        self._snapshot_taken()
         plan = Plan.from_dict(plan_dict)
         ex = self.executor
         previous = self.schedulers if spec is None else {}  # a newcomer's belong to another job
@@ -344,17 +348,22 @@ class StageWorker:
         ``background``: snapshot them now and upload in a thread while training goes on; the
         entries then come from :meth:`finish_blocks` (this returns [])."""
         ex = self._ready()
-        payloads = []
-        for j in ex.plan.stages_of_device(self.device_id):
-            stage = ex.plan.stages[j]
-            if stage.devices[0] != self.device_id:
-                continue
-            payloads += [ckpt.snapshot_block(b, ex.modules[b], ex.optimizers.get(b)) for b in range(stage.first, stage.last)]
-        if background:
+        mine = [b for j in ex.plan.stages_of_device(self.device_id) if ex.plan.stages[j].devices[0] == self.device_id
+                for b in range(ex.plan.stages[j].first, ex.plan.stages[j].last)]
+        if background:  # the parameters are copied by the upload thread, before this worker's next optimizer step
             self.finish_blocks()  # one upload at a time; an earlier one's error surfaces here
-            self.upload: ckpt.BackgroundWrite | None = ckpt.BackgroundWrite(directory, payloads)
+            upload = ckpt.BackgroundWrite(directory, [ckpt.deferred_snapshot(b, ex.modules[b], ex.optimizers.get(b)) for b in mine])
+            self.upload: ckpt.BackgroundWrite | None = upload
+            ex.snapshot_due = upload.snapshotted
             return []
-        return [ckpt.write_payload(directory, p) for p in payloads]
+        return [ckpt.write_payload(directory, ckpt.snapshot_block(b, ex.modules[b], ex.optimizers.get(b))) for b in mine]
+
+    def _snapshot_taken(self) -> None:
+        """Wait until an asynchronous checkpoint's copy of this worker's state exists (before the state is changed
+        outside an iteration: blocks moved away or restored)."""
+        upload = getattr(self, "upload", None)
+        if upload is not None:
+            upload.snapshotted.wait()
 
     def finish_blocks(self) -> list[dict[str, Any]]:
         """Wait for the background upload (if any) and return its manifest entries."""
@@ -363,6 +372,7 @@ class StageWorker:
 
     def load_blocks(self, directory: str, manifest: dict[str, Any]) -> int:
         """Restore every block this worker holds (all replicas load the same files)."""
+        self._snapshot_taken()
         ex = self._ready()
         entries = {int(e["block"]): e for e in manifest["files"]}
         for b, module in ex.modules.items():

@@ -136,6 +136,41 @@ def test_block_roundtrip_without_ray(tmp_path: Path) -> None:
     assert torch.equal(fresh_opt.state_dict()["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"])
 
 
+def test_deferred_snapshot_copies_buffers_now_and_parameters_before_the_step(tmp_path: Path) -> None:
+    """What an asynchronous checkpoint holds: the buffers as they were when it was asked for (a forward changes
+    BatchNorm's running statistics in place), the parameters and optimizer state as they were before the next
+    optimizer step, which waits for the copy."""
+    torch.manual_seed(0)
+    block = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    opt = torch.optim.SGD(block.parameters(), lr=0.5, momentum=0.9)
+    block(torch.randn(8, 4)).sum().backward()
+    opt.step()
+    want = {k: v.clone() for k, v in block.state_dict().items()}
+    want_momentum = opt.state_dict()["state"][0]["momentum_buffer"].clone()
+    take = ckpt.deferred_snapshot(3, block, opt)
+    block(torch.randn(8, 4)).sum().backward()  # the next iteration's forward and backward run during the copy
+    assert not torch.equal(block.state_dict()["1.running_mean"], want["1.running_mean"])
+    upload = ckpt.BackgroundWrite(tmp_path, [take])
+    assert upload.snapshotted.wait(30)
+    opt.step()  # only now may the state change
+    (entry,) = upload.result(30)
+    got = ckpt.read_block(tmp_path, entry)
+    assert got["model"].keys() == want.keys()
+    assert all(torch.equal(got["model"][k], want[k]) for k in want)
+    assert torch.equal(got["optimizer"]["state"][0]["momentum_buffer"], want_momentum)
+    assert not torch.equal(block[0].weight, want["0.weight"])
+
+
+def test_a_failing_snapshot_releases_the_step_and_surfaces_in_result(tmp_path: Path) -> None:
+    def broken() -> dict:
+        raise RuntimeError("copy failed")
+
+    upload = ckpt.BackgroundWrite(tmp_path, [broken])
+    assert upload.snapshotted.wait(30)  # a step waiting for it is not blocked for ever
+    with pytest.raises(RuntimeError, match="copy failed"):
+        upload.result(30)
+
+
 def _copy(src: Path, dst: Path) -> Path:
     dst.mkdir(parents=True)
     for f in src.iterdir():

@@ -193,20 +193,3 @@ def test_background_write_uploads_the_snapshot_even_if_weights_change(tmp_path: 
     assert all(torch.equal(payload["model"][k], want[k]) for k in want)
     assert not torch.equal(block.weight, want["weight"])
 
-
-def test_job_manager_records_each_skipped_checkpoint_as_an_event(tmp_path: Path) -> None:
-    from cloud.migration import KeepOffer
-    from tests.test_job_manager import Clock, FakeSession, _manager
-
-    clock = Clock()
-    FakeSession(4, None, clock).checkpoint(tmp_path / "ckpt" / "step_00000000")  # a good one at step 0 ...
-    torn = tmp_path / "ckpt" / "step_00000008"
-    later = FakeSession(4, None, clock)
-    later.train(8)
-    later.checkpoint(torn)
-    (torn / ckpt.COMMIT).unlink()  # ... and a newer one whose commit marker never landed
-    manager, sessions = _manager(tmp_path, lambda *_: KeepOffer("fine"), clock, total_steps=2, final_checkpoint=False)
-    report = manager.run()
-    skipped = [e for e in report.events if e["event"] == "checkpoint_skipped"]
-    assert [e["path"] for e in skipped] == [str(torn)] and "missing commit marker" in skipped[0]["reason"]
-    assert sessions[0].step == 2 and report.steps == 2
