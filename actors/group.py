@@ -80,6 +80,7 @@ class WorkerGroup:
         self.rank_of: dict[int, int] = {}  # device -> process-group rank (members only)
         self.slot_of: dict[int, int] = {}  # device -> index into ``actors``
         self.dead: set[int] = set()  # actor slots known to have died
+        self._starting: dict[Any, tuple[int, float]] = {}  # identity call -> (slot, since) of workers extend started
         self.broken = False
         self._start()
 
@@ -89,6 +90,7 @@ class WorkerGroup:
                        for s in self.slots]
         self.dead = set()
         self.broken = False
+        self._starting = {}
         self.identities = self._await(list(range(len(self.actors))))
 
     def _await(self, indices: list[int]) -> list[dict[str, Any]]:
@@ -230,9 +232,10 @@ class WorkerGroup:
 
     def extend(self, slots: Sequence[Slot]) -> list[int]:
         """Start workers on ``slots`` (capacity that joined: a new node's devices) as new actor
-        slots after the existing ones, returning their indices. Nobody else is touched: they
-        join the process group at the next live move that makes them members. A worker that
-        does not start is one line and leaves the group as it was."""
+        slots after the existing ones, without waiting for them (an actor start takes seconds,
+        which training need not wait for); returns their indices. Nobody else is touched, and
+        a worker joins the process group only at a live move that makes it a member, once
+        :meth:`started` has reported it up."""
         kind = "gpu" if self.use_gpu else "cpu"
         if any(s.kind != kind for s in slots):
             raise UserError(f"a {kind} job was given {sorted({s.kind for s in slots})} slots")
@@ -241,14 +244,40 @@ class WorkerGroup:
         self.slots += list(slots)
         self.actors += [remote.options(max_concurrency=1, **actor_options(s, self.cpus_per_worker)).remote()  # type: ignore[attr-defined]
                         for s in slots]
+        self.identities += [{} for _ in slots]
         fresh = list(range(first, len(self.actors)))
-        try:
-            self.identities += self._await(fresh)
-        except UserError:
-            del self.slots[first:], self.actors[first:]
-            raise
+        since = time.monotonic()
+        self._starting.update({self.actors[i].identity.remote(): (i, since) for i in fresh})
         self.size = len(self.actors)
         return fresh
+
+    def started(self, timeout_s: float = 0.0) -> tuple[list[int], list[tuple[int, str]]]:
+        """Workers from :meth:`extend` that came up since the last call, each checked to run where
+        its slot says, and those that failed or did not start in time, with why (marked dead)."""
+        if not self._starting:
+            return [], []
+        ready, _ = ray.wait(list(self._starting), num_returns=len(self._starting), timeout=timeout_s)
+        up: list[int] = []
+        failed: list[tuple[int, str]] = []
+        for ref in ready:
+            i, _ = self._starting.pop(ref)
+            try:
+                seen = dict(ray.get(ref))
+                check_identity(i, self.slots[i], seen)
+            except (RayActorError, RayTaskError, UserError) as exc:
+                failed.append((i, _last_line(exc)))
+                continue
+            self.identities[i] = seen
+            up.append(i)
+        late = waits.stretched(self.start_timeout_s)
+        for ref, (i, since) in list(self._starting.items()):
+            if time.monotonic() - since > late:
+                del self._starting[ref]
+                failed.append((i, f"no start within {self.start_timeout_s:.0f}s on node {self.slots[i].node_id[:12]}"))
+        for i, _ in failed:
+            self._kill([i])
+            self.dead.add(i)
+        return up, failed
 
     def probe(self, seconds_of: Any = None, links: bool = True,
               timeout_s: float = 300.0) -> tuple[list[float], dict[tuple[int, int], tuple[float, float]]]:

@@ -7,8 +7,9 @@ in ``AdaptConfig.faults``, at the iteration they name), as injected notices rehe
 
 A joined device takes the next device id of the nominal cluster, up to
 ``ScalingConfig.max_devices`` (ids are never reused, so device ``d`` stays worker slot ``d``).
-It gets a stage worker on its slot (:meth:`WorkerGroup.extend`; nobody else is touched) and
-becomes an alive, idle device of the job — nothing is paused for it. It joins the process group
+It gets a stage worker on its slot (:meth:`WorkerGroup.extend`; nobody else is touched), and
+once that worker is up (training goes on meanwhile: an actor start takes seconds) it is an
+alive, idle device of the job. It joins the process group
 at the next live move that makes it a member: the controller's arbiter sees it appear and ranks
 the two-worker moves that give it blocks (its GROW moves, and the path to a re-plan over the
 grown set), switching when the predicted gain over the remaining iterations pays for the move;
@@ -41,12 +42,11 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Joined:
-    """Devices that joined at ``step``, waiting for the arbiter's word."""
+    """Devices that joined at ``step`` and are up, waiting for the arbiter's word."""
 
     devices: tuple[dict[str, Any], ...]
     source: str
     step: int
-    ignored: int = 0
 
 
 def check_joins(faults: Sequence[Any], devices: int, capacity: int) -> None:
@@ -69,10 +69,12 @@ class Growth:
         self.watcher: NodeWatcher | None = None
         self.polled = 0.0
         self.fired: set[Join] = set()
-        self.pending: list[Joined] = []
+        self.waiting: dict[int, tuple[str, int]] = {}  # device -> (source, step): its worker is starting
+        self.pending: list[Joined] = []  # up, waiting for the arbiter's word
 
     def poll(self, step: int) -> None:
-        """Between iterations: rehearsed joins due at ``step`` and new Ray nodes become devices."""
+        """Between iterations: rehearsed joins due at ``step`` and new Ray nodes become devices;
+        workers started earlier that are up now become alive devices of the job."""
         job = self.job
         if not self.enabled:
             return
@@ -82,46 +84,59 @@ class Growth:
             if isinstance(f, Join) and f.at_iteration <= step and f not in self.fired:
                 self.fired.add(f)
                 self.join([None], f"rehearsal: device {f.device} joins", step)
-        if not job.scaling.node_poll_s:
-            return
-        if self.watcher is None:  # the nodes there are now are the job's start, not a gain
+        if job.scaling.node_poll_s and self.watcher is None:  # the nodes there now are the job's start
             self.watcher = NodeWatcher("gpu" if group.use_gpu else "cpu")
             self.polled = time.monotonic()
-            return
-        if time.monotonic() - self.polled >= job.scaling.node_poll_s:
+        elif self.watcher is not None and time.monotonic() - self.polled >= job.scaling.node_poll_s:
             self.polled = time.monotonic()
             _, gained = self.watcher.poll()
             if gained:
                 nodes = ", ".join(sorted({s.node_id[:12] for s in gained}))
                 self.join(list(gained), f"ray: node {nodes} added", step)
+        if self.waiting:
+            up, failed = group.started()
+            # a recovery in between restarted every worker, these too: they are up
+            self._up(sorted(set(up) | {d for d in self.waiting if group.identities[d]}))
+            for d, why in failed:
+                source, at = self.waiting.pop(d)
+                job.emit("capacity_added", step=at, source=source, devices=[], decision="none", moves=[],
+                         reason=f"device {d}'s worker did not start: {why}")
 
     def join(self, slots: Sequence[Slot | None], source: str, step: int) -> None:
-        """A worker for each slot (``None``: a spare local slot, the rehearsal), as the next
-        device ids; the arbiter is asked at the next controller step."""
+        """Start a worker for each slot (``None``: a spare local slot, the rehearsal) as the next
+        device ids, without waiting; each becomes an alive device once it is up."""
         job = self.job
-        group = job.trainer.group
-        assert group is not None
-        added: list[dict[str, Any]] = []
-        for k, slot in enumerate(slots):
+        started = 0
+        for slot in slots:
             d = self.placed
             if d >= job.scaling.capacity:
                 break
             try:
                 self._worker_for(d, slot)
             except UserError as exc:
-                job.emit("capacity_added", step=step, source=source, devices=added, decision="none",
-                         reason=f"device {d}'s worker did not start: {exc}", moves=[])
+                job.emit("capacity_added", step=step, source=source, devices=[], decision="none", moves=[],
+                         reason=f"no worker for device {d}: {exc}")
                 return
             self.placed += 1
-            job.alive.add(d)
-            added.append({"device": d, "node_id": group.identities[d]["node_id"]})
-        ignored = len(slots) - len(added)
-        if not added:
-            job.emit("capacity_added", step=step, source=source, devices=[], decision="none", moves=[], ignored=ignored,
+            self.waiting[d] = (source, step)
+            started += 1
+        if started < len(slots):
+            job.emit("capacity_added", step=step, source=source, devices=[], decision="none", moves=[], ignored=len(slots) - started,
                      reason=f"the job has its maximum of {job.scaling.capacity} devices (ScalingConfig.max_devices)")
-            return
-        self.pending.append(Joined(tuple(added), source, step, ignored))
-        if job.controller is None:
+
+    def _up(self, devices: list[int]) -> None:
+        """Workers that came up: alive devices of the job; the arbiter is asked at the next step."""
+        job = self.job
+        group = job.trainer.group
+        assert group is not None
+        joined: dict[tuple[str, int], list[dict[str, Any]]] = {}
+        for d in devices:
+            if d not in self.waiting:
+                continue
+            job.alive.add(d)
+            joined.setdefault(self.waiting.pop(d), []).append({"device": d, "node_id": group.identities[d]["node_id"]})
+        self.pending += [Joined(tuple(found), source, step) for (source, step), found in joined.items()]
+        if joined and job.controller is None:
             self.decided(None, [])
 
     def _worker_for(self, device: int, slot: Slot | None) -> None:
@@ -159,15 +174,15 @@ class Growth:
         job = self.job
         used = set(job.trainer.plan.devices)
         for j in self.pending:
-            job.emit("capacity_added", step=j.step, source=j.source, devices=list(j.devices), ignored=j.ignored,
-                     decided_step=job.trainer.step, moves=[list(m) for m in moves], plan=job.trainer.plan.describe(),
+            job.emit("capacity_added", step=j.step, source=j.source, devices=list(j.devices), decided_step=job.trainer.step, moves=[list(m) for m in moves], plan=job.trainer.plan.describe(),
                      holding_blocks=[d["device"] for d in j.devices if d["device"] in used], **fields)
         self.pending.clear()
 
     def finish(self) -> None:
-        """At the end of ``fit``: joins the arbiter never got to decide on are recorded so."""
+        """At the end of ``fit``: joins the arbiter never got to decide on are recorded so (a worker
+        still starting stays waiting: a later ``fit`` may use it)."""
         job = self.job
         for j in self.pending:
-            job.emit("capacity_added", step=j.step, source=j.source, devices=list(j.devices), ignored=j.ignored, decision="none",
+            job.emit("capacity_added", step=j.step, source=j.source, devices=list(j.devices), decision="none",
                      moves=[], reason="the job ended before the controller decided")
         self.pending.clear()

@@ -134,7 +134,7 @@ def growth(tmp: Path) -> dict[str, Any]:
     from orchestrator import AdaptConfig, ElasticJob, RunConfig, ScalingConfig, SpotConfig
     from orchestrator.controller.faults import FaultSchedule
     from orchestrator.plan import straight_plan
-    from tests.test_growth import ADAPT, SLOW, TRAIN
+    from tests.test_growth import ADAPT, SLOW, TRAIN, wait_until_up
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     nodes = [cluster.head_node, cluster.add_node(num_cpus=1)]
@@ -149,6 +149,7 @@ def growth(tmp: Path) -> dict[str, Any]:
             nodes.append(cluster.add_node(num_cpus=1))
             cluster.wait_for_nodes()
             time.sleep(0.2)  # past node_poll_s: the next poll reads the node table
+            wait_until_up(job, 2)  # what the loop does between iterations, until the new worker is up
             events = job.fit(24).events
             return {"nodes": [n.node_id for n in nodes], "events": events, "devices": job.trainer.devices(),
                     "actor_nodes": {str(pid): node for pid, node in stage_actor_nodes().items()},

@@ -43,16 +43,31 @@ def events_named(events: list[dict[str, Any]], name: str) -> list[dict[str, Any]
     return [e for e in events if e["event"] == name]
 
 
+def wait_until_up(job: ElasticJob, device: int, timeout_s: float = 300.0) -> None:
+    """Between two ``fit`` calls, step the job's capacity watch (as its loop does between
+    iterations) until ``device`` is up: on a loaded machine an actor start can take longer than
+    the iterations the arbiter needs to see a move pay."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while device not in job.alive and time.monotonic() < deadline:
+        job.growth.poll(job.trainer.step)
+        time.sleep(0.2)
+    assert device in job.alive, f"device {device}'s worker did not start"
+
+
 @pytest.mark.ray
 def test_a_joined_device_receives_blocks_live_and_training_stays_exact(ray_session: Any, tmp_path: Path) -> None:
     job = ElasticJob(TRAIN, ScalingConfig(devices=2, max_devices=3, plan=straight_plan([0, 4, 8], 8), node_poll_s=0),
                      RunConfig(storage=str(tmp_path / "ckpt"), events=tmp_path / "events.jsonl", checkpoint_every=0),
-                     AdaptConfig(controller=ADAPT, faults=FaultSchedule(SLOW + (Join(2, 6),))), SpotConfig(enabled=False))
+                     AdaptConfig(controller=ADAPT, faults=FaultSchedule(SLOW + (Join(2, 3),))), SpotConfig(enabled=False))
     try:
-        events = job.fit(30).events
+        job.fit(6)  # device 2's worker starts at iteration 3 while training goes on
+        wait_until_up(job, 2)
+        events = job.fit(24).events
         before = {d["device"]: d["pid"] for d in events_named(events, "job_started")[0]["devices"]}
         (added,) = events_named(events, "capacity_added")
-        assert added["step"] == 6 and [d["device"] for d in added["devices"]] == [2] and added["source"].startswith("rehearsal")
+        assert added["step"] == 3 and [d["device"] for d in added["devices"]] == [2] and added["source"].startswith("rehearsal")
         assert added["decision"] == "move" and any(dst == 2 for _, dst in added["moves"]) and added["holding_blocks"] == [2], added
         assert 2 in job.trainer.plan.devices
         after = {d["device"]: d["pid"] for d in job.trainer.devices()}
