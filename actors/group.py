@@ -80,6 +80,7 @@ class WorkerGroup:
         self.rank_of: dict[int, int] = {}  # device -> process-group rank (members only)
         self.slot_of: dict[int, int] = {}  # device -> index into ``actors``
         self.dead: set[int] = set()  # actor slots known to have died
+        self._starting: dict[Any, tuple[int, float]] = {}  # identity call -> (slot, since) of workers extend started
         self.broken = False
         self._start()
 
@@ -89,6 +90,7 @@ class WorkerGroup:
                        for s in self.slots]
         self.dead = set()
         self.broken = False
+        self._starting = {}
         self.identities = self._await(list(range(len(self.actors))))
 
     def _await(self, indices: list[int]) -> list[dict[str, Any]]:
@@ -97,27 +99,27 @@ class WorkerGroup:
         ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=waits.stretched(self.start_timeout_s))
         if pending:
             stuck = sorted(refs[r] for r in pending)
-            self._kill()
+            self._kill(indices)
             free = {n["NodeID"]: n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")}
             slot = self.slots[stuck[0]]
             raise UserError(
                 f"device(s) {stuck} did not start within {self.start_timeout_s:.0f}s: device {stuck[0]} needs "
                 f"{'a GPU' if slot.kind == 'gpu' else 'a CPU share'} on node {slot.node_id[:12]}, which "
                 + ("is gone" if slot.node_id not in free else f"has {ray.available_resources().get('GPU' if slot.kind == 'gpu' else 'CPU', 0):g} free in the cluster"))
-        seen = {refs[r]: self._get_start(r, refs[r]) for r in ready}
+        seen = {refs[r]: self._get_start(r, refs[r], indices) for r in ready}
         for i, found in seen.items():
             try:
                 check_identity(i, self.slots[i], found)
             except UserError:
-                self._kill()
+                self._kill(indices)
                 raise
         return [seen[i] for i in indices]
 
-    def _get_start(self, ref: Any, index: int) -> dict[str, Any]:
+    def _get_start(self, ref: Any, index: int, indices: list[int]) -> dict[str, Any]:
         try:
             return dict(ray.get(ref))
         except (RayActorError, RayTaskError) as exc:
-            self._kill()
+            self._kill(indices)
             raise UserError(f"device {index}'s worker failed to start on node {self.slots[index].node_id[:12]}: "
                             f"{_last_line(exc)}") from None
 
@@ -129,13 +131,17 @@ class WorkerGroup:
     def shutdown(self) -> None:
         self._kill()
 
-    def _kill(self) -> None:
-        for actor in self.actors:
+    def _kill(self, indices: Sequence[int] | None = None) -> None:
+        """Kill the workers at ``indices`` (default: all of them, and forget them)."""
+        for i, actor in enumerate(self.actors):
+            if indices is not None and i not in indices:
+                continue
             try:
                 ray.kill(actor, no_restart=True)
             except Exception:  # noqa: BLE001 - already dead is fine
                 pass
-        self.actors = []
+        if indices is None or len(indices) == len(self.actors):
+            self.actors = []
 
     # ----- plan -----
     def configure(self, spec: JobSpec, plan: Plan, timeout_s: float = 300.0, members: Sequence[int] | None = None,
@@ -172,12 +178,14 @@ class WorkerGroup:
         return out
 
     def move(self, plan: Plan, transfers: Sequence[tuple[int, int, int, int]], members: Sequence[int] | None = None,
-             timeout_s: float = 300.0) -> list[dict[str, Any]]:
+             timeout_s: float = 300.0, step: int = 0) -> list[dict[str, Any]]:
         """Live switch to ``plan``: hand over ``(src, dst, first, last)`` block state worker to worker.
 
         Every worker keeps its process and the blocks it keeps; the process group is re-created
         only when ``members`` differs from the current members (a device died or joined), and
-        replica subgroups only for replica sets that are new. Returns the workers' reports.
+        replica subgroups only for replica sets that are new. A member new to the group (a
+        device that joined) gets the job spec and ``step``, the next step to run. Returns the
+        workers' reports.
         """
         if self.plan is None:
             raise RuntimeError("configure the group before moving")
@@ -200,7 +208,8 @@ class WorkerGroup:
         self.plan, self.rank_of = plan, rank_of
         order = [tuple(t) for t in sorted(transfers)]
         newcomers = {d for d in new_members if d not in old_members}
-        refs = [self.actor_of(d).live_move.remote(plan.to_dict(), rank_of, endpoint, order, create, d, self.spec if d in newcomers else None)
+        refs = [self.actor_of(d).live_move.remote(plan.to_dict(), rank_of, endpoint, order, create, d, self.spec if d in newcomers else None,
+                                                  step)
                 for d in new_members]
         out = self.gather(refs, "live move", timeout_s, new_members)
         for d in leaving:  # alive but no longer a member: leave the old group cleanly
@@ -220,6 +229,55 @@ class WorkerGroup:
             self.dead.discard(i)
         for i, found in zip(fresh, self._await(fresh)):
             self.identities[i] = found
+
+    def extend(self, slots: Sequence[Slot]) -> list[int]:
+        """Start workers on ``slots`` (capacity that joined: a new node's devices) as new actor
+        slots after the existing ones, without waiting for them (an actor start takes seconds,
+        which training need not wait for); returns their indices. Nobody else is touched, and
+        a worker joins the process group only at a live move that makes it a member, once
+        :meth:`started` has reported it up."""
+        kind = "gpu" if self.use_gpu else "cpu"
+        if any(s.kind != kind for s in slots):
+            raise UserError(f"a {kind} job was given {sorted({s.kind for s in slots})} slots")
+        first = len(self.actors)
+        remote = ray.remote(StageWorker)
+        self.slots += list(slots)
+        self.actors += [remote.options(max_concurrency=1, **actor_options(s, self.cpus_per_worker)).remote()  # type: ignore[attr-defined]
+                        for s in slots]
+        self.identities += [{} for _ in slots]
+        fresh = list(range(first, len(self.actors)))
+        since = time.monotonic()
+        self._starting.update({self.actors[i].identity.remote(): (i, since) for i in fresh})
+        self.size = len(self.actors)
+        return fresh
+
+    def started(self, timeout_s: float = 0.0) -> tuple[list[int], list[tuple[int, str]]]:
+        """Workers from :meth:`extend` that came up since the last call, each checked to run where
+        its slot says, and those that failed or did not start in time, with why (marked dead)."""
+        if not self._starting:
+            return [], []
+        ready, _ = ray.wait(list(self._starting), num_returns=len(self._starting), timeout=timeout_s)
+        up: list[int] = []
+        failed: list[tuple[int, str]] = []
+        for ref in ready:
+            i, _ = self._starting.pop(ref)
+            try:
+                seen = dict(ray.get(ref))
+                check_identity(i, self.slots[i], seen)
+            except (RayActorError, RayTaskError, UserError) as exc:
+                failed.append((i, _last_line(exc)))
+                continue
+            self.identities[i] = seen
+            up.append(i)
+        late = waits.stretched(self.start_timeout_s)
+        for ref, (i, since) in list(self._starting.items()):
+            if time.monotonic() - since > late:
+                del self._starting[ref]
+                failed.append((i, f"no start within {self.start_timeout_s:.0f}s on node {self.slots[i].node_id[:12]}"))
+        for i, _ in failed:
+            self._kill([i])
+            self.dead.add(i)
+        return up, failed
 
     def probe(self, seconds_of: Any = None, links: bool = True,
               timeout_s: float = 300.0) -> tuple[list[float], dict[tuple[int, int], tuple[float, float]]]:

@@ -238,7 +238,7 @@ class StageWorker:
     def live_move(
         self, plan_dict: dict[str, Any], rank_of: dict[int, int], endpoint: tuple[str, int] | None,
         transfers: list[tuple[int, int, int, int]], create_groups: list[tuple[int, ...]],
-        device: int = -1, spec: JobSpec | None = None,
+        device: int = -1, spec: JobSpec | None = None, step: int = 0,
     ) -> dict[str, Any]:
         """Switch to ``plan_dict`` keeping this process and every block it keeps.
 
@@ -247,7 +247,8 @@ class StageWorker:
         walks the list and does its sends and receives in that order, which cannot deadlock (the
         earliest unfinished transfer always has both ends ready). ``create_groups``: replica
         subgroups to create, in the same order on every member (``new_group`` is collective).
-        ``spec``/``device``: only for a worker joining without having been configured (a new GPU).
+        ``spec``/``device``/``step``: only for a worker joining the job (a new device), which
+        continues at ``step`` (its LR schedules too).
         """
         self._snapshot_taken()
         plan = Plan.from_dict(plan_dict)
@@ -259,7 +260,7 @@ class StageWorker:
         old_groups: dict[tuple[int, ...], Any] = {}
         old_links: dict[tuple[int, int], Any] = {}
         if spec is not None:  # a newcomer: whatever it ran before belongs to another job or plan
-            self.device_id = device
+            self.device_id, self.completed_step = device, step - 1
             torch_device = select_device()
             if torch_device.type == "cpu":
                 local = max(1, int(os.environ.get("RAYPIPE_WORKERS_PER_NODE", len(rank_of))))

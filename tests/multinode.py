@@ -3,6 +3,7 @@ tests/test_multinode.py in a subprocess, since one process can join only one Ray
 rest of the suite shares a local instance. Prints one JSON line of findings for the test to check.
 
     python -m tests.multinode placement   # 3 nodes (1, 2, 2 CPUs): cluster CLI, placement, node loss and gain
+    python -m tests.multinode growth      # 2 nodes, then a third added under a running elastic job
 """
 
 from __future__ import annotations
@@ -123,6 +124,47 @@ def _placement(cluster: Any, workers: list[Any], tmp: Path) -> dict[str, Any]:
     return out
 
 
+def growth(tmp: Path) -> dict[str, Any]:
+    """An elastic job on two devices (the head's CPU and one worker node's); a node added between
+    two ``fit`` calls is capacity: device 2 gets a stage actor on that node and blocks by live
+    moves (the rehearsal of tests/test_growth.py: the first two devices slowed, the new one not)."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from orchestrator import AdaptConfig, ElasticJob, RunConfig, ScalingConfig, SpotConfig
+    from orchestrator.adapt.faults import FaultSchedule
+    from orchestrator.core.plan import straight_plan
+    from tests.test_growth import ADAPT, SLOW, TRAIN, wait_until_up
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    nodes = [cluster.head_node, cluster.add_node(num_cpus=1)]
+    cluster.wait_for_nodes()
+    try:
+        ray.init(address=cluster.address, log_to_driver=False)
+        job = ElasticJob(TRAIN, ScalingConfig(devices=2, max_devices=3, plan=straight_plan([0, 4, 8], 8), node_poll_s=0.1),
+                         RunConfig(storage=str(tmp / "ckpt"), events=tmp / "events.jsonl", checkpoint_every=0),
+                         AdaptConfig(controller=ADAPT, faults=FaultSchedule(SLOW)), SpotConfig(enabled=False))
+        try:
+            job.fit(6)
+            nodes.append(cluster.add_node(num_cpus=1))
+            cluster.wait_for_nodes()
+            time.sleep(0.2)  # past node_poll_s: the next poll reads the node table
+            wait_until_up(job, 2)  # what the loop does between iterations, until the new worker is up
+            events = job.fit(24).events
+            return {"nodes": [n.node_id for n in nodes], "events": events, "devices": job.trainer.devices(),
+                    "actor_nodes": {str(pid): node for pid, node in stage_actor_nodes().items()},
+                    "plan_devices": list(job.trainer.plan.devices), "step": job.trainer.step, "restarts": job.restarts,
+                    "max_abs_diff": job.max_abs_diff()}
+        finally:
+            job.close()
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        current = Path("/tmp/ray/ray_current_cluster")
+        if current.exists() and current.read_text().strip() == cluster.address:
+            current.unlink()
+
+
 def jobs(tmp: Path) -> dict[str, Any]:
     """``ray job submit --working-dir . -- python examples/elastic_gpt.py`` against a head node
     with the dashboard (the jobs server), then Ray's actor table for where the stage actors ran."""
@@ -194,7 +236,7 @@ def main() -> None:
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        result = {"placement": placement, "jobs": jobs}[sys.argv[1]](Path(tmp))
+        result = {"placement": placement, "jobs": jobs, "growth": growth}[sys.argv[1]](Path(tmp))
     print(json.dumps(result))
 
 

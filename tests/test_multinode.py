@@ -101,3 +101,26 @@ def test_ray_job_submit_runs_the_example_to_the_end(submitted: dict[str, Any]) -
     assert submitted["status"] == "SUCCEEDED", f"job {submitted['status']}: {submitted['logs']}"
     started = [e for e in submitted["events"] if e["event"] == "job_started"]
     assert started and started[0]["devices"] and all(submitted["actor_nodes"][str(d["pid"])] == d["node_id"] for d in started[0]["devices"])
+
+
+@pytest.fixture(scope="module")
+def grown() -> dict[str, Any]:
+    return run_scenario("growth")
+
+
+@pytest.mark.ray
+def test_a_node_added_under_a_running_job_gets_blocks_live_and_training_stays_exact(grown: dict[str, Any]) -> None:
+    events = grown["events"]
+    started = [e for e in events if e["event"] == "job_started"][0]
+    added = [e for e in events if e["event"] == "capacity_added"]
+    assert len(added) == 1 and added[0]["source"].startswith("ray: node"), added
+    new_node = grown["nodes"][2]
+    assert added[0]["devices"] == [{"device": 2, "node_id": new_node}]
+    assert added[0]["decision"] == "move" and any(dst == 2 for _, dst in added[0]["moves"]), added
+    where = {d["device"]: d for d in grown["devices"]}
+    if 2 in where:  # device 2's actor runs on the new node, as Ray's own actor table says
+        assert where[2]["node_id"] == new_node == grown["actor_nodes"][str(where[2]["pid"])]
+    survivors = {d["device"]: d["pid"] for d in started["devices"]}
+    assert all(where[d]["pid"] == pid for d, pid in survivors.items() if d in where)  # kept their processes
+    assert grown["restarts"] == 0 and not [e for e in events if e["event"] == "resumed"]
+    assert grown["step"] == 30 and grown["max_abs_diff"] <= 1e-5

@@ -307,8 +307,15 @@ def speed_error(state: MonitorState, devices: Sequence[int]) -> float:
 
 
 def model_cluster(state: MonitorState, nominal: Cluster) -> Cluster:
-    """The cluster the controller plans on: believed speeds and bandwidths, nominal ids."""
-    speeds = [state.speed(d) if d in state.speeds else nominal.devices[d].speed for d in range(nominal.size)]
+    """The cluster the controller plans on: believed speeds and bandwidths, nominal ids.
+
+    A device never timed (idle since it joined) is believed as fast, relative to its nominal
+    figure, as the timed devices are relative to theirs (the median ratio): the nominal figures
+    share the profile's scale, which the timed devices already corrected — as for unused links."""
+    timed = sorted(math.log(state.speed(d)) - math.log(nominal.devices[d].speed) for d, t in state.speeds.items() if t.recent)
+    prior = math.exp(statistics.median(timed)) if timed else 1.0
+    speeds = [state.speed(d) if d in state.speeds and state.speeds[d].recent else nominal.devices[d].speed * prior
+              for d in range(nominal.size)]
     bw = np.array(nominal.bandwidth, dtype=np.float64)
     np.fill_diagonal(bw, 0.0)
     node = [dev.node for dev in nominal.devices]

@@ -51,14 +51,31 @@ class ScalingConfig:
     """A fixed starting plan instead of ``planner``'s."""
     cluster: Cluster | None = None
     """The nominal cluster the plan, the controller and evacuation reason about (memory per
-    device included); default: ``devices`` equal devices at 10 Gb/s."""
+    device included; ``capacity`` devices); default: equal devices at 10 Gb/s."""
     use_gpu: bool | None = None
+    max_devices: int | None = None
+    """Live growth: the job takes up to this many devices as capacity joins (a new Ray node with
+    the job's kind of device, or a rehearsed :class:`~orchestrator.adapt.faults.Join` in
+    ``AdaptConfig.faults``): each gets a stage actor, and blocks by live two-worker moves when
+    the controller's arbiter says it pays (:mod:`orchestrator.elastic.growth`). ``None``: growth off."""
+    node_poll_s: float = 2.0
+    """With growth on, how often the loop reads Ray's node table for nodes that joined."""
+
+    @property
+    def capacity(self) -> int:
+        """Devices the job may ever have: device ids are ``0 .. capacity - 1``, never reused."""
+        return self.max_devices or self.devices
 
     def __post_init__(self) -> None:
         if self.devices < 1:
             raise UserError("ScalingConfig.devices must be >= 1")
-        if self.cluster is not None and self.cluster.size != self.devices:
-            raise UserError(f"ScalingConfig: cluster has {self.cluster.size} devices but devices={self.devices}")
+        if self.max_devices is not None and self.max_devices < self.devices:
+            raise UserError(f"ScalingConfig: max_devices={self.max_devices} is below devices={self.devices}")
+        if self.node_poll_s < 0:
+            raise UserError("ScalingConfig.node_poll_s must be >= 0")
+        if self.cluster is not None and self.cluster.size != self.capacity:
+            raise UserError(f"ScalingConfig: cluster has {self.cluster.size} devices but "
+                            + (f"max_devices={self.max_devices}" if self.max_devices else f"devices={self.devices}"))
         if self.plan is not None and max(self.plan.devices) >= self.devices:
             raise UserError(f"ScalingConfig: the plan uses device {max(self.plan.devices)} but devices={self.devices}")
 

@@ -17,7 +17,9 @@ carries them out through the trainer's public methods:
   checkpoint → migration → restore with the reason recorded;
 - the spot policy (:mod:`cloud.migration`): stay, or migrate when a price change makes it pay;
 - the failure policy: a worker death without notice restores the newest checkpoint
-  (:meth:`PipelineTrainer.recover`, the one recovery path) until ``max_failures``.
+  (:meth:`PipelineTrainer.recover`, the one recovery path) until ``max_failures``;
+- growth (:mod:`orchestrator.elastic.growth`): devices that join get stage actors, and blocks by the
+  arbiter's live moves when that pays.
 
 A pending decision stops the loop from submitting ahead, so actions always happen with no
 iteration in flight. Every decision is one line of ``events.jsonl``.
@@ -28,7 +30,7 @@ from __future__ import annotations
 import statistics
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Callable
 
 from actors import checkpoint as ckpt
@@ -44,7 +46,8 @@ from orchestrator.train.discovery import connect
 from orchestrator.elastic.evacuation import Evacuate, Fallback, Notice, check_notice, plan_evacuation
 from orchestrator.elastic.job_config import AdaptConfig, RunConfig, ScalingConfig, SpotConfig, TrainConfig
 from orchestrator.train.fit_result import JobResult
-from orchestrator.elastic.job_spot import JobHandle, profile_model, push_faults, spot_decision, write_target_yaml
+from orchestrator.elastic.growth import Growth, check_joins
+from orchestrator.elastic.job_spot import JobHandle, profile_model, push_faults, relocate, spot_decision
 from orchestrator.elastic.observability import EventLog
 from orchestrator.core.plan import Plan, straight_plan
 from orchestrator.train.trainer import InFlight, PipelineTrainer
@@ -62,10 +65,11 @@ class ElasticJob:
             bad = sorted(d for d in n.devices or () if not 0 <= d < scaling.devices)
             if bad:
                 raise UserError(f"SpotConfig: injected notice for device(s) {bad} that the job does not use (devices 0..{scaling.devices - 1})")
-        adapt.faults.validate(scaling.cluster or flat(scaling.devices, 10.0))
+        self.cluster = scaling.cluster or flat(scaling.capacity, 10.0)
+        adapt.faults.validate(self.cluster)
+        check_joins(adapt.faults.faults, scaling.devices, scaling.capacity)
         self.train, self.scaling, self.run, self.adapt, self.spot = train, scaling, run, adapt, spot
         self.clock = clock
-        self.cluster = scaling.cluster or flat(scaling.devices, 10.0)
         storage.check_writable(run.storage)  # unreachable storage / missing credentials: one line, before any actor
         connect(None)  # RAY_ADDRESS (as under `ray job submit`) or the local instance; a dead address is one line
         self.profile = profile_model(train)
@@ -98,6 +102,8 @@ class ElasticJob:
         self._node_watch: Any = None  # orchestrator.elastic.node_watch.NodeWatch while fit runs with spot.watch
         self._saved_at = -1  # the step of the newest checkpoint written (a step is saved once)
         self.moves = self.restarts = 0
+        self.move_pairs: list[tuple[int, int]] = []  # (from, to) of every block hand-over, in order
+        self.growth = Growth(self)
         self._prices: Any = None  # job_spot.PriceView, built when first needed
         self.target_steps = 0
         self._knobs: dict[int, Any] = {}  # rehearsal fault knobs sent to each device
@@ -121,6 +127,8 @@ class ElasticJob:
         if self.adapt.enabled and self.controller is None:
             config = replace(self.adapt.controller, total_iterations=trainer.step + steps)
             self.controller = Controller(self.handle, self.profile, config)
+        elif self.controller is not None:  # a later fit: moves pay over this run's iterations
+            self.controller.config = replace(self.controller.config, total_iterations=trainer.step + steps)
         target = self.target_steps = trainer.step + steps
         first = trainer.step
         if self.spot.enabled and self.spot.watch:  # one watcher on each node of the job and the driver's
@@ -150,6 +158,7 @@ class ElasticJob:
                     self._failed(exc)
             self._drain()
             trainer.finish_checkpoint()
+            self.growth.finish()
         finally:
             if self._node_watch is not None:
                 self._node_watch.stop()
@@ -201,17 +210,20 @@ class ElasticJob:
             for notice in notices:
                 self._drain()
                 self._preempted(notice)
+        self.growth.poll(self.trainer.step)
         if self.controller is not None and self.trainer.step < target:
             self.handle.stage(m)
+            mark = len(self.move_pairs)
             record = self.controller.step()
             if record.action:
                 self.emit("adapt", step=self.trainer.step, action=record.action, seconds=round(record.action_s, 4),
                           plan=self.trainer.plan.describe(), decision=type(record.decision).__name__)
+            self.growth.decided(record, self.move_pairs[mark:])
         if self.spot.enabled and self.trainer.step < target:
             move = spot_decision(self, self.trainer.step)
             if move is not None:
                 self._drain()
-                self._relocate(move, forced=False, reason="price")
+                relocate(self, move, forced=False, reason="price")
         if self._checkpoint_due(self.trainer.step) and self.trainer.step < target and self._saved_at != self.trainer.step:
             self._drain()
             self._checkpoint("periodic")
@@ -253,8 +265,9 @@ class ElasticJob:
         self._drain()
         t0 = time.perf_counter()
         before = self.trainer.plan
-        gone = frozenset(set(range(self.scaling.devices)) - self.alive)
+        gone = frozenset(set(range(self.cluster.size)) - self.alive)
         transfers = move_transfers(before, plan, self.profile, self.cluster, gone)
+        self.move_pairs += list(dict.fromkeys((t.src, t.dst) for t in transfers))
         reports = self.trainer.move_live(plan, [(t.src, t.dst, t.first, t.last) for t in transfers],
                                          sorted(self.alive if members is None else members))
         if any(r["rejoined"] for r in reports):
@@ -289,47 +302,7 @@ class ElasticJob:
                       plan=self.trainer.plan.describe(), insurance_checkpoint=str(insurance))
             return
         self.emit("evacuation_refused", reason=decision.reason, devices=list(notice.devices))
-        self._relocate(None, forced=True, reason=decision.reason, notice=notice, iteration_s=iteration_s)
-
-    def _relocate(self, decision: Any, forced: bool, reason: str, notice: Notice | None = None, iteration_s: float = 0.0) -> None:
-        """Checkpoint → migration → restore: the one path for preemptions that cannot be evacuated
-        and for migrations that pay (``decision``: a :class:`cloud.migration.Migrate` or None)."""
-        trainer = self.trainer
-        t0 = time.perf_counter()
-        before = trainer.step
-        source: str | Any = None
-        left = notice.deadline - self.clock() if notice is not None else float("inf")
-        if left >= self._checkpoint_s + self.spot.margin_s:
-            source = self._checkpoint("preemption" if forced else "migration")
-        if source is None:
-            found = ckpt.find_latest(self.run.storage)
-            source = found.location
-            self.emit("notice_too_short", seconds_left=round(left, 3), fallback=str(source) if source else "start")
-        doomed = set(notice.devices) if notice is not None else set()
-        if forced and self.spot.enabled:
-            decision = spot_decision(self, trainer.step, preempted=True)
-        survivors = sorted(self.alive - doomed)
-        if decision is not None:  # a new placement: its devices, as many as the job's slots allow
-            devices = tuple(range(min(decision.target.gpu_count, self.scaling.devices)))
-            self._prices.current = decision.target
-            if self.spot.cloud_yaml:
-                write_target_yaml(self, decision.target)
-        else:  # nowhere better: continue on the survivors, or re-acquire the same kind of place
-            devices = tuple(survivors or range(self.scaling.devices))
-        self.emit("migration", reason=reason, forced=forced, step=before, devices=list(devices),
-                  detail=getattr(decision, "reason", "restart in place"),
-                  target=decision.target.label() if decision is not None else "same placement")
-        plan = planner_plan(self.profile, self.cluster, devices, trainer.plan, self.scaling.planner, straight=True)
-        trainer.finish_checkpoint()
-        self.alive, self._leaving = set(devices), None
-        resumed = trainer.restart_on(plan, source, members=sorted(devices), slots={d: d for d in range(self.scaling.devices)})
-        self.restarts += 1
-        self.iteration_s.clear()
-        stall = time.perf_counter() - t0
-        self.emit("resumed", step=resumed, lost_steps=before - resumed, plan=plan.describe(), checkpoint=str(source) if source else None)
-        if notice is not None:
-            self.emit("preemption_handled", mode="restart", reason=reason, lost_steps=before - resumed, stall_s=round(stall, 4),
-                      iteration_s=round(iteration_s, 4), moves=[], step=resumed, plan=plan.describe())
+        relocate(self, None, forced=True, reason=decision.reason, notice=notice, iteration_s=iteration_s)
 
     def _failed(self, exc: PipelineActorError) -> None:
         """A worker died without notice: the failure policy restores the newest checkpoint."""
@@ -343,12 +316,16 @@ class ElasticJob:
         t0, before = time.perf_counter(), self.trainer.step
         recent = self.iteration_s[-5:]
         self.emit("worker_failed", step=before, error=str(exc).splitlines()[0])
-        self.alive, self._leaving = set(range(self.scaling.devices)), None
+        self.alive, self._leaving = set(range(self.growth.placed)), None
         self._knobs.clear()  # fresh processes: no injected knobs
         self.trainer.recover(exc)
         self.restarts += 1
         self.emit("resumed", step=self.trainer.step, lost_steps=before - self.trainer.step, stall_s=round(time.perf_counter() - t0, 4),
                   iteration_s=round(statistics.median(recent), 4) if recent else None, plan=self.trainer.plan.describe())
+
+    def slot_map(self) -> dict[int, int]:
+        """Device ``d`` is worker slot ``d``, for every device the job has had a worker for."""
+        return {d: d for d in range(self.growth.placed)}
 
     def _checkpoint(self, why: str) -> str | None:
         if self._saved_at == self.trainer.step:  # saved already (perhaps still uploading): commit and reuse it

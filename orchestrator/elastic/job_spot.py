@@ -7,6 +7,8 @@
 - :func:`push_faults`: rehearsal slowdowns and link delays, as knobs on the workers.
 - :func:`spot_decision`: the cloud module's migration planner asked between iterations (and on
   a preemption) over a :class:`PriceView` of the catalog; replayed price changes update it.
+- :func:`relocate`: checkpoint → migration → restore, carrying out a migration that pays or a
+  preemption that cannot be evacuated.
 - :func:`simulated_throughputs`: this model's samples/s on each (GPU type, count) of a catalog,
   planned and simulated, which the migration planner ranks offers by.
 - :func:`profile_model`: the model timed here, block by block (what the cost model, the
@@ -28,6 +30,7 @@ from orchestrator.core.profile import Profile
 
 if TYPE_CHECKING:
     from cloud.throughput import ThroughputTable
+    from orchestrator.elastic.evacuation import Notice
     from orchestrator.elastic.job_config import TrainConfig
     from orchestrator.elastic.job_loop import ElasticJob
 
@@ -68,8 +71,7 @@ class JobHandle:
         import time
 
         t0 = time.perf_counter()
-        resumed = job.trainer.restart_on(new_plan, source, members=sorted(job.alive),
-                                         slots={d: d for d in range(job.scaling.devices)})
+        resumed = job.trainer.restart_on(new_plan, source, members=sorted(job.alive), slots=job.slot_map())
         return RestartReport(time.perf_counter() - t0, before - resumed, new_plan)
 
 
@@ -162,6 +164,54 @@ def spot_decision(job: "ElasticJob", step: int, preempted: bool = False) -> Any:
     decision = plan_migration(cur, table, view.throughputs, "job", remaining, MigrationCosts(checkpoint_gb=spot.checkpoint_gb))
     job.emit("migration_decision", step=step, forced=preempted, decision=type(decision).__name__, reason=decision.reason)
     return decision if isinstance(decision, Migrate) else None
+
+
+def relocate(job: "ElasticJob", decision: Any, forced: bool, reason: str, notice: "Notice | None" = None,
+         iteration_s: float = 0.0) -> None:
+    """Checkpoint → migration → restore: the one path for preemptions that cannot be evacuated
+    and for migrations that pay (``decision``: a :class:`cloud.migration.Migrate` or None)."""
+    import time
+
+    from actors import checkpoint as ckpt
+    from orchestrator.adapt.policies import planner_plan
+
+    trainer = job.trainer
+    t0 = time.perf_counter()
+    before = trainer.step
+    source: str | Any = None
+    left = notice.deadline - job.clock() if notice is not None else float("inf")
+    if left >= job._checkpoint_s + job.spot.margin_s:
+        source = job._checkpoint("preemption" if forced else "migration")
+    if source is None:
+        found = ckpt.find_latest(job.run.storage)
+        source = found.location
+        job.emit("notice_too_short", seconds_left=round(left, 3), fallback=str(source) if source else "start")
+    doomed = set(notice.devices) if notice is not None else set()
+    if forced and job.spot.enabled:
+        decision = spot_decision(job, trainer.step, preempted=True)
+    survivors = sorted(job.alive - doomed)
+    if decision is not None:  # a new placement: its devices, as many as the job's slots allow
+        devices = tuple(range(min(decision.target.gpu_count, job.growth.placed)))
+        job._prices.current = decision.target
+        if job.spot.cloud_yaml:
+            write_target_yaml(job, decision.target)
+    else:  # nowhere better: continue on the survivors, or re-acquire the same kind of place
+        devices = tuple(survivors or range(job.growth.placed))
+    job.emit("migration", reason=reason, forced=forced, step=before, devices=list(devices),
+             detail=getattr(decision, "reason", "restart in place"),
+             target=decision.target.label() if decision is not None else "same placement")
+    plan = planner_plan(job.profile, job.cluster, devices, trainer.plan, job.scaling.planner, straight=True)
+    trainer.finish_checkpoint()
+    job.alive, job._leaving = set(devices), None
+    resumed = trainer.restart_on(plan, source, members=sorted(devices), slots=job.slot_map())
+    job.restarts += 1
+    job.iteration_s.clear()
+    stall = time.perf_counter() - t0
+    job.emit("resumed", step=resumed, lost_steps=before - resumed, plan=plan.describe(), checkpoint=str(source) if source else None)
+    if notice is not None:
+        job.emit("preemption_handled", mode="restart", reason=reason, lost_steps=before - resumed, stall_s=round(stall, 4),
+                 iteration_s=round(iteration_s, 4), moves=[], step=resumed, plan=plan.describe())
+
 
 
 def write_target_yaml(job: "ElasticJob", offer: Any) -> None:

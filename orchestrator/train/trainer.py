@@ -285,7 +285,7 @@ class PipelineTrainer(Checkpointing):
     def move_live(self, plan: Plan, transfers: Sequence[tuple[int, int, int, int]], members: Sequence[int]) -> list[dict[str, Any]]:
         """Switch to ``plan`` between iterations, handing block state worker to worker
         (:meth:`WorkerGroup.move`); no step may be in flight."""
-        reports = self._workers().move(plan, transfers, members, self.iteration_timeout_s)
+        reports = self._workers().move(plan, transfers, members, self.iteration_timeout_s, self.step)
         self.plan = plan
         return reports
 
