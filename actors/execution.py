@@ -44,7 +44,7 @@ import resource
 import threading
 import time
 from collections import defaultdict, deque
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import torch
 from torch import Tensor, nn
@@ -53,13 +53,11 @@ from actors import recompute, seeding, user_code
 from actors.backward_split import PendingWeights, backward_input
 from actors.gpu import EventClock, check_nccl_dtypes
 from actors.exchange import Exchange
+from actors.job_spec import JobSpec
 from actors.tables import Key
 from actors.transport import Range, nbytes
 from orchestrator.core.plan import Plan
 from orchestrator.schedule.ir import Action, Kind
-
-if TYPE_CHECKING:
-    from actors.stage_worker import JobSpec
 
 
 _run_backward: Callable[..., Any] | None
@@ -94,7 +92,7 @@ class Executor(Exchange):
     snapshot_due: threading.Event | None = None
 
     def __init__(
-        self, spec: "JobSpec", plan: Plan, device: int, rank_of: dict[int, int], program: tuple[Action, ...],
+        self, spec: JobSpec, plan: Plan, device: int, rank_of: dict[int, int], program: tuple[Action, ...],
         modules: dict[int, nn.Module], optimizers: dict[int, torch.optim.Optimizer], groups: dict[tuple[int, ...], Any],
         boundary: list[tuple[tuple[int, ...], torch.dtype]], batch_rows: int, torch_device: torch.device,
         links: dict[tuple[int, int], Any] | None = None,

@@ -35,7 +35,8 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from actors.placement import Slot, actor_options, check_identity, discover, probe_pairs
 from actors.gpu import recv_lookahead
-from actors.stage_worker import JobSpec, StageWorker
+from actors.job_spec import JobSpec
+from actors.stage_worker import StageWorker
 from actors import waits
 from orchestrator.core.errors import UserError
 from orchestrator.core.plan import Plan

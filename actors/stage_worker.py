@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Callable
 
 import torch
@@ -44,8 +44,9 @@ from actors import placement, probe
 from actors import user_code
 from actors.materialize import materialize
 from actors.tied import TiedGrads, tie_table
-from actors.training import StepHooks, TrainingOptions, norm_contributors, schedulers_for
+from actors.training import StepHooks, norm_contributors, schedulers_for
 from actors.execution import Executor
+from actors.job_spec import JobSpec
 from actors import injection
 from actors.injection import FaultKnobs
 from actors.transport import (
@@ -57,26 +58,6 @@ from orchestrator.core.plan import Plan
 from orchestrator.schedule.ir import Action, Kind
 from orchestrator.schedule.lowering import lower
 from orchestrator.schedule.nccl import directed_links
-
-DataFn = Callable[[int], tuple[Tensor, Tensor]]
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    """Everything a worker needs to build its part of the job (cloudpickled by Ray once)."""
-
-    model_factory: Callable[[], list[nn.Module]]
-    loss_fn: Callable[[Tensor, Tensor], Tensor]
-    optimizer_factory: Callable[[Any], torch.optim.Optimizer]
-    data_fn: DataFn
-    seed: int = 0
-    pg_timeout_s: float = 120.0
-    threads: int = 0  # torch intra-op threads; 0: this node's cores / workers on it
-    recv_lookahead: int = 8  # how many program actions ahead receives are pre-posted
-    steady_timeout_s: float = 60.0  # NCCL: per-operation bound once the first iteration ran (a hang = a dead peer)
-    kill_at: frozenset[tuple[int, int]] = field(default_factory=frozenset)  # fault injection: (step, device)
-    training: TrainingOptions = field(default_factory=TrainingOptions)  # clipping, LR schedules (actors/training.py)
-
 
 class StageWorker:
     """Wrapped with ``ray.remote`` by :mod:`actors.group`; plain class so it is testable in-process."""

@@ -22,7 +22,7 @@ from torch import nn
 
 from actors.execution import Executor
 from actors.reference import ReferenceTrainer, allclose, max_difference
-from actors.stage_worker import JobSpec
+from actors.job_spec import JobSpec
 from actors.transport import select_device
 from orchestrator.core.plan import Plan, ScheduleKind, Stage, interleave, straight_plan
 from orchestrator.schedule import lower

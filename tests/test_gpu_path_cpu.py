@@ -13,7 +13,8 @@ from torch import nn
 
 from actors.execution import Executor
 from actors.gpu import dtype_buckets
-from actors.stage_worker import JobSpec, _to_cpu
+from actors.job_spec import JobSpec
+from actors.stage_worker import _to_cpu
 from actors.transport import select_device
 from orchestrator.core.errors import UserError
 from orchestrator.core.plan import Plan, ScheduleKind, Stage, straight_plan

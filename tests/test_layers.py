@@ -84,14 +84,9 @@ def test_imports_point_downwards():
     assert sorted(upward) == []
 
 
-# being removed (the job loop's policies, the executor's spec): must end empty
-KNOWN_CYCLES = [["actors.execution", "actors.injection", "actors.stage_worker"],
-                ["orchestrator.elastic.growth", "orchestrator.elastic.job_loop", "orchestrator.elastic.job_spot"]]
-
-
 def test_no_import_cycles():
     cycles = sorted(sorted(c) for c in nx.strongly_connected_components(_graph()) if len(c) > 1)
-    assert [c for c in cycles if c not in KNOWN_CYCLES] == []
+    assert cycles == []
 
 
 @pytest.mark.parametrize("code", [

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from actors.execution import Executor
-from actors.stage_worker import JobSpec
+from actors.job_spec import JobSpec
 from orchestrator.core.cluster import flat, two_level
 from orchestrator.core.plan import Plan, ScheduleKind, Stage, interleave, straight_plan
 from orchestrator.planners.base import PlannerOptions, available, run_planner

@@ -16,7 +16,7 @@ import torch
 from actors.execution import Executor
 from actors import injection
 from actors.metrics import combine, combine_run
-from actors.stage_worker import JobSpec
+from actors.job_spec import JobSpec
 from orchestrator.core.plan import Plan, ScheduleKind, interleave, straight_plan
 from orchestrator.schedule.ir import Kind
 from orchestrator.schedule.lowering import lower

@@ -37,7 +37,7 @@ from orchestrator.adapt.policies import Stay, Switch
 from orchestrator.core.errors import UserError
 
 if TYPE_CHECKING:
-    from orchestrator.elastic.job_loop import ElasticJob
+    from orchestrator.elastic.job_state import JobState
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ def check_joins(faults: Sequence[Any], devices: int, capacity: int) -> None:
 class Growth:
     """The job's capacity watch and its joins (see the module docstring)."""
 
-    def __init__(self, job: "ElasticJob") -> None:
+    def __init__(self, job: "JobState") -> None:
         self.job = job
         self.placed = job.scaling.devices  # device ids below this have (had) a worker
         self.enabled = job.scaling.capacity > job.scaling.devices

@@ -1,4 +1,5 @@
-"""The glue between :class:`~orchestrator.elastic.job_loop.ElasticJob` and its policies.
+"""The glue between :class:`~orchestrator.elastic.job_loop.ElasticJob` and its policies (the job as a
+:class:`~orchestrator.elastic.job_state.JobState`).
 
 - :class:`JobHandle`: the controller's :class:`~orchestrator.adapt.handle.PipelineHandle`
   over the job. The job's loop runs the iterations; ``run_iteration`` hands the controller the
@@ -32,13 +33,13 @@ if TYPE_CHECKING:
     from cloud.throughput import ThroughputTable
     from orchestrator.elastic.evacuation import Notice
     from orchestrator.elastic.job_config import TrainConfig
-    from orchestrator.elastic.job_loop import ElasticJob
+    from orchestrator.elastic.job_state import JobState
 
 
 class JobHandle:
     """See the module docstring; mirrors :class:`orchestrator.adapt.live.RayPipeline` call for call."""
 
-    def __init__(self, job: "ElasticJob") -> None:
+    def __init__(self, job: "JobState") -> None:
         self.job = job
         self._staged: MeasuredIteration | None = None
 
@@ -75,7 +76,7 @@ class JobHandle:
         return RestartReport(time.perf_counter() - t0, before - resumed, new_plan)
 
 
-def push_faults(job: "ElasticJob", k: int) -> None:
+def push_faults(job: "JobState", k: int) -> None:
     """Send each plan device its slowdown factor and outgoing link delays for iteration ``k``
     (on change only), and arm the kills of iteration ``k``. Rehearsal only: CPU workers sleep,
     GPU workers refuse slowdowns."""
@@ -117,7 +118,7 @@ class PriceView:
     throughputs: Any  # cloud.throughput.ThroughputTable
 
 
-def price_view(job: "ElasticJob") -> PriceView:
+def price_view(job: "JobState") -> PriceView:
     """Built on first use (it plans the model for every GPU type of the catalog)."""
     if job._prices is None:
         from cloud.importers import load_any, load_snapshot
@@ -140,7 +141,7 @@ def price_view(job: "ElasticJob") -> PriceView:
     return job._prices
 
 
-def spot_decision(job: "ElasticJob", step: int, preempted: bool = False) -> Any:
+def spot_decision(job: "JobState", step: int, preempted: bool = False) -> Any:
     """The migration planner between iterations (when due, or forced by a preemption): a
     :class:`cloud.migration.Migrate` that pays, else None. Replayed price changes apply first."""
     from cloud.migration import MigrationCosts, Migrate, plan_migration
@@ -166,7 +167,7 @@ def spot_decision(job: "ElasticJob", step: int, preempted: bool = False) -> Any:
     return decision if isinstance(decision, Migrate) else None
 
 
-def relocate(job: "ElasticJob", decision: Any, forced: bool, reason: str, notice: "Notice | None" = None,
+def relocate(job: "JobState", decision: Any, forced: bool, reason: str, notice: "Notice | None" = None,
          iteration_s: float = 0.0) -> None:
     """Checkpoint → migration → restore: the one path for preemptions that cannot be evacuated
     and for migrations that pay (``decision``: a :class:`cloud.migration.Migrate` or None)."""
@@ -214,7 +215,7 @@ def relocate(job: "ElasticJob", decision: Any, forced: bool, reason: str, notice
 
 
 
-def write_target_yaml(job: "ElasticJob", offer: Any) -> None:
+def write_target_yaml(job: "JobState", offer: Any) -> None:
     """The validated Ray cluster YAML of a migration target (``ray up`` only with ``ray_up``)."""
     from pathlib import Path
     from typing import cast

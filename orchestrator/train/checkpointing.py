@@ -15,7 +15,7 @@ from typing import Any, overload
 from actors import checkpoint as ckpt
 from actors import storage
 from actors.group import WorkerGroup
-from actors.stage_worker import JobSpec
+from actors.job_spec import JobSpec
 from orchestrator.core.errors import UserError
 from orchestrator.core.plan import Plan
 

@@ -75,7 +75,7 @@ def discover_cluster(kind: str | None = None, local_slots: int | None = None,
 
 def plan_on_cluster(spec: Any, num_microbatches: int, planner: str, cluster: Cluster | None,
                     use_gpu: bool | None) -> tuple[Any, Any]:
-    """``(plan, workers)``: the model of ``spec`` (an :class:`actors.stage_worker.JobSpec`)
+    """``(plan, workers)``: the model of ``spec`` (an :class:`actors.job_spec.JobSpec`)
     profiled here on one micro-batch and planned by ``planner``.
 
     Without a ``cluster``: the Ray cluster's slots with speeds measured on a few of the model's

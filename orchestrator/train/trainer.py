@@ -30,7 +30,7 @@ from actors import storage
 from actors import user_code
 from actors.group import PipelineActorError, WorkerGroup
 from actors.metrics import MeasuredIteration, combine, combine_run
-from actors.stage_worker import JobSpec
+from actors.job_spec import JobSpec
 from actors.training import TrainingOptions
 from orchestrator.core.cluster import Cluster
 from orchestrator.core.errors import UserError

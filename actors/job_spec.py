@@ -1,0 +1,34 @@
+"""What every stage worker is told about the job: the user's callables and the runtime's settings.
+
+Its own module because both the worker (:mod:`actors.stage_worker`) and its executor (:mod:`actors.execution`) read
+it, and the executor must not import the worker. Cloudpickled by Ray once per worker.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import Tensor, nn
+
+from actors.training import TrainingOptions
+
+DataFn = Callable[[int], tuple[Tensor, Tensor]]
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """Everything a worker needs to build its part of the job (cloudpickled by Ray once)."""
+
+    model_factory: Callable[[], list[nn.Module]]
+    loss_fn: Callable[[Tensor, Tensor], Tensor]
+    optimizer_factory: Callable[[Any], torch.optim.Optimizer]
+    data_fn: DataFn
+    seed: int = 0
+    pg_timeout_s: float = 120.0
+    threads: int = 0  # torch intra-op threads; 0: this node's cores / workers on it
+    recv_lookahead: int = 8  # how many program actions ahead receives are pre-posted
+    steady_timeout_s: float = 60.0  # NCCL: per-operation bound once the first iteration ran (a hang = a dead peer)
+    kill_at: frozenset[tuple[int, int]] = field(default_factory=frozenset)  # fault injection: (step, device)
+    training: TrainingOptions = field(default_factory=TrainingOptions)  # clipping, LR schedules (actors/training.py)

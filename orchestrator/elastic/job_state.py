@@ -1,0 +1,59 @@
+"""What the job's parts may read and change of a running :class:`~orchestrator.elastic.job_loop.ElasticJob`.
+
+The parts the loop delegates to — the controller's handle and the spot/migration glue (:mod:`job_spot`) and live
+growth (:mod:`growth`) — are handed the job itself; this protocol is the one statement of what they use, so they
+need not import the loop (which imports them: no import cycle) and the rest of the loop's state stays its own.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Protocol
+
+if TYPE_CHECKING:
+    from orchestrator.adapt.controller import Controller
+    from orchestrator.adapt.handle import MoveReport
+    from orchestrator.core.cluster import Cluster
+    from orchestrator.core.plan import Plan
+    from orchestrator.core.profile import Profile
+    from orchestrator.elastic.evacuation import Notice
+    from orchestrator.elastic.job_config import AdaptConfig, RunConfig, ScalingConfig, SpotConfig, TrainConfig
+    from orchestrator.train.trainer import PipelineTrainer
+
+
+class Placed(Protocol):
+    placed: int  # device ids below this have (had) a stage worker
+
+
+class JobState(Protocol):
+    """The running job, as its parts see it (``ElasticJob`` satisfies it)."""
+
+    train: TrainConfig
+    scaling: ScalingConfig
+    run: RunConfig
+    adapt: AdaptConfig
+    spot: SpotConfig
+    cluster: Cluster
+    profile: Profile
+    trainer: PipelineTrainer
+    controller: Controller | None
+    clock: Callable[[], float]
+    alive: set[int]  # devices whose workers train
+    iteration_s: list[float]  # recent iteration times
+    restarts: int
+    target_steps: int  # the step the running fit ends at
+    _checkpoint_s: float  # how long a checkpoint took last time
+    _leaving: Notice | None  # evacuated devices still members of the process group
+    _prices: Any  # job_spot.PriceView once built
+    _knobs: dict[int, Any]  # rehearsal fault knobs sent to each device
+    _killed: set[Any]  # rehearsal kills already armed
+
+    @property
+    def growth(self) -> Placed: ...
+
+    def emit(self, event: str, **fields: Any) -> None: ...
+
+    def move(self, plan: Plan, members: set[int] | None = None) -> MoveReport: ...
+
+    def slot_map(self) -> dict[int, int]: ...
+
+    def _checkpoint(self, why: str) -> str | None: ...
