@@ -13,10 +13,8 @@ that cannot be had (its node lacks the resources) is one line naming the device 
 node has free, instead of a wait for ever. Without GPUs workers ask for a small CPU fraction,
 so several share a laptop's cores (torch threads are divided in the worker).
 
-Failure triage: every remote call goes through :meth:`WorkerGroup.gather`, which waits with a
-deadline and converts a dead actor into :class:`PipelineActorError` naming device and stages.
-When one worker dies its peers fail a little later (their receives time out or see a closed
-socket); the death is the root cause, so it is reported in preference to their errors.
+Failure triage (remote calls with deadlines, a dead actor named by device and stages) is the
+mixin :class:`actors.group_calls.WorkerCalls`.
 
 Live re-partitioning: ``configure(..., members=, slots=)`` pins device ``d`` to actor slot
 ``slots[d]`` and makes every alive ``member`` (not only the plan's devices) a process-group rank,
@@ -38,21 +36,14 @@ from actors.gpu import recv_lookahead
 from actors.job_spec import JobSpec
 from actors.stage_worker import StageWorker
 from actors import waits
+from actors.group_calls import PipelineActorError, WorkerCalls, last_line
 from orchestrator.core.errors import UserError
 from orchestrator.core.plan import Plan
 from orchestrator.schedule.lowering import lower
 from orchestrator.schedule.nccl import CommLayout, check_hang_free
 
 
-class PipelineActorError(RuntimeError):
-    """A stage worker died or failed; ``device`` and ``stages`` say which one."""
-
-    def __init__(self, message: str, device: int = -1, stages: Sequence[int] = (), died: bool = False) -> None:
-        super().__init__(message)
-        self.device, self.stages, self.died = device, tuple(stages), died
-
-
-class WorkerGroup:
+class WorkerGroup(WorkerCalls):
     """``size`` stage workers; worker ``i`` runs the plan's ``i``-th device (sorted by id)."""
 
     def __init__(self, size: int, use_gpu: bool | None = None, cpus_per_worker: float = 0.01,
@@ -122,7 +113,7 @@ class WorkerGroup:
         except (RayActorError, RayTaskError) as exc:
             self._kill(indices)
             raise UserError(f"device {index}'s worker failed to start on node {self.slots[index].node_id[:12]}: "
-                            f"{_last_line(exc)}") from None
+                            f"{last_line(exc)}") from None
 
     def restart(self) -> None:
         """Kill every worker (a broken process group cannot be repaired in place) and start fresh ones."""
@@ -266,7 +257,7 @@ class WorkerGroup:
                 seen = dict(ray.get(ref))
                 check_identity(i, self.slots[i], seen)
             except (RayActorError, RayTaskError, UserError) as exc:
-                failed.append((i, _last_line(exc)))
+                failed.append((i, last_line(exc)))
                 continue
             self.identities[i] = seen
             up.append(i)
@@ -302,161 +293,6 @@ class WorkerGroup:
         """Proof, with the posting rule the workers will use, that ``plan`` cannot hang under
         NCCL's rules (milliseconds; see orchestrator/schedule/nccl.py)."""
         check_hang_free(lower(plan), CommLayout(links="directed", recv_lookahead=recv_lookahead(spec.recv_lookahead, self.use_gpu)))
-
-    def unresponsive(self, devices: Sequence[int], timeout_s: float) -> set[int]:
-        """Devices among ``devices`` whose worker is dead or does not answer within ``timeout_s``.
-
-        After a death the survivors finish (fail) the interrupted iteration first — each worker
-        runs one call at a time — so ``timeout_s`` should exceed the per-operation timeout. A
-        node that went away takes all its workers; only the first error names one of them.
-        """
-        refs = {self.actor_of(d).status.remote(): d for d in devices if self.slot_of.get(d, d) not in self.dead}
-        gone = {d for d in devices if self.slot_of.get(d, d) in self.dead}
-        ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
-        for ref in ready:
-            try:
-                ray.get(ref)
-            except RayActorError:
-                gone.add(refs[ref])
-            except Exception:  # noqa: BLE001 - it answered (with its failed task's error): alive
-                pass
-        gone |= {refs[r] for r in pending}
-        for d in gone:
-            self.dead.add(self.slot_of.get(d, d))
-        return gone
-
-    def unreachable_slots(self) -> set[int]:
-        """Actor slots known dead or whose node has left the cluster (a removed or failed node
-        takes every worker on it; the first error names only one of them)."""
-        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
-        return set(self.dead) | {i for i, slot in enumerate(self.slots) if slot.node_id not in alive}
-
-    def actor_of(self, device: int) -> Any:
-        return self.actors[self.slot_of[device]]
-
-    def plan_devices(self) -> list[int]:
-        return sorted(self.plan.devices) if self.plan is not None else sorted(self.rank_of)
-
-    def call(self, method: str, *args: Any, devices: Sequence[int] | None = None, what: str = "", timeout_s: float = 600.0) -> list[Any]:
-        """Call ``method`` on the workers of ``devices`` (default: the plan's devices) in parallel."""
-        refs, targets = self.submit(method, *args, devices=devices)
-        return self.gather(refs, what or method, timeout_s, targets)
-
-    def submit(self, method: str, *args: Any, devices: Sequence[int] | None = None) -> tuple[list[Any], list[int]]:
-        """Start ``method`` on the workers of ``devices`` without waiting: ``(refs, devices)`` for
-        :meth:`gather` (or :meth:`discard`). Workers run one call at a time (``max_concurrency=1``)
-        in submission order, so a call submitted while an earlier one runs waits behind it."""
-        targets = list(devices) if devices is not None else self.plan_devices()
-        return [getattr(self.actor_of(d), method).remote(*args) for d in targets], targets
-
-    def discard(self, refs: Sequence[Any], grace_s: float = 2.0) -> None:
-        """Drop submitted calls whose results are no longer wanted (an earlier call failed).
-
-        Calls still queued behind the failed one are cancelled. If the group is already broken
-        (it will be restarted) nothing else matters; otherwise any call that may have run (or may
-        still run) after the failure leaves the workers in an unknown state, so the group is
-        marked broken and the next :meth:`configure` starts fresh processes.
-        """
-        from ray.exceptions import TaskCancelledError
-
-        for ref in refs:
-            try:
-                ray.cancel(ref)
-            except Exception:  # noqa: BLE001 - already finished or its actor is gone
-                pass
-        if self.broken or not refs:
-            return
-        ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=grace_s)
-        for ref in ready:
-            try:
-                ray.get(ref)
-            except TaskCancelledError:
-                continue  # never ran: state untouched
-            except Exception:  # noqa: BLE001 - it ran (or its actor died): state unknown
-                pass
-            self.broken = True
-        if pending:
-            self.broken = True
-
-    def kill_worker(self, device: int) -> None:
-        """Fault injection from the driver side (tests): hard-kill one worker."""
-        ray.kill(self.actor_of(device), no_restart=True)
-        self.dead.add(self.slot_of[device])
-
-    # ----- triage -----
-    def gather(self, refs: list[Any], what: str, timeout_s: float, devices: Sequence[int] | None = None) -> list[Any]:
-        devs = list(devices) if devices is not None else sorted(self.rank_of)
-        pending = dict(zip(refs, devs))
-        results: dict[int, Any] = {}
-        deadline = time.monotonic() + timeout_s
-        failure: tuple[int, BaseException] | None = None
-        while pending:
-            left = deadline - time.monotonic()
-            if failure is not None:
-                left = min(left, 10.0)  # grace period: look for the death that caused this failure
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=max(0.0, left))
-            if not ready:
-                break
-            ref = ready[0]
-            dev = pending.pop(ref)
-            try:
-                results[dev] = ray.get(ref)
-            except RayActorError as exc:
-                self.broken = True
-                if dev in self.slot_of:
-                    self.dead.add(self.slot_of[dev])
-                self._cancel(pending)
-                raise self._died(dev, what, exc) from None
-            except RayTaskError as exc:
-                cause = getattr(exc, "cause", None)
-                failure = failure or (dev, cause if isinstance(cause, BaseException) else exc)
-        if failure is not None:
-            if pending:  # peers still blocked (on the failed one): the process group is unusable
-                self.broken = True
-                self._cancel(pending)
-            dev, err = failure
-            if isinstance(err, UserError):  # a user mistake (bad checkpoint, bad data): say it plainly, keep its type
-                raise (UserError(str(err)) if isinstance(err, RayTaskError) else err.with_traceback(None)) from None
-            self.broken = True
-            raise PipelineActorError(
-                f"{what} failed on {self._name(dev)}: {type(err).__name__}: {_last_line(err)}",
-                dev, self._stages(dev),
-            ) from err
-        if pending:
-            self.broken = True
-            names = ", ".join(self._name(d) for d in pending.values())
-            self._cancel(pending)
-            raise PipelineActorError(f"{what} timed out after {timeout_s:.0f}s waiting for {names}", next(iter(pending.values()), -1))
-        return [results[d] for d in devs]
-
-    def _cancel(self, pending: dict[Any, int]) -> None:
-        """Cancel calls still queued; a call already running (blocked on a dead peer) cannot be
-        cancelled on an actor (Ray refuses ``force`` there): the group is broken and the next
-        :meth:`configure` kills those processes, and the per-operation timeout ends the wait."""
-        for ref in pending:
-            try:
-                ray.cancel(ref)
-            except Exception:  # noqa: BLE001 - finished already, or its actor is gone
-                pass
-
-    def _stages(self, device: int) -> list[int]:
-        return self.plan.stages_of_device(device) if self.plan is not None else []
-
-    def _name(self, device: int) -> str:
-        if self.plan is None:
-            return f"device {device}"
-        stages = self._stages(device)
-        blocks = ", ".join(f"[{self.plan.stages[j].first},{self.plan.stages[j].last})" for j in stages)
-        return f"stage {'/'.join(map(str, stages))} (device {device}, blocks {blocks})"
-
-    def _died(self, device: int, what: str, exc: BaseException) -> PipelineActorError:
-        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return PipelineActorError(f"{self._name(device)} died during {what}: {detail}", device, self._stages(device), died=True)
-
-
-def _last_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[-1] if text else ""
 
 
 __all__ = ["GetTimeoutError", "PipelineActorError", "WorkerGroup"]
