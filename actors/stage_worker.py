@@ -39,7 +39,6 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from actors import checkpoint as ckpt
 from actors import placement, probe
 from actors import user_code
 from actors.materialize import materialize
@@ -47,6 +46,7 @@ from actors.tied import TiedGrads, tie_table
 from actors.training import StepHooks, norm_contributors, schedulers_for
 from actors.execution import Executor
 from actors.job_spec import JobSpec
+from actors.worker_checkpoints import WorkerCheckpoints
 from actors import injection
 from actors.injection import FaultKnobs
 from actors.transport import (
@@ -59,7 +59,7 @@ from orchestrator.schedule.ir import Action, Kind
 from orchestrator.schedule.lowering import lower
 from orchestrator.schedule.nccl import directed_links
 
-class StageWorker:
+class StageWorker(WorkerCheckpoints):
     """Wrapped with ``ray.remote`` by :mod:`actors.group`; plain class so it is testable in-process."""
 
     def __init__(self) -> None:
@@ -185,7 +185,7 @@ class StageWorker:
 
     def _executor(self, *args: Any, **kwargs: Any) -> Executor:
         ex = Executor(*args, **kwargs)
-        upload = getattr(self, "upload", None)
+        upload = self.upload
         if upload is not None and not upload.snapshotted.is_set():  # a new plan's first step waits for the copy too
             ex.snapshot_due = upload.snapshotted
         if self.injecting or ex.spec.kill_at:  # fault injection is opt-in (actors/injection.py)
@@ -322,48 +322,6 @@ class StageWorker:
         return {"device": device, "bytes_sent": sent, "bytes_received": received, "blocks": sorted(held),
                 "rejoined": endpoint is not None, "groups_created": len(create_groups),
                 "group_s": t_group - t0, "transfer_s": done - t_group, "pid": os.getpid()}
-
-    # ----- checkpoints -----
-    def save_blocks(self, directory: str, background: bool = False) -> list[dict[str, Any]]:
-        """Write the blocks this worker owns (replica 0 of each stage only), from this node.
-
-        ``background``: snapshot them now and upload in a thread while training goes on; the
-        entries then come from :meth:`finish_blocks` (this returns [])."""
-        ex = self._ready()
-        mine = [b for j in ex.plan.stages_of_device(self.device_id) if ex.plan.stages[j].devices[0] == self.device_id
-                for b in range(ex.plan.stages[j].first, ex.plan.stages[j].last)]
-        if background:  # the parameters are copied by the upload thread, before this worker's next optimizer step
-            self.finish_blocks()  # one upload at a time; an earlier one's error surfaces here
-            upload = ckpt.BackgroundWrite(directory, [ckpt.deferred_snapshot(b, ex.modules[b], ex.optimizers.get(b)) for b in mine])
-            self.upload: ckpt.BackgroundWrite | None = upload
-            ex.snapshot_due = upload.snapshotted
-            return []
-        return [ckpt.write_payload(directory, ckpt.snapshot_block(b, ex.modules[b], ex.optimizers.get(b))) for b in mine]
-
-    def _snapshot_taken(self) -> None:
-        """Wait until an asynchronous checkpoint's copy of this worker's state exists (before the state is changed
-        outside an iteration: blocks moved away or restored)."""
-        upload = getattr(self, "upload", None)
-        if upload is not None:
-            upload.snapshotted.wait()
-
-    def finish_blocks(self) -> list[dict[str, Any]]:
-        """Wait for the background upload (if any) and return its manifest entries."""
-        upload, self.upload = getattr(self, "upload", None), None
-        return upload.result() if upload is not None else []
-
-    def load_blocks(self, directory: str, manifest: dict[str, Any]) -> int:
-        """Restore every block this worker holds (all replicas load the same files)."""
-        self._snapshot_taken()
-        ex = self._ready()
-        entries = {int(e["block"]): e for e in manifest["files"]}
-        for b, module in ex.modules.items():
-            payload = ckpt.read_block(directory, entries[b])
-            ckpt.restore_block(payload, module, ex.optimizers.get(b), f"{directory.rstrip('/')}/{entries[b]['file']}")
-        if self.schedulers:  # schedules continue from the restored step
-            self.schedulers.clear()
-            self.schedulers.update(schedulers_for(ex.spec.training, ex.optimizers, int(manifest["step"])))
-        return len(ex.modules)
 
     def state_dicts(self) -> dict[int, dict[str, Tensor]]:
         """Weights of the blocks held here (tests compare them with the reference)."""
