@@ -67,7 +67,7 @@ class JobHandle:
     def restart(self, new_plan: Plan, from_checkpoint: bool) -> RestartReport:
         job = self.job
         before = job.trainer.step
-        source = job._checkpoint("planned restart") if not from_checkpoint else None
+        source = job._checkpoint("planned restart") if not from_checkpoint else job.trainer.latest()
         import time
 
         t0 = time.perf_counter()
@@ -172,7 +172,6 @@ def relocate(job: "ElasticJob", decision: Any, forced: bool, reason: str, notice
     and for migrations that pay (``decision``: a :class:`cloud.migration.Move` or None)."""
     import time
 
-    from actors import checkpoint as ckpt
     from orchestrator.controller.policies import planner_plan
 
     trainer = job.trainer
@@ -183,8 +182,7 @@ def relocate(job: "ElasticJob", decision: Any, forced: bool, reason: str, notice
     if left >= job._checkpoint_s + job.spot.margin_s:
         source = job._checkpoint("preemption" if forced else "migration")
     if source is None:
-        found = ckpt.find_latest(job.run.storage)
-        source = found.location
+        source = trainer.latest()
         job.emit("notice_too_short", seconds_left=round(left, 3), fallback=str(source) if source else "start")
     doomed = set(notice.devices) if notice is not None else set()
     if forced and job.spot.enabled:
