@@ -65,13 +65,14 @@ class JobHandle:
         return self.job.move(new_plan)
 
     def restart(self, new_plan: Plan, from_checkpoint: bool) -> RestartReport:
-        job = self.job
-        before = job.trainer.step
-        source = job._checkpoint("planned restart") if not from_checkpoint else job.trainer.latest()
         import time
 
-        t0 = time.perf_counter()
+        job = self.job
+        before = job.trainer.step
+        t0 = time.perf_counter()  # the downtime counts the planned checkpoint's write
+        source = job._checkpoint("planned restart") if not from_checkpoint else job.trainer.latest()
         resumed = job.trainer.restart_on(new_plan, source, members=sorted(job.alive), slots=job.slot_map())
+        job.restarts += 1
         return RestartReport(time.perf_counter() - t0, before - resumed, new_plan)
 
 
