@@ -5,16 +5,18 @@ plan (the process group is rebuilt, the model blocks re-created), which is what 
 restoring under another plan need, and what keeps the test suite from paying the actor start-up
 cost (seconds per process) for every plan it checks.
 
-Placement (:mod:`actors.placement`): worker ``i`` is pinned to slot ``i`` — a GPU or a CPU slot
-of one named node — with a hard node affinity, so device ``i`` of the cluster model the plan was
-made for is the device that runs it. Every worker reports where it actually runs at start
+Placement (:mod:`actors.placement`; starting the workers: :mod:`actors.group_starts`): worker
+``i`` is pinned to slot ``i`` — a GPU or a CPU slot of one named node — with a hard node
+affinity, so device ``i`` of the cluster model the plan was made for is the device that runs it. Every worker reports where it actually runs at start
 (``identities``) and a worker on the wrong node or accelerator is refused with one line; a slot
 that cannot be had (its node lacks the resources) is one line naming the device and what the
 node has free, instead of a wait for ever. Without GPUs workers ask for a small CPU fraction,
 so several share a laptop's cores (torch threads are divided in the worker).
 
-Failure triage (remote calls with deadlines, a dead actor named by device and stages) is the
-mixin :class:`actors.group_calls.WorkerCalls`.
+Failure triage: every remote call goes through :meth:`WorkerGroup.gather`, which waits with a
+deadline and converts a dead actor into :class:`PipelineActorError` naming device and stages.
+When one worker dies its peers fail a little later (their receives time out or see a closed
+socket); the death is the root cause, so it is reported in preference to their errors.
 
 Live re-partitioning: ``configure(..., members=, slots=)`` pins device ``d`` to actor slot
 ``slots[d]`` and makes every alive ``member`` (not only the plan's devices) a process-group rank,
@@ -29,21 +31,21 @@ import time
 from typing import Any, Mapping, Sequence
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import GetTimeoutError, RayActorError
 
-from actors.placement import Slot, actor_options, check_identity, discover, probe_pairs
+from actors.placement import Slot, discover, probe_pairs
 from actors.gpu import recv_lookahead
+from actors.group_calls import PipelineActorError, WorkerCalls
+from actors.group_starts import Starts
 from actors.job_spec import JobSpec
-from actors.stage_worker import StageWorker
 from actors import waits
-from actors.group_calls import PipelineActorError, WorkerCalls, last_line
 from orchestrator.core.errors import UserError
 from orchestrator.core.plan import Plan
 from orchestrator.schedule.lowering import lower
 from orchestrator.schedule.nccl import CommLayout, check_hang_free
 
 
-class WorkerGroup(WorkerCalls):
+class WorkerGroup(Starts, WorkerCalls):
     """``size`` stage workers; worker ``i`` runs the plan's ``i``-th device (sorted by id)."""
 
     def __init__(self, size: int, use_gpu: bool | None = None, cpus_per_worker: float = 0.01,
@@ -75,65 +77,6 @@ class WorkerGroup(WorkerCalls):
         self._starting: dict[Any, tuple[int, float]] = {}  # identity call -> (slot, since) of workers extend started
         self.broken = False
         self._start()
-
-    def _start(self) -> None:
-        remote = ray.remote(StageWorker)
-        self.actors = [remote.options(max_concurrency=1, **actor_options(s, self.cpus_per_worker)).remote()  # type: ignore[attr-defined]
-                       for s in self.slots]
-        self.dead = set()
-        self.broken = False
-        self._starting = {}
-        self.identities = self._await(list(range(len(self.actors))))
-
-    def _await(self, indices: list[int]) -> list[dict[str, Any]]:
-        """Wait for the workers at ``indices`` to start and check each runs where its slot says."""
-        refs = {self.actors[i].identity.remote(): i for i in indices}
-        ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=waits.stretched(self.start_timeout_s))
-        if pending:
-            stuck = sorted(refs[r] for r in pending)
-            self._kill(indices)
-            free = {n["NodeID"]: n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")}
-            slot = self.slots[stuck[0]]
-            raise UserError(
-                f"device(s) {stuck} did not start within {self.start_timeout_s:.0f}s: device {stuck[0]} needs "
-                f"{'a GPU' if slot.kind == 'gpu' else 'a CPU share'} on node {slot.node_id[:12]}, which "
-                + ("is gone" if slot.node_id not in free else f"has {ray.available_resources().get('GPU' if slot.kind == 'gpu' else 'CPU', 0):g} free in the cluster"))
-        seen = {refs[r]: self._get_start(r, refs[r], indices) for r in ready}
-        for i, found in seen.items():
-            try:
-                check_identity(i, self.slots[i], found)
-            except UserError:
-                self._kill(indices)
-                raise
-        return [seen[i] for i in indices]
-
-    def _get_start(self, ref: Any, index: int, indices: list[int]) -> dict[str, Any]:
-        try:
-            return dict(ray.get(ref))
-        except (RayActorError, RayTaskError) as exc:
-            self._kill(indices)
-            raise UserError(f"device {index}'s worker failed to start on node {self.slots[index].node_id[:12]}: "
-                            f"{last_line(exc)}") from None
-
-    def restart(self) -> None:
-        """Kill every worker (a broken process group cannot be repaired in place) and start fresh ones."""
-        self._kill()
-        self._start()
-
-    def shutdown(self) -> None:
-        self._kill()
-
-    def _kill(self, indices: Sequence[int] | None = None) -> None:
-        """Kill the workers at ``indices`` (default: all of them, and forget them)."""
-        for i, actor in enumerate(self.actors):
-            if indices is not None and i not in indices:
-                continue
-            try:
-                ray.kill(actor, no_restart=True)
-            except Exception:  # noqa: BLE001 - already dead is fine
-                pass
-        if indices is None or len(indices) == len(self.actors):
-            self.actors = []
 
     # ----- plan -----
     def configure(self, spec: JobSpec, plan: Plan, timeout_s: float = 300.0, members: Sequence[int] | None = None,
@@ -211,65 +154,6 @@ class WorkerGroup(WorkerCalls):
                 self.dead.add(self.slot_of[d])
         self.broken = False
         return out
-
-    def respawn(self, slots: Sequence[int]) -> None:
-        """Start fresh processes in dead ``slots`` (a replaced node; tests restoring a shared pool)."""
-        remote = ray.remote(StageWorker)
-        fresh = [i for i in slots if i in self.dead]
-        for i in fresh:
-            self.actors[i] = remote.options(max_concurrency=1, **actor_options(self.slots[i], self.cpus_per_worker)).remote()  # type: ignore[attr-defined]
-            self.dead.discard(i)
-        for i, found in zip(fresh, self._await(fresh)):
-            self.identities[i] = found
-
-    def extend(self, slots: Sequence[Slot]) -> list[int]:
-        """Start workers on ``slots`` (capacity that joined: a new node's devices) as new actor
-        slots after the existing ones, without waiting for them (an actor start takes seconds,
-        which training need not wait for); returns their indices. Nobody else is touched, and
-        a worker joins the process group only at a live move that makes it a member, once
-        :meth:`started` has reported it up."""
-        kind = "gpu" if self.use_gpu else "cpu"
-        if any(s.kind != kind for s in slots):
-            raise UserError(f"a {kind} job was given {sorted({s.kind for s in slots})} slots")
-        first = len(self.actors)
-        remote = ray.remote(StageWorker)
-        self.slots += list(slots)
-        self.actors += [remote.options(max_concurrency=1, **actor_options(s, self.cpus_per_worker)).remote()  # type: ignore[attr-defined]
-                        for s in slots]
-        self.identities += [{} for _ in slots]
-        fresh = list(range(first, len(self.actors)))
-        since = time.monotonic()
-        self._starting.update({self.actors[i].identity.remote(): (i, since) for i in fresh})
-        self.size = len(self.actors)
-        return fresh
-
-    def started(self, timeout_s: float = 0.0) -> tuple[list[int], list[tuple[int, str]]]:
-        """Workers from :meth:`extend` that came up since the last call, each checked to run where
-        its slot says, and those that failed or did not start in time, with why (marked dead)."""
-        if not self._starting:
-            return [], []
-        ready, _ = ray.wait(list(self._starting), num_returns=len(self._starting), timeout=timeout_s)
-        up: list[int] = []
-        failed: list[tuple[int, str]] = []
-        for ref in ready:
-            i, _ = self._starting.pop(ref)
-            try:
-                seen = dict(ray.get(ref))
-                check_identity(i, self.slots[i], seen)
-            except (RayActorError, RayTaskError, UserError) as exc:
-                failed.append((i, last_line(exc)))
-                continue
-            self.identities[i] = seen
-            up.append(i)
-        late = waits.stretched(self.start_timeout_s)
-        for ref, (i, since) in list(self._starting.items()):
-            if time.monotonic() - since > late:
-                del self._starting[ref]
-                failed.append((i, f"no start within {self.start_timeout_s:.0f}s on node {self.slots[i].node_id[:12]}"))
-        for i, _ in failed:
-            self._kill([i])
-            self.dead.add(i)
-        return up, failed
 
     def probe(self, seconds_of: Any = None, links: bool = True,
               timeout_s: float = 300.0) -> tuple[list[float], dict[tuple[int, int], tuple[float, float]]]:

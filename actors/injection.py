@@ -3,8 +3,8 @@
 Opt-in: :func:`install` wraps entries of an executor's call table (``Executor.calls``, one
 handler per program action) and is applied by the worker only once a test or a rehearsal asked
 for injection (:meth:`actors.stage_worker.StageWorker.set_faults`, ``arm_kill``, or a job spec
-with ``kill_at``, which :func:`arm_kills` puts on a trainer). An executor nobody injects into runs its handlers unwrapped: no branch of
-this module is on the hot path of a normal job.
+with ``kill_at``, which :func:`arm_kills` puts on a trainer). An executor nobody injects into
+runs its handlers unwrapped: no branch of this module is on the hot path of a normal job.
 
 * A slowdown factor sleeps ``(factor-1)x`` the compute's own CPU seconds (deterministic under
   load) after every compute action *inside* its span (so the slowdown is visible in measured

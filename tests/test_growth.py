@@ -101,3 +101,23 @@ def test_growth_configs_are_one_line_errors(tmp_path: Path) -> None:
                    AdaptConfig(faults=FaultSchedule((Join(3, 5),))))
     with pytest.raises(UserError, match="names device 2, but the cluster has 2"):  # growth off: no device 2
         ElasticJob(TRAIN, ScalingConfig(devices=2), RunConfig(storage=str(tmp_path)), AdaptConfig(faults=FaultSchedule((Join(2, 5),))))
+
+
+@pytest.mark.ray
+def test_a_joined_idle_device_takes_over_an_evacuated_stage_live(worker_group: Any, tmp_path: Path) -> None:
+    """Capacity that joined is room for an evacuation: the notified device's blocks go to the
+    newcomer in one two-worker move, which brings it into the process group. Exact, no restore."""
+    from orchestrator import InjectedNotice
+
+    job = ElasticJob(TRAIN, ScalingConfig(devices=2, max_devices=3, plan=straight_plan([0, 4, 8], 8), node_poll_s=0),
+                     RunConfig(storage=str(tmp_path / "ckpt"), events=tmp_path / "events.jsonl", checkpoint_every=0),
+                     AdaptConfig(enabled=False, faults=FaultSchedule((Join(2, 1),))),
+                     SpotConfig(notices=(InjectedNotice(3, 60.0, (1,)),)), workers=worker_group)
+    try:
+        events = job.fit(6).events
+        (handled,) = events_named(events, "preemption_handled")
+        assert handled["mode"] == "live" and handled["moves"] == [[1, 2]] and handled["lost_steps"] == 0
+        assert sorted(job.trainer.plan.devices) == [0, 2] and not events_named(events, "resumed")
+        assert job.trainer.step == 6 and job.max_abs_diff() <= 1e-5
+    finally:
+        job.close()

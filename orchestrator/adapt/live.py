@@ -198,8 +198,8 @@ class RayPipeline:
             # A planned restart keeps the live state: write it out first, read it back after.
             base = trainer.checkpoint_dir or Path(tempfile.mkdtemp(prefix="raypipe-restart-"))
             source = trainer.save_checkpoint(ckpt.step_dir(base, trainer.step))
-        elif trainer.checkpoint_dir is not None:
-            source = ckpt.latest(trainer.checkpoint_dir)
+        else:
+            source = trainer.latest()
         group.broken = False  # the dead are known; survivors' failed tasks drain before the new setup
         # no checkpoint yet (source None): the seed is the last consistent state
         trainer.restart_on(new_plan, source, members=sorted(self._alive_now()), slots={d: d for d in range(self.cluster.size)})

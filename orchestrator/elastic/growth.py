@@ -163,9 +163,10 @@ class Growth:
                                       "the new devices wait idle, for evacuations"}
         elif record.decision is None:
             return  # the controller is still warming up: it decides once it knows the iteration time
-        elif isinstance(record.decision, Switch) and record.action in ("move", "path-move"):
-            fields = {"decision": "move", "reason": record.decision.option.label,
-                      "predicted_gain_s": round(record.decision.gain_s, 6), "stall_s": round(record.action_s, 4)}
+        elif isinstance(record.decision, Switch):  # live moves, or the stop-and-restart option
+            fields = {"decision": "move" if record.action in ("move", "path-move") else record.action,
+                      "reason": record.decision.option.label, "predicted_gain_s": round(record.decision.gain_s, 6),
+                      "stall_s": round(record.action_s, 4)}
         elif isinstance(record.decision, Stay):
             fields = {"decision": "stay", "reason": record.decision.reason, "predicted_gain_s": round(record.decision.best_gain_s, 6),
                       "switch_cost_s": round(record.decision.best_cost_s, 4)}

@@ -66,13 +66,14 @@ class JobHandle:
         return self.job.move(new_plan)
 
     def restart(self, new_plan: Plan, from_checkpoint: bool) -> RestartReport:
-        job = self.job
-        before = job.trainer.step
-        source = job._checkpoint("planned restart") if not from_checkpoint else None
         import time
 
-        t0 = time.perf_counter()
+        job = self.job
+        before = job.trainer.step
+        t0 = time.perf_counter()  # the downtime counts the planned checkpoint's write
+        source = job._checkpoint("planned restart") if not from_checkpoint else job.trainer.latest()
         resumed = job.trainer.restart_on(new_plan, source, members=sorted(job.alive), slots=job.slot_map())
+        job.restarts += 1
         return RestartReport(time.perf_counter() - t0, before - resumed, new_plan)
 
 
@@ -173,7 +174,6 @@ def relocate(job: "JobState", decision: Any, forced: bool, reason: str, notice: 
     and for migrations that pay (``decision``: a :class:`cloud.migration.Migrate` or None)."""
     import time
 
-    from actors import checkpoint as ckpt
     from orchestrator.adapt.policies import planner_plan
 
     trainer = job.trainer
@@ -184,8 +184,7 @@ def relocate(job: "JobState", decision: Any, forced: bool, reason: str, notice: 
     if left >= job._checkpoint_s + job.spot.margin_s:
         source = job._checkpoint("preemption" if forced else "migration")
     if source is None:
-        found = ckpt.find_latest(job.run.storage)
-        source = found.location
+        source = trainer.latest()
         job.emit("notice_too_short", seconds_left=round(left, 3), fallback=str(source) if source else "start")
     doomed = set(notice.devices) if notice is not None else set()
     if forced and job.spot.enabled:

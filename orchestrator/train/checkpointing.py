@@ -78,6 +78,15 @@ class Checkpointing:
         ckpt.write_manifest(target, step, num_blocks, entries, plan, extra, seed=self.spec.seed)
         return target
 
+    def latest(self) -> str | Path | None:
+        """The newest intact checkpoint under ``checkpoint_dir`` (``None``: none, or no folder):
+        what every recovery restores. Damaged ones passed over go to ``skipped_checkpoints``."""
+        if self.checkpoint_dir is None:
+            return None
+        found = ckpt.find_latest(self.checkpoint_dir)
+        self.skipped_checkpoints.extend(found.skipped)
+        return found.location
+
     def restore(self, source: str | Path) -> int:
         """Load a checkpoint taken under ANY plan of the same model; returns the resumed step.
 

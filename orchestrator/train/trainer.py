@@ -236,20 +236,13 @@ class PipelineTrainer(Checkpointing):
         return end
 
     def recover(self, exc: PipelineActorError) -> None:
-        """New processes, same plan, state from the newest complete checkpoint (or the seed);
-        counts one failure against ``max_failures``."""
+        """New processes (a broken process group cannot be repaired in place), same plan, state
+        from the newest complete checkpoint (or the seed); counts one failure against
+        ``max_failures``. An upload from a dead worker never commits: its folder stays unmarked."""
         self.failures += 1
         assert self.group is not None
-        self._uploading = None  # an upload from a dead worker never commits; its folder stays unmarked
         self.group.restart()
-        self.group.configure(self.spec, self.plan)
-        found = ckpt.find_latest(self.checkpoint_dir) if self.checkpoint_dir is not None else None
-        if found is not None:
-            self.skipped_checkpoints.extend(found.skipped)
-        if found is not None and found.location is not None:
-            self.restore(found.location)
-        else:
-            self.step = 0
+        self.restart_on(self.plan, self.latest())
 
     # ----- primitives of the job loop (orchestrator.elastic.job_loop) and the live handle -----
     def submit_step(self, step: int | None = None, count: int = 1) -> "InFlight":

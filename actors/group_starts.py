@@ -1,0 +1,158 @@
+"""Starting stage workers where their slots say, and starting more while a job runs.
+
+A mixin of :class:`actors.group.WorkerGroup` (the lifecycle of its processes, apart from the
+plan, the calls and the failure triage): worker ``i`` is started on slot ``i`` with a hard node
+affinity (:mod:`actors.placement`), reports where it actually runs, and is refused with one line
+if that is not its slot; a slot that cannot be had is one line naming the device and what its
+node has free, instead of a wait for ever. A broken group is restarted whole; dead workers can
+be respawned in place (a replaced node); capacity that joins gets workers in new slots
+(:meth:`Starts.extend`) without stopping anyone — they are checked as they come up
+(:meth:`Starts.started`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+import ray
+from ray.exceptions import RayActorError, RayTaskError
+
+from actors import waits
+from actors.group_calls import last_line
+from actors.placement import Slot, actor_options, check_identity
+from actors.stage_worker import StageWorker
+from orchestrator.core.errors import UserError
+
+
+class Starts:
+    """Worker processes of a group: start, check, restart, respawn, extend (see the module docstring)."""
+
+    slots: list[Slot]
+    actors: list[Any]
+    identities: list[dict[str, Any]]
+    dead: set[int]
+    broken: bool
+    size: int
+    use_gpu: bool
+    cpus_per_worker: float
+    start_timeout_s: float
+    _starting: dict[Any, tuple[int, float]]
+
+    def _start(self) -> None:
+        remote = ray.remote(StageWorker)
+        self.actors = [remote.options(max_concurrency=1, **actor_options(s, self.cpus_per_worker)).remote()  # type: ignore[attr-defined]
+                       for s in self.slots]
+        self.dead = set()
+        self.broken = False
+        self._starting = {}
+        self.identities = self._await(list(range(len(self.actors))))
+
+    def _await(self, indices: list[int]) -> list[dict[str, Any]]:
+        """Wait for the workers at ``indices`` to start and check each runs where its slot says."""
+        refs = {self.actors[i].identity.remote(): i for i in indices}
+        ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=waits.stretched(self.start_timeout_s))
+        if pending:
+            stuck = sorted(refs[r] for r in pending)
+            self._kill(indices)
+            free = {n["NodeID"]: n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")}
+            slot = self.slots[stuck[0]]
+            raise UserError(
+                f"device(s) {stuck} did not start within {self.start_timeout_s:.0f}s: device {stuck[0]} needs "
+                f"{'a GPU' if slot.kind == 'gpu' else 'a CPU share'} on node {slot.node_id[:12]}, which "
+                + ("is gone" if slot.node_id not in free else f"has {ray.available_resources().get('GPU' if slot.kind == 'gpu' else 'CPU', 0):g} free in the cluster"))
+        seen = {refs[r]: self._get_start(r, refs[r], indices) for r in ready}
+        for i, found in seen.items():
+            try:
+                check_identity(i, self.slots[i], found)
+            except UserError:
+                self._kill(indices)
+                raise
+        return [seen[i] for i in indices]
+
+    def _get_start(self, ref: Any, index: int, indices: list[int]) -> dict[str, Any]:
+        try:
+            return dict(ray.get(ref))
+        except (RayActorError, RayTaskError) as exc:
+            self._kill(indices)
+            raise UserError(f"device {index}'s worker failed to start on node {self.slots[index].node_id[:12]}: "
+                            f"{last_line(exc)}") from None
+
+    def restart(self) -> None:
+        """Kill every worker (a broken process group cannot be repaired in place) and start fresh ones."""
+        self._kill()
+        self._start()
+
+    def shutdown(self) -> None:
+        self._kill()
+
+    def _kill(self, indices: Sequence[int] | None = None) -> None:
+        """Kill the workers at ``indices`` (default: all of them, and forget them)."""
+        for i, actor in enumerate(self.actors):
+            if indices is not None and i not in indices:
+                continue
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - already dead is fine
+                pass
+        if indices is None or len(indices) == len(self.actors):
+            self.actors = []
+
+    def respawn(self, slots: Sequence[int]) -> None:
+        """Start fresh processes in dead ``slots`` (a replaced node; tests restoring a shared pool)."""
+        remote = ray.remote(StageWorker)
+        fresh = [i for i in slots if i in self.dead]
+        for i in fresh:
+            self.actors[i] = remote.options(max_concurrency=1, **actor_options(self.slots[i], self.cpus_per_worker)).remote()  # type: ignore[attr-defined]
+            self.dead.discard(i)
+        for i, found in zip(fresh, self._await(fresh)):
+            self.identities[i] = found
+
+    def extend(self, slots: Sequence[Slot]) -> list[int]:
+        """Start workers on ``slots`` (capacity that joined: a new node's devices) as new actor
+        slots after the existing ones, without waiting for them (an actor start takes seconds,
+        which training need not wait for); returns their indices. Nobody else is touched, and
+        a worker joins the process group only at a live move that makes it a member, once
+        :meth:`started` has reported it up."""
+        kind = "gpu" if self.use_gpu else "cpu"
+        if any(s.kind != kind for s in slots):
+            raise UserError(f"a {kind} job was given {sorted({s.kind for s in slots})} slots")
+        first = len(self.actors)
+        remote = ray.remote(StageWorker)
+        self.slots += list(slots)
+        self.actors += [remote.options(max_concurrency=1, **actor_options(s, self.cpus_per_worker)).remote()  # type: ignore[attr-defined]
+                        for s in slots]
+        self.identities += [{} for _ in slots]
+        fresh = list(range(first, len(self.actors)))
+        since = time.monotonic()
+        self._starting.update({self.actors[i].identity.remote(): (i, since) for i in fresh})
+        self.size = len(self.actors)
+        return fresh
+
+    def started(self, timeout_s: float = 0.0) -> tuple[list[int], list[tuple[int, str]]]:
+        """Workers from :meth:`extend` that came up since the last call, each checked to run where
+        its slot says, and those that failed or did not start in time, with why (marked dead)."""
+        if not self._starting:
+            return [], []
+        ready, _ = ray.wait(list(self._starting), num_returns=len(self._starting), timeout=timeout_s)
+        up: list[int] = []
+        failed: list[tuple[int, str]] = []
+        for ref in ready:
+            i, _ = self._starting.pop(ref)
+            try:
+                seen = dict(ray.get(ref))
+                check_identity(i, self.slots[i], seen)
+            except (RayActorError, RayTaskError, UserError) as exc:
+                failed.append((i, last_line(exc)))
+                continue
+            self.identities[i] = seen
+            up.append(i)
+        late = waits.stretched(self.start_timeout_s)
+        for ref, (i, since) in list(self._starting.items()):
+            if time.monotonic() - since > late:
+                del self._starting[ref]
+                failed.append((i, f"no start within {self.start_timeout_s:.0f}s on node {self.slots[i].node_id[:12]}"))
+        for i, _ in failed:
+            self._kill([i])
+            self.dead.add(i)
+        return up, failed
