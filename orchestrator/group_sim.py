@@ -7,7 +7,9 @@ result. :func:`simulate_groups` interprets the generators' orders with the simul
 directed group pair at its slowest replica pair, a split backward's ``BI`` and ``W`` apart, the
 ring all-reduce after a stage's last weight gradients, static + stashed memory), so its cost grows with stages × units, not with devices: a
 1024-GPU plan costs what its 8-group pipeline costs. Large clusters are planned with it
-(:mod:`orchestrator.planners.hierarchy`), and ``auto`` ranks candidates with it.
+(:mod:`orchestrator.planners.hierarchy`), ``auto`` ranks candidates with it, SPP's list
+scheduling (PE) is this mode, and AutoPipe walks its critical path in its trace. Every duration
+and byte count is a term of :mod:`orchestrator.cost_terms`.
 
 It is *exact* (equal to :func:`orchestrator.simulator.simulate`) when every group's devices have
 one speed and every receiving replica's slowest incoming message is the boundary's slowest
