@@ -86,7 +86,7 @@ def record(path: Path, full: bool) -> None:
             cell["wall_s"] = time.perf_counter() - t0  # indicative only: compare speed with benchmarks/planners.py side by side
             cells[f"{label} | {name}"] = cell
         print(label, flush=True)
-    path.write_text(json.dumps(cells, indent=1, sort_keys=True) + "\n")
+        path.write_text(json.dumps(cells, indent=1, sort_keys=True) + "\n")  # after every row: a long run can be compared part way
     print(f"wrote {path} ({len(cells)} cells)")
 
 
@@ -96,10 +96,11 @@ def _close(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def diff(before: Path, after: Path) -> int:
+def diff(before: Path, after: Path, partial: bool = False) -> int:
     a, b = json.loads(before.read_text()), json.loads(after.read_text())
     changed = 0
-    for key in sorted(set(a) | set(b)):
+    common = set(a) & set(b) if partial else set(a) | set(b)
+    for key in sorted(common):
         x, y = a.get(key), b.get(key)
         if x is None or y is None:
             print(f"{key}: only in {'after' if x is None else 'before'}")
@@ -111,9 +112,9 @@ def diff(before: Path, after: Path) -> int:
             print(f"{key}:")
             for f in fields:
                 print(f"    {f}: {x.get(f)}  ->  {y.get(f)}")
-    slow = sorted(((y["wall_s"] / x["wall_s"], k) for k in a if (x := a[k]) and (y := b.get(k)) and x["wall_s"] > 0.05), reverse=True)[:5]
-    print(f"{changed} of {len(set(a) | set(b))} cells differ; largest planning-time ratios after/before: "
-          + ", ".join(f"{k} {r:.2f}x" for r, k in slow))
+    wall = [sum(c.get("wall_s", 0.0) for c in x.values()) for x in (a, b)]
+    print(f"{changed} of {len(common)} cells differ (planning wall time {wall[0]:.1f} s before, {wall[1]:.1f} s after: "
+          "single samples, compare speed with benchmarks/planners.py)")
     return 0
 
 
@@ -126,9 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     dif = sub.add_parser("diff")
     dif.add_argument("before", type=Path)
     dif.add_argument("after", type=Path)
+    dif.add_argument("--partial", action="store_true", help="compare only the cells both recordings have")
     args = ap.parse_args(argv)
     if args.cmd == "diff":
-        return diff(args.before, args.after)
+        return diff(args.before, args.after, args.partial)
     if not (SHARED / "profiles").exists():
         print(f"benchmarks/plan_diff.py: {SHARED} not found; nothing to record")
         return 0

@@ -471,7 +471,7 @@ def test_prm_pair_layout_equals_dense_formulation(seed: int) -> None:
 
 @pytest.mark.parametrize("seed", range(6))
 def test_spp_pe_lower_bound_holds(seed: int) -> None:
-    """plan_spp skips a queue or a plan when _pe_lower_bound (with or without transfers) already
+    """plan_spp skips a queue or a plan when scoring.pe_lower_bound (with or without transfers) already
     reaches the incumbent: it must never exceed PE's makespan."""
     rng = np.random.default_rng(seed)
     for _ in range(40):

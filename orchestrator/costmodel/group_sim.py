@@ -7,7 +7,9 @@ result. :func:`simulate_groups` interprets the generators' orders with the simul
 directed group pair at its slowest replica pair, a split backward's ``BI`` and ``W`` apart, the
 ring all-reduce after a stage's last weight gradients, static + stashed memory), so its cost grows with stages × units, not with devices: a
 1024-GPU plan costs what its 8-group pipeline costs. Large clusters are planned with it
-(:mod:`orchestrator.planners.hierarchy`), and ``auto`` ranks candidates with it.
+(:mod:`orchestrator.planners.hierarchy`), ``auto`` ranks candidates with it, SPP's list
+scheduling (PE) is this mode, and AutoPipe walks its critical path in its trace. Every duration
+and byte count is a term of :mod:`orchestrator.costmodel.terms`.
 
 It is *exact* (equal to :func:`orchestrator.costmodel.simulator.simulate`) when every group's devices have
 one speed and every receiving replica's slowest incoming message is the boundary's slowest
@@ -18,10 +20,8 @@ long as in the full simulation. :func:`plan_lower_bound` is a true lower bound f
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Sequence
 
-import numpy as np
 
 from orchestrator.core.cluster import Cluster
 from orchestrator.costmodel.terms import compute_time, fits_memory, group_all_reduce, pair_stats, stash_bytes, static_bytes, transfer_time
@@ -61,26 +61,30 @@ class GroupSim:
         return SimResult(self.iteration_s, busy, stash, static, (), ())
 
 
-_ORDERS: dict[tuple[object, ...], tuple[list[list[Action]], list[dict[int, int]]]] = {}
+Op = tuple[int, int, int, int, bool]
+"""A compute action compiled for the interpreter: (kind code, stage, unit index, half, whether it
+is its stage's last weight-gradient pass on the group — the all-reduce follows it)."""
+_CODE = {Kind.FORWARD: 0, Kind.BACKWARD: 1, Kind.BACKWARD_INPUT: 2, Kind.BACKWARD_WEIGHT: 3}
+_ORDERS: dict[tuple[object, ...], tuple[list[list[Action]], list[tuple[Op, ...]]]] = {}
 
 
-def _orders(kind: ScheduleKind, p: int, v: int, M: int, sliced: int, plan: Plan) -> tuple[list[list[Action]], list[dict[int, int]]]:
-    """The generator's compute orders (and each stage's last backward position per group); they
-    depend only on the schedule's shape, so candidates of one shape share them."""
+def _orders(kind: ScheduleKind, p: int, v: int, M: int, sliced: int, plan: Plan) -> tuple[list[list[Action]], list[tuple[Op, ...]]]:
+    """The generator's compute orders, and the same compiled to :data:`Op` tuples; they depend
+    only on the schedule's shape, so candidates of one shape share them."""
     key = (kind, p, v, M, sliced)
     got = _ORDERS.get(key)
     if got is None:
-        orders = GENERATORS[kind](plan, units_of(plan))
-        last_backward: list[dict[int, int]] = []
+        units = units_of(plan)
+        index = {u: i for i, u in enumerate(units)}
+        orders = GENERATORS[kind](plan, units)
+        compiled: list[tuple[Op, ...]] = []
         for order in orders:
-            lb: dict[int, int] = {}
-            for pos, act in enumerate(order):
-                if act.kind.grads_weights:
-                    lb[act.stage] = pos
-            last_backward.append(lb)
+            last = {act.stage: pos for pos, act in enumerate(order) if act.kind.grads_weights}
+            compiled.append(tuple((_CODE[a.kind], a.stage, index[(a.microbatch, a.part)], int(a.part != 0), last[a.stage] == pos)
+                                  for pos, a in enumerate(order)))
         if len(_ORDERS) > 256:
             _ORDERS.clear()
-        got = _ORDERS[key] = (orders, last_backward)
+        got = _ORDERS[key] = (orders, compiled)
     return got
 
 
@@ -95,7 +99,7 @@ def simulate_groups(plan: Plan, profile: Profile, cluster: Cluster, options: Sim
     durations are at least these, so no event of the full simulation is earlier."""
     options = options or SimOptions()
     units = units_of(plan)
-    orders, last_backward = _orders(plan.schedule, plan.num_physical_stages, plan.virtual_chunks, plan.num_microbatches, plan.sliced_microbatches, plan)
+    orders, ops = _orders(plan.schedule, plan.num_physical_stages, plan.virtual_chunks, plan.num_microbatches, plan.sliced_microbatches, plan)
     groups = plan.device_groups
     p = len(groups)
     stages = plan.stages
@@ -113,7 +117,6 @@ def simulate_groups(plan: Plan, profile: Profile, cluster: Cluster, options: Sim
     split = [backward_parts(profile, j, s.first, s.last, s.recompute) for j, s in enumerate(stages)]
     bi = [compute_time(split[j][0], speed[j % p], s.replicas) for j, s in enumerate(stages)]
     ww = [compute_time(split[j][1], speed[j % p], s.replicas) for j, s in enumerate(stages)]
-    cost = {Kind.FORWARD: fw, Kind.BACKWARD: bw, Kind.BACKWARD_INPUT: bi, Kind.BACKWARD_WEIGHT: ww}
     out_bytes = [profile.boundary_bytes(s.last) for s in stages]
     in_bytes = [profile.boundary_bytes(s.first) for s in stages]
     spb: dict[tuple[int, int], float] = {}
@@ -130,95 +133,90 @@ def simulate_groups(plan: Plan, profile: Profile, cluster: Cluster, options: Sim
                     spb[(src_g, dst_g)], latp[(src_g, dst_g)] = 0.0, 0.0
                 else:
                     spb[(src_g, dst_g)], latp[(src_g, dst_g)] = stats.first, cluster.latency_s
-    frac = {u: unit_fraction(u[1]) for u in units}
-    # each message's time per (stage, unit fraction): forward to stage j+1, backward to j−1
-    msg_f: dict[tuple[int, float], float] = {}
-    msg_b: dict[tuple[int, float], float] = {}
-    for fr in set(frac.values()):
+    fracs = (1.0, 0.5)  # a whole unit, a sliced half (unit_fraction)
+    # each message's time per (half, stage): forward to stage j+1, backward to j−1
+    msg_f = [[0.0] * S for _ in fracs]
+    msg_b = [[0.0] * S for _ in fracs]
+    for h, fr in enumerate(fracs):
         for j in range(S):
             g = j % p
             if j + 1 < S and (j + 1) % p != g:
                 pair = (g, (j + 1) % p)
-                msg_f[(j, fr)] = transfer_time(out_bytes[j] * fr, spb[pair], latp[pair])
+                msg_f[h][j] = transfer_time(out_bytes[j] * fr, spb[pair], latp[pair])
             if j > 0 and (j - 1) % p != g:
                 pair = (g, (j - 1) % p)
-                msg_b[(j, fr)] = transfer_time(in_bytes[j] * fr, spb[pair], latp[pair])
+                msg_b[h][j] = transfer_time(in_bytes[j] * fr, spb[pair], latp[pair])
     ar = [group_all_reduce(cluster, s.devices, profile.param_bytes(s.first, s.last)) for s in stages]
+    comp = (fw, bw, bi, ww)  # by kind code
+    dst_f = [(j + 1) % p if j + 1 < S else -1 for j in range(S)]
+    dst_b = [(j - 1) % p if j > 0 else -1 for j in range(S)]
 
-    arr_f: dict[tuple[int, tuple[int, int]], float] = {}
-    arr_b: dict[tuple[int, tuple[int, int]], float] = {}
-    link: dict[tuple[int, int], float] = {}
+    U = len(units)
+    arr_f = [[-1.0] * U for _ in range(S)]  # when unit u's input reaches stage j (-1: not sent yet)
+    arr_b = [[-1.0] * U for _ in range(S)]  # when its output gradient does
+    link = [[0.0] * p for _ in range(p)]  # when the message chain from group a to group b is free
     pc = [0] * p
     clock = [0.0] * p
     busy = [0.0] * p
     rec: list[list[Traced]] | None = [[] for _ in range(p)] if trace else None
-    remaining = sum(len(o) for o in orders)
+    remaining = sum(len(o) for o in ops)
     while remaining:
         progressed = False
         for g in range(p):
-            order = orders[g]
+            order = ops[g]
             k = pc[g]
             t = clock[g]
-            while k < len(order):
-                act = order[k]
-                j = act.stage
-                u = (act.microbatch, act.part)
-                fr = frac[u]
+            n = len(order)
+            free_g = link[g]
+            while k < n:
+                code, j, u, half, last = order[k]
                 t0 = t
-                if act.kind is Kind.FORWARD:
+                if code == 0:  # forward: waits for its input, sends its output
                     if j > 0:
-                        got = arr_f.get((j, u))
-                        if got is None:
+                        got = arr_f[j][u]
+                        if got < 0:
                             break
                         if got > t:
                             t = got
                     start = t
-                    t += fw[j] * fr
-                    if rec is not None:
-                        rec[g].append((act, start, t, start > t0))
-                    busy[g] += fw[j] * fr
+                    d = fw[j] * fracs[half]
+                    t += d
+                    busy[g] += d
+                    dst = dst_f[j]
+                    if dst == g:
+                        arr_f[j + 1][u] = t
+                    elif dst >= 0:
+                        free = free_g[dst]
+                        free_g[dst] = (t if t > free else free) + msg_f[half][j]
+                        arr_f[j + 1][u] = free_g[dst]
+                elif code == 3:  # weight gradients: nobody waits for them
+                    start = t
+                    d = ww[j] * fracs[half]
+                    t += d
+                    busy[g] += d
+                else:  # backward or its input-gradient half: waits for the gradient, sends one back
                     if j + 1 < S:
-                        dst = (j + 1) % p
-                        if dst == g:
-                            arr_f[(j + 1, u)] = t
-                        else:
-                            free = link.get((g, dst), 0.0)
-                            st = t if t > free else free
-                            link[(g, dst)] = st + msg_f[(j, fr)]
-                            arr_f[(j + 1, u)] = link[(g, dst)]
-                elif act.kind is Kind.BACKWARD_WEIGHT:
-                    t += ww[j] * fr
-                    if rec is not None:
-                        rec[g].append((act, t0, t, False))
-                    busy[g] += ww[j] * fr
-                    if last_backward[g].get(j) == k:
-                        t += ar[j]
-                        busy[g] += ar[j]
-                else:
-                    b = bw if act.kind is Kind.BACKWARD else bi
-                    if j + 1 < S:
-                        got = arr_b.get((j, u))
-                        if got is None:
+                        got = arr_b[j][u]
+                        if got < 0:
                             break
                         if got > t:
                             t = got
                     start = t
-                    t += b[j] * fr
-                    if rec is not None:
-                        rec[g].append((act, start, t, start > t0))
-                    busy[g] += b[j] * fr
-                    if j > 0:
-                        dst = (j - 1) % p
-                        if dst == g:
-                            arr_b[(j - 1, u)] = t
-                        else:
-                            free = link.get((g, dst), 0.0)
-                            st = t if t > free else free
-                            link[(g, dst)] = st + msg_b[(j, fr)]
-                            arr_b[(j - 1, u)] = link[(g, dst)]
-                    if last_backward[g].get(j) == k:
-                        t += ar[j]
-                        busy[g] += ar[j]
+                    d = comp[code][j] * fracs[half]
+                    t += d
+                    busy[g] += d
+                    dst = dst_b[j]
+                    if dst == g:
+                        arr_b[j - 1][u] = t
+                    elif dst >= 0:
+                        free = free_g[dst]
+                        free_g[dst] = (t if t > free else free) + msg_b[half][j]
+                        arr_b[j - 1][u] = free_g[dst]
+                if rec is not None:
+                    rec[g].append((orders[g][k], start, t, start > t0))
+                if last:  # the stage's last weight gradients: its all-reduce runs on the group
+                    t += ar[j]
+                    busy[g] += ar[j]
                 k += 1
             if k != pc[g]:
                 remaining -= k - pc[g]
@@ -232,16 +230,13 @@ def simulate_groups(plan: Plan, profile: Profile, cluster: Cluster, options: Sim
         # tighter bound on that replica, hence on the iteration.
         for g in range(p):
             t = 0.0
-            for k, act in enumerate(orders[g]):
-                j = act.stage
-                u = (act.microbatch, act.part)
-                f = cost[act.kind]
-                if act.kind is Kind.FORWARD and j > 0:
-                    t = max(t, arr_f[(j, u)])
-                elif act.kind.grads_input and j + 1 < S:
-                    t = max(t, arr_b[(j, u)])
-                t += f[j] * frac[u] * speed[g] / slowest[g]
-                if act.kind.grads_weights and last_backward[g].get(j) == k:
+            for code, j, u, half, last in ops[g]:
+                if code == 0 and j > 0:
+                    t = max(t, arr_f[j][u])
+                elif code in (1, 2) and j + 1 < S:
+                    t = max(t, arr_b[j][u])
+                t += comp[code][j] * fracs[half] * speed[g] / slowest[g]
+                if last:
                     t += ar[j]
             clock[g] = max(clock[g], t)
     step = options.step_s_per_param_byte
@@ -253,12 +248,13 @@ def simulate_groups(plan: Plan, profile: Profile, cluster: Cluster, options: Sim
     peaks, statics = [], []
     fits = True
     per_unit = [profile.stage_stash_bytes(s.first, s.last, s.recompute) for s in stages]
-    deltas = {(j, part): stash_bytes(per_unit[j], unit_fraction(part), s.replicas) for j, s in enumerate(stages) for part in {u[1] for u in units}}
+    parts = {part for _, part in units}
+    deltas = {(j, part): stash_bytes(per_unit[j], unit_fraction(part), len(s.devices)) for j, s in enumerate(stages) for part in parts}
     signs = {kind: stash_sign(kind) for kind in Kind}
-    for g, order in enumerate(orders):
+    for g, actions in enumerate(orders):
         static = static_bytes(sum(profile.param_bytes(stages[j].first, stages[j].last) for j in range(g, S, p)), options.state_factor)
         stash = peak = 0.0
-        for act in order:
+        for act in actions:
             stash += signs[act.kind] * deltas[(act.stage, act.part)]
             if stash > peak:
                 peak = stash

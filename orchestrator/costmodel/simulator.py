@@ -120,18 +120,41 @@ class _Costs:
         self.out_bytes = [profile.boundary_bytes(s.last) for s in plan.stages]
         self.in_bytes = [profile.boundary_bytes(s.first) for s in plan.stages]
         self.options = options
+        # memo of the terms by what they depend on (a schedule repeats them for every unit)
+        self._compute: dict[tuple[Kind, int, int], float] = {}
+        self._message: dict[tuple[Kind, int, int, int, int], float] = {}
+        self._stash: dict[tuple[int, int], float] = {}
 
     def compute(self, a: Action, device: int) -> float:
-        stage = self.plan.stages[a.stage]
-        kind = a.kind
-        if kind is Kind.FORWARD:
-            base = self.fwd[a.stage]
-        elif kind is Kind.BACKWARD:
-            base = self.bwd[a.stage]
-        else:
-            base = self.split[a.stage][0 if kind is Kind.BACKWARD_INPUT else 1]
-        speed = self.cluster.devices[device].speed / self.options.slowdown.get(device, 1.0)
-        return compute_time(base, speed, stage.replicas) * unit_fraction(a.part)
+        key = (a.kind, a.stage, device)
+        dur = self._compute.get(key)
+        if dur is None:
+            kind = a.kind
+            if kind is Kind.FORWARD:
+                base = self.fwd[a.stage]
+            elif kind is Kind.BACKWARD:
+                base = self.bwd[a.stage]
+            else:
+                base = self.split[a.stage][0 if kind is Kind.BACKWARD_INPUT else 1]
+            speed = self.cluster.devices[device].speed / self.options.slowdown.get(device, 1.0)
+            dur = self._compute[key] = compute_time(base, speed, self.plan.stages[a.stage].replicas)
+        return dur * unit_fraction(a.part)
+
+    def message(self, a: Action, src: int) -> float:
+        """Seconds of a send from ``src`` on its link (latency + bytes at the link's rate)."""
+        key = (a.kind, a.stage, a.part, src, a.peer)
+        dur = self._message.get(key)
+        if dur is None:
+            dur = self._message[key] = transfer_time(self.transfer_bytes(a, src), 1.0 / self.cluster.link(src, a.peer), self.cluster.latency_s)
+        return dur
+
+    def stash_delta(self, a: Action) -> float:
+        """Activation bytes one replica of ``a.stage`` holds for ``a``'s unit."""
+        key = (a.stage, a.part)
+        got = self._stash.get(key)
+        if got is None:
+            got = self._stash[key] = stash_bytes(self.stash[a.stage], unit_fraction(a.part), self.plan.stages[a.stage].replicas)
+        return got
 
     def transfer_bytes(self, a: Action, src: int) -> float:
         """Bytes of a send from ``src`` (whose replica index in ``a.stage`` defines the row share)."""
@@ -191,7 +214,7 @@ def simulate(
                     dur = costs.compute(a, d)
                     idx = emit(Event(d, str(a), a.kind.value, t, t + dur, last_event[d]))
                     busy[d] += dur
-                    delta = stash_bytes(costs.stash[a.stage], unit_fraction(a.part), plan.stages[a.stage].replicas)
+                    delta = costs.stash_delta(a)
                     stash[d] += stash_sign(a.kind) * delta
                     peak[d] = max(peak[d], stash[d])
                     clock[d], last_event[d] = t + dur, idx
@@ -200,8 +223,7 @@ def simulate(
                     free_at, prev = link_free.get(link, (0.0, -1))
                     start = max(t, free_at)
                     cause = last_event[d] if t >= free_at else prev
-                    nbytes = costs.transfer_bytes(a, d)
-                    dur = transfer_time(nbytes, 1.0 / cluster.link(d, a.peer), cluster.latency_s)
+                    dur = costs.message(a, d)
                     idx = emit(Event(d, str(a), "transfer", start, start + dur, cause, link))
                     link_free[link] = (start + dur, idx)
                     tag = "F" if a.kind is Kind.SEND_F else "B"

@@ -58,7 +58,7 @@ def all_reduce_time(replicas: Num, nbytes: Num, ring_bandwidth: Num) -> Num:
     """Ring all-reduce of ``nbytes`` over ``replicas`` devices: 2(k−1)/k · bytes / the ring's
     slowest link; 0 for one replica. Arrays broadcast; where the bandwidth is NaN (no such
     group) the result is NaN for k > 1, and 0 for k = 1."""
-    if np.ndim(replicas) == 0 and np.ndim(nbytes) == 0 and np.ndim(ring_bandwidth) == 0:
+    if not isinstance(replicas, np.ndarray) and not isinstance(nbytes, np.ndarray) and not isinstance(ring_bandwidth, np.ndarray):
         k = float(replicas)  # type: ignore[arg-type]
         return 0.0 if k < 2 else 2.0 * (k - 1) / k * nbytes / ring_bandwidth  # type: ignore[operator]
     k_arr = np.asarray(replicas, dtype=np.float64)
@@ -154,7 +154,7 @@ def seconds_per_byte(cluster: Cluster, src: Sequence[int], dst: Sequence[int]) -
     shares in parallel on their own links, so the slowest pair decides (0 without groups)."""
     if not src or not dst:
         return 0.0
-    return pair_stats(cluster, tuple(src), tuple(dst)).top
+    return float(np.max(pair_costs(cluster, src, dst)))  # pair_stats(...).top, without its other statistics
 
 
 def boundary_time(cluster: Cluster, src: Sequence[int], dst: Sequence[int], nbytes: float) -> float:

@@ -15,6 +15,7 @@ from typing import Any
 from orchestrator.core.cluster import Cluster
 from orchestrator.core.errors import UserError
 from orchestrator.costmodel.group_sim import simulate_groups
+from orchestrator.costmodel.terms import fits_memory, stage_memory
 from orchestrator.core.plan import Plan, ScheduleKind
 from orchestrator.planners import auto, catalog
 from orchestrator.planners.interleaving import best_interleaving
@@ -100,8 +101,8 @@ def _check_blocks_fit(profile: Profile, cluster: Cluster, options: PlannerOption
     micro-batch when recomputed) exceeds the largest device fits no plan: say which block."""
     biggest = max(d.memory_bytes for d in cluster.devices)
     for i, block in enumerate(profile.blocks):
-        need = block.param_bytes * options.state_factor + profile.boundary_bytes(i)
-        if need > biggest:
+        need = stage_memory(block.param_bytes, profile.boundary_bytes(i), 1.0, 1.0, options.state_factor)  # recomputing: its input
+        if not fits_memory(need, biggest):
             raise UserError(f"plan does not fit in device memory: block {i} ({block.name!r}) alone needs {need / 2**30:.2f} GiB (its parameters x "
                             f"{options.state_factor:g} for gradients and optimizer state, and its input) but the "
                             f"largest device has {biggest / 2**30:.2f} GiB")

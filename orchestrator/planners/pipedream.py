@@ -81,8 +81,7 @@ def hierarchy(cluster: Cluster) -> list[Level]:
 
 
 def _stage_time(compute: np.ndarray, params: np.ndarray, m: np.ndarray, level: Level) -> np.ndarray:
-    # PipeDream's gradient exchange: twice a ring all-reduce, 4(m−1)/m · |w| / B, over the level's
-    # bandwidth shared by the workers of one lower-level unit
+    # PipeDream's gradient exchange, 4(m−1)/m · |w| / B: twice the ring term, per lower-level worker
     sync = 2.0 * all_reduce_time(m, params, level.bandwidth) / level.within
     return compute_time(compute + sync, 1.0, m)
 

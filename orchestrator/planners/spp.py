@@ -34,14 +34,17 @@ repeats them for every stage count ``S = 1..V``, keeping the plan with the small
    in send order; each stage all-reduces after its last backward. We evaluate the 1F1B queue (the
    memory-bounded order our runtime executes) and the GPipe queue (all forwards, then backwards, the
    order the paper's ``(2 + (4V−4)/M)`` bound is proved for) and keep the faster that fits memory.
+   That execution is exactly the simulator's group-level mode on the generators' orders
+   (:func:`orchestrator.costmodel.group_sim.simulate_groups`), so PE *is* that mode; the bounds that prune
+   candidates before it runs are in :mod:`orchestrator.planners.scoring`.
 
 Bound (tested on small instances against exhaustive enumeration): for the GPipe queue each of the
 two phases takes at most the largest load plus one unit on each of the ``2V−2`` resources of the
 fill path, so ``makespan ≤ (2 + (4V−4)/M) · W_PRM``, and ``W_PRM ≤ (1+Φ) · OPT`` where Φ is the price
 of restricting stages to runs of the RDO order (Φ = 0 when the order does not matter, e.g. on a
 flat cluster). Deviation: the paper's all-to-all boundary estimate is replaced by the conservative
-``max(r, r')`` split over the slowest cross link, and PE is an exact replay of our cost model, so the
-plan SPP picks is the one the simulator scores.
+``max(r, r')`` split over the slowest cross link, and PE is the simulator's group mode, so the plan
+SPP picks is the one the simulator scores (exactly, when a stage's replicas are alike).
 """
 
 from __future__ import annotations
