@@ -35,7 +35,9 @@ from orchestrator.plan import Plan
 from orchestrator.profile import Profile
 from orchestrator.controller.estimate import CostModel, Layout
 from orchestrator.controller.handle import SHIPPED_STATE_FACTOR, IterationMetrics, PipelineHandle, move_transfers, transfer_time
-from orchestrator.controller.monitor import MonitorConfig, Observation, initial_state, log_noise, model_cluster, observe, speed_error
+from orchestrator.controller.monitor import (
+    MonitorConfig, Observation, initial_state, log_noise, model_cluster, observe, relearn, speed_error,
+)
 from orchestrator.controller.moves import best_moves, path_to, walk
 from orchestrator.controller.simcache import SimCache
 from orchestrator.controller.policies import (
@@ -335,6 +337,7 @@ class Controller:
         report = self.handle.apply_move(plan)
         a = self.config.calibration_alpha
         self._move_overhead = (1 - a) * self._move_overhead + a * max(0.0, report.stall_s - predicted)
+        self._monitor = relearn(self._monitor, _work_changed(before, plan))
         return report.stall_s
 
     def _calibrate_restart(self, plan: Plan, downtime_s: float) -> None:
@@ -352,6 +355,19 @@ class Controller:
         rec = StepRecord(step, metrics.iteration, self.state, metrics.iteration_s, metrics.completed, decision, decision_s, action, action_s)
         self.history.append(rec)
         return rec
+
+
+def _work_changed(before: Plan, after: Plan) -> list[int]:
+    """Devices whose blocks differ between two plans."""
+    def work(plan: Plan) -> dict[int, set[tuple[int, int, int]]]:
+        out: dict[int, set[tuple[int, int, int]]] = {}
+        for s in plan.stages:
+            for d in s.devices:
+                out.setdefault(d, set()).add((s.first, s.last, s.replicas))
+        return out
+
+    old, new = work(before), work(after)
+    return sorted(d for d in set(old) | set(new) if old.get(d) != new.get(d))
 
 
 def _why(obs: Observation) -> str:
