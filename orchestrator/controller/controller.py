@@ -20,6 +20,14 @@ destination, and the current plan, is then timed by the real simulator, and each
 by its hand-over transfers plus the calibrated per-move overhead. The arbiter picks. With
 ``use_restart`` the stop-and-restart onto a full re-plan is one more option (the baseline when
 ``use_moves`` is off).
+
+Converging fast without chasing noise (issue 15): a chosen path is carried out in the same pause
+as one hand-over to its end; the arbiter's noise floor is the iteration time's variation with the
+machine-wide load factored out, or the believed speeds' standard error where that is larger —
+except for a device whose change the monitor has just confirmed (:meth:`Controller.noise`); and
+after a move the devices whose work changed re-learn their speed silently
+(:func:`~orchestrator.controller.monitor.relearn`), so a move's own side effects on what they
+are observed to do do not start the next move.
 """
 
 from __future__ import annotations
