@@ -45,6 +45,16 @@ LIVE_HISTORY = [
     "never, 11, never] with 3–5 moves per run (chasing its own moves); nothing changed: [1, 0, 0, 0, 0]",
 ]
 """Earlier runs, for the spread and the anchor (the table above is the latest run)."""
+LIVE_READING = (
+    "Why runs take longer than 5 iterations here (from the controller's event log and monitor state, per iteration): the "
+    "slowdown is confirmed after its third iteration and the first move (3 if it were the last) gives device 1 a single "
+    "block; the injected sleep follows the *process's* CPU seconds, which count the actor's gloo and Ray threads too, so a "
+    "device's apparent speed depends on its share of the traffic and falls further once it computes less; once device 1 "
+    "has re-learnt its speed on the new work, the controller drops it (a second move, 4–6 iterations after the first), "
+    "and that plan is the fresh optimum's equal. The machine's load (other engineers' jobs; 1-minute average in the "
+    "table) widens the paired rounds, so a ratio near 0.95 falls either side of it from one round to the next."
+)
+"""What the latest runs showed (written by hand from their logs)."""
 
 
 # Partials of importable functions: Ray workers unpickle them by reference (no benchmark module
@@ -206,6 +216,7 @@ def live_slowdown() -> list[str]:
         + (f", median {statistics.median(ok):.0f}" if ok else ""),
         f"- nothing changed ({QUIET_RUNS} runs of {QUIET_ITERATIONS} iterations, no injection): moves per run **{quiet}** (target 0)",
         "- earlier runs:", *[f"  - {h}" for h in LIVE_HISTORY],
+        f"- {LIVE_READING}",
         f"- events of seed {runs[0].seed}:", *[f"  - {e}" for e in runs[0].events],
         "", f"_Live section wall time: {wall:.0f} s._", "",
     ]
