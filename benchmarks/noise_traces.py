@@ -41,7 +41,7 @@ def record(iterations: int, bounds: list[int]) -> dict[str, object]:
     import torch.nn.functional as F
 
     from actors.group import WorkerGroup
-    from adaptive import LIVE_M, _live_data, _live_model, _live_optimizer
+    from adaptive_live import LIVE_M, _live_data, _live_model, _live_optimizer
     from orchestrator.adapt.live import RayPipeline, measured_profile
     from orchestrator.train.trainer import PipelineTrainer
 

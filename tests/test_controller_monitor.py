@@ -147,3 +147,34 @@ def test_link_bandwidth_observed_and_class_scaled() -> None:
 def test_throttle_by_delay_per_byte() -> None:
     t = Throttle(0, 1, 0, delay_per_byte=1.0 / (10 * GBPS))
     assert t.apply(10 * GBPS) == pytest.approx(5 * GBPS)
+
+
+def test_common_mode_is_no_device_change() -> None:
+    """Load that slows every device alike (another job on the machine) moves the cluster-wide
+    level, not any device: no change is reported and the relative speeds stay; one device's own
+    halving under the same load is reported for that device alone."""
+    profile, cluster, pipe = _pipe(scenario([Slowdown(d, 1.8, 10, 20) for d in range(4)] + [Slowdown(2, 2.0, 30)]))
+    state = initial_state(cluster, pipe.alive_devices())
+    flagged = []
+    for i in range(40):
+        obs = observe(state, pipe.run_iteration(), profile, pipe.alive_devices(), CFG)
+        state = obs.state
+        if obs.speed_changes:
+            flagged.append((i, obs.speed_changes))
+    assert flagged and all(i >= 30 and changed == (2,) for i, changed in flagged), flagged
+    assert model_cluster(state, cluster).speeds[2] == pytest.approx(0.5, rel=0.1)
+
+
+def test_relearn_takes_a_new_baseline_silently() -> None:
+    """After a move a device's observed speed is a new baseline, learnt without reporting; a
+    fall after that is reported as usual."""
+    from orchestrator.adapt.monitor import MonitorState, relearn
+
+    state = relearn(MonitorState({0: LEARNED}), [0])
+    track = state.speeds[0]
+    hits = []
+    for i, v in enumerate([1.4] * 6 + [0.7] * 4):
+        track, changed = update_track(track, v, CFG)
+        if changed:
+            hits.append(i)
+    assert hits == [8]  # the baseline 1.4 silently, then the fall to 0.7 (0.69 in log) after three

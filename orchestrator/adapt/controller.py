@@ -20,6 +20,14 @@ destination, and the current plan, is then timed by the real simulator, and each
 by its hand-over transfers plus the calibrated per-move overhead. The arbiter picks. With
 ``use_restart`` the stop-and-restart onto a full re-plan is one more option (the baseline when
 ``use_moves`` is off).
+
+Converging fast without chasing noise (issue 15): a chosen path is carried out in the same pause
+as one hand-over to its end; the arbiter's noise floor is the iteration time's variation with the
+machine-wide load factored out, or the believed speeds' standard error where that is larger —
+except for a device whose change the monitor has just confirmed (:meth:`Controller.noise`); and
+after a move the devices whose work changed re-learn their speed silently
+(:func:`~orchestrator.adapt.monitor.relearn`), so a move's own side effects on what they
+are observed to do do not start the next move.
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ from orchestrator.core.profile import Profile
 from orchestrator.adapt.estimate import CostModel, Layout
 from orchestrator.adapt.handle import IterationMetrics, PipelineHandle, handover_time, move_transfers
 from orchestrator.costmodel.terms import shipped_bytes, transfer_time
-from orchestrator.adapt.monitor import MonitorConfig, Observation, initial_state, log_noise, model_cluster, observe, speed_error
+from orchestrator.adapt.monitor import MonitorConfig, Observation, initial_state, log_noise, model_cluster, observe, relearn, speed_error
 from orchestrator.adapt.moves import best_moves, path_to, walk
 from orchestrator.adapt.simcache import SimCache
 from orchestrator.adapt.policies import (
@@ -336,6 +344,7 @@ class Controller:
         report = self.handle.apply_move(plan)
         a = self.config.calibration_alpha
         self._move_overhead = (1 - a) * self._move_overhead + a * max(0.0, report.stall_s - predicted)
+        self._monitor = relearn(self._monitor, _work_changed(before, plan))
         return report.stall_s
 
     def _calibrate_restart(self, plan: Plan, downtime_s: float) -> None:
@@ -353,6 +362,19 @@ class Controller:
         rec = StepRecord(step, metrics.iteration, self.state, metrics.iteration_s, metrics.completed, decision, decision_s, action, action_s)
         self.history.append(rec)
         return rec
+
+
+def _work_changed(before: Plan, after: Plan) -> list[int]:
+    """Devices whose blocks differ between two plans."""
+    def work(plan: Plan) -> dict[int, set[tuple[int, int, int]]]:
+        out: dict[int, set[tuple[int, int, int]]] = {}
+        for s in plan.stages:
+            for d in s.devices:
+                out.setdefault(d, set()).add((s.first, s.last, s.replicas))
+        return out
+
+    old, new = work(before), work(after)
+    return sorted(d for d in set(old) | set(new) if old.get(d) != new.get(d))
 
 
 def _why(obs: Observation) -> str:

@@ -127,6 +127,9 @@ class Track:
     little at a time; a level that has drifted a band away from what was last reported is
     reported, so a change that arrives through refinement is not missed for arriving slowly."""
 
+    silent: bool = False
+    """Learning a new baseline without reporting it (see :func:`relearn`)."""
+
     @property
     def base(self) -> float:
         return self.ref if self.reported is None else self.reported
@@ -164,6 +167,8 @@ def update_log(track: Track, lv: float, cfg: MonitorConfig) -> tuple[Track, bool
         recent = track.recent + (lv,)
         level = statistics.median(recent)
         changed = abs(level - track.base) > cfg.enter
+        if track.silent:
+            return Track(level, level, 0, recent, len(recent), level, True), False
         return Track(level, level, 0, recent, len(recent), level if changed else track.reported), changed
     smooth = (1 - cfg.alpha) * track.smooth + cfg.alpha * lv
     band = cfg.band(track.noise())  # the noise known before this sample: a step cannot widen its own band
@@ -293,6 +298,21 @@ def observe(state: MonitorState, metrics: IterationMetrics, profile: Profile, al
     return Observation(new_state, tuple(speed_changes), tuple(link_changes), appeared, disappeared, common_log)
 
 
+def relearn(state: MonitorState, devices: Sequence[int]) -> MonitorState:
+    """The devices whose work a move changed learn their speed again, silently: what a device
+    is observed to do depends a little on *which* blocks it runs (a block the profile times
+    apart from how the runtime runs it — the model's first block computes no input gradient —
+    its share of the links' traffic, on shared cores how busy its neighbours are), so its level
+    after a move is a new baseline, not a change; reported as one it would start the next move,
+    and the controller would chase its own moves. Their model speed stays what it was until
+    ``LEARNING`` samples on the new work have replaced it."""
+    speeds = dict(state.speeds)
+    for d in devices:
+        if d in speeds:
+            speeds[d] = Track(speeds[d].ref, speeds[d].ref, silent=True)
+    return replace(state, speeds=speeds)
+
+
 def speed_error(state: MonitorState, devices: Sequence[int]) -> float:
     """The largest standard error (log) of the believed relative speeds of ``devices``: a track's
     noise over the square root of the samples its level rests on. A level just learned or just
@@ -309,12 +329,12 @@ def speed_error(state: MonitorState, devices: Sequence[int]) -> float:
 def model_cluster(state: MonitorState, nominal: Cluster) -> Cluster:
     """The cluster the controller plans on: believed speeds and bandwidths, nominal ids.
 
-    A device never timed (idle since it joined) is believed as fast, relative to its nominal
+    A device never timed (idle since it joined; one re-learning after a move keeps its belief) is believed as fast, relative to its nominal
     figure, as the timed devices are relative to theirs (the median ratio): the nominal figures
     share the profile's scale, which the timed devices already corrected — as for unused links."""
-    timed = sorted(math.log(state.speed(d)) - math.log(nominal.devices[d].speed) for d, t in state.speeds.items() if t.recent)
+    timed = sorted(math.log(state.speed(d)) - math.log(nominal.devices[d].speed) for d, t in state.speeds.items() if t.recent or t.silent)
     prior = math.exp(statistics.median(timed)) if timed else 1.0
-    speeds = [state.speed(d) if d in state.speeds and state.speeds[d].recent else nominal.devices[d].speed * prior
+    speeds = [state.speed(d) if d in state.speeds and (state.speeds[d].recent or state.speeds[d].silent) else nominal.devices[d].speed * prior
               for d in range(nominal.size)]
     bw = np.array(nominal.bandwidth, dtype=np.float64)
     np.fill_diagonal(bw, 0.0)

@@ -1,0 +1,222 @@
+"""The live section of ``benchmarks/results/adaptive.md`` (run by ``benchmarks/adaptive.py``;
+``--live-only`` there runs just this and splices it into the results file).
+
+Four Ray stage actors on this machine train an MLP of width 1024 (Adam); one device is slowed 2x
+by the runtime's injection and the controller moves blocks live, over several seeds; after each
+run the plans it ran, the static plan and fresh re-plans for the slowed conditions are measured
+side by side on the same pipeline (:func:`live_runs`); and runs with nothing changed count moves.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from orchestrator.core.cluster import flat  # noqa: E402
+from orchestrator.adapt import ControllerConfig, FaultSchedule, Slowdown, full_replan, scenario  # noqa: E402
+from orchestrator.profiling.models import example_batch, mlp  # noqa: E402
+from orchestrator.core.plan import Plan, straight_plan  # noqa: E402
+from orchestrator.core.profile import Profile  # noqa: E402
+
+LIVE_WIDTH, LIVE_BLOCKS, LIVE_M, LIVE_ROWS = 1024, 8, 8, 256
+LIVE_SEEDS, LIVE_ITERATIONS, LIVE_CHANGE = (1, 2, 3, 4, 5), 30, 12
+LIVE_BASE = 3.0
+"""Every device is first slowed this much by the same injection, so that four actors need 4/3 of the two cores and
+compute like four devices of their own (the target hardware: one GPU per stage) instead of racing for CPU time —
+where a sleeping (slowed) actor hands its core to the others and a plan's speed depends on how many actors share the
+cores, which no per-device speed describes."""
+QUIET_RUNS, QUIET_ITERATIONS = 5, 30
+PAIRED_ROUNDS, PAIRED_ITERATIONS = 4, 3
+LIVE_MARK = "### LIVE: 4-stage Ray pipeline"
+LIVE_HISTORY = [
+    "before this work (commit 08a409d; one seed, slowed at iteration 20, no base injection, fresh plans run apart from the "
+    "controller's): 20 iterations to 0.95× at load 2.6 (earlier records: 13 in the issue, then 10 and 1); nothing changed: "
+    "moves per run [0, 2, 0]",
+    "this section's harness, the controller before re-learning after a move (same day, load 6–15): iterations [never, 0, "
+    "never, 11, never] with 3–5 moves per run (chasing its own moves); nothing changed: [1, 0, 0, 0, 0]",
+]
+"""Earlier runs, for the spread and the anchor (the table above is the latest run)."""
+LIVE_READING = (
+    "Why runs take longer than 5 iterations here (from the controller's event log and monitor state, per iteration): the "
+    "slowdown is confirmed after its third iteration and the first move (3 if it were the last) gives device 1 a single "
+    "block; the injected sleep follows the *process's* CPU seconds, which count the actor's gloo and Ray threads too, so a "
+    "device's apparent speed depends on its share of the traffic and falls further once it computes less; once device 1 "
+    "has re-learnt its speed on the new work, the controller drops it (a second move, 4–6 iterations after the first), "
+    "and that plan is the fresh optimum's equal. The machine's load (other engineers' jobs; 1-minute average in the "
+    "table) widens the paired rounds, so a ratio near 0.95 falls either side of it from one round to the next."
+)
+"""What the latest runs showed (written by hand from their logs)."""
+
+
+# Partials of importable functions: Ray workers unpickle them by reference (no benchmark module
+# needs to be importable there).
+_live_model = partial(mlp, (LIVE_WIDTH,) * (LIVE_BLOCKS + 1))
+_live_data = partial(example_batch, "mlp", LIVE_ROWS, widths=(LIVE_WIDTH,) * (LIVE_BLOCKS + 1))
+_live_optimizer = partial(torch.optim.Adam, lr=1e-4)
+
+
+@dataclass
+class LiveRun:
+    seed: int
+    back: int | None  # iterations from the change until every plan in force is >= 0.95x fresh (paired)
+    back_series: int | None  # the same from the raw per-iteration throughput (3-iteration median)
+    ratios: dict[str, float]  # plan -> paired throughput / fresh optimal's
+    fresh: str
+    static_ratio: float
+    final: str
+    moves: int
+    stall_over_iteration: list[float]
+    events: list[str]
+    load: float
+    final_spread: tuple[float, float]  # the final plan's ratio, lowest and highest round
+
+
+def _robust_profile(trainer_factory, rounds: int = 3) -> Profile:  # type: ignore[no-untyped-def]
+    """The live model's profile measured ``rounds`` times, each block's fastest kept: a burst of
+    another job's load during one block's few repeats must not make that block look 10x heavier
+    (the controller would then plan around a phantom)."""
+    from dataclasses import replace
+
+    from orchestrator.adapt.live import measured_profile
+
+    runs = [measured_profile(trainer_factory()) for _ in range(rounds)]
+    blocks = tuple(min((r.blocks[i] for r in runs), key=lambda b: b.forward_s + b.backward_s) for i in range(runs[0].num_blocks))
+    return replace(runs[0], blocks=blocks)
+
+
+def _paired(pipe, plans: list[Plan], rounds: int, iterations: int) -> dict[Plan, list[float]]:  # type: ignore[no-untyped-def]
+    """Samples/s of each plan per round, measured side by side on one pipeline under the same
+    injection: ``rounds`` rounds, each moving live to every plan in turn (order rotated), one
+    iteration to settle, then the median of ``iterations`` timed ones."""
+    out: dict[Plan, list[float]] = {p: [] for p in plans}
+    for r in range(rounds):
+        for p in plans[r % len(plans):] + plans[: r % len(plans)]:
+            if pipe.current_plan() != p:
+                pipe.apply_move(p)
+            pipe.run_iteration()
+            out[p].append(LIVE_ROWS / statistics.median(pipe.run_iteration().iteration_s for _ in range(iterations)))
+    return out
+
+
+def live_runs(seeds: tuple[int, ...] = LIVE_SEEDS, base: float = LIVE_BASE) -> tuple[list[LiveRun], list[int], float]:
+    """One stage of 4 slowed 2x at iteration ``LIVE_CHANGE`` per seed, the controller driving the
+    real :class:`RayPipeline`; then the plans it ran after the change, the static plan and fresh
+    re-plans for the slowed conditions measured side by side on the same pipeline. Also
+    ``QUIET_RUNS`` runs with nothing injected (moves per run). Returns (runs, quiet moves, seconds)."""
+    import ray
+    import torch.nn.functional as F
+
+    from actors.group import WorkerGroup
+    from orchestrator.adapt.live import RayPipeline, run_adaptive
+    from orchestrator.train.trainer import PipelineTrainer
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    t_start = time.perf_counter()
+    group = WorkerGroup(4, use_gpu=False)
+    cluster = flat(4, 10)
+    static_plan = straight_plan([0, 2, 4, 6, 8], LIVE_M)
+
+    def trainer(plan: Plan, seed: int = 0) -> PipelineTrainer:
+        return PipelineTrainer(_live_model, F.mse_loss, _live_optimizer, _live_data, LIVE_M, plan=plan, workers=group, pg_timeout_s=60,
+                               seed=seed)
+
+    profile = _robust_profile(lambda: trainer(static_plan))
+    truth = cluster.with_speeds([1.0, 0.5, 1.0, 1.0])
+    runs = []
+    for seed in seeds:
+        load = float(open("/proc/loadavg").read().split()[0]) if Path("/proc/loadavg").exists() else float("nan")
+        pipe = RayPipeline(trainer(static_plan, seed), cluster, FaultSchedule(), profile)
+        run = run_adaptive(pipe, ControllerConfig(straight=True), LIVE_ITERATIONS, scenario(_base(base) + [Slowdown(1, 2.0, LIVE_CHANGE)]))
+        in_force = _plans_in_force(run, static_plan)
+        fresh_candidates = {full_replan(profile, c, range(4), static_plan, straight=True) for c in (truth, run.controller.model())}
+        after = sorted({p for p in in_force[LIVE_CHANGE:]} | {static_plan} | fresh_candidates, key=lambda p: p.describe())
+        pipe.faults = scenario(_base(base) + [Slowdown(1, 2.0, 0)])
+        rounds = _paired(pipe, after, PAIRED_ROUNDS, PAIRED_ITERATIONS)
+        tput = {p: statistics.median(v) for p, v in rounds.items()}
+        fresh_plan = max(fresh_candidates, key=lambda p: tput[p])
+        # a plan's ratio: the median over rounds of its throughput over fresh optimal's in that round
+        per_round = {p: [a / b for a, b in zip(rounds[p], rounds[fresh_plan])] for p in after}
+        ratio = {p: statistics.median(v) for p, v in per_round.items()}
+        back = next((k - LIVE_CHANGE for k in range(LIVE_CHANGE, LIVE_ITERATIONS) if all(ratio[p] >= 0.95 for p in in_force[k:])), None)
+        series = run.samples_per_s
+        back_series = next((i - LIVE_CHANGE for i in range(LIVE_CHANGE, LIVE_ITERATIONS - 2)
+                            if statistics.median(series[i:i + 3]) >= 0.95 * tput[fresh_plan]), None)
+        moves = [r for r in run.records if r.action in ("move", "path-move")]
+        events = [f"step {e.step}: {e.kind} {e.detail}" + (f" ({e.seconds * 1e3:.0f} ms)" if e.seconds else "")
+                  for e in run.events if e.kind != "decision" or "switch" in e.detail]
+        runs.append(LiveRun(seed, back, back_series, {p.describe(): r for p, r in ratio.items()}, fresh_plan.describe(),
+                            ratio[static_plan], in_force[-1].describe(), len(moves), [r.action_s / r.iteration_s for r in moves],
+                            events, load, (min(per_round[in_force[-1]]), max(per_round[in_force[-1]]))))
+    quiet = []
+    for seed in range(1, QUIET_RUNS + 1):
+        q = run_adaptive(RayPipeline(trainer(static_plan, 100 + seed), cluster, FaultSchedule(), profile), ControllerConfig(straight=True),
+                         QUIET_ITERATIONS, scenario(_base(base)))
+        quiet.append(sum(1 for r in q.records if r.action in ("move", "path-move")))
+    group.shutdown()
+    return runs, quiet, time.perf_counter() - t_start
+
+
+def _base(factor: float) -> list[Slowdown]:
+    return [Slowdown(d, factor, 0) for d in range(4)] if factor != 1.0 else []
+
+
+def _plans_in_force(run, static_plan: Plan) -> list[Plan]:  # type: ignore[no-untyped-def]
+    """The plan each iteration of ``run`` ran on (``run.plans[k]`` is in force after step k's action)."""
+    by_name = {static_plan.describe(): static_plan} | {m.plan.describe(): m.plan for m in run.controller.handle.move_reports}
+    return [static_plan] + [by_name[name] for name in run.plans[:-1]]
+
+
+def live_slowdown() -> list[str]:
+    """The live section of the results file (see :func:`live_runs`)."""
+    runs, quiet, wall = live_runs()
+    backs = [r.back for r in runs]
+    ok = [b for b in backs if b is not None]
+    rows = [f"| {r.seed} | {r.load:.1f} | {r.back if r.back is not None else 'never'} | "
+            f"{r.back_series if r.back_series is not None else 'never'} | {r.static_ratio:.2f} | {r.ratios[r.final]:.2f} "
+            f"({r.final_spread[0]:.2f}–{r.final_spread[1]:.2f}) | {r.moves} | "
+            f"{max(r.stall_over_iteration, default=0):.2f} | `{r.final}` | `{r.fresh}` |" for r in runs]
+    return [
+        f"{LIVE_MARK} on this machine (2 shared CPU cores), one stage slowed 2x at iteration {LIVE_CHANGE}", "",
+        f"Four Ray stage actors (gloo, 1 torch thread each) train an MLP of {LIVE_BLOCKS} blocks of width {LIVE_WIDTH} with Adam, "
+        f"{LIVE_ROWS} rows per iteration in M = {LIVE_M} micro-batches, starting on `{straight_plan([0, 2, 4, 6, 8], LIVE_M).describe()}`. "
+        "Slowdowns are the runtime's injection (sleep (factor−1)× the action's own CPU seconds after every forward/backward, "
+        f"so the injected amount does not depend on how the four actors share the two cores). Every device runs under a "
+        f"{LIVE_BASE:g}× base injection from the start, so that the four actors need 4/3 of the two cores and compute like four "
+        "devices of their own (one GPU per stage, the hardware this is for) rather than racing for CPU time — without it a "
+        "sleeping (slowed) actor hands its core to the other three, and a plan's speed depends on how many actors share the "
+        "cores, which no per-device speed describes (measured: the static plan under the slowdown was then 0.54–1.06× the "
+        f"fresh plan from one run to the next). Device 1 is slowed 2× more at iteration {LIVE_CHANGE}. The controller sees only "
+        "measured metrics and moves block state actor to actor.",
+        "",
+        f"**How it is measured.** After each run, on the same pipeline and under the same injection, every plan the controller "
+        "ran after the change, the static plan and fresh re-plans for the slowed conditions (from scratch on the true speeds, "
+        "and on the speeds the controller learned) are measured side by side: "
+        f"{PAIRED_ROUNDS} rounds, each moving live to every plan in turn (order rotated), 1 iteration to settle and "
+        f"{PAIRED_ITERATIONS} timed (median); a plan's ratio to fresh optimal is the median over rounds of the two "
+        "measured in the same round. *Fresh optimal* is the faster fresh plan. "
+        "**Iterations to 0.95×** counts from the first slowed iteration to the first iteration from which every plan in "
+        "force is ≥ 0.95× fresh optimal (3 = the slowdown was confirmed after its third iteration and the first move was "
+        "right). The raw-series column is the same from the per-iteration throughput (first 3-iteration median ≥ 0.95× "
+        "fresh optimal; machine load moves it either way).", "",
+        "| seed | load (1 min) | iterations to 0.95× (paired) | same, raw series | static / fresh | final / fresh (rounds' range) | moves | "
+        "max stall / iteration | final plan | fresh optimal |",
+        "|---|---|---|---|---|---|---|---|---|---|", *rows, "",
+        f"- iterations to 0.95× fresh optimal: **{backs}** (target ≤ 5); "
+        f"{sum(1 for b in ok if b <= 5)} of {len(runs)} runs within 5"
+        + (f", median {statistics.median(ok):.0f}" if ok else ""),
+        f"- nothing changed ({QUIET_RUNS} runs of {QUIET_ITERATIONS} iterations, no injection): moves per run **{quiet}** (target 0)",
+        "- earlier runs:", *[f"  - {h}" for h in LIVE_HISTORY],
+        f"- {LIVE_READING}",
+        f"- events of seed {runs[0].seed}:", *[f"  - {e}" for e in runs[0].events],
+        "", f"_Live section wall time: {wall:.0f} s._", "",
+    ]
