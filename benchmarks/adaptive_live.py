@@ -43,9 +43,13 @@ LIVE_HISTORY = [
     "moves per run [0, 2, 0]",
     "this section's harness, the controller before re-learning after a move (same day, load 6–15): iterations [never, 0, "
     "never, 11, never] with 3–5 moves per run (chasing its own moves); nothing changed: [1, 0, 0, 0, 0]",
+    "this controller, previous run (load 8.6–12.4): iterations [7, never, 4, 8, 3], 2 moves per run, every run ending on "
+    "`[0:3)@0 [3:6)@2 [6:8)@3` at 0.95–1.06× fresh optimal; nothing changed: [0, 0, 0, 0, 0]",
 ]
 """Earlier runs, for the spread and the anchor (the table above is the latest run)."""
 LIVE_READING = (
+    "Spread: the latest run and the previous one (history) give 4 of 5 and 2 of 5 runs within 5 iterations; the no-change "
+    "runs 2 moves in 5 runs and 0 in 5 (load 3.5–12; the two moves of the latest run are not yet examined). "
     "Why runs take longer than 5 iterations here (from the controller's event log and monitor state, per iteration): the "
     "slowdown is confirmed after its third iteration and the first move (3 if it were the last) gives device 1 a single "
     "block; the injected sleep follows the *process's* CPU seconds, which count the actor's gloo and Ray threads too, so a "
