@@ -96,6 +96,9 @@ def test_loss_without_notice_restores_the_newest_checkpoint_and_bad_notices_are_
     job = ElasticJob(TRAIN, ScalingConfig(devices=4, plan=PLAN),
                      RunConfig(storage=str(tmp_path / "ckpt"), events=tmp_path / "events.jsonl", checkpoint_every=4),
                      AdaptConfig(enabled=False, faults=FaultSchedule((Kill(2, 6),))), SpotConfig(), workers=worker_group)
+    torn = tmp_path / "ckpt" / "step_00000050"  # a newer checkpoint whose commit marker never landed
+    torn.mkdir(parents=True)
+    (torn / "block_00000.pt").write_bytes(b"half")
     job.notify((1,), -5.0, "late")  # its deadline passed before anyone could act
     job.notify((9,), 30.0, "confused")  # a device the job does not have
     try:
@@ -107,6 +110,9 @@ def test_loss_without_notice_restores_the_newest_checkpoint_and_bad_notices_are_
         # the asynchronous checkpoint of step 4 was committed before the crash: 2 steps lost, not 6
         assert one(events, "resumed")["step"] == 4 and one(events, "resumed")["lost_steps"] == 2
         assert not [e for e in events if e["event"] == "preemption_handled"]
+        skipped = one(events, "checkpoint_skipped")  # recorded once, before the restore it was skipped by
+        assert skipped["path"].endswith("step_00000050") and "commit marker" in skipped["reason"]
+        assert events.index(skipped) < events.index(one(events, "resumed"))
         assert job.trainer.step == 9 and job.max_abs_diff() <= 1e-5
     finally:
         job.close()

@@ -11,7 +11,8 @@ from orchestrator.core.cluster import GBPS, Cluster, flat, two_level
 from orchestrator.core.errors import UserError
 from orchestrator.planners.base import PlannerOptions, available, get_planner, run_planner
 from orchestrator.planners.partition import min_max_partition
-from orchestrator.planners.pipedream import Level, _ranges, bottleneck, solve_level
+from orchestrator.planners.pipedream import _ranges, bottleneck
+from orchestrator.planners.pipedream_dp import Level, solve_level
 from orchestrator.core.profile import Block, Profile
 from tests.helpers import random_profile, uniform_profile
 

@@ -82,6 +82,7 @@ class ElasticJob:
                                        async_checkpoints=run.async_checkpoints, workers=workers)
         where = run.events_path()
         self.events = EventLog(where) if where is not None else None
+        self._skipped_told = 0  # trainer.skipped_checkpoints already in the event log
         self.alive: set[int] = set(range(scaling.devices))
         self.controller: Controller | None = None
         self.handle = JobHandle(self)
@@ -355,6 +356,10 @@ class ElasticJob:
 
     # ----- inspection -----
     def emit(self, event: str, **fields: Any) -> None:
+        skipped = self.trainer.skipped_checkpoints  # damaged checkpoints a restore passed over come first, once each
+        while self._skipped_told < len(skipped):
+            s, self._skipped_told = skipped[self._skipped_told], self._skipped_told + 1
+            self.emit("checkpoint_skipped", path=s.location, reason=s.reason)
         record = {"event": event, **fields}
         self.records.append(record)
         if self.events is not None:

@@ -50,7 +50,7 @@ from orchestrator.core.plan import Plan, ScheduleKind, Stage
 from orchestrator.planners.options import PlannerOptions, PlannerSpec
 from orchestrator.costmodel.terms import all_reduce_time, compute_time, fits_memory, stage_memory, transfer_time
 from orchestrator.costmodel.terms import boundary_time, group_all_reduce, seconds_per_byte
-from orchestrator.planners.dapple_placement import POLICIES, DappleDP, Key, Occ, Allocator, Replay, Rows, server_types
+from orchestrator.planners.dapple_placement import POLICIES, DappleDP, StateKey, Occ, Allocator, Replay, Rows, server_types
 from orchestrator.planners.scoring import plan_fits_memory
 from orchestrator.core.profile import Profile
 
@@ -87,9 +87,9 @@ def solve(profile: Profile, cluster: Cluster, options: PlannerOptions) -> Dapple
     # whole servers — which keeps planning interactive.
     per_server = max(len(g) for g in servers)
     sizes = [m for m in range(1, max_rep + 1) if cluster.size <= SMALL_CLUSTER or m <= per_server or m % per_server == 0]
-    keys: list[Key] = []
+    keys: list[StateKey] = []
     real: list[tuple[Occ, tuple[int, ...]]] = []
-    index: dict[Key, int] = {}
+    index: dict[StateKey, int] = {}
     by_level: dict[int, list[int]] = {}
     rows = Rows(L + 1)
     types = server_types(cluster, servers)

@@ -17,7 +17,7 @@ INF = np.inf
 POLICIES = ("fresh_first", "append_first", "scatter_first")
 
 Occ = tuple[int, ...]
-Key = tuple[tuple[object, ...], int]  # canonical (occupancy, last group), stage count (0 unless capped)
+StateKey = tuple[tuple[object, ...], int]  # canonical (occupancy, last group), stage count (0 unless capped)
 
 
 def allocate(
@@ -101,7 +101,7 @@ def server_types(cluster: Cluster, servers: list[list[int]]) -> list[int] | None
 
 @dataclass
 class DappleDP:
-    keys: list[Key]
+    keys: list[StateKey]
     real: list[tuple[Occ, tuple[int, ...]]]  # a representative (occupancy, last group) per key
     best: np.ndarray  # [keys, L+1]: pivot value after planning blocks [0, j), j = 0..L
     parent: np.ndarray  # [keys, L+1]: parent key index (-1 = first stage)
