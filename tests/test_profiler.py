@@ -162,3 +162,16 @@ def test_backward_split_is_measured() -> None:
     assert e.weight_s == e.backward_s
     assert 0.0 < l.weight_s < l.backward_s
     assert a.weight_s == 0.0
+
+
+def test_first_block_is_timed_without_an_input_gradient() -> None:
+    """The first block's input is the data batch, for which the runtime computes no gradient: its backward is all
+    weight gradient, as it runs; a later block with the same shapes also computes its input's gradient."""
+    from orchestrator.profiling.profiler import profile_blocks
+
+    torch.manual_seed(0)
+    first, second = torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)
+    prof = profile_blocks([first, second], torch.randn(32, 64), "two", 32, warmup=1, repeats=3, device="cpu")
+    a, b = prof.blocks
+    assert a.weight_s == a.backward_s
+    assert 0.0 < b.weight_s < b.backward_s

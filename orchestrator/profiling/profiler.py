@@ -69,10 +69,11 @@ class _StashMeter:
         return sum(self.storages.values())
 
 
-def _as_input(t: Tensor) -> Tensor:
-    """A detached leaf; floating inputs require grad so backward reaches the block's input."""
+def _as_input(t: Tensor, first: bool = False) -> Tensor:
+    """A detached leaf; floating inputs require grad so backward reaches the block's input — except the first
+    block's, which is the data batch: the runtime never computes a gradient for it, so neither does its timing."""
     x = t.detach()
-    return x.requires_grad_(True) if x.is_floating_point() else x
+    return x.requires_grad_(True) if x.is_floating_point() and not first else x
 
 
 def _measure_block(block: nn.Module, x: Tensor, warmup: int, repeats: int, sync: Callable[[], None]) -> tuple[
@@ -164,7 +165,7 @@ def profile_blocks(
     for i, block in enumerate(blocks):
         lazy = on_meta(block)  # built on the meta device: real weights for this block only, then dropped
         materialize(block, dev, seed=0, fallback_path=f"block{i}")
-        fwd, bwd, out, stash, share = _measure_block(block, _as_input(x), warmup, repeats, sync)
+        fwd, bwd, out, stash, share = _measure_block(block, _as_input(x, first=i == 0), warmup, repeats, sync)
         if lazy:
             block.to("meta")
         measured.append(
