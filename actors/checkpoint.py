@@ -70,13 +70,20 @@ def snapshot_block(block: int, module: nn.Module, optimizer: torch.optim.Optimiz
     uploaded in the background while training goes on). ``taken``: entries copied earlier."""
     taken = taken or {}
     state = {k: taken[k] if k in taken else v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
-    opt = None
-    if optimizer is not None:
-        buffer = io.BytesIO()  # a deep copy that also detaches every tensor of the optimizer state
-        torch.save(optimizer.state_dict(), buffer)
-        buffer.seek(0)
-        opt = torch.load(buffer, map_location="cpu", weights_only=True)
+    opt = host_copy(optimizer.state_dict()) if optimizer is not None else None
     return {"block": block, "model": state, "optimizer": opt, "shapes": {k: list(v.shape) for k, v in state.items()}}
+
+
+def host_copy(item: Any) -> Any:
+    """``item`` (nested dicts, lists, tuples) with every tensor detached and copied to host memory, and every
+    container new, so later in-place updates of the original (an optimizer step) do not reach it."""
+    if isinstance(item, Tensor):
+        return item.detach().to("cpu", copy=True)
+    if isinstance(item, dict):
+        return {k: host_copy(v) for k, v in item.items()}
+    if isinstance(item, (list, tuple)):
+        return type(item)(host_copy(v) for v in item)
+    return item
 
 
 def deferred_snapshot(block: int, module: nn.Module, optimizer: torch.optim.Optimizer | None) -> Callable[[], dict[str, Any]]:

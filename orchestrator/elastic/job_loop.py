@@ -93,22 +93,22 @@ class ElasticJob:
         self._lock = threading.Lock()
         self._ahead: InFlight | None = None
         self._last_done: float | None = None
-        self._checkpoint_s = 1.0
+        self.checkpoint_s = 1.0
         self._fired: set[int] = set()  # injected notices already delivered
         self._drained: set[str] = set()  # Ray nodes whose drain request was already turned into a notice
         self._drain_polled = 0.0
         # evacuated devices (their notice) still members of the process group, idle: they leave it
         # before their deadline or at the next re-formation, not during the evacuation's stall
-        self._leaving: Notice | None = None
+        self.leaving: Notice | None = None
         self._node_watch: Any = None  # orchestrator.elastic.node_watch.NodeWatch while fit runs with spot.watch
         self._saved_at = -1  # the step of the newest checkpoint written (a step is saved once)
         self.moves = self.restarts = 0
         self.move_pairs: list[tuple[int, int]] = []  # (from, to) of every block hand-over, in order
         self.growth = Growth(self)
-        self._prices: Any = None  # job_spot.PriceView, built when first needed
+        self.prices: Any = None  # job_spot.PriceView, built when first needed
         self.target_steps = 0
-        self._knobs: dict[int, Any] = {}  # rehearsal fault knobs sent to each device
-        self._killed: set[Any] = set()  # rehearsal kills already armed
+        self.knobs: dict[int, Any] = {}  # rehearsal fault knobs sent to each device
+        self.killed: set[Any] = set()  # rehearsal kills already armed
 
     # ----- inputs -----
     def notify(self, devices: tuple[int, ...], seconds_left: float, source: str = "injected") -> None:
@@ -191,12 +191,12 @@ class ElasticJob:
         self.iteration_s.append(m.iteration_s)
         self.last_metrics = m
         if self.spot.enabled:
-            leaving = self._leaving
+            leaving = self.leaving
             if leaving is not None and self.clock() >= leaving.deadline - self.spot.margin_s:
                 self._drain()
                 t0 = time.perf_counter()
                 self.move(self.trainer.plan)  # the process group is re-formed without them
-                self._leaving = None
+                self.leaving = None
                 self.emit("evacuated_left", devices=list(leaving.devices), step=self.trainer.step,
                           stall_s=round(time.perf_counter() - t0, 4))
             self._poll_signals()
@@ -227,7 +227,7 @@ class ElasticJob:
                 relocate(self, move, forced=False, reason="price")
         if self._checkpoint_due(self.trainer.step) and self.trainer.step < target and self._saved_at != self.trainer.step:
             self._drain()
-            self._checkpoint("periodic")
+            self.checkpoint_now("periodic")
 
     def _poll_signals(self) -> None:
         """Notices from outside, every ``ray_drain_poll_s``: the cloud watchers on the job's nodes
@@ -272,7 +272,7 @@ class ElasticJob:
         reports = self.trainer.move_live(plan, [(t.src, t.dst, t.first, t.last) for t in transfers],
                                          sorted(self.alive if members is None else members))
         if any(r["rejoined"] for r in reports):
-            self._leaving = None  # a new process group without the evacuated devices
+            self.leaving = None  # a new process group without the evacuated devices
         self.moves += 1
         return MoveReport(float(sum(int(r["bytes_sent"]) for r in reports)), time.perf_counter() - t0, plan)
 
@@ -296,7 +296,7 @@ class ElasticJob:
             for plan in decision.steps:  # the doomed stay members while they hand their blocks over
                 self.move(plan)
             self.alive -= set(notice.devices)
-            self._leaving = notice  # idle members from now on; they leave the process group before the deadline
+            self.leaving = notice  # idle members from now on; they leave the process group before the deadline
             stall = time.perf_counter() - t0
             self.emit("preemption_handled", mode="live", reason=decision.reason, lost_steps=0, stall_s=round(stall, 4),
                       iteration_s=round(iteration_s, 4), moves=[list(p) for p in decision.moves], step=self.trainer.step,
@@ -317,8 +317,8 @@ class ElasticJob:
         t0, before = time.perf_counter(), self.trainer.step
         recent = self.iteration_s[-5:]
         self.emit("worker_failed", step=before, error=str(exc).splitlines()[0])
-        self.alive, self._leaving = set(range(self.growth.placed)), None
-        self._knobs.clear()  # fresh processes: no injected knobs
+        self.alive, self.leaving = set(range(self.growth.placed)), None
+        self.knobs.clear()  # fresh processes: no injected knobs
         self.trainer.recover(exc)
         self.restarts += 1
         self.emit("resumed", step=self.trainer.step, lost_steps=before - self.trainer.step, stall_s=round(time.perf_counter() - t0, 4),
@@ -328,7 +328,7 @@ class ElasticJob:
         """Device ``d`` is worker slot ``d``, for every device the job has had a worker for."""
         return {d: d for d in range(self.growth.placed)}
 
-    def _checkpoint(self, why: str) -> str | None:
+    def checkpoint_now(self, why: str) -> str | None:
         if self._saved_at == self.trainer.step:  # saved already (perhaps still uploading): commit and reuse it
             where = self.trainer.finish_checkpoint() or ckpt.step_dir(str(self.run.storage), self.trainer.step)
             return str(where)
@@ -342,7 +342,7 @@ class ElasticJob:
         took = time.perf_counter() - t0
         self._saved_at = self.trainer.step
         if not background:
-            self._checkpoint_s = took
+            self.checkpoint_s = took
         self.emit("checkpoint", why=why, step=self.trainer.step, path=str(where), stall_s=round(took, 4), background=background)
         return str(where)
 

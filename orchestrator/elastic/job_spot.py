@@ -71,7 +71,7 @@ class JobHandle:
         job = self.job
         before = job.trainer.step
         t0 = time.perf_counter()  # the downtime counts the planned checkpoint's write
-        source = job._checkpoint("planned restart") if not from_checkpoint else job.trainer.latest()
+        source = job.checkpoint_now("planned restart") if not from_checkpoint else job.trainer.latest()
         resumed = job.trainer.restart_on(new_plan, source, members=sorted(job.alive), slots=job.slot_map())
         job.restarts += 1
         return RestartReport(time.perf_counter() - t0, before - resumed, new_plan)
@@ -89,8 +89,8 @@ def push_faults(job: "JobState", k: int) -> None:
     group = job.trainer.group
     assert group is not None
     for f in faults:
-        if isinstance(f, Kill) and f.at_iteration == k and f not in job._killed and f.device in job.trainer.plan.devices:
-            job._killed.add(f)  # dies halfway through iteration k, like a crashed process
+        if isinstance(f, Kill) and f.at_iteration == k and f not in job.killed and f.device in job.trainer.plan.devices:
+            job.killed.add(f)  # dies halfway through iteration k, like a crashed process
             group.call("arm_kill", k, devices=[f.device], what="arm kill")
         elif isinstance(f, Slowdown) and f.active(k):
             factor[f.device] = factor.get(f.device, 1.0) * f.factor
@@ -101,7 +101,7 @@ def push_faults(job: "JobState", k: int) -> None:
                 else:
                     assert f.gbps is not None
                     delays.setdefault(s, {})[d] = max(0.0, 1.0 / (f.gbps * GBPS) - 1.0 / job.cluster.link(s, d))
-    knobs = job._knobs
+    knobs = job.knobs
     for d in job.trainer.plan.devices:
         want = (factor.get(d, 1.0), tuple(sorted(delays.get(d, {}).items())))
         if knobs.get(d) != want:
@@ -121,7 +121,7 @@ class PriceView:
 
 def price_view(job: "JobState") -> PriceView:
     """Built on first use (it plans the model for every GPU type of the catalog)."""
-    if job._prices is None:
+    if job.prices is None:
         from cloud.importers import load_any, load_snapshot
         from cloud.records import Offer
 
@@ -138,8 +138,8 @@ def price_view(job: "JobState") -> PriceView:
             current = Offer(str(r.cloud), str(r.region), str(r.zone), str(r.instance_type), str(r.gpu_type),
                             int(r.gpu_count), True, float(r.usd_per_hour))
         gpus = {(str(g), int(c)) for g, c in zip(offers.gpu_type, offers.gpu_count)}
-        job._prices = PriceView(offers, current, simulated_throughputs(job.profile, gpus, job.train.num_microbatches))
-    return job._prices
+        job.prices = PriceView(offers, current, simulated_throughputs(job.profile, gpus, job.train.num_microbatches))
+    return job.prices
 
 
 def spot_decision(job: "JobState", step: int, preempted: bool = False) -> Any:
@@ -181,8 +181,8 @@ def relocate(job: "JobState", decision: Any, forced: bool, reason: str, notice: 
     before = trainer.step
     source: str | Any = None
     left = notice.deadline - job.clock() if notice is not None else float("inf")
-    if left >= job._checkpoint_s + job.spot.margin_s:
-        source = job._checkpoint("preemption" if forced else "migration")
+    if left >= job.checkpoint_s + job.spot.margin_s:
+        source = job.checkpoint_now("preemption" if forced else "migration")
     if source is None:
         source = trainer.latest()
         job.emit("notice_too_short", seconds_left=round(left, 3), fallback=str(source) if source else "start")
@@ -192,7 +192,7 @@ def relocate(job: "JobState", decision: Any, forced: bool, reason: str, notice: 
     survivors = sorted(job.alive - doomed)
     if decision is not None:  # a new placement: its devices, as many as the job's slots allow
         devices = tuple(range(min(decision.target.gpu_count, job.growth.placed)))
-        job._prices.current = decision.target
+        job.prices.current = decision.target
         if job.spot.cloud_yaml:
             write_target_yaml(job, decision.target)
     else:  # nowhere better: continue on the survivors, or re-acquire the same kind of place
@@ -202,7 +202,7 @@ def relocate(job: "JobState", decision: Any, forced: bool, reason: str, notice: 
              target=decision.target.label() if decision is not None else "same placement")
     plan = planner_plan(job.profile, job.cluster, devices, trainer.plan, job.scaling.planner, straight=True)
     trainer.finish_checkpoint()
-    job.alive, job._leaving = set(devices), None
+    job.alive, job.leaving = set(devices), None
     resumed = trainer.restart_on(plan, source, members=sorted(devices), slots=job.slot_map())
     job.restarts += 1
     job.iteration_s.clear()

@@ -41,11 +41,11 @@ class JobState(Protocol):
     iteration_s: list[float]  # recent iteration times
     restarts: int
     target_steps: int  # the step the running fit ends at
-    _checkpoint_s: float  # how long a checkpoint took last time
-    _leaving: Notice | None  # evacuated devices still members of the process group
-    _prices: Any  # job_spot.PriceView once built
-    _knobs: dict[int, Any]  # rehearsal fault knobs sent to each device
-    _killed: set[Any]  # rehearsal kills already armed
+    checkpoint_s: float  # how long a checkpoint took last time
+    leaving: Notice | None  # evacuated devices still members of the process group
+    prices: Any  # job_spot.PriceView once built
+    knobs: dict[int, Any]  # rehearsal fault knobs sent to each device
+    killed: set[Any]  # rehearsal kills already armed
 
     @property
     def growth(self) -> Placed: ...
@@ -56,4 +56,4 @@ class JobState(Protocol):
 
     def slot_map(self) -> dict[int, int]: ...
 
-    def _checkpoint(self, why: str) -> str | None: ...
+    def checkpoint_now(self, why: str) -> str | None: ...
