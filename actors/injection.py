@@ -2,8 +2,8 @@
 
 Opt-in: :func:`install` wraps entries of an executor's call table (``Executor.calls``, one
 handler per program action) and is applied by the worker only once a test or a rehearsal asked
-for injection (:meth:`actors.stage_worker.StageWorker.set_faults`, ``arm_kill``, or a job spec
-with ``kill_at``, which :func:`arm_kills` puts on a trainer). An executor nobody injects into
+for injection (:meth:`actors.stage_worker.StageWorker.set_faults`, ``arm_kill``, or the :class:`Kills` a job
+spec carries, which :func:`arm_kills` puts on a trainer). An executor nobody injects into
 runs its handlers unwrapped: no branch of this module is on the hot path of a normal job.
 
 * A slowdown factor sleeps ``(factor-1)x`` the compute's own CPU seconds (deterministic under
@@ -34,6 +34,24 @@ KILL_EXIT_CODE = 17
 _NOT_COMPUTE = frozenset({Kind.SEND_F, Kind.SEND_B, Kind.RECV_F, Kind.RECV_B, Kind.ALL_REDUCE, Kind.STEP})
 
 
+@dataclass(frozen=True)
+class Kills:
+    """Where workers die: ``(step, device)`` pairs. Carried by the job spec (``JobSpec.injected``) because a kill
+    must reach the fresh processes a recovery starts; nothing outside this module reads it."""
+
+    at: frozenset[tuple[int, int]] = frozenset()
+
+
+def kills_of(spec: Any) -> frozenset[tuple[int, int]]:
+    return spec.injected.at if isinstance(spec.injected, Kills) else frozenset()
+
+
+def with_kills(spec: Any, kills: Iterable[tuple[int, int]]) -> Any:
+    """``spec`` (a :class:`~actors.job_spec.JobSpec`) with exactly these kills armed (none: no injection)."""
+    kills = frozenset(kills)
+    return replace(spec, injected=Kills(kills) if kills else None)
+
+
 @dataclass
 class FaultKnobs:
     """Injected slowness of this worker's device and of its outgoing links (see module docstring)."""
@@ -48,7 +66,7 @@ class FaultKnobs:
 
 def install(ex: "Executor", knobs: FaultKnobs) -> "Executor":
     """Wrap ``ex``'s call table with the hooks of ``knobs`` (read at every call, so knobs set later
-    apply) and the kill hook of ``ex.spec.kill_at``; returns ``ex``."""
+    apply) and the kill hook of the spec's :class:`Kills`; returns ``ex``."""
     if getattr(ex, "injected", False):
         return ex
     ex.injected = True
@@ -111,7 +129,7 @@ def _delayed_send(ex: "Executor", knobs: FaultKnobs, handler: Callable[[Action],
 
 def _killing(ex: "Executor", handler: Callable[[Action], None]) -> Callable[[Action], None]:
     def run(a: Action) -> None:
-        if (ex.step_index, ex.device) in ex.spec.kill_at:
+        if (ex.step_index, ex.device) in kills_of(ex.spec):
             os._exit(KILL_EXIT_CODE)  # die mid-iteration like a crashed process would
         handler(a)
 
@@ -128,7 +146,7 @@ def arm_kills(trainer: Any, kills: Iterable[tuple[int, int]]) -> Any:
     fresh processes are configured: which fired is read off the run of steps being gathered when
     the failure surfaced (the device that died, or any kill of that run when only a peer's error
     surfaced)."""
-    trainer.spec = replace(trainer.spec, kill_at=trainer.spec.kill_at | frozenset(kills))
+    trainer.spec = with_kills(trainer.spec, kills_of(trainer.spec) | frozenset(kills))
     gathering: list[tuple[int, int]] = []
     complete_run, recover = trainer.complete_run, trainer.recover
 
@@ -141,8 +159,8 @@ def arm_kills(trainer: Any, kills: Iterable[tuple[int, int]]) -> Any:
     def recovering(exc: Any) -> None:
         lo, hi = gathering[0] if gathering else (trainer.step, trainer.step + 1)
         gathering.clear()
-        fired = {(s, d) for s, d in trainer.spec.kill_at if lo <= s < hi and (d == exc.device or not exc.died)}
-        trainer.spec = replace(trainer.spec, kill_at=trainer.spec.kill_at - fired)
+        fired = {(s, d) for s, d in kills_of(trainer.spec) if lo <= s < hi and (d == exc.device or not exc.died)}
+        trainer.spec = with_kills(trainer.spec, kills_of(trainer.spec) - fired)
         recover(exc)
 
     trainer.complete_run, trainer.recover = completing, recovering

@@ -30,5 +30,5 @@ class JobSpec:
     threads: int = 0  # torch intra-op threads; 0: this node's cores / workers on it
     recv_lookahead: int = 8  # how many program actions ahead receives are pre-posted
     steady_timeout_s: float = 60.0  # NCCL: per-operation bound once the first iteration ran (a hang = a dead peer)
-    kill_at: frozenset[tuple[int, int]] = field(default_factory=frozenset)  # fault injection: (step, device)
+    injected: Any = None  # a crash rehearsal (actors.injection.Kills), opt-in for tests and rehearsals; None in a job
     training: TrainingOptions = field(default_factory=TrainingOptions)  # clipping, LR schedules (actors/training.py)

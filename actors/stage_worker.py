@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import replace
 from typing import Any, Callable
 
 import torch
@@ -188,7 +187,7 @@ class StageWorker(WorkerCheckpoints):
         upload = self.upload
         if upload is not None and not upload.snapshotted.is_set():  # a new plan's first step waits for the copy too
             ex.snapshot_due = upload.snapshotted
-        if self.injecting or ex.spec.kill_at:  # fault injection is opt-in (actors/injection.py)
+        if self.injecting or ex.spec.injected is not None:  # fault injection is opt-in (actors/injection.py)
             injection.install(ex, self.knobs)
         return ex
 
@@ -208,7 +207,7 @@ class StageWorker(WorkerCheckpoints):
     def arm_kill(self, step: int) -> None:
         """Die halfway through iteration ``step`` (like a crashed process), via the executor's hook."""
         ex = self._ready()
-        ex.spec = replace(ex.spec, kill_at=ex.spec.kill_at | {(step, self.device_id)})
+        ex.spec = injection.with_kills(ex.spec, injection.kills_of(ex.spec) | {(step, self.device_id)})
         injection.install(ex, self.knobs)
 
     def status(self) -> dict[str, Any]:

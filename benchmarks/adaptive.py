@@ -42,7 +42,8 @@ from orchestrator.adapt.estimate import Layout  # noqa: E402
 from orchestrator.adapt.moves import path_to, walk  # noqa: E402
 from orchestrator.adapt.estimate import CostModel  # noqa: E402
 from orchestrator.core.plan import Plan, straight_plan  # noqa: E402
-from orchestrator.core.profile import Block, Profile, load_profile  # noqa: E402
+from orchestrator.core.profile import Block, Profile  # noqa: E402
+from orchestrator.core.profile_loader import load_profile  # noqa: E402
 from orchestrator.costmodel.simulator import simulate  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"

@@ -140,7 +140,7 @@ def test_kill_inside_a_run_of_steps_recovers_exactly(worker_group: Any, tmp_path
     checkpoint after step 2 (checkpoint_every=2), the kill fires once, the end is exact."""
     t = arm_kills(trainer(worker_group, tmp_path, True, max_failures=1, iterations_per_call=4), {(3, 1)})
     result = t.fit(6)
-    assert result.restarts == 1 and t.step == 6 and not t.spec.kill_at
+    assert result.restarts == 1 and t.step == 6 and t.spec.injected is None
     ref = ReferenceTrainer.for_plan(PLAN, MLP, loss_fn("mlp"), ADAM, DATA)
     ref_losses = ref.train(6)
     got = t.state_dicts()
