@@ -145,6 +145,7 @@ class BackgroundWrite:
             finally:
                 self.snapshotted.set()  # the step may go on: the copies exist, or the error is recorded below
             self._payloads = []
+            _yield_to_training()
             for payload in taken:
                 self.entries.append(write_payload(self.directory, payload))
             taken = []  # free the snapshot as soon as it is uploaded
@@ -163,6 +164,16 @@ class BackgroundWrite:
         if self.error is not None:
             raise self.error
         return list(self.entries)
+
+
+def _yield_to_training() -> None:
+    """Lower this (upload) thread's scheduling priority once the snapshot exists: serialising, hashing and writing
+    the blocks then use the cores training leaves idle instead of slowing its next iterations. Linux applies a
+    thread's nice value per thread; elsewhere (or if refused) the upload simply runs at normal priority."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except (AttributeError, OSError):
+        pass
 
 
 def write_manifest(
