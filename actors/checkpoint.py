@@ -74,15 +74,17 @@ def snapshot_block(block: int, module: nn.Module, optimizer: torch.optim.Optimiz
     return {"block": block, "model": state, "optimizer": opt, "shapes": {k: list(v.shape) for k, v in state.items()}}
 
 
-def host_copy(item: Any) -> Any:
-    """``item`` (nested dicts, lists, tuples) with every tensor detached and copied to host memory, and every
-    container new, so later in-place updates of the original (an optimizer step) do not reach it."""
+def host_copy(item: Any, copy: bool = True) -> Any:
+    """``item`` (nested dicts, lists, tuples) with every tensor detached and in host memory, every container new.
+
+    ``copy``: host tensors are copied too, so later in-place updates of the original (an optimizer step) do not
+    reach the result (snapshots); without it only device tensors are copied (a live hand-over, sent at once)."""
     if isinstance(item, Tensor):
-        return item.detach().to("cpu", copy=True)
+        return item.detach().to("cpu", copy=True) if copy else item.detach().cpu()
     if isinstance(item, dict):
-        return {k: host_copy(v) for k, v in item.items()}
+        return {k: host_copy(v, copy) for k, v in item.items()}
     if isinstance(item, (list, tuple)):
-        return type(item)(host_copy(v) for v in item)
+        return type(item)(host_copy(v, copy) for v in item)
     return item
 
 

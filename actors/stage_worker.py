@@ -44,6 +44,7 @@ from actors.materialize import materialize
 from actors.tied import TiedGrads, tie_table
 from actors.training import StepHooks, norm_contributors, schedulers_for
 from actors.execution import Executor
+from actors.checkpoint import host_copy
 from actors.job_spec import JobSpec
 from actors.worker_checkpoints import WorkerCheckpoints
 from actors import injection
@@ -284,7 +285,7 @@ class StageWorker(WorkerCheckpoints):
                 payload = {b: (modules[b].state_dict(), optimizers[b].state_dict() if b in optimizers else None) for b in range(first, last)}
                 # Host copies: pickling CUDA tensors would move them host -> GPU -> host through
                 # the object collective (about 3x the payload in transient GPU memory).
-                payload = _to_cpu(payload)
+                payload = host_copy(payload, copy=False)
                 dist.send_object_list([payload], dst=rank_of[dst])
                 sent += _state_bytes(payload)
             elif dst == device:
@@ -336,17 +337,6 @@ class StageWorker(WorkerCheckpoints):
         if self.executor is None:
             raise RuntimeError("worker not configured")
         return self.executor
-
-
-def _to_cpu(item: Any) -> Any:
-    """``item`` with every tensor inside (nested dicts, lists, tuples) copied to host memory."""
-    if isinstance(item, Tensor):
-        return item.detach().cpu()
-    if isinstance(item, dict):
-        return {k: _to_cpu(v) for k, v in item.items()}
-    if isinstance(item, (list, tuple)):
-        return type(item)(_to_cpu(v) for v in item)
-    return item
 
 
 def _state_bytes(payload: dict[int, tuple[Any, Any]]) -> int:

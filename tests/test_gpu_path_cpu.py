@@ -14,7 +14,7 @@ from torch import nn
 from actors.execution import Executor
 from actors.gpu import dtype_buckets
 from actors.job_spec import JobSpec
-from actors.stage_worker import _to_cpu
+from actors.checkpoint import host_copy
 from actors.transport import select_device
 from orchestrator.core.errors import UserError
 from orchestrator.core.plan import Plan, ScheduleKind, Stage, straight_plan
@@ -79,7 +79,7 @@ def test_live_move_payload_is_copied_to_host(monkeypatch: pytest.MonkeyPatch) ->
         return real_cpu(self, *args, **kwargs)
 
     monkeypatch.setattr(torch.Tensor, "cpu", spy)
-    copied: Any = _to_cpu(payload)
+    copied: Any = host_copy(payload, copy=False)
     assert len(moved) == len(tensors)
     weights, state = copied[0]
     assert torch.equal(weights["weight"], module.weight.detach())
