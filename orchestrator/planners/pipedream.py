@@ -13,8 +13,9 @@ time is its slowest stage or cut:
 Levels follow the cluster's hierarchy (GPUs in a server, servers in the cluster): level ℓ uses the
 best time of running i..j on one level-(ℓ−1) unit as its compute term C, so every level needs the
 table for every sub-range — the reason the published pure-Python optimizer takes tens of seconds
-and gigabytes. Here each (i, j) row is one numpy broadcast over (k, m, m'), which is 100-1000×
-faster with the same optimum.
+and gigabytes. Here each diagonal j − i of the table is one numpy batch over (i, k, m, m')
+(:func:`~orchestrator.planners.pipedream_dp.solve_level`), which is 100-1000× faster with the same
+optimum.
 
 The result maps back to a flat plan: a top-level stage on m' units, each of which pipelines its
 range internally, becomes one flat stage per inner stage, replicated across the m' units.

@@ -1,7 +1,8 @@
 """PipeDream's dynamic program over one level of the cluster's hierarchy, as numpy tables.
 
 The tables and their recurrences (see :mod:`orchestrator.planners.pipedream` for the objective and how the levels
-nest): :func:`solve_level` fills ``A(j, m)`` for every prefix and worker count with one broadcast per row;
+nest): :func:`solve_level` fills ``A(i→j, m)`` for every range (or every prefix) and worker count, one
+diagonal j − i at a time over strided views;
 :func:`solve_level_capped` adds the "flat stages used" dimension when a stage cap can bind; the ``unwind``
 functions read a solution back. Nothing here knows a profile or a plan — only compute, parameter and cut arrays.
 """
@@ -11,11 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from orchestrator.core.cluster import Cluster
 from orchestrator.costmodel.terms import all_reduce_time, compute_time
 
 INF = np.inf
+BATCH_ALL_UNITS = 1024  # diagonal size (starts × cuts) up to which every m is relaxed in one batch
 
 
 @dataclass(frozen=True)
@@ -61,57 +64,94 @@ def stage_time(compute: np.ndarray, params: np.ndarray, m: np.ndarray, level: Le
 
 def solve_level(compute: np.ndarray, params: np.ndarray, cut: np.ndarray, level: Level, straight: bool, all_starts: bool) -> LevelTable:
     """The DP of one level. ``compute``/``params`` are [L, L] range tables (inf where impossible);
-    ``cut[k]`` is the activation bytes crossing a cut after block k."""
-    L = compute.shape[0]
-    n = level.units
-    ms = np.arange(1, n + 1, dtype=np.float64)
-    best = np.full((L, L, n), INF)
-    split = np.full((L, L, n), -1, dtype=np.int32)
-    last_m = np.zeros((L, L, n), dtype=np.int32)
-    # Single-stage option for every range and every m.
-    single = stage_time(compute[:, :, None], params[:, :, None], ms[None, None, :], level)
-    if straight:
-        single[:, :, 1:] = INF
+    ``cut[k]`` is the activation bytes crossing a cut after block k.
+
+    The tables are filled one diagonal d = j − i at a time: ranges of one length depend only on
+    shorter ones, so a diagonal is one batch over every start i (or only i = 0 without
+    ``all_starts``) and every offset t = k − i of the last cut — no k < i half wasted as in a
+    per-end-block sweep. The head A(i→i+t), the cut and the tail T(i+t+1→i+d) are strided views of
+    [m, L, L] tables, so nothing is gathered per diagonal except, for small diagonals, the head
+    slab of each (m, m') pair.
+    """
+    L, n = compute.shape[0], level.units
+    n_mp = 1 if straight else n  # units of the last stage, m' = 1..n_mp
+    # One stage over i..j on m units, [m, i, j]: the single-stage option and every tail's time.
+    single = stage_time(compute[None], params[None], np.arange(1, n + 1, dtype=np.float64)[:, None, None], level)
+    best, best_diag = _diagonal_table(L, n, INF)
+    split, split_diag = _diagonal_table(L, n, -1)
+    last_m, last_diag = _diagonal_table(L, n, 0)
     best[:] = single
-    last_m[:] = np.arange(1, n + 1)[None, None, :]
-    cut_cost = 2.0 * cut / level.bandwidth  # [L]
-    # T(k+1 -> j, m') for the last stage, m' = 1..n.
-    mprime = ms if not straight else ms[:1]
-    n_mp = len(mprime)
-    starts = np.arange(L) if all_starts else np.arange(1)
-    m_idx = np.arange(n)[:, None]  # m-1
-    mp_idx = np.arange(n_mp)[None, :]  # m'-1
-    prev_idx = m_idx - (mp_idx + 1)  # (m - m') - 1, valid when >= 0
-    valid = prev_idx >= 0
-    prev_clip = np.where(valid, prev_idx, 0)
-    rows = np.arange(len(starts))[:, None]
-    # One vectorized step per end block j, over every start i, last cut k, units m and m'.
-    for j in range(1, L):
-        ks = np.arange(j)
-        tail = stage_time(compute[ks + 1, j][:, None], params[ks + 1, j][:, None], mprime[None, :], level)  # [K, m']
-        head = best[starts][:, ks, :]  # [I, K, n]
-        cand = np.maximum(np.maximum(head[:, :, prev_clip], cut_cost[ks][None, :, None, None]), tail[None, :, None, :])
-        ok = valid[None, None, :, :] & (ks[None, :] >= starts[:, None])[:, :, None, None]
-        cand = np.where(ok, cand, INF)  # [I, K, n, m']
-        flat = cand.transpose(0, 2, 1, 3).reshape(len(starts), n, j * n_mp)
-        arg = np.argmin(flat, axis=2)  # [I, n]
-        val = np.take_along_axis(flat, arg[:, :, None], axis=2)[:, :, 0]
-        cur = best[starts, j, :]
-        better = val < cur
-        if better.any():
-            k_best = ks[arg // n_mp]
-            mp_best = arg % n_mp + 1
-            best[starts, j, :] = np.where(better, val, cur)
-            split[starts, j, :] = np.where(better, k_best, split[starts, j, :])
-            last_m[starts, j, :] = np.where(better, mp_best, last_m[starts, j, :])
-    del rows
+    if straight:
+        best[1:] = INF
+    last_m[:] = np.arange(1, n + 1)[:, None, None]
+    if L > 1 and n > 1:
+        _fill(best_diag, split_diag, last_diag, single[:n_mp], 2.0 * cut / level.bandwidth, all_starts)
     # "Use fewer units" when that is faster (PipeDream's use_fewer_machines).
-    used = np.broadcast_to(np.arange(1, n + 1), best.shape).astype(np.int32).copy()
+    used = np.broadcast_to(np.arange(1, n + 1, dtype=np.int32)[:, None, None], best.shape).copy()
     for m in range(1, n):
-        worse = best[:, :, m - 1] <= best[:, :, m]
-        best[:, :, m] = np.where(worse, best[:, :, m - 1], best[:, :, m])
-        used[:, :, m] = np.where(worse, used[:, :, m - 1], used[:, :, m])
-    return LevelTable(best, split, last_m, used)
+        worse = best[m - 1] <= best[m]
+        np.copyto(best[m], best[m - 1], where=worse)
+        np.copyto(used[m], used[m - 1], where=worse)
+    return LevelTable(*(np.ascontiguousarray(x.transpose(1, 2, 0)) for x in (best, split, last_m, used)))
+
+
+def _fill(diag: np.ndarray, split_diag: np.ndarray, last_diag: np.ndarray, tail: np.ndarray, cut_cost: np.ndarray, all_starts: bool) -> None:
+    """The recurrence A(i→j, m) = min over cuts k and last-stage units m' of
+    max(A(i→k, m − m'), 2a_k/B, T(k+1→j, m')), written into the diagonal views ``diag[m−1, i, d]``
+    (and its back-pointers) where it beats the single stage already there. ``tail`` is
+    T(s→e, m') as [m', s, e]."""
+    n, L = diag.shape[0] - 1, diag.shape[1]
+    n_mp = tail.shape[0]
+    f8, LL = tail.itemsize, L * L
+    # T(i+t+1 → i+d, m') at tail_view[m'−1, d, i, t], from the transposed table [m', end, start];
+    # the INF padding covers the view's unused corner.
+    buf = np.full((n_mp + 2) * LL, INF)
+    buf[: n_mp * LL].reshape(n_mp, L, L)[:] = tail.transpose(0, 2, 1)
+    tail_view = as_strided(buf[1:], shape=(n_mp, L, L, L), strides=(LL * f8, L * f8, (L + 1) * f8, f8))
+    cuts = np.concatenate([cut_cost, np.full(L, INF)])
+    cut_view = as_strided(cuts, shape=(L, L), strides=(f8, f8))  # cut after i + t
+    # Pair (m, m') reads head units m − m' (slab m − m' − 1); impossible pairs read the INF slab n.
+    m_col = np.arange(2, n + 1)[:, None]
+    mp_row = np.arange(1, n_mp + 1)[None, :]
+    pair_slab = np.where(mp_row <= m_col - 1, m_col - mp_row - 1, n)  # [m−2, m'−1]
+    rows = np.arange(max(L, n_mp))
+    for d in range(1, L):
+        I = L - d if all_starts else 1
+        ct = np.maximum(tail_view[:, d, :I, :d], cut_view[:I, :d])  # [m', i, t]
+        if I * d <= BATCH_ALL_UNITS:  # few elements: one batch over every m (fewer numpy calls)
+            cand = np.maximum(diag[pair_slab, :I, :d], ct)  # [m, m', i, t]
+            _relax(cand, diag[1:n, :I, d], split_diag[1:n, :I, d], last_diag[1:n, :I, d], rows)
+        else:  # many: one m at a time, over its possible m' only (less work)
+            for m in range(2, n + 1):
+                k = min(m - 1, n_mp)
+                cand = np.maximum(diag[m - 2 :: -1, :I, :d][:k], ct[:k])  # [m', i, t]
+                _relax(cand[None], diag[m - 1 : m, :I, d], split_diag[m - 1 : m, :I, d], last_diag[m - 1 : m, :I, d], rows)
+
+
+def _relax(cand: np.ndarray, best: np.ndarray, split: np.ndarray, last_m: np.ndarray, rows: np.ndarray) -> None:
+    """``cand[m, m', i, t]``: the candidates of one diagonal (last cut at i + t, m' units for the
+    last stage); improve ``best``/``split``/``last_m`` [m, i] where the best candidate beats them.
+    Among equal minima the first (t, m') in t-major order wins, the per-end-block sweep's tie-break.
+    (``np.minimum.reduce`` rather than ``.min``: this runs thousands of times on small arrays.)"""
+    _, n_mp, I, d = cand.shape
+    arg = cand.argmin(axis=3)
+    val = np.minimum.reduce(cand, axis=3)  # [m, m', i]
+    vmin = np.minimum.reduce(val, axis=1)
+    flat = np.minimum.reduce(np.where(val == vmin[:, None], arg * n_mp + rows[:n_mp, None], d * n_mp), axis=1)
+    better = vmin < best
+    np.copyto(best, vmin, where=better)
+    np.copyto(split, rows[:I] + flat // n_mp, where=better, casting="unsafe")
+    np.copyto(last_m, flat % n_mp + 1, where=better, casting="unsafe")
+
+
+def _diagonal_table(L: int, n: int, fill: float) -> tuple[np.ndarray, np.ndarray]:
+    """A [m, i, j] table and its diagonal view D[m, i, d] = table[m, i, i + d], with one more slab
+    m = n holding ``fill`` ("no such pair"). The buffer is L longer: the view's unused corner
+    reaches past the table's end."""
+    dtype = np.float64 if isinstance(fill, float) else np.int32
+    buf = np.full((n + 1) * L * L + L, fill, dtype=dtype)
+    b = buf.itemsize
+    return buf[: n * L * L].reshape(n, L, L), as_strided(buf, shape=(n + 1, L, L), strides=(L * L * b, (L + 1) * b, b))
 
 
 def unwind(table: LevelTable, i: int, j: int, m: int) -> list[tuple[int, int, int]]:
