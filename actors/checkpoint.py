@@ -65,30 +65,40 @@ def step_dir(root: str | Path, step: int) -> str | Path:
 
 # ----- writing -----
 def snapshot_block(block: int, module: nn.Module, optimizer: torch.optim.Optimizer | None,
-                   taken: Mapping[str, Tensor] | None = None) -> dict[str, Any]:
+                   taken: Mapping[str, Tensor] | None = None, into: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """A CPU copy of one block's state, independent of later optimizer steps (so it can be
-    uploaded in the background while training goes on). ``taken``: entries copied earlier."""
+    uploaded in the background while training goes on). ``taken``: entries copied earlier.
+    ``into``: an earlier snapshot of this block whose host tensors are overwritten where shape and
+    dtype still match (see :class:`BackgroundWrite`: warm staging buffers copy without page faults)."""
     taken = taken or {}
-    state = {k: taken[k] if k in taken else v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
-    opt = host_copy(optimizer.state_dict()) if optimizer is not None else None
+    model = into.get("model") if into is not None else None
+    state = {k: taken[k] if k in taken else host_copy(v, into=model.get(k) if isinstance(model, dict) else None)
+             for k, v in module.state_dict().items()}
+    opt = host_copy(optimizer.state_dict(), into=into.get("optimizer") if into is not None else None) if optimizer is not None else None
     return {"block": block, "model": state, "optimizer": opt, "shapes": {k: list(v.shape) for k, v in state.items()}}
 
 
-def host_copy(item: Any, copy: bool = True) -> Any:
+def host_copy(item: Any, copy: bool = True, into: Any = None) -> Any:
     """``item`` (nested dicts, lists, tuples) with every tensor detached and in host memory, every container new.
 
     ``copy``: host tensors are copied too, so later in-place updates of the original (an optimizer step) do not
-    reach the result (snapshots); without it only device tensors are copied (a live hand-over, sent at once)."""
+    reach the result (snapshots); without it only device tensors are copied (a live hand-over, sent at once).
+    ``into``: the same structure from an earlier copy; its host tensors are reused where shape and dtype match."""
     if isinstance(item, Tensor):
+        if copy and isinstance(into, Tensor) and into.device.type == "cpu" and into.shape == item.shape \
+                and into.dtype == item.dtype and into.is_contiguous():
+            return into.copy_(item.detach())
         return item.detach().to("cpu", copy=True) if copy else item.detach().cpu()
     if isinstance(item, dict):
-        return {k: host_copy(v, copy) for k, v in item.items()}
+        return {k: host_copy(v, copy, into.get(k) if isinstance(into, dict) else None) for k, v in item.items()}
     if isinstance(item, (list, tuple)):
-        return type(item)(host_copy(v, copy) for v in item)
+        olds = into if isinstance(into, (list, tuple)) and len(into) == len(item) else [None] * len(item)
+        return type(item)(host_copy(v, copy, o) for v, o in zip(item, olds))
     return item
 
 
-def deferred_snapshot(block: int, module: nn.Module, optimizer: torch.optim.Optimizer | None) -> Callable[[], dict[str, Any]]:
+def deferred_snapshot(block: int, module: nn.Module, optimizer: torch.optim.Optimizer | None,
+                      into: Mapping[str, Any] | None = None) -> Callable[[], dict[str, Any]]:
     """:func:`snapshot_block` in two parts: the buffers now, the parameters and the optimizer state when called.
 
     Why: parameters and optimizer state change only in the optimizer step, so their copy may run in a thread while
@@ -96,8 +106,10 @@ def deferred_snapshot(block: int, module: nn.Module, optimizer: torch.optim.Opti
     ``Executor.snapshot_due``) — the training then stalls only for what the copy does not overlap. Buffers are
     copied at once because a forward may update them in place (BatchNorm's running statistics)."""
     params = {k for k, v in module.state_dict(keep_vars=True).items() if isinstance(v, nn.Parameter)}
-    buffers = {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items() if k not in params}
-    return lambda: snapshot_block(block, module, optimizer, taken=buffers)
+    model = into.get("model") if into is not None else None
+    buffers = {k: host_copy(v, into=model.get(k) if isinstance(model, dict) else None)
+               for k, v in module.state_dict().items() if k not in params}
+    return lambda: snapshot_block(block, module, optimizer, taken=buffers, into=into)
 
 
 def write_payload(directory: str | os.PathLike[str], payload: Mapping[str, Any]) -> dict[str, Any]:
@@ -127,11 +139,19 @@ class BackgroundWrite:
     :meth:`result` waits and returns the manifest entries (or raises what the upload raised);
     nothing is committed here, so a process that dies mid-upload leaves a folder without commit
     marker, which no reader trusts.
+
+    The thread runs at the lowest CPU priority (:func:`_yield_to_training`): copying, serialising,
+    hashing and writing use the cores training leaves idle (on a GPU, or in a pipeline's bubbles);
+    where training keeps every core busy, the copy runs when the step waits for it, so the stall is
+    at most that copy. After the upload the snapshots stay in :attr:`staged`, so the next
+    checkpoint copies into warm host buffers (``deferred_snapshot(into=...)``) instead of faulting
+    in fresh pages — the reuse torch.distributed.checkpoint's async stager offers as a cache.
     """
 
     def __init__(self, directory: str | os.PathLike[str],
                  payloads: Sequence[Mapping[str, Any] | Callable[[], Mapping[str, Any]]]) -> None:
         self.directory, self.entries, self.error = os.fspath(directory), [], None
+        self.staged: dict[int, Mapping[str, Any]] = {}
         self._payloads = list(payloads)
         self.snapshotted = threading.Event()
         self._thread = threading.Thread(target=self._run, name="checkpoint-upload", daemon=True)
@@ -141,16 +161,16 @@ class BackgroundWrite:
     error: BaseException | None
 
     def _run(self) -> None:
+        _yield_to_training()
         try:
             try:
                 taken = [p() if callable(p) else p for p in self._payloads]
             finally:
                 self.snapshotted.set()  # the step may go on: the copies exist, or the error is recorded below
             self._payloads = []
-            _yield_to_training()
             for payload in taken:
                 self.entries.append(write_payload(self.directory, payload))
-            taken = []  # free the snapshot as soon as it is uploaded
+            self.staged = {int(p["block"]): p for p in taken}
         except BaseException as exc:  # noqa: BLE001 - handed to the caller of result()
             self.error = exc
         finally:
@@ -169,13 +189,18 @@ class BackgroundWrite:
 
 
 def _yield_to_training() -> None:
-    """Lower this (upload) thread's scheduling priority once the snapshot exists: serialising, hashing and writing
-    the blocks then use the cores training leaves idle instead of slowing its next iterations. Linux applies a
-    thread's nice value per thread; elsewhere (or if refused) the upload simply runs at normal priority."""
+    """Run this (upload) thread only on CPU time nothing else wants: Linux's SCHED_IDLE policy, per thread (the
+    OpenMP threads its copies start inherit it); where that is refused, the weakest nice value. Why not a mild
+    nice: training's OpenMP teams wait for each other at every barrier, so even a small share of a core taken
+    from one of them stalls them all (measured: nice 10 still doubled a CPU iteration's time)."""
+    tid = threading.get_native_id()
     try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
     except (AttributeError, OSError):
-        pass
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, 19)
+        except (AttributeError, OSError):
+            pass
 
 
 def write_manifest(

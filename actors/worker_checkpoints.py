@@ -21,6 +21,7 @@ class WorkerCheckpoints:
     device_id: int
     schedulers: dict[int, Any]
     upload: ckpt.BackgroundWrite | None = None  # the asynchronous checkpoint being uploaded
+    staged: dict[int, Any] | None = None  # the last uploaded snapshots: warm host buffers for the next one
 
     def _ready(self) -> Executor:  # the worker's configured executor (StageWorker._ready)
         raise NotImplementedError
@@ -35,7 +36,9 @@ class WorkerCheckpoints:
                 for b in range(ex.plan.stages[j].first, ex.plan.stages[j].last)]
         if background:  # the parameters are copied by the upload thread, before this worker's next optimizer step
             self.finish_blocks()  # one upload at a time; an earlier one's error surfaces here
-            upload = ckpt.BackgroundWrite(directory, [ckpt.deferred_snapshot(b, ex.modules[b], ex.optimizers.get(b)) for b in mine])
+            warm = self.staged or {}
+            upload = ckpt.BackgroundWrite(directory, [ckpt.deferred_snapshot(b, ex.modules[b], ex.optimizers.get(b), into=warm.get(b))
+                                                      for b in mine])
             self.upload = upload
             ex.snapshot_due = upload.snapshotted
             return []
@@ -51,7 +54,12 @@ class WorkerCheckpoints:
     def finish_blocks(self) -> list[dict[str, Any]]:
         """Wait for the background upload (if any) and return its manifest entries."""
         upload, self.upload = self.upload, None
-        return upload.result() if upload is not None else []
+        if upload is None:
+            return []
+        self.staged = None  # kept only from an upload that succeeded
+        entries = upload.result()
+        self.staged = upload.staged
+        return entries
 
     def load_blocks(self, directory: str, manifest: dict[str, Any]) -> int:
         """Restore every block this worker holds (all replicas load the same files)."""

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import threading
+
 import json
 from functools import partial
 from pathlib import Path
@@ -159,6 +162,54 @@ def test_deferred_snapshot_copies_buffers_now_and_parameters_before_the_step(tmp
     assert all(torch.equal(got["model"][k], want[k]) for k in want)
     assert torch.equal(got["optimizer"]["state"][0]["momentum_buffer"], want_momentum)
     assert not torch.equal(block[0].weight, want["0.weight"])
+
+
+def test_periodic_snapshots_reuse_the_previous_uploads_host_buffers(tmp_path: Path) -> None:
+    """The second asynchronous checkpoint copies into the first one's host tensors (no fresh pages), yet holds the
+    state of its own moment; a block whose shapes changed gets new tensors."""
+    torch.manual_seed(0)
+    block = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    opt = torch.optim.Adam(block.parameters(), lr=0.1)
+
+    def train() -> None:
+        block(torch.randn(8, 4)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+    train()
+    first = ckpt.BackgroundWrite(tmp_path / "a", [ckpt.deferred_snapshot(0, block, opt)])
+    (entry_a,) = first.result(30)
+    staged = first.staged[0]
+    train()
+    want = {k: v.clone() for k, v in block.state_dict().items()}
+    want_avg = opt.state_dict()["state"][0]["exp_avg"].clone()
+    second = ckpt.BackgroundWrite(tmp_path / "b", [ckpt.deferred_snapshot(0, block, opt, into=staged)])
+    (entry_b,) = second.result(30)
+    reused = second.staged[0]
+    assert reused["model"]["0.weight"].data_ptr() == staged["model"]["0.weight"].data_ptr()
+    assert reused["model"]["1.running_mean"].data_ptr() == staged["model"]["1.running_mean"].data_ptr()
+    assert reused["optimizer"]["state"][0]["exp_avg"].data_ptr() == staged["optimizer"]["state"][0]["exp_avg"].data_ptr()
+    got = ckpt.read_block(tmp_path / "b", entry_b)
+    assert all(torch.equal(got["model"][k], want[k]) for k in want)
+    assert torch.equal(got["optimizer"]["state"][0]["exp_avg"], want_avg)
+    assert not torch.equal(ckpt.read_block(tmp_path / "a", entry_a)["model"]["0.weight"], want["0.weight"])
+    other = torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.BatchNorm1d(2))  # another block in the same slot
+    third = ckpt.BackgroundWrite(tmp_path / "c", [ckpt.deferred_snapshot(0, other, None, into=reused)])
+    (entry_c,) = third.result(30)
+    assert torch.equal(ckpt.read_block(tmp_path / "c", entry_c)["model"]["0.weight"], other[0].weight)
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+def test_upload_thread_runs_only_on_idle_cpu(tmp_path: Path) -> None:
+    """Copy and upload run under SCHED_IDLE: they take only CPU time the training leaves idle."""
+    seen: list[int] = []
+
+    def payload() -> dict:
+        seen.append(os.sched_getscheduler(threading.get_native_id()))
+        return ckpt.snapshot_block(0, torch.nn.Linear(2, 2), None)
+
+    ckpt.BackgroundWrite(tmp_path, [payload]).result(30)
+    assert seen == [os.SCHED_IDLE]
 
 
 def test_a_failing_snapshot_releases_the_step_and_surfaces_in_result(tmp_path: Path) -> None:
