@@ -40,6 +40,7 @@ import torch
 from torch import Tensor, nn
 
 from actors import storage
+from actors.snapshot import deferred_snapshot, host_copy, snapshot_block, yield_to_training  # re-exported: one format module
 from actors.manifest import (
     COMMIT, FORMAT, MANIFEST, MAX_MANIFEST_BYTES, SHA256_HEX, VERSION, CheckpointError, dir_step, is_int, validate_manifest,
 )
@@ -64,54 +65,6 @@ def step_dir(root: str | Path, step: int) -> str | Path:
 
 
 # ----- writing -----
-def snapshot_block(block: int, module: nn.Module, optimizer: torch.optim.Optimizer | None,
-                   taken: Mapping[str, Tensor] | None = None, into: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """A CPU copy of one block's state, independent of later optimizer steps (so it can be
-    uploaded in the background while training goes on). ``taken``: entries copied earlier.
-    ``into``: an earlier snapshot of this block whose host tensors are overwritten where shape and
-    dtype still match (see :class:`BackgroundWrite`: warm staging buffers copy without page faults)."""
-    taken = taken or {}
-    model = into.get("model") if into is not None else None
-    state = {k: taken[k] if k in taken else host_copy(v, into=model.get(k) if isinstance(model, dict) else None)
-             for k, v in module.state_dict().items()}
-    opt = host_copy(optimizer.state_dict(), into=into.get("optimizer") if into is not None else None) if optimizer is not None else None
-    return {"block": block, "model": state, "optimizer": opt, "shapes": {k: list(v.shape) for k, v in state.items()}}
-
-
-def host_copy(item: Any, copy: bool = True, into: Any = None) -> Any:
-    """``item`` (nested dicts, lists, tuples) with every tensor detached and in host memory, every container new.
-
-    ``copy``: host tensors are copied too, so later in-place updates of the original (an optimizer step) do not
-    reach the result (snapshots); without it only device tensors are copied (a live hand-over, sent at once).
-    ``into``: the same structure from an earlier copy; its host tensors are reused where shape and dtype match."""
-    if isinstance(item, Tensor):
-        if copy and isinstance(into, Tensor) and into.device.type == "cpu" and into.shape == item.shape \
-                and into.dtype == item.dtype and into.is_contiguous():
-            return into.copy_(item.detach())
-        return item.detach().to("cpu", copy=True) if copy else item.detach().cpu()
-    if isinstance(item, dict):
-        return {k: host_copy(v, copy, into.get(k) if isinstance(into, dict) else None) for k, v in item.items()}
-    if isinstance(item, (list, tuple)):
-        olds = into if isinstance(into, (list, tuple)) and len(into) == len(item) else [None] * len(item)
-        return type(item)(host_copy(v, copy, o) for v, o in zip(item, olds))
-    return item
-
-
-def deferred_snapshot(block: int, module: nn.Module, optimizer: torch.optim.Optimizer | None,
-                      into: Mapping[str, Any] | None = None) -> Callable[[], dict[str, Any]]:
-    """:func:`snapshot_block` in two parts: the buffers now, the parameters and the optimizer state when called.
-
-    Why: parameters and optimizer state change only in the optimizer step, so their copy may run in a thread while
-    the next iteration's forward and backward run, as long as it ends before that step (the executor waits for it,
-    ``Executor.snapshot_due``) — the training then stalls only for what the copy does not overlap. Buffers are
-    copied at once because a forward may update them in place (BatchNorm's running statistics)."""
-    params = {k for k, v in module.state_dict(keep_vars=True).items() if isinstance(v, nn.Parameter)}
-    model = into.get("model") if into is not None else None
-    buffers = {k: host_copy(v, into=model.get(k) if isinstance(model, dict) else None)
-               for k, v in module.state_dict().items() if k not in params}
-    return lambda: snapshot_block(block, module, optimizer, taken=buffers, into=into)
-
-
 def write_payload(directory: str | os.PathLike[str], payload: Mapping[str, Any]) -> dict[str, Any]:
     """Stream one block snapshot to storage; return its manifest entry (sha256 and size as written)."""
     name = block_file(int(payload["block"]))
@@ -140,7 +93,7 @@ class BackgroundWrite:
     nothing is committed here, so a process that dies mid-upload leaves a folder without commit
     marker, which no reader trusts.
 
-    The thread runs at the lowest CPU priority (:func:`_yield_to_training`): copying, serialising,
+    The thread runs at the lowest CPU priority (:func:`actors.snapshot.yield_to_training`): copying, serialising,
     hashing and writing use the cores training leaves idle (on a GPU, or in a pipeline's bubbles);
     where training keeps every core busy, the copy runs when the step waits for it, so the stall is
     at most that copy. After the upload the snapshots stay in :attr:`staged`, so the next
@@ -161,7 +114,7 @@ class BackgroundWrite:
     error: BaseException | None
 
     def _run(self) -> None:
-        _yield_to_training()
+        yield_to_training()
         try:
             try:
                 taken = [p() if callable(p) else p for p in self._payloads]
@@ -186,21 +139,6 @@ class BackgroundWrite:
         if self.error is not None:
             raise self.error
         return list(self.entries)
-
-
-def _yield_to_training() -> None:
-    """Run this (upload) thread only on CPU time nothing else wants: Linux's SCHED_IDLE policy, per thread (the
-    OpenMP threads its copies start inherit it); where that is refused, the weakest nice value. Why not a mild
-    nice: training's OpenMP teams wait for each other at every barrier, so even a small share of a core taken
-    from one of them stalls them all (measured: nice 10 still doubled a CPU iteration's time)."""
-    tid = threading.get_native_id()
-    try:
-        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
-    except (AttributeError, OSError):
-        try:
-            os.setpriority(os.PRIO_PROCESS, tid, 19)
-        except (AttributeError, OSError):
-            pass
 
 
 def write_manifest(

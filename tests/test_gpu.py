@@ -188,3 +188,31 @@ def ray_gpu() -> Iterator[Any]:
     yield ray
     if started:
         ray.shutdown()
+
+
+@gpu
+@pytest.mark.gpu
+def test_deferred_snapshot_on_gpu_copies_on_a_side_stream_into_pinned_memory() -> None:
+    """The asynchronous checkpoint's copy of a GPU block: taken while the next forward and backward run, it holds
+    the state of the moment it was asked for, in pinned host memory, and the next checkpoint reuses those buffers."""
+    from actors.snapshot import deferred_snapshot
+
+    device = select_device()
+    torch.manual_seed(0)
+    block = nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.BatchNorm1d(WIDTH)).to(device)
+    opt = torch.optim.Adam(block.parameters(), lr=0.1)
+    x = torch.randn(256, WIDTH, device=device)
+    for _ in range(2):
+        block(x).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        want = {k: v.detach().cpu().clone() for k, v in block.state_dict().items()}
+        take = deferred_snapshot(0, block, opt)
+        block(x).sum().backward()  # queued on the compute stream while the copy runs on its own
+        snap = take()
+        opt.step()
+        opt.zero_grad()
+        assert all(torch.equal(snap["model"][k], want[k]) for k in want)
+        assert snap["model"]["0.weight"].is_pinned() and snap["optimizer"]["state"][0]["exp_avg"].is_pinned()
+    again = deferred_snapshot(0, block, opt, into=snap)()
+    assert again["model"]["0.weight"].data_ptr() == snap["model"]["0.weight"].data_ptr()

@@ -1,0 +1,114 @@
+"""Host copies of a block's state for checkpoints: taken now, or deferred to the upload thread.
+
+Why apart from the checkpoint format (:mod:`actors.checkpoint`): what a snapshot holds and when it is
+taken is a question of the training loop (an optimizer step changes weights in place; a forward
+changes BatchNorm statistics in place; on a GPU a copy on the compute stream would stall it), not of
+the files. On CUDA the deferred copy runs on its own stream into pinned host memory, after an event
+recorded when the checkpoint was asked for, so it overlaps the next forward and backward on the
+device's copy engine; on CPU it is a plain copy.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Mapping
+
+import torch
+from torch import Tensor, nn
+
+
+def snapshot_block(block: int, module: nn.Module, optimizer: torch.optim.Optimizer | None,
+                   taken: Mapping[str, Tensor] | None = None, into: Mapping[str, Any] | None = None,
+                   non_blocking: bool = False) -> dict[str, Any]:
+    """A CPU copy of one block's state, independent of later optimizer steps (so it can be
+    uploaded in the background while training goes on). ``taken``: entries copied earlier.
+    ``into``: an earlier snapshot of this block whose host tensors are overwritten where shape and
+    dtype still match (see :class:`actors.checkpoint.BackgroundWrite`: warm staging buffers copy
+    without page faults). ``non_blocking``: device tensors are copied asynchronously into pinned
+    memory; the caller synchronizes the stream before reading the result."""
+    taken = taken or {}
+    model = into.get("model") if into is not None else None
+    state = {k: taken[k] if k in taken else host_copy(v, into=model.get(k) if isinstance(model, dict) else None, non_blocking=non_blocking)
+             for k, v in module.state_dict().items()}
+    opt = host_copy(optimizer.state_dict(), into=into.get("optimizer") if into is not None else None,
+                    non_blocking=non_blocking) if optimizer is not None else None
+    return {"block": block, "model": state, "optimizer": opt, "shapes": {k: list(v.shape) for k, v in state.items()}}
+
+
+def host_copy(item: Any, copy: bool = True, into: Any = None, non_blocking: bool = False) -> Any:
+    """``item`` (nested dicts, lists, tuples) with every tensor detached and in host memory, every container new.
+
+    ``copy``: host tensors are copied too, so later in-place updates of the original (an optimizer step) do not
+    reach the result (snapshots); without it only device tensors are copied (a live hand-over, sent at once).
+    ``into``: the same structure from an earlier copy; its host tensors are reused where shape and dtype match.
+    ``non_blocking`` (copies only): a device tensor goes into pinned memory without waiting for the copy."""
+    if isinstance(item, Tensor):
+        if not copy:
+            return item.detach().cpu()
+        pinned = non_blocking and item.device.type == "cuda"
+        if not (isinstance(into, Tensor) and into.device.type == "cpu" and into.shape == item.shape and into.dtype == item.dtype
+                and into.is_contiguous() and (into.is_pinned() or not pinned)):
+            into = torch.empty(item.shape, dtype=item.dtype, pin_memory=pinned)
+        return into.copy_(item.detach(), non_blocking=pinned)
+    if isinstance(item, dict):
+        return {k: host_copy(v, copy, into.get(k) if isinstance(into, dict) else None, non_blocking) for k, v in item.items()}
+    if isinstance(item, (list, tuple)):
+        olds = into if isinstance(into, (list, tuple)) and len(into) == len(item) else [None] * len(item)
+        return type(item)(host_copy(v, copy, o, non_blocking) for v, o in zip(item, olds))
+    return item
+
+
+def deferred_snapshot(block: int, module: nn.Module, optimizer: torch.optim.Optimizer | None,
+                      into: Mapping[str, Any] | None = None) -> Callable[[], dict[str, Any]]:
+    """:func:`snapshot_block` in two parts: the buffers now, the parameters and the optimizer state when called.
+
+    Why: parameters and optimizer state change only in the optimizer step, so their copy may run in a thread while
+    the next iteration's forward and backward run, as long as it ends before that step (the executor waits for it,
+    ``Executor.snapshot_due``) — the training then stalls only for what the copy does not overlap. Buffers are
+    copied at once because a forward may update them in place (BatchNorm's running statistics)."""
+    params = {k for k, v in module.state_dict(keep_vars=True).items() if isinstance(v, nn.Parameter)}
+    model = into.get("model") if into is not None else None
+    buffers = {k: host_copy(v, into=model.get(k) if isinstance(model, dict) else None)
+               for k, v in module.state_dict().items() if k not in params}
+    device = next((t.device for t in module.state_dict().values() if t.is_cuda), None)
+    if device is None:
+        return lambda: snapshot_block(block, module, optimizer, taken=buffers, into=into)
+    asked = torch.cuda.Event()
+    asked.record(torch.cuda.current_stream(device))  # after the step that produced this state
+
+    def take() -> dict[str, Any]:
+        with _copy_stream(device, asked) as stream:
+            snap = snapshot_block(block, module, optimizer, taken=buffers, into=into, non_blocking=True)
+        stream.synchronize()  # the pinned copies are complete before anyone reads them (or the step goes on)
+        return snap
+
+    return take
+
+
+@contextmanager
+def _copy_stream(device: torch.device, after: Any) -> Iterator[Any]:
+    """A side CUDA stream made current in this thread, ordered after the event ``after``: the copies queued on it
+    run on the copy engine while the compute stream goes on with the next forward and backward."""
+    stream = torch.cuda.Stream(device=device)
+    stream.wait_event(after)
+    with torch.cuda.stream(stream):
+        yield stream
+
+
+def yield_to_training() -> None:
+    """Run this (upload) thread only on CPU time nothing else wants: Linux's SCHED_IDLE policy, per thread (the
+    OpenMP threads its copies start inherit it); where that is refused, the weakest nice value. Why not a mild
+    nice: training's OpenMP teams wait for each other at every barrier, so even a small share of a core taken
+    from one of them stalls them all (measured: nice 10 still doubled a CPU iteration's time)."""
+    tid = threading.get_native_id()
+    try:
+        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, 19)
+        except (AttributeError, OSError):
+            pass
+
+
