@@ -40,7 +40,7 @@ import torch
 from torch import Tensor, nn
 
 from actors import storage
-from actors.snapshot import deferred_snapshot, host_copy, snapshot_block, yield_to_training  # re-exported: one format module
+from actors.snapshot import UploadPriority, WaitRaising, deferred_snapshot, host_copy, snapshot_block  # re-exported: one format module
 from actors.manifest import (
     COMMIT, FORMAT, MANIFEST, MAX_MANIFEST_BYTES, SHA256_HEX, VERSION, CheckpointError, dir_step, is_int, validate_manifest,
 )
@@ -93,10 +93,10 @@ class BackgroundWrite:
     nothing is committed here, so a process that dies mid-upload leaves a folder without commit
     marker, which no reader trusts.
 
-    The thread runs at the lowest CPU priority (:func:`actors.snapshot.yield_to_training`): copying, serialising,
-    hashing and writing use the cores training leaves idle (on a GPU, or in a pipeline's bubbles);
-    where training keeps every core busy, the copy runs when the step waits for it, so the stall is
-    at most that copy. After the upload the snapshots stay in :attr:`staged`, so the next
+    The thread runs at the lowest CPU priority while nobody waits for it (:class:`actors.snapshot.UploadPriority`):
+    copying, serialising, hashing and writing use the cores training leaves idle (on a GPU, or in a
+    pipeline's bubbles); where training keeps every core busy, the copy runs when the step waits for
+    it (at normal priority then), so the stall is at most that copy. After the upload the snapshots stay in :attr:`staged`, so the next
     checkpoint copies into warm host buffers (``deferred_snapshot(into=...)``) instead of faulting
     in fresh pages — the reuse torch.distributed.checkpoint's async stager offers as a cache.
     """
@@ -106,7 +106,8 @@ class BackgroundWrite:
         self.directory, self.entries, self.error = os.fspath(directory), [], None
         self.staged: dict[int, Mapping[str, Any]] = {}
         self._payloads = list(payloads)
-        self.snapshotted = threading.Event()
+        self._priority = UploadPriority()
+        self.snapshotted = WaitRaising(self._priority)
         self._thread = threading.Thread(target=self._run, name="checkpoint-upload", daemon=True)
         self._thread.start()
 
@@ -114,13 +115,14 @@ class BackgroundWrite:
     error: BaseException | None
 
     def _run(self) -> None:
-        yield_to_training()
+        self._priority.lower()
         try:
             try:
                 taken = [p() if callable(p) else p for p in self._payloads]
             finally:
                 self.snapshotted.set()  # the step may go on: the copies exist, or the error is recorded below
             self._payloads = []
+            self._priority.lower(copied=True)  # again, if a step waiting for the copy had raised it
             for payload in taken:
                 self.entries.append(write_payload(self.directory, payload))
             self.staged = {int(p["block"]): p for p in taken}
@@ -133,6 +135,7 @@ class BackgroundWrite:
         return not self._thread.is_alive()
 
     def result(self, timeout_s: float | None = None) -> list[dict[str, Any]]:
+        self._priority.waited(for_good=True)
         self._thread.join(timeout_s)
         if self._thread.is_alive():
             raise CheckpointError(f"checkpoint {self.directory}: upload still running after {timeout_s} s")

@@ -97,18 +97,69 @@ def _copy_stream(device: torch.device, after: Any) -> Iterator[Any]:
         yield stream
 
 
-def yield_to_training() -> None:
-    """Run this (upload) thread only on CPU time nothing else wants: Linux's SCHED_IDLE policy, per thread (the
-    OpenMP threads its copies start inherit it); where that is refused, the weakest nice value. Why not a mild
-    nice: training's OpenMP teams wait for each other at every barrier, so even a small share of a core taken
-    from one of them stalls them all (measured: nice 10 still doubled a CPU iteration's time)."""
-    tid = threading.get_native_id()
-    try:
-        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
-    except (AttributeError, OSError):
-        try:
-            os.setpriority(os.PRIO_PROCESS, tid, 19)
-        except (AttributeError, OSError):
-            pass
+class UploadPriority:
+    """The CPU priority of an asynchronous checkpoint's thread: the lowest while nobody waits for it, normal while
+    someone does.
+
+    Why the lowest: training's OpenMP teams wait for each other at every barrier, so even a small share of a core
+    taken from one of them stalls them all (measured on 2 cores: a nice-10 upload still doubled an iteration).
+    Linux's SCHED_IDLE runs the thread only on CPU time nothing else wants. Why back to normal when waited for:
+    an optimizer step waiting for the copy, or a caller waiting for the upload (a migration, the end of a run),
+    must not depend on other processes leaving a core idle. Only where the thread may raise its priority again
+    (root, or an RLIMIT_NICE that allows nice 0) is it lowered at all; elsewhere it runs at normal priority.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tid: int | None = None  # the thread, while lowered
+        self._copy_waited = False  # a step waits for the copy: normal priority until the copy exists
+        self._waited = False  # result() is waiting: normal priority for good
+
+    def lower(self, copied: bool = False) -> None:
+        """Called by the upload thread: at its start, and with ``copied`` once the snapshot exists."""
+        with self._lock:
+            self._copy_waited = self._copy_waited and not copied
+            if self._waited or self._copy_waited or self._tid is not None or not _can_raise_again():
+                return
+            tid = threading.get_native_id()
+            try:
+                os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+                self._tid = tid
+            except (AttributeError, OSError):
+                pass
+
+    def waited(self, for_good: bool = False) -> None:
+        """Someone waits for the thread: back to normal priority (``for_good``: until it ends; else until the copy
+        exists)."""
+        with self._lock:
+            self._waited = self._waited or for_good
+            self._copy_waited = not for_good
+            if self._tid is not None:
+                try:
+                    os.sched_setscheduler(self._tid, os.SCHED_OTHER, os.sched_param(0))
+                except OSError:
+                    pass
+                self._tid = None
 
 
+class WaitRaising(threading.Event):
+    """An event whose :meth:`wait` first raises an :class:`UploadPriority` (the step waiting for a snapshot)."""
+
+    def __init__(self, priority: UploadPriority) -> None:
+        super().__init__()
+        self._priority = priority
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if not self.is_set():
+            self._priority.waited()
+        return super().wait(timeout)
+
+
+def _can_raise_again() -> bool:
+    if not hasattr(os, "SCHED_IDLE"):
+        return False
+    if os.geteuid() == 0:
+        return True
+    import resource
+
+    return resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20  # the nice ceiling is 20 − limit: 20 allows nice 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import json
 from functools import partial
@@ -199,17 +200,43 @@ def test_periodic_snapshots_reuse_the_previous_uploads_host_buffers(tmp_path: Pa
     assert torch.equal(ckpt.read_block(tmp_path / "c", entry_c)["model"]["0.weight"], other[0].weight)
 
 
-@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
-def test_upload_thread_runs_only_on_idle_cpu(tmp_path: Path) -> None:
-    """Copy and upload run under SCHED_IDLE: they take only CPU time the training leaves idle."""
-    seen: list[int] = []
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE") or os.geteuid() != 0, reason="SCHED_IDLE (Linux), raised again only with privilege")
+def test_upload_thread_runs_on_idle_cpu_until_someone_waits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Copy and upload run under SCHED_IDLE (only CPU time training leaves idle); a step waiting for the copy
+    raises the thread to normal priority until the copy exists, a caller of result() until the upload ends."""
+    seen: list[str] = []
+    copy_may_end, uploading, upload_may_end = threading.Event(), threading.Event(), threading.Event()
+    names = {os.SCHED_IDLE: "idle", os.SCHED_OTHER: "normal"}
+
+    def record(until_normal: bool = False) -> None:
+        for _ in range(1000 if until_normal else 0):
+            if os.sched_getscheduler(threading.get_native_id()) != os.SCHED_IDLE:
+                break
+            time.sleep(0.01)
+        seen.append(names.get(os.sched_getscheduler(threading.get_native_id()), "other"))
 
     def payload() -> dict:
-        seen.append(os.sched_getscheduler(threading.get_native_id()))
+        record()
+        copy_may_end.wait(30)
+        record(until_normal=True)  # the step below waits for this copy
         return ckpt.snapshot_block(0, torch.nn.Linear(2, 2), None)
 
-    ckpt.BackgroundWrite(tmp_path, [payload]).result(30)
-    assert seen == [os.SCHED_IDLE]
+    write = ckpt.write_payload
+
+    def upload_one(directory: str, item: dict) -> dict:
+        record()  # lowered again once the copy exists
+        uploading.set()
+        upload_may_end.wait(30)
+        record(until_normal=True)  # result() waits for it
+        return write(directory, item)
+
+    monkeypatch.setattr(ckpt, "write_payload", upload_one)
+    upload = ckpt.BackgroundWrite(tmp_path, [payload])
+    copy_may_end.set()
+    assert upload.snapshotted.wait(30) and uploading.wait(30)
+    upload_may_end.set()
+    upload.result(30)
+    assert seen == ["idle", "normal", "idle", "normal"]
 
 
 def test_a_failing_snapshot_releases_the_step_and_surfaces_in_result(tmp_path: Path) -> None:
