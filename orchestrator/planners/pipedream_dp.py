@@ -18,6 +18,7 @@ from orchestrator.core.cluster import Cluster
 from orchestrator.costmodel.terms import all_reduce_time, compute_time
 
 INF = np.inf
+NO_PAIR = np.iinfo(np.intp).max
 BATCH_ALL_UNITS = 1024  # diagonal size (starts × cuts) up to which every m is relaxed in one batch
 
 
@@ -114,31 +115,42 @@ def _fill(diag: np.ndarray, split_diag: np.ndarray, last_diag: np.ndarray, tail:
     m_col = np.arange(2, n + 1)[:, None]
     mp_row = np.arange(1, n_mp + 1)[None, :]
     pair_slab = np.where(mp_row <= m_col - 1, m_col - mp_row - 1, n)  # [m−2, m'−1]
-    rows = np.arange(max(L, n_mp))
+    rows = np.arange(n * n_mp * L)
+    arg_buf, val_buf = np.zeros((n - 1, n_mp, L), dtype=np.intp), np.empty((n - 1, n_mp, L))
     for d in range(1, L):
         I = L - d if all_starts else 1
         ct = np.maximum(tail_view[:, d, :I, :d], cut_view[:I, :d])  # [m', i, t]
         if I * d <= BATCH_ALL_UNITS:  # few elements: one batch over every m (fewer numpy calls)
             cand = np.maximum(diag[pair_slab, :I, :d], ct)  # [m, m', i, t]
-            _relax(cand, diag[1:n, :I, d], split_diag[1:n, :I, d], last_diag[1:n, :I, d], rows)
-        else:  # many: one m at a time, over its possible m' only (less work)
+            arg = cand.argmin(axis=3)
+            _relax(arg, _at(cand, arg, rows), diag[1:n, :I, d], split_diag[1:n, :I, d], last_diag[1:n, :I, d], rows)
+        else:  # many: one m at a time, over its possible m' only (less work), then one relaxation
+            arg, val = arg_buf[:, :, :I], val_buf[:, :, :I]
+            val.fill(INF)  # pairs m' > m − 1 stay impossible
             for m in range(2, n + 1):
                 k = min(m - 1, n_mp)
                 cand = np.maximum(diag[m - 2 :: -1, :I, :d][:k], ct[:k])  # [m', i, t]
-                _relax(cand[None], diag[m - 1 : m, :I, d], split_diag[m - 1 : m, :I, d], last_diag[m - 1 : m, :I, d], rows)
+                arg[m - 2, :k] = at = cand.argmin(axis=2)
+                val[m - 2, :k] = _at(cand, at, rows)
+            _relax(arg, val, diag[1:n, :I, d], split_diag[1:n, :I, d], last_diag[1:n, :I, d], rows)
 
 
-def _relax(cand: np.ndarray, best: np.ndarray, split: np.ndarray, last_m: np.ndarray, rows: np.ndarray) -> None:
-    """``cand[m, m', i, t]``: the candidates of one diagonal (last cut at i + t, m' units for the
-    last stage); improve ``best``/``split``/``last_m`` [m, i] where the best candidate beats them.
-    Among equal minima the first (t, m') in t-major order wins, the per-end-block sweep's tie-break.
-    (``np.minimum.reduce`` rather than ``.min``: this runs thousands of times on small arrays.)"""
-    _, n_mp, I, d = cand.shape
-    arg = cand.argmin(axis=3)
-    val = np.minimum.reduce(cand, axis=3)  # [m, m', i]
+def _at(cand: np.ndarray, arg: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``cand[..., arg[...]]``: the values at the argmins, gathered (a second reduction would read it all again)."""
+    return cand.reshape(-1, cand.shape[-1])[rows[: arg.size], arg.ravel()].reshape(arg.shape)
+
+
+def _relax(arg: np.ndarray, val: np.ndarray, best: np.ndarray, split: np.ndarray, last_m: np.ndarray, rows: np.ndarray) -> None:
+    """``val[m, m', i]``, ``arg[m, m', i]``: one diagonal's best candidate per pair and start (INF where the pair
+    is impossible) and its cut offset t, the first among equals; improve ``best``/``split``/``last_m`` [m, i]
+    where it beats them. Among equal minima the first (t, m') in t-major order wins, the per-end-block sweep's
+    tie-break. (``np.minimum.reduce`` rather than ``.min``: this runs thousands of times on small arrays.)"""
+    _, n_mp, I = val.shape
     vmin = np.minimum.reduce(val, axis=1)
-    flat = np.minimum.reduce(np.where(val == vmin[:, None], arg * n_mp + rows[:n_mp, None], d * n_mp), axis=1)
     better = vmin < best
+    if not better.any():
+        return
+    flat = np.minimum.reduce(np.where(val == vmin[:, None], arg * n_mp + rows[:n_mp, None], NO_PAIR), axis=1)
     np.copyto(best, vmin, where=better)
     np.copyto(split, rows[:I] + flat // n_mp, where=better, casting="unsafe")
     np.copyto(last_m, flat % n_mp + 1, where=better, casting="unsafe")
