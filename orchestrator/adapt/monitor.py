@@ -304,13 +304,21 @@ def relearn(state: MonitorState, devices: Sequence[int]) -> MonitorState:
     apart from how the runtime runs it — the model's first block computes no input gradient —
     its share of the links' traffic, on shared cores how busy its neighbours are), so its level
     after a move is a new baseline, not a change; reported as one it would start the next move,
-    and the controller would chase its own moves. Their model speed stays what it was until
-    ``LEARNING`` samples on the new work have replaced it."""
+    and the controller would chase its own moves. Their model speed is the median of their samples
+    on the new work so far; the controller decides nothing on it until ``LEARNING`` samples are in
+    (:func:`relearning`)."""
     speeds = dict(state.speeds)
     for d in devices:
         if d in speeds:
             speeds[d] = Track(speeds[d].ref, speeds[d].ref, silent=True)
     return replace(state, speeds=speeds)
+
+
+def relearning(state: MonitorState, devices: Sequence[int]) -> tuple[int, ...]:
+    """Those of ``devices`` still learning their speed on new work after a move (fewer than
+    ``LEARNING`` samples since :func:`relearn`): their belief rests on one or two samples of
+    blocks whose profile error it has not yet absorbed, so a decision on it would chase the move."""
+    return tuple(d for d in devices if d in state.speeds and state.speeds[d].silent and len(state.speeds[d].recent) < LEARNING)
 
 
 def speed_error(state: MonitorState, devices: Sequence[int]) -> float:
