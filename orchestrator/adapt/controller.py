@@ -195,8 +195,9 @@ class Controller:
         self._steps += 1
         metrics = self.handle.run_iteration()
         alive = self.handle.alive_devices()
-        known_links = set(self._monitor.links)
+        known_links = set(self._monitor.links)  # a link's first sight is no change of the world
         obs = observe(self._monitor, metrics, self.profile, alive, self.config.monitor)
+        confirmed = bool(obs.speed_changes or obs.membership_changed or set(obs.link_changes) & known_links)
         self._monitor = obs.state
         plan = self.handle.current_plan()
         gone = (set(metrics.lost_devices) | set(obs.disappeared)) & set(plan.devices)
@@ -206,7 +207,7 @@ class Controller:
             # the comparison of two plans (the arbiter's noise floor).
             residual = math.log(metrics.iteration_s) + obs.common_log
             self._iteration_logs = (self._iteration_logs + (residual,))[-self.config.monitor.noise_window :]
-            if obs.speed_changes or obs.membership_changed or set(obs.link_changes) & known_links:  # not a link's first sight
+            if confirmed:
                 self._tried, self._check = self._tried.forget(), None
             self._tried = self._tried.record(Layout.of(metrics.plan), residual, self.config.monitor.noise_window)
             self._check_move()
@@ -223,18 +224,19 @@ class Controller:
             if not (obs.model_changed or obs.appeared):
                 return self._record(step, metrics)
             self._to(step, State.ADAPTING, _why(obs))
-        return self._adapt(step, metrics, obs, alive)
+        return self._adapt(step, metrics, obs, alive, confirmed)
 
     # ----- states -----
-    def _adapt(self, step: int, metrics: IterationMetrics, obs: Observation, alive: tuple[int, ...]) -> StepRecord:
+    def _adapt(self, step: int, metrics: IterationMetrics, obs: Observation, alive: tuple[int, ...], confirmed: bool) -> StepRecord:
+        """``confirmed``: the monitor confirmed a change of the world this iteration (a speed, a
+        link it knew, the membership)."""
         changed = obs.model_changed or obs.membership_changed
         if self._path and not changed and set(self._path[0].devices) <= set(alive):
             nxt, self._path = self._path[0], self._path[1:]
             return self._record(step, metrics, None, 0.0, "path-move", self._apply_move(nxt))
         self._path = ()
         t0 = self.clock()
-        settled = obs.speed_changes or obs.membership_changed
-        learning = () if settled else relearning(self._monitor, self.handle.current_plan().devices)
+        learning = () if confirmed else relearning(self._monitor, self.handle.current_plan().devices)
         if learning:  # stays ADAPTING: the decision comes once they have learned
             return self._record(step, metrics, Stay(f"device(s) {list(learning)} re-learning after a move"), self.clock() - t0)
         decision = self._decide(alive, metrics, changed, obs.speed_changes)
@@ -250,7 +252,7 @@ class Controller:
         # A move on the controller's own initiative (nothing confirmed) is checked afterwards; one
         # answering a confirmed change is not: the world it answers may still be changing under it.
         current_s = option.predicted_s + decision.gain_s
-        self._check = None if settled else Check(Layout.of(self.handle.current_plan()), Layout.of(option.steps[-1]),
+        self._check = None if confirmed else Check(Layout.of(self.handle.current_plan()), Layout.of(option.steps[-1]),
                                                  math.log(option.predicted_s / current_s))
         if self.config.moves_per_pause == 0:
             return self._record(step, metrics, decision, elapsed, "move", self._apply_move(option.steps[-1]))
