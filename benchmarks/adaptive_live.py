@@ -47,6 +47,10 @@ LIVE_HISTORY = [
     "`[0:3)@0 [3:6)@2 [6:8)@3` at 0.95–1.06× fresh optimal; nothing changed: [0, 0, 0, 0, 0]",
     "this controller, the run after (load 3.5–8.9): iterations [3, never, 3, 0, 0] (seeds 4 and 5 were at 0.95× fresh "
     "without a move); nothing changed: [0, 1, 0, 0, 1]",
+    "the first run on a quiet machine (load 1.5–2.9), before the profile was timed with one thread and links from their "
+    "fastest transfer: iterations [never, never, 9, 10, 6] (seeds 1–2 one move, then stuck at 0.92–0.93× fresh: "
+    "every further move priced at 1–1.7 s from links believed at 0.04–3 Gb/s; seeds 3–5 three or four moves); nothing "
+    "changed: [0, 0, 0, 0, 0]",
 ]
 """Earlier runs, for the spread and the anchor (the table above is the latest run)."""
 LIVE_READING = (

@@ -180,6 +180,21 @@ def test_relearn_takes_a_new_baseline_silently() -> None:
     assert hits == [8]  # the baseline 1.4 silently, then the fall to 0.7 (0.69 in log) after three
 
 
+def test_relearn_includes_the_moved_devices_links() -> None:
+    """A link's observed time depends on the work at its ends: after a move its level is learnt
+    again silently too, and it is no settled link (whose change counts as the world's) meanwhile."""
+    from orchestrator.adapt.monitor import MonitorState, relearn, settled_links
+
+    state = relearn(MonitorState({0: LEARNED, 1: LEARNED, 2: LEARNED}, {(0, 1): LEARNED, (1, 2): LEARNED}), [0])
+    assert state.links[(0, 1)].silent and not state.links[(1, 2)].silent
+    assert settled_links(state) == {(1, 2)}
+    track, hits = state.links[(0, 1)], []
+    for i, v in enumerate([0.5] * 6):
+        track, changed = update_track(track, v, CFG)
+        hits += [i] if changed else []
+    assert hits == [] and track.ref == pytest.approx(math.log(0.5))
+
+
 def test_live_link_seconds_are_the_fastest_transfer_per_byte() -> None:
     """A transfer's span runs until the receiver finds the data, so it also counts the receiver's
     own compute; the controller's link seconds come from the fastest transfer of the link (the

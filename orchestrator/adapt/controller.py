@@ -53,7 +53,7 @@ from orchestrator.adapt.estimate import CostModel, Layout
 from orchestrator.adapt.handle import IterationMetrics, PipelineHandle, handover_time, move_transfers
 from orchestrator.costmodel.terms import shipped_bytes, transfer_time
 from orchestrator.adapt.monitor import (
-    MonitorConfig, Observation, initial_state, log_noise, model_cluster, observe, relearn, relearning, speed_error,
+    MonitorConfig, Observation, initial_state, log_noise, model_cluster, observe, relearn, relearning, settled_links, speed_error,
 )
 from orchestrator.adapt.moves import best_moves, path_to, walk
 from orchestrator.adapt.simcache import SimCache
@@ -195,7 +195,7 @@ class Controller:
         self._steps += 1
         metrics = self.handle.run_iteration()
         alive = self.handle.alive_devices()
-        known_links = set(self._monitor.links)  # a link's first sight is no change of the world
+        known_links = settled_links(self._monitor)  # a link's first samples are no change of the world
         obs = observe(self._monitor, metrics, self.profile, alive, self.config.monitor)
         confirmed = bool(obs.speed_changes or obs.membership_changed or set(obs.link_changes) & known_links)
         self._monitor = obs.state

@@ -306,12 +306,22 @@ def relearn(state: MonitorState, devices: Sequence[int]) -> MonitorState:
     after a move is a new baseline, not a change; reported as one it would start the next move,
     and the controller would chase its own moves. Their model speed is the median of their samples
     on the new work so far; the controller decides nothing on it until ``LEARNING`` samples are in
-    (:func:`relearning`)."""
+    (:func:`relearning`). The links into and out of them learn again the same way: what a link is
+    observed to carry in what time depends on the work at its two ends (live, the fastest
+    transfer of a link whose receiver now computes more arrives later)."""
     speeds = dict(state.speeds)
     for d in devices:
         if d in speeds:
             speeds[d] = Track(speeds[d].ref, speeds[d].ref, silent=True)
-    return replace(state, speeds=speeds)
+    moved = set(devices)
+    links = {k: Track(t.ref, t.ref, silent=True) if moved & set(k) else t for k, t in state.links.items()}
+    return replace(state, speeds=speeds, links=links)
+
+
+def settled_links(state: MonitorState) -> frozenset[Link]:
+    """Links whose level is learned (past ``LEARNING`` samples, not re-learning): a change of one
+    of these is a change of the world; a link's first samples only teach its level."""
+    return frozenset(k for k, t in state.links.items() if len(t.recent) >= LEARNING and not t.silent)
 
 
 def relearning(state: MonitorState, devices: Sequence[int]) -> tuple[int, ...]:
