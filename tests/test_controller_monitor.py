@@ -180,14 +180,17 @@ def test_relearn_takes_a_new_baseline_silently() -> None:
     assert hits == [8]  # the baseline 1.4 silently, then the fall to 0.7 (0.69 in log) after three
 
 
-def test_relearn_includes_the_moved_devices_links() -> None:
-    """A link's observed time depends on the work at its ends: after a move its level is learnt
-    again silently too, and it is no settled link (whose change counts as the world's) meanwhile."""
+def test_relearn_includes_the_links() -> None:
+    """A link's observed time depends on when its receiver gets to the data, which a move changes
+    for the whole pipeline: after a move every link's level is learnt again silently, and none is a
+    settled link (whose change counts as the world's) meanwhile; no move, nothing re-learnt."""
     from orchestrator.adapt.monitor import MonitorState, relearn, settled_links
 
-    state = relearn(MonitorState({0: LEARNED, 1: LEARNED, 2: LEARNED}, {(0, 1): LEARNED, (1, 2): LEARNED}), [0])
-    assert state.links[(0, 1)].silent and not state.links[(1, 2)].silent
-    assert settled_links(state) == {(1, 2)}
+    before = MonitorState({0: LEARNED, 1: LEARNED, 2: LEARNED}, {(0, 1): LEARNED, (1, 2): LEARNED})
+    assert relearn(before, []) == before and settled_links(before) == {(0, 1), (1, 2)}
+    state = relearn(before, [0])
+    assert state.links[(0, 1)].silent and state.links[(1, 2)].silent and not state.speeds[1].silent
+    assert settled_links(state) == frozenset()
     track, hits = state.links[(0, 1)], []
     for i, v in enumerate([0.5] * 6):
         track, changed = update_track(track, v, CFG)

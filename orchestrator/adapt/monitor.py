@@ -306,15 +306,17 @@ def relearn(state: MonitorState, devices: Sequence[int]) -> MonitorState:
     after a move is a new baseline, not a change; reported as one it would start the next move,
     and the controller would chase its own moves. Their model speed is the median of their samples
     on the new work so far; the controller decides nothing on it until ``LEARNING`` samples are in
-    (:func:`relearning`). The links into and out of them learn again the same way: what a link is
-    observed to carry in what time depends on the work at its two ends (live, the fastest
-    transfer of a link whose receiver now computes more arrives later)."""
+    (:func:`relearning`). Every link learns again the same way: what a link is observed to carry
+    in what time depends on when its receiver gets to the data, which a move changes for the
+    whole pipeline (live, a link between two devices the move did not touch was confirmed as
+    changed two iterations after it, and a 2.5% phantom move followed)."""
+    if not devices:
+        return state
     speeds = dict(state.speeds)
     for d in devices:
         if d in speeds:
             speeds[d] = Track(speeds[d].ref, speeds[d].ref, silent=True)
-    moved = set(devices)
-    links = {k: Track(t.ref, t.ref, silent=True) if moved & set(k) else t for k, t in state.links.items()}
+    links = {k: Track(t.ref, t.ref, silent=True) for k, t in state.links.items()}
     return replace(state, speeds=speeds, links=links)
 
 
