@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from orchestrator.adapt import Controller, ControllerConfig, IterationMetrics, SimulatedCosts, SimulatedPipeline, Slowdown, full_replan, scenario
 from orchestrator.adapt.handle import handover_time, move_transfers
 from orchestrator.core.cluster import flat, two_level
@@ -99,3 +101,17 @@ def test_identical_devices_are_not_swapped_back_and_forth() -> None:
         ctl.close()
         moves = [r.step for r in records if r.action]
         assert len(moves) <= most and not [s for s in moves if s >= 30], moves
+
+
+def test_calibration_learns_both_ways() -> None:
+    """A move that stalled less than its predicted hand-over scales hand-overs down (the first one
+    replaces the prior); one that stalled more adds per-move overhead; restarts learn their fixed part."""
+    from orchestrator.adapt.calibration import Calibration
+
+    prior = Calibration(0.05, 20.0)
+    assert prior.move_price(1.0) == pytest.approx(1.05)
+    cheap = prior.after_move(1.0, 0.08)  # links believed 12x too slow
+    assert cheap.handover_scale == pytest.approx(0.08) and cheap.move_price(1.0) == pytest.approx(0.08 + 0.025)
+    dear = prior.after_move(0.1, 0.3)  # 0.2 s beyond the hand-over
+    assert dear.handover_scale == pytest.approx(1.0) and dear.move_overhead_s == pytest.approx(0.5 * 0.05 + 0.5 * 0.2)
+    assert prior.after_restart(2.0, 12.0).restart_fixed_s == pytest.approx(15.0)

@@ -17,8 +17,8 @@ Deciding (in ADAPTING): on the believed cluster, the vectorized :class:`CostMode
 two-worker move; :func:`walk` repeats the best one; :func:`path_to` gives the moves to a full
 re-plan's partition (for straight plans — greedy walks can stop in local optima). Each resulting
 destination, and the current plan, is then timed by the real simulator, and each path is priced
-by its hand-over transfers plus the calibrated per-move overhead. The arbiter picks. With
-``use_restart`` the stop-and-restart onto a full re-plan is one more option (the baseline when
+by its hand-over transfers and per-move overhead as earlier moves calibrated them
+(:mod:`.calibration`). The arbiter picks. With ``use_restart`` the stop-and-restart onto a full re-plan is one more option (the baseline when
 ``use_moves`` is off).
 
 Converging fast without chasing noise (issue 15): a chosen path is carried out in the same pause
@@ -61,6 +61,7 @@ from orchestrator.adapt.policies import (
     Arbiter, ArbiterConfig, Continue, Decision, DropReplicas, ExplicitArbiter, FailureDecision, Option, Restart, Stay, Switch,
     full_replan, on_device_loss,
 )
+from orchestrator.adapt.calibration import Calibration
 from orchestrator.adapt.replan import Replanner
 from orchestrator.adapt.tried import Check, Tried
 
@@ -159,13 +160,11 @@ class Controller:
         self._monitor = initial_state(self.handle.nominal_cluster(), self.handle.alive_devices())
         self._warm = 0
         self._path: tuple[Plan, ...] = ()
-        self._move_overhead = self.config.move_overhead_s
-        self._handover_scale: float | None = None  # measured stall / predicted hand-over (None: no move measured yet)
+        self._cal = Calibration(self.config.move_overhead_s, self.config.restart_fixed_s, alpha=self.config.calibration_alpha)
         self._tried = Tried()
         self._check: Check | None = None
         self._initiative = False
         self._model_error = 0.0  # how far the last checked move's realized gain was from its prediction (log sd)
-        self._restart_fixed = self.config.restart_fixed_s
         self._steps = 0
         self._iteration_logs: tuple[float, ...] = ()  # recent completed iterations, for the noise floor
         self._sims = SimCache(self.profile)
@@ -255,7 +254,8 @@ class Controller:
         option = decision.option
         if option.kind == "restart":
             report = self.handle.restart(option.steps[0], from_checkpoint=False)
-            self._calibrate_restart(option.steps[0], report.downtime_s)
+            io = self.restart_cost(option.steps[0], planned=False) - self._cal.restart_fixed_s
+            self._cal = self._cal.after_restart(io, report.downtime_s)
             return self._record(step, metrics, decision, elapsed, "restart", report.downtime_s)
         # A move on the controller's own initiative (nothing confirmed) is checked afterwards; one
         # answering a confirmed change is not: the world it answers may still be changing under it.
@@ -370,7 +370,7 @@ class Controller:
         move — one move to the last step when a whole path goes in one pause."""
         total, prev = 0.0, plan
         for nxt in steps[-1:] if self.config.moves_per_pause == 0 else steps:
-            total += (self._handover_scale or 1.0) * handover_time(move_transfers(prev, nxt, self.profile, model), model) + self._move_overhead
+            total += self._cal.move_price(handover_time(move_transfers(prev, nxt, self.profile, model), model))
             prev = nxt
         return total
 
@@ -378,7 +378,7 @@ class Controller:
         """Fixed restart time plus checkpoint I/O of the biggest stage (written first if planned)."""
         biggest = shipped_bytes(max(self.profile.param_bytes(s.first, s.last) for s in plan.stages))
         io = transfer_time(biggest, 1.0 / (self.config.storage_gbps * GBPS))
-        return self._restart_fixed + io * (2 if planned else 1)
+        return self._cal.restart_fixed_s + io * (2 if planned else 1)
 
     # ----- acting and bookkeeping -----
     def _apply_move(self, plan: Plan) -> float:
@@ -386,7 +386,7 @@ class Controller:
         model = self.model()
         predicted = handover_time(move_transfers(before, plan, self.profile, model), model)
         report = self.handle.apply_move(plan)
-        self._calibrate_move(predicted, report.stall_s)
+        self._cal = self._cal.after_move(predicted, report.stall_s)
         self._monitor = relearn(self._monitor, _work_changed(before, plan))
         return report.stall_s
 
@@ -400,23 +400,6 @@ class Controller:
             self._check = None
             if error is not None:
                 self._model_error = error
-
-    def _calibrate_move(self, transfers_s: float, stall_s: float) -> None:
-        """Learn what a move costs from what it stalled: beyond the predicted hand-over, the excess
-        is per-move overhead; short of it, the model over-prices hand-overs, and they are scaled
-        down. One-sided (the overhead alone), a model whose links are believed too slow keeps
-        pricing every move at its own figure: live, a one-block move priced at 1-1.7 s stalled
-        80 ms, and a 2.5% gain (10 ms/iteration over 50) was refused as not paying for it."""
-        a = self.config.calibration_alpha
-        scale = stall_s / transfers_s if 0 < stall_s < transfers_s else 1.0
-        # the first measured move replaces the prior (the links' word) outright
-        self._handover_scale = scale if self._handover_scale is None else (1 - a) * self._handover_scale + a * scale
-        self._move_overhead = (1 - a) * self._move_overhead + a * max(0.0, stall_s - scale * transfers_s)
-
-    def _calibrate_restart(self, plan: Plan, downtime_s: float) -> None:
-        io = self.restart_cost(plan, planned=False) - self._restart_fixed
-        a = self.config.calibration_alpha
-        self._restart_fixed = (1 - a) * self._restart_fixed + a * max(0.0, downtime_s - io)
 
     def _to(self, step: int, state: State, reason: str) -> None:
         if state is not self.state:
