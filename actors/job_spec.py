@@ -6,6 +6,7 @@ it, and the executor must not import the worker. Cloudpickled by Ray once per wo
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -32,3 +33,12 @@ class JobSpec:
     steady_timeout_s: float = 60.0  # NCCL: per-operation bound once the first iteration ran (a hang = a dead peer)
     injected: Any = None  # a crash rehearsal (actors.injection.Kills), opt-in for tests and rehearsals; None in a job
     training: TrainingOptions = field(default_factory=TrainingOptions)  # clipping, LR schedules (actors/training.py)
+
+
+def cpu_threads(threads: int, workers_here: int) -> int:
+    """Torch intra-op threads of a CPU worker: ``threads`` (the job's setting) or this node's cores shared by the
+    ``workers_here`` workers on it. One rule for the workers and for whoever times what they will run
+    (:func:`orchestrator.adapt.live.measured_profile`): on a shared machine a block timed with two threads took 25x
+    what a one-thread worker takes (each parallel region waits for the thread another process preempted)."""
+    local = max(1, int(os.environ.get("RAYPIPE_WORKERS_PER_NODE", workers_here)))
+    return threads or max(1, (os.cpu_count() or 1) // local)

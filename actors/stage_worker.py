@@ -45,7 +45,7 @@ from actors.tied import TiedGrads, tie_table
 from actors.training import StepHooks, norm_contributors, schedulers_for
 from actors.execution import Executor
 from actors.checkpoint import host_copy
-from actors.job_spec import JobSpec
+from actors.job_spec import JobSpec, cpu_threads
 from actors.worker_checkpoints import WorkerCheckpoints
 from actors import injection
 from actors.injection import FaultKnobs
@@ -110,8 +110,7 @@ class StageWorker(WorkerCheckpoints):
         self.device_id = device
         torch_device = select_device()
         if torch_device.type == "cpu":
-            local = max(1, int(os.environ.get("RAYPIPE_WORKERS_PER_NODE", len(rank_of))))
-            torch.set_num_threads(spec.threads or max(1, (os.cpu_count() or 1) // local))
+            torch.set_num_threads(cpu_threads(spec.threads, len(rank_of)))
         torch.manual_seed(spec.seed)
         blocks = user_code.blocks(spec.model_factory)
         if len(blocks) != plan.num_blocks:
@@ -244,8 +243,7 @@ class StageWorker(WorkerCheckpoints):
             self.device_id, self.completed_step = device, step - 1
             torch_device = select_device()
             if torch_device.type == "cpu":
-                local = max(1, int(os.environ.get("RAYPIPE_WORKERS_PER_NODE", len(rank_of))))
-                torch.set_num_threads(spec.threads or max(1, (os.cpu_count() or 1) // local))
+                torch.set_num_threads(cpu_threads(spec.threads, len(rank_of)))
             inputs, _ = user_code.batch(spec.data_fn, 0)
             built = user_code.blocks(spec.model_factory)
             boundary, batch_rows = probe_boundaries(built, inputs), int(inputs.shape[0])

@@ -47,20 +47,34 @@ LIVE_HISTORY = [
     "`[0:3)@0 [3:6)@2 [6:8)@3` at 0.95–1.06× fresh optimal; nothing changed: [0, 0, 0, 0, 0]",
     "this controller, the run after (load 3.5–8.9): iterations [3, never, 3, 0, 0] (seeds 4 and 5 were at 0.95× fresh "
     "without a move); nothing changed: [0, 1, 0, 0, 1]",
+    "the first run on a quiet machine (load 1.5–2.9), before the profile was timed with one thread and links from their "
+    "fastest transfer: iterations [never, never, 9, 10, 6] (seeds 1–2 one move, then stuck at 0.92–0.93× fresh: "
+    "every further move priced at 0.9–1.7 s from links believed at 0.04–3 Gb/s; seeds 3–5 three or four moves); nothing "
+    "changed: [0, 0, 0, 0, 0]",
+    "after those two input fixes and the first controller changes (re-learning wait, measured plans, checked moves), "
+    "load 3.5–7.5: iterations [6, 3, never, never, never], 1–2 moves per run, every final plan the fresh plan's layout "
+    "(device 1 one block, the other three 3, 2 and 2) measured at 0.81–1.10× fresh with rounds spread "
+    "0.61–1.34 (load decided it); nothing changed: [0, 0, 0, 0, 0]",
 ]
 """Earlier runs, for the spread and the anchor (the table above is the latest run)."""
 LIVE_READING = (
-    "Spread: the table's run is the first on a quiet machine (load 1.5–2.9, after the profiler stopped timing the first "
-    "block with an input gradient): 0 of 5 runs within 5 iterations and 0 moves in the 5 no-change runs; the two runs "
-    "before it (history, load 3.5–12) gave 4 of 5 and 2 of 5 within 5, with 2 and 0 moves when nothing changed. In this "
-    "run seeds 1 and 2 made one move (confirmed after the third slowed iteration) and then stayed at 0.92–0.93× fresh "
-    "optimal, the arbiter finding that the one further move (block 2 from device 1 to device 0) did not pay; seeds 3–5 "
-    "took 2–3 more moves. Not yet examined: why that last move is priced below its cost (the horizon is 18 iterations "
-    "after the change; the belief of device 0's speed after the profile change). Earlier runs' reading: the injected "
-    "sleep follows the *process's* CPU seconds, which count the actor's gloo and Ray threads too, so a device's apparent "
-    "speed depends on its share of the traffic and falls further once it computes less; once device 1 has re-learnt its "
-    "speed on the new work, the controller drops it (a second move, 4–6 iterations after the first). Load widens the "
-    "paired rounds, so a ratio near 0.95 falls either side of it from one round to the next."
+    "Spread: the table ran on commit 0768a94 at load 1.6–2.2: every seed confirmed the slowdown after its third slowed "
+    "iteration and made one move straight to the fresh plan's layout (3 iterations), paired rounds spread 0.72–1.32; "
+    "nothing changed: one move in one of five runs. Cause of the earlier runs' stuck-at-0.92× and of their multi-move "
+    "walks (diagnosed with the arbiter instrumented, three reduced runs at load 1.8–3.1): the profile was timed with the "
+    "driver's two torch threads on two shared cores, so equal blocks came out at 2–56 ms where a one-thread worker takes "
+    "2.2 — the error went into the believed speeds (0.95–2.5 for identical devices) and moved with the devices on every "
+    "move; and links were read from summed transfer spans, which count the receiver's compute (believed 0.04–3 Gb/s "
+    "where the wire gives ~10): a one-block move was priced at 0.9–1.7 s and stalled 80 ms, so the remaining 2.5% gain "
+    "(10 ms per iteration over the 50-iteration horizon) never paid. With both fixed, identical devices still looked "
+    "15% apart through the profile's per-block error and were swapped back and forth (13 iterations in a row, 4% "
+    "predicted each): the controller now waits for moved devices and every link to re-learn, judges plans it already ran "
+    "by their measured times, checks its own moves against what they delivered, and weighs gains no confirmed change "
+    "prompted against twice the noise floor (the quiet runs' best phantom gains were 1–3.8% against floors of 2.2–6%). "
+    "Reduced re-run on the final commit (no paired rounds; load 1.6–2.3): five seeds, one move each at the third slowed "
+    "iteration to the fresh plan's layout, none after; nothing changed (load 2.0–3.4): no move in five runs, best "
+    "predicted gain at most 0.35 of the floor. Load widens the paired rounds, so a ratio near 0.95 falls either side of "
+    "it from one round to the next."
 )
 """What the latest runs showed (written by hand from their logs)."""
 

@@ -178,3 +178,39 @@ def test_relearn_takes_a_new_baseline_silently() -> None:
         if changed:
             hits.append(i)
     assert hits == [8]  # the baseline 1.4 silently, then the fall to 0.7 (0.69 in log) after three
+
+
+def test_relearn_includes_the_links() -> None:
+    """A link's observed time depends on when its receiver gets to the data, which a move changes
+    for the whole pipeline: after a move every link's level is learnt again silently, and none is a
+    settled link (whose change counts as the world's) meanwhile; no move, nothing re-learnt."""
+    from orchestrator.adapt.monitor import MonitorState, relearn, settled_links
+
+    before = MonitorState({0: LEARNED, 1: LEARNED, 2: LEARNED}, {(0, 1): LEARNED, (1, 2): LEARNED})
+    assert relearn(before, []) == before and settled_links(before) == {(0, 1), (1, 2)}
+    state = relearn(before, [0])
+    assert state.links[(0, 1)].silent and state.links[(1, 2)].silent and not state.speeds[1].silent
+    assert settled_links(state) == frozenset()
+    track, hits = state.links[(0, 1)], []
+    for i, v in enumerate([0.5] * 6):
+        track, changed = update_track(track, v, CFG)
+        hits += [i] if changed else []
+    assert hits == [] and track.ref == pytest.approx(math.log(0.5))
+
+
+def test_live_link_seconds_are_the_fastest_transfer_per_byte() -> None:
+    """A transfer's span runs until the receiver finds the data, so it also counts the receiver's
+    own compute; the controller's link seconds come from the fastest transfer of the link (the
+    tightest upper bound on wire time), not from the sum (live: 0.04 Gb/s where the wire gave 10)."""
+    from actors.metrics import MeasuredIteration, Transfer
+    from orchestrator.adapt.live import to_controller_metrics
+
+    mb = 131072
+    spans = [1e-4, 2e-2, 6.8e-2, 1e-2]  # the first found the receiver waiting; the others found it busy
+    m = MeasuredIteration(0, 0.4, 0.0, transfers=[Transfer(0, 1, f"x{i}", mb, 1.0, 1.0 + s) for i, s in enumerate(spans)]
+                          + [Transfer(1, 0, "y", mb, 1.0, 1.002), Transfer(1, 2, "z", 0, 1.0, 1.0)])
+    got = to_controller_metrics(m, 0, straight_plan([0, 1, 2], 2))
+    assert got.link_bytes[(0, 1)] == 4 * mb
+    assert got.link_s[(0, 1)] == pytest.approx(4 * 1e-4)
+    assert got.link_s[(1, 0)] == pytest.approx(2e-3)
+    assert (1, 2) not in got.link_s  # no timed bytes: no observation (the monitor skips the link)

@@ -196,8 +196,10 @@ SCENARIOS = {
     "restart baseline": (30, two_level(2, 2, 100, 25), scenario([Slowdown(1, 2.0, 3)]), 16,
                          dict(use_moves=False, use_restart=True, straight=False)),
 }
-# seeded runs whose slow path takes the path to the full re-plan's partition (profile seed, cluster)
-PATH_SCENARIOS = [(4, 24, two_level(2, 2, 100, 25)), (7, 24, flat(4, 25)), (1, 30, two_level(2, 3, 100, 25)), (6, 24, flat(6, 25))]
+# seeded runs whose slow path takes the path to the full re-plan's partition (profile seed, cluster); profile seeds 7
+# on flat(4, 25) and 4 on two_level(2, 2) stopped taking it once decisions waited for devices re-learning after a
+# move, checked moves and weighed gains no confirmed change prompted against twice the noise floor
+PATH_SCENARIOS = [(10, 24, two_level(2, 2, 100, 25)), (11, 24, flat(4, 25)), (1, 30, two_level(2, 3, 100, 25)), (6, 24, flat(6, 25))]
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))

@@ -304,13 +304,33 @@ def relearn(state: MonitorState, devices: Sequence[int]) -> MonitorState:
     apart from how the runtime runs it — the model's first block computes no input gradient —
     its share of the links' traffic, on shared cores how busy its neighbours are), so its level
     after a move is a new baseline, not a change; reported as one it would start the next move,
-    and the controller would chase its own moves. Their model speed stays what it was until
-    ``LEARNING`` samples on the new work have replaced it."""
+    and the controller would chase its own moves. Their model speed is the median of their samples
+    on the new work so far; the controller decides nothing on it until ``LEARNING`` samples are in
+    (:func:`relearning`). Every link learns again the same way: what a link is observed to carry
+    in what time depends on when its receiver gets to the data, which a move changes for the
+    whole pipeline (live, a link between two devices the move did not touch was confirmed as
+    changed two iterations after it, and a 2.5% phantom move followed)."""
+    if not devices:
+        return state
     speeds = dict(state.speeds)
     for d in devices:
         if d in speeds:
             speeds[d] = Track(speeds[d].ref, speeds[d].ref, silent=True)
-    return replace(state, speeds=speeds)
+    links = {k: Track(t.ref, t.ref, silent=True) for k, t in state.links.items()}
+    return replace(state, speeds=speeds, links=links)
+
+
+def settled_links(state: MonitorState) -> frozenset[Link]:
+    """Links whose level is learned (past ``LEARNING`` samples, not re-learning): a change of one
+    of these is a change of the world; a link's first samples only teach its level."""
+    return frozenset(k for k, t in state.links.items() if len(t.recent) >= LEARNING and not t.silent)
+
+
+def relearning(state: MonitorState, devices: Sequence[int]) -> tuple[int, ...]:
+    """Those of ``devices`` still learning their speed on new work after a move (fewer than
+    ``LEARNING`` samples since :func:`relearn`): their belief rests on one or two samples of
+    blocks whose profile error it has not yet absorbed, so a decision on it would chase the move."""
+    return tuple(d for d in devices if d in state.speeds and state.speeds[d].silent and len(state.speeds[d].recent) < LEARNING)
 
 
 def speed_error(state: MonitorState, devices: Sequence[int]) -> float:
