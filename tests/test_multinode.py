@@ -67,7 +67,9 @@ def test_stage_actors_run_on_the_nodes_their_devices_name(scenario: dict[str, An
 @pytest.mark.ray
 def test_a_removed_node_is_device_loss_and_training_continues_exactly(scenario: dict[str, Any]) -> None:
     assert scenario["lost_slots"] == [scenario["doomed"]] * 2  # both devices of that node, nothing else
-    assert not {3, 4} & set(scenario["final_plan_devices"])
+    dead = {d for d, node in enumerate(scenario["slot_nodes"]) if node == scenario["doomed"]}
+    assert len(dead) == 2  # devices 1-2 or 3-4: which worker node got which slots is Ray's choice
+    assert not dead & set(scenario["final_plan_devices"])
     assert False in scenario["completed"] and scenario["completed"][-1]
     assert "restart" in scenario["actions"] or "drop-replicas" in scenario["actions"]
     assert scenario["max_abs_diff"] == 0.0  # recovery replays from the checkpoint: bit-exact
