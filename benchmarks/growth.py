@@ -59,7 +59,7 @@ def run(mode: str, steps: int, width: int, tmp: Path) -> dict[str, Any]:
         t0 = time.perf_counter()
         moved = job.move(target).bytes_moved if mode == "live move" else 0.0
         if mode != "live move":
-            job.handle.restart(target, from_checkpoint=False)
+            job.restart_on(target, job.checkpoint_now("planned restart"), tuple(sorted(job.alive)))
         stall = time.perf_counter() - t0
         job.fit(steps)  # to step `steps`
         state_mb = sum(p.numel() * 4 for p in job.trainer.state_dicts()[1].values()) * 2 * 8 / 1e6

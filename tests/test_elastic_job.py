@@ -107,11 +107,12 @@ def test_loss_without_notice_restores_the_newest_checkpoint_and_bad_notices_are_
         assert "deadline passed" in rejected[0]["reason"] and "does not use" in rejected[1]["reason"]
         assert one(events, "worker_failed")["step"] == 6
         # the asynchronous checkpoint of step 4 was committed before the crash: 2 steps lost, not 6
-        assert one(events, "resumed")["step"] == 4 and one(events, "resumed")["lost_steps"] == 2
+        recovered = one(events, "recovered")
+        assert recovered["step"] == 4 and recovered["lost_steps"] == 2 and recovered["mode"] == "restart" and recovered["reason"]
         assert not [e for e in events if e["event"] == "preemption_handled"]
         skipped = one(events, "checkpoint_skipped")  # recorded once, before the restore it was skipped by
         assert skipped["path"].endswith("step_00000050") and "commit marker" in skipped["reason"]
-        assert events.index(skipped) < events.index(one(events, "resumed"))
+        assert events.index(skipped) < events.index(recovered)
         assert job.trainer.step == 9 and job.max_abs_diff() <= 1e-5
     finally:
         job.close()

@@ -40,16 +40,18 @@ from actors import storage
 from actors.group import PipelineActorError, WorkerGroup
 from actors.metrics import MeasuredIteration
 from orchestrator.core.cluster import flat
-from orchestrator.adapt.controller import Controller
-from orchestrator.adapt.handle import MoveReport, move_transfers
-from orchestrator.adapt.policies import planner_plan
+from orchestrator.adapt.controller import Act, Controller, Observed
+from orchestrator.adapt.handle import MoveReport, RestartReport, move_transfers
+from orchestrator.adapt.live import to_controller_metrics
+from orchestrator.adapt.rehearsal import Rehearsal
+from orchestrator.adapt.policies import GiveUp, Restart, on_worker_death, planner_plan
 from orchestrator.core.errors import UserError
 from orchestrator.train.discovery import connect
 from orchestrator.elastic.evacuation import Evacuate, Fallback, Notice, check_notice, plan_evacuation
 from orchestrator.elastic.job_config import AdaptConfig, RunConfig, ScalingConfig, SpotConfig, TrainConfig
 from orchestrator.train.fit_result import JobResult
 from orchestrator.elastic.growth import Growth, check_joins
-from orchestrator.elastic.job_spot import JobHandle, profile_model, push_faults, relocate, spot_decision
+from orchestrator.elastic.job_spot import profile_model, relocate, spot_decision
 from orchestrator.elastic.run import RunState, open_run
 from orchestrator.elastic.run_record import MigrationRequest
 from orchestrator.elastic.signals import JobFailed, JobStopped, MigrationRequested, StopSignals
@@ -75,7 +77,7 @@ class ElasticJob:
         self.train, self.scaling, self.run, self.adapt, self.spot = train, scaling, run, adapt, spot
         self.clock = clock
         storage.check_writable(run.storage)  # unreachable storage / missing credentials: one line, before any actor
-        self.profile = profile_model(train)
+        self.profile = profile_model(train, scaling.devices)
         # the location is the run: another model's checkpoints are refused here, before anything is written
         self.opened = open_run(str(run.storage), self.profile, train.num_microbatches, train.seed,
                                _describe(train.optimizer_factory), run.resume, run.run_id, run.cluster)
@@ -91,7 +93,7 @@ class ElasticJob:
         self._skipped_told = 0  # trainer.skipped_checkpoints already in the event log
         self.alive: set[int] = set(range(scaling.devices))
         self.controller: Controller | None = None
-        self.handle = JobHandle(self)
+        self.rehearsal = Rehearsal(adapt.faults, self.cluster)
         self.iteration_s: list[float] = []
         self.records: list[dict[str, Any]] = []
         self.last_metrics: MeasuredIteration | None = None
@@ -113,8 +115,6 @@ class ElasticJob:
         self.growth = Growth(self)
         self.prices: Any = None  # job_spot.PriceView, built when first needed
         self.target_steps = 0
-        self.knobs: dict[int, Any] = {}  # rehearsal fault knobs sent to each device
-        self.killed: set[Any] = set()  # rehearsal kills already armed
 
     # ----- inputs -----
     def notify(self, devices: tuple[int, ...], seconds_left: float, source: str = "injected") -> None:
@@ -141,7 +141,8 @@ class ElasticJob:
         first = trainer.step
         if self.adapt.enabled and self.controller is None:
             config = replace(self.adapt.controller, total_iterations=target)
-            self.controller = Controller(self.handle, self.profile, config)
+            self.controller = Controller(None, self.profile, config, nominal=self.cluster, initial_plan=trainer.plan,
+                                         initial_alive=tuple(sorted(self.alive)))
         elif self.controller is not None:  # a later fit: moves pay over this run's iterations
             self.controller.config = replace(self.controller.config, total_iterations=target)
         if self.spot.enabled and self.spot.watch:  # one watcher on each node of the job and the driver's
@@ -156,7 +157,7 @@ class ElasticJob:
             while trainer.step < target:
                 if stop.received is not None:
                     self._stop(stop.received)
-                push_faults(self, trainer.step)
+                self.rehearsal.push(trainer.group, trainer.plan, trainer.step)
                 flight = self._ahead or trainer.submit_step()
                 self._ahead = None
                 nxt = trainer.step + 1
@@ -252,9 +253,10 @@ class ElasticJob:
                 self._preempted(notice)
         self.growth.poll(self.trainer.step)
         if self.controller is not None and self.trainer.step < target:
-            self.handle.stage(m)
+            plan = self.trainer.plan
+            out = self.controller.observe(to_controller_metrics(m, self.trainer.step - 1, plan), plan, tuple(sorted(self.alive)))
             mark = len(self.move_pairs)
-            record = self.controller.step()
+            record = out.record if out.act is None else self.controller.acted(out, self._carry_out(out.act))
             if record.action:
                 self.emit("adapt", step=self.trainer.step, action=record.action, seconds=round(record.action_s, 4),
                           plan=self.trainer.plan.describe(), decision=type(record.decision).__name__)
@@ -299,6 +301,20 @@ class ElasticJob:
         self._last_done = None
 
     # ----- actions -----
+    def _carry_out(self, act: Act) -> list[MoveReport | RestartReport]:
+        """The controller's act: live moves in order, or a restart (a planned one checkpoints first)."""
+        self._drain()
+        if act.kind != "restart":
+            return [self.move(p) for p in act.plans]
+        before, t0 = self.trainer.step, time.perf_counter()  # the downtime counts the planned checkpoint's write
+        source = self.trainer.latest() if act.from_checkpoint else self.checkpoint_now("planned restart")
+        self.restart_on(act.plans[0], source, tuple(sorted(self.alive)))
+        return [RestartReport(time.perf_counter() - t0, before - self.trainer.step, act.plans[0])]
+
+    def device_joined(self, device: int) -> None:
+        """A worker that came up on capacity that joined (growth) is a device of the job from now on."""
+        self.alive.add(device)
+
     def move(self, plan: Plan, members: set[int] | None = None) -> MoveReport:
         """A live switch to ``plan`` (the controller's moves and evacuation steps); ``members``:
         the devices that stay in the job (default: every alive one)."""
@@ -345,31 +361,37 @@ class ElasticJob:
         relocate(self, None, forced=True, reason=decision.reason, notice=notice, iteration_s=iteration_s)
 
     def _failed(self, exc: PipelineActorError) -> None:
-        """A worker died without notice: the failure policy restores the newest checkpoint."""
+        """A worker died without notice: counted once, here; the failure policy decides."""
         if self._ahead is not None:
             self.trainer.discard_step(self._ahead)
             self._ahead = None
         self._last_done = None
-        self.failures += 1  # counted once, here
-        if self.failures > self.run.max_failures:
-            self.emit("job_failed", step=self.trainer.step, failures=self.failures, max_failures=self.run.max_failures,
-                      error=str(exc).splitlines()[0])
-            self.runstate.ended("failed", self.trainer.step)
-            raise JobFailed(f"{self.failures} worker deaths exceed max_failures={self.run.max_failures} "
-                            f"(last: {str(exc).splitlines()[0]})") from exc
+        self.failures += 1
         t0, before = time.perf_counter(), self.trainer.step
         recent = self.iteration_s[-5:]
-        self.emit("worker_failed", step=before, error=str(exc).splitlines()[0])
+        dead = (exc.device,) if exc.device >= 0 else ()
+        self.emit("worker_failed", step=before, device=exc.device if exc.device >= 0 else None, failures=self.failures,
+                  error=str(exc).splitlines()[0])
+        plan = self.trainer.plan
+        decision = on_worker_death(self.failures, self.run.max_failures, plan, dead, sorted(self.alive), in_place=False)
+        if isinstance(decision, GiveUp):
+            self.emit("job_failed", step=before, failures=self.failures, max_failures=self.run.max_failures, reason=decision.reason)
+            self.runstate.ended("failed", before)
+            raise JobFailed(f"{decision.reason} (last: {str(exc).splitlines()[0]})") from exc
+        assert isinstance(decision, Restart)  # RecoverInPlace is not offered yet (in_place=False)
         self.alive, self.leaving = set(range(self.growth.placed)), None
-        self.knobs.clear()  # fresh processes: no injected knobs
+        self.rehearsal.forget()  # fresh processes: no injected knobs
         self.trainer.recover(exc)
         self.restarts += 1
-        self.emit("resumed", step=self.trainer.step, lost_steps=before - self.trainer.step, stall_s=round(time.perf_counter() - t0, 4),
-                  iteration_s=round(statistics.median(recent), 4) if recent else None, plan=self.trainer.plan.describe())
+        self.emit("recovered", mode="restart", reason=decision.reason, step=self.trainer.step, lost_steps=before - self.trainer.step,
+                  stall_s=round(time.perf_counter() - t0, 4), iteration_s=round(statistics.median(recent), 4) if recent else None,
+                  plan=self.trainer.plan.describe(),
+                  devices=[{"device": d["device"], "node_id": d["node_id"], "pid": d["pid"]} for d in self.trainer.devices()])
 
     def restart_on(self, plan: Plan, source: str | Path | None, devices: tuple[int, ...]) -> None:
         """Every worker configured afresh on ``plan`` over ``devices`` from the checkpoint ``source``."""
         self.alive, self.leaving = set(devices), None
+        self.rehearsal.forget()
         self.trainer.restart_on(plan, source, members=sorted(devices), slots=self.slot_map())
         self.restarts += 1
         self.iteration_s.clear()

@@ -1,11 +1,6 @@
-"""The glue between :class:`~orchestrator.elastic.job_loop.ElasticJob` and its policies (the job as a
+"""The spot side of :class:`~orchestrator.elastic.job_loop.ElasticJob` (the job as a
 :class:`~orchestrator.elastic.job_state.JobState`).
 
-- :class:`JobHandle`: the controller's :class:`~orchestrator.adapt.handle.PipelineHandle`
-  over the job. The job's loop runs the iterations; ``run_iteration`` hands the controller the
-  metrics of the iteration the loop just finished (so the controller is a policy stepped between
-  iterations, not a second loop), and ``apply_move`` is the job's live move.
-- :func:`push_faults`: rehearsal slowdowns and link delays, as knobs on the workers.
 - :func:`spot_decision`: the cloud module's migration planner asked between iterations (and on
   a preemption) over a :class:`PriceView` of the catalog; replayed price changes update it.
 - :func:`relocate`: checkpoint → migration → restore, carrying out a migration that pays or a
@@ -21,12 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Iterable
 
-from actors.metrics import MeasuredIteration
-from orchestrator.core.cluster import GBPS, Cluster
-from orchestrator.adapt.faults import Kill, Slowdown, Throttle
-from orchestrator.adapt.handle import IterationMetrics, MoveReport, RestartReport
 from orchestrator.core.errors import UserError
-from orchestrator.core.plan import Plan
 from orchestrator.core.profile import Profile
 
 if TYPE_CHECKING:
@@ -34,81 +24,6 @@ if TYPE_CHECKING:
     from orchestrator.elastic.evacuation import Notice
     from orchestrator.elastic.job_config import TrainConfig
     from orchestrator.elastic.job_state import JobState
-
-
-class JobHandle:
-    """See the module docstring; mirrors :class:`orchestrator.adapt.live.RayPipeline` call for call."""
-
-    def __init__(self, job: "JobState") -> None:
-        self.job = job
-        self._staged: MeasuredIteration | None = None
-
-    def stage(self, m: MeasuredIteration) -> None:
-        self._staged = m
-
-    def current_plan(self) -> Plan:
-        return self.job.trainer.plan
-
-    def nominal_cluster(self) -> Cluster:
-        return self.job.cluster
-
-    def alive_devices(self) -> tuple[int, ...]:
-        return tuple(sorted(self.job.alive))
-
-    def run_iteration(self) -> IterationMetrics:
-        from orchestrator.adapt.live import to_controller_metrics
-
-        assert self._staged is not None, "the job's loop stages each iteration's metrics first"
-        m, self._staged = self._staged, None
-        return to_controller_metrics(m, self.job.trainer.step - 1, self.current_plan())
-
-    def apply_move(self, new_plan: Plan) -> MoveReport:
-        return self.job.move(new_plan)
-
-    def restart(self, new_plan: Plan, from_checkpoint: bool) -> RestartReport:
-        import time
-
-        job = self.job
-        before = job.trainer.step
-        t0 = time.perf_counter()  # the downtime counts the planned checkpoint's write
-        source = job.checkpoint_now("planned restart") if not from_checkpoint else job.trainer.latest()
-        job.restart_on(new_plan, source, tuple(sorted(job.alive)))
-        return RestartReport(time.perf_counter() - t0, before - job.trainer.step, new_plan)
-
-
-def push_faults(job: "JobState", k: int) -> None:
-    """Send each plan device its slowdown factor and outgoing link delays for iteration ``k``
-    (on change only), and arm the kills of iteration ``k``. Rehearsal only: CPU workers sleep,
-    GPU workers refuse slowdowns."""
-    faults = job.adapt.faults.faults
-    if not faults:
-        return
-    factor: dict[int, float] = {}
-    delays: dict[int, dict[int, float]] = {}
-    group = job.trainer.group
-    assert group is not None
-    for f in faults:
-        if isinstance(f, Kill) and f.at_iteration == k and f not in job.killed:
-            stages = job.trainer.plan.stages
-            device = stages[len(stages) // 2].devices[0] if f.device is None else f.device
-            if device in job.trainer.plan.devices:
-                job.killed.add(f)  # dies halfway through iteration k, like a crashed process
-                group.call("arm_kill", k, devices=[device], what="arm kill")
-        elif isinstance(f, Slowdown) and f.active(k):
-            factor[f.device] = factor.get(f.device, 1.0) * f.factor
-        elif isinstance(f, Throttle) and f.active(k):
-            for s, d in [(f.src, f.dst)] + ([(f.dst, f.src)] if f.symmetric else []):
-                if f.delay_per_byte is not None:
-                    delays.setdefault(s, {})[d] = f.delay_per_byte
-                else:
-                    assert f.gbps is not None
-                    delays.setdefault(s, {})[d] = max(0.0, 1.0 / (f.gbps * GBPS) - 1.0 / job.cluster.link(s, d))
-    knobs = job.knobs
-    for d in job.trainer.plan.devices:
-        want = (factor.get(d, 1.0), tuple(sorted(delays.get(d, {}).items())))
-        if knobs.get(d) != want:
-            group.call("set_faults", want[0], dict(want[1]), devices=[d], what="set faults")
-            knobs[d] = want
 
 
 @dataclass
@@ -255,15 +170,11 @@ def simulated_throughputs(profile: Profile, gpus: Iterable[tuple[str, int]], num
     return ThroughputTable(table)
 
 
-def profile_model(train: "TrainConfig") -> Profile:
-    """The model's blocks timed on one micro-batch here (the cost model rescales by observed speeds)."""
-    import torch
+def profile_model(train: "TrainConfig", workers: int) -> Profile:
+    """The model's blocks timed on one micro-batch here, as one of the job's ``workers`` CPU workers
+    computes (the cost model rescales by observed speeds)."""
+    from actors.job_spec import cpu_threads
+    from orchestrator.adapt.live import profile_like_workers
 
-    from actors import user_code
-    from orchestrator.profiling.profiler import profile_blocks
-
-    torch.manual_seed(train.seed)
-    blocks = user_code.blocks(train.model_factory)
-    inputs, _ = user_code.batch(train.data_fn, 0)
-    sample = torch.tensor_split(inputs, train.num_microbatches)[0]
-    return profile_blocks(blocks, sample, "job", int(sample.shape[0]), warmup=1, repeats=3, device="cpu")
+    return profile_like_workers(train.model_factory, train.data_fn, train.num_microbatches, train.seed, cpu_threads(0, workers),
+                                warmup=1, repeats=3)

@@ -46,8 +46,6 @@ class JobState(Protocol):
     checkpoint_s: float  # how long a checkpoint took last time
     leaving: Notice | None  # evacuated devices still members of the process group
     prices: Any  # job_spot.PriceView once built
-    knobs: dict[int, Any]  # rehearsal fault knobs sent to each device
-    killed: set[Any]  # rehearsal kills already armed
 
     @property
     def growth(self) -> Placed: ...
@@ -63,5 +61,7 @@ class JobState(Protocol):
     def restart_on(self, plan: Plan, source: str | Path | None, devices: tuple[int, ...]) -> None: ...
 
     def commit_pending(self) -> None: ...
+
+    def device_joined(self, device: int) -> None: ...
 
     def request_migration(self, reason: str, target: str, detail: str, commit: bool = True) -> None: ...
