@@ -139,6 +139,10 @@ def nccl_environment() -> None:
     state faulted is not safe. Keeping survivors alive (mode 2 and a re-formed communicator) is
     not implemented. Users may override either setting.
     """
+    if os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1":  # orchestrator/schedule/nccl.py: 41 of 78 plan shapes hang
+        from orchestrator.core.errors import UserError
+
+        raise UserError("CUDA_DEVICE_MAX_CONNECTIONS=1 serialises the per-link NCCL communicators and can hang the pipeline; unset it")
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "0")
 
