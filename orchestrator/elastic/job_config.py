@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from actors import storage
+from actors.training import TrainingOptions
 from actors.storage_env import PROTOCOLS, SUPPORTED
 from orchestrator.core.cluster import Cluster
 from orchestrator.adapt.controller import ControllerConfig
@@ -36,6 +37,12 @@ class TrainConfig:
     """``data_fn(step) -> (inputs, targets)``, deterministic in ``step`` (exact restarts need it)."""
     num_microbatches: int = 8
     seed: int = 0
+    training: TrainingOptions = TrainingOptions()
+    """Clipping by the global norm, LR schedules (one per block optimizer), fp16 loss scaling —
+    the same options :class:`~orchestrator.train.trainer.PipelineTrainer` takes. Weight-decay groups
+    and mixed precision wrap the factories (``decay_groups(AdamW, 0.1)``, ``autocast_blocks(factory,
+    torch.bfloat16)``); recomputation is a plan stage's ``recompute`` (planners turn it on for
+    devices over memory)."""
 
     def __post_init__(self) -> None:
         if self.num_microbatches < 1:

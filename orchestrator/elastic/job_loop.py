@@ -88,7 +88,7 @@ class ElasticJob:
         self.trainer = PipelineTrainer(train.model_factory, train.loss_fn, train.optimizer_factory, train.data_fn,
                                        train.num_microbatches, plan=plan, checkpoint_dir=run.storage, seed=train.seed,
                                        max_failures=run.max_failures, progress=False, use_gpu=scaling.use_gpu,
-                                       async_checkpoints=run.async_checkpoints, workers=workers)
+                                       async_checkpoints=run.async_checkpoints, workers=workers, training=train.training)
         self.runstate = RunState(str(run.storage), self.opened, run.events_path())
         self._skipped_told = 0  # trainer.skipped_checkpoints already in the event log
         self.alive: set[int] = set(range(scaling.devices))
@@ -458,7 +458,8 @@ class ElasticJob:
         from actors.reference import ReferenceTrainer, max_difference
 
         t = self.train
-        ref = ReferenceTrainer(t.model_factory, t.loss_fn, t.optimizer_factory, t.data_fn, t.num_microbatches, seed=t.seed)
+        ref = ReferenceTrainer(t.model_factory, t.loss_fn, t.optimizer_factory, t.data_fn, t.num_microbatches, seed=t.seed,
+                               training=t.training)
         ref.train(self.trainer.step)
         return max_difference(self.trainer.state_dicts(), ref.state_dicts())
 
