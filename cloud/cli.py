@@ -69,6 +69,10 @@ def add_parsers(subparsers: Any) -> None:
     sim.add_argument("--days", type=float, default=4.0, help="job length on one V100 (default 4 days)")
     sim.add_argument("--start", help="ISO start time (default: first time every policy has an offer)")
     sim.add_argument("--checkpoint-gb", type=float, default=1.0)
+    sim.add_argument("--availability", type=Path, help="availability logs (file or folder): replay preemptions too, "
+                     "where prices and availability overlap, with on-demand list prices from the bundled snapshot")
+    sim.add_argument("--deadline-factor", type=float, default=1.2,
+                     help="with --availability: the aware policy must expect to finish within this times on-demand's time")
     sim.add_argument("--json", action="store_true")
     sim.set_defaults(func=cmd_cost_sim)
 
@@ -223,6 +227,8 @@ def cmd_cost_sim(args: argparse.Namespace) -> int:
     models = args.model or [m for m in THESIS_MODELS if m in table.models] or list(table.models[:5])
     for model in models:
         table.check_model(model)
+    if args.availability is not None:
+        return cost_sim_availability(args, table, models)
     trace = Trace.from_store(PriceStore(load_any(args.trace)), "1h")
     policies = standard_policies(checkpoint_gb=args.checkpoint_gb)
     start = args.start or common_start(trace, policies)
@@ -240,6 +246,34 @@ def cmd_cost_sim(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=1))
     else:
         print(pd.DataFrame(rows).to_string(index=False))
+    return 0
+
+
+def cost_sim_availability(args: argparse.Namespace, table: Any, models: list[str]) -> int:
+    """``cost-sim --availability``: every policy pays for the preemptions the logs say it would have
+    suffered; one row per (window, model, policy)."""
+    from .availability import load_availability
+    from .importers import load_any, load_snapshot
+    from .replay_availability import Market, availability_policies, replay_models, windows
+    from .store import PriceStore
+
+    _check_amount("--deadline-factor", args.deadline_factor, 100.0, positive=True)
+    events = load_availability(args.availability)
+    prices = PriceStore(load_any(args.trace))
+    markets = [Market.build(w, prices, PriceStore(load_snapshot()), events) for w in windows(prices, events)]
+    samples_of = {}
+    for model in models:
+        samples_of[model] = args.days * 24 * 3600 * table.get(model, "V100", 1)
+        if samples_of[model] <= 0:
+            raise CloudInputError(f"{model!r} has no V100 throughput to size the job")
+    rows = replay_models(markets, availability_policies(args.checkpoint_gb), table, models, samples_of, args.deadline_factor)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        shown = pd.DataFrame(rows).drop(columns=["placements", "left_out", "samples"])
+        print(shown.to_string(index=False))
+        for market in markets:
+            print(f"{market.window.label()}: {len(market.left_out)} offers left out (reasons in --json)")
     return 0
 
 

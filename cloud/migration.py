@@ -142,16 +142,20 @@ def move_scores(
     egress_per_gb: np.ndarray,
     risk_per_hour: np.ndarray,
     costs: MigrationCosts,
+    lost_h: np.ndarray | None = None,
 ) -> tuple[np.ndarray, float]:
     """Expected total USD to finish ``remaining`` samples on each candidate (moving there), and
     the expected cost of staying. Unavailable candidates (NaN price, zero throughput) get +inf.
 
     Preemption risk inflates run time: each preemption loses ``lost_h_per_preemption`` hours,
     so the expected hours are ``h / (1 - rate * lost)`` (capped when the risk is absurd).
+    ``lost_h``: hours lost per preemption per candidate (default ``costs.lost_h_per_preemption()``
+    for all), e.g. with each offer's own time to obtain it again.
     """
+    lost = costs.lost_h_per_preemption() if lost_h is None else lost_h
     with np.errstate(divide="ignore", invalid="ignore"):
         hours = remaining / (throughput * 3600.0)
-        slowdown = 1.0 / np.clip(1.0 - risk_per_hour * costs.lost_h_per_preemption(), 0.05, 1.0)
+        slowdown = 1.0 / np.clip(1.0 - risk_per_hour * lost, 0.05, 1.0)
         run = hours * slowdown * price
         # The upload is paid on the current instance; when it is gone (forced move, NaN price) the
         # upload happens within the notice and costs nothing extra, and must not poison every
