@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pandas as pd
 
-from .availability import AvailabilityModel, Key, observed_truth
+from .availability import UNWATCHED, AvailabilityModel, Key, observed_truth
 from .errors import CloudInputError
 from .migration import MigrationCosts, choose, egress_usd_per_gb, move_scores
 from .replay import FREE_MOVES, ReplayPolicy, candidate_mask
@@ -84,15 +84,17 @@ class Market:
         times = pd.date_range(window.start, window.end, freq=STEP)
         spot = PriceStore(prices.frame[(prices.frame.cloud == window.cloud) & prices.frame.spot])
         ev = events[events.cloud == window.cloud]
-        watched = {(str(c), str(z), str(g), int(n)) for c, z, g, n in zip(ev.cloud, ev.zone, ev.gpu_type, ev.gpu_count) if z}
+        inside = ev[(ev["at"] >= window.start - UNWATCHED) & (ev["at"] <= window.end)]  # watched during the window
+        watched = {(str(c), str(z), str(g), int(n)) for c, z, g, n in
+                   zip(inside.cloud, inside.zone, inside.gpu_type, inside.gpu_count) if z}
         grid = spot.grid(STEP, start=window.start, end=window.end).reindex(times)
         meta = pd.DataFrame(list(grid.columns), columns=SERIES_KEY)
         keys = _keys(meta)
         keep = np.array([k in watched for k in keys], dtype=bool) & np.isfinite(grid.to_numpy(float)).any(axis=0)
         left = [f"{r['cloud']}/{r['zone'] or r['region']}/{r['instance_type']} {r['gpu_count']}x{r['gpu_type']} (spot): "
-                "no availability observations" for r, k in zip(meta.to_dict("records"), keep) if not k]
+                "not watched by the availability logs in this window" for r, k in zip(meta.to_dict("records"), keep) if not k]
         priced = {k for k, ok in zip(keys, keep) if ok}
-        left += [f"{c}/{z} {n}x{g} (spot): no price" for c, z, g, n in sorted(watched - priced)]
+        left += [f"{c}/{z} {n}x{g} (spot): watched, but no price in this window" for c, z, g, n in sorted(watched - priced)]
         meta, spot_prices = meta[keep].reset_index(drop=True), grid.to_numpy(float)[:, keep]
         keys = [k for k, ok in zip(keys, keep) if ok]
         ok_now, hit = observed_truth(ev, times, keys)
@@ -229,8 +231,8 @@ def replay_available(market: Market, policy: ReplayPolicy, throughputs: Throughp
             if since_ckpt_h * 3600 >= costs.checkpoint_interval_s:
                 since_ckpt_h = 0.0
         step += 1
-    return AvailabilityResult(policy.name, market.window.label(), cost, elapsed, preemptions, migrations,
-                              remaining <= 0, samples - max(remaining, 0.0), tuple(path))
+    return AvailabilityResult(policy.name, market.window.label(), float(cost), float(elapsed), int(preemptions),
+                              int(migrations), bool(remaining <= 0), float(samples - max(remaining, 0.0)), tuple(path))
 
 
 def _place(market: Market, step: int, row: np.ndarray, tput: np.ndarray, remaining: float, policy: ReplayPolicy,
