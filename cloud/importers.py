@@ -192,7 +192,7 @@ def _skypilot_rows(path: Path, raw: pd.DataFrame, cloud: str | None, observed_at
     if cloud == "gcp":
         gpu_rows = raw[(raw.InstanceType == "") & (raw.AcceleratorName != "")]
         hosts = raw[(raw.InstanceType != "") & (raw.AcceleratorName == "")].rename(
-            columns={"InstanceType": "instance_type", "vCPUs": "vcpus", "AvailabilityZone": "zone"})
+            columns={"InstanceType": "instance_type", "vCPUs": "vcpus", "MemoryGiB": "memory_gb", "AvailabilityZone": "zone"})
         combined = []
         for g in gpu_rows.to_dict("records"):
             gpu, count = normalize_gpu(str(g["AcceleratorName"])), int(g["AcceleratorCount"])

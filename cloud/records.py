@@ -70,7 +70,8 @@ INSTANCE_GPUS: dict[str, dict[str, tuple[str, int]]] = {
     },
 }
 
-_GPU_ALIASES = {"A10": "A10G", "A10G": "A10G", "A100-SXM4-40GB": "A100", "A100-40GB": "A100"}
+# A10 (Azure's NVadsA10_v5) and A10G (AWS's g5) are different parts: no alias between them.
+_GPU_ALIASES = {"A100-SXM4-40GB": "A100", "A100-40GB": "A100", "A100-SXM4-80GB": "A100-80GB", "A100-80G": "A100-80GB"}
 
 
 def normalize_gpu(name: str) -> str:
