@@ -30,6 +30,7 @@ from orchestrator.core.plan import Plan
 from orchestrator.core.profile import Profile
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from datetime import datetime
 
     from cloud.migration import Migrate, MigrationSkipped
@@ -161,7 +162,9 @@ def price_view(job: "JobState", stamp_now: "datetime | None" = None) -> PriceVie
 
 
 def spot_decision(job: "JobState", step: int, preempted: bool = False, max_price_age_s: float | None = None,
-                  now: "datetime | None" = None) -> "Migrate | MigrationSkipped | None":
+                  now: "datetime | None" = None,
+                  preemption_rates: "Mapping[tuple[str, str, str, int], float] | None" = None,
+                  ) -> "Migrate | MigrationSkipped | None":
     """The migration planner between iterations (when due, or forced by a preemption): a
     :class:`cloud.migration.Migrate` that pays, else None. Replayed price changes apply first.
 
@@ -170,6 +173,10 @@ def spot_decision(job: "JobState", step: int, preempted: bool = False, max_price
     :class:`cloud.migration.MigrationSkipped` comes back instead, for the loop to record as
     ``migration_skipped`` (its ``reason``, ``age_s``) before training on. A forced move is never
     skipped (its offer is gone); the age is in its ``migration_decision`` event either way.
+
+    ``preemption_rates``: preemptions per hour per (cloud, zone or region, GPU type, count), e.g.
+    :meth:`cloud.availability.AvailabilityModel.rates` of the logs plus what this job observed; a
+    spot target's expected cost then counts its preemptions (the availability-aware policy).
     """
     from datetime import timezone
     from datetime import datetime as _dt
@@ -192,7 +199,8 @@ def spot_decision(job: "JobState", step: int, preempted: bool = False, max_price
     rows = float(job.train.data_fn(0)[0].shape[0])
     remaining = max(1.0, job.target_steps - step) * rows * spot.horizon_scale
     table = view.offers[~same] if preempted else view.offers
-    decision = plan_migration(cur, table, view.throughputs, "job", remaining, MigrationCosts(checkpoint_gb=spot.checkpoint_gb))
+    costs = MigrationCosts(checkpoint_gb=spot.checkpoint_gb, preemptions_per_hour=dict(preemption_rates or {}))
+    decision = plan_migration(cur, table, view.throughputs, "job", remaining, costs)
     at = now or _dt.now(timezone.utc)
     age = cur.age_s(at)
     job.emit("migration_decision", step=step, forced=preempted, decision=type(decision).__name__, reason=decision.reason,
