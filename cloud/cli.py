@@ -177,6 +177,12 @@ def select_offers(frame: pd.DataFrame, args: argparse.Namespace) -> pd.DataFrame
 
 def cmd_show(args: argparse.Namespace) -> int:
     offers = select_offers(load_catalog(args.catalog, args.observed_at), args)
+    from .store import default_cache_path
+
+    if args.catalog is None and not default_cache_path().exists():
+        print("note: no price cache: these are the bundled snapshot's prices (the last resort; its spot rows are "
+              "estimates); get current ones with `orchestrator prices refresh --cloud aws|gcp|azure` or "
+              "`--skypilot FILE_OR_URL` (no credentials needed)", file=sys.stderr)
     if offers.empty:
         kind = "spot" if args.spot else "on-demand"
         raise CloudInputError(f"no {kind} offer matches (gpu={args.gpu}, count={args.count}, clouds={args.cloud or list(CLOUDS)})")
