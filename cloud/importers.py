@@ -186,9 +186,8 @@ def _skypilot_rows(path: Path, raw: pd.DataFrame, cloud: str | None, observed_at
     cloud = cloud or _guess_cloud(path, raw)
     if "AvailabilityZone" not in raw.columns:
         raw["AvailabilityZone"] = ""
-    raw["AvailabilityZone"] = raw["AvailabilityZone"].fillna("")
-    raw["InstanceType"] = raw["InstanceType"].fillna("")
-    raw["AcceleratorName"] = raw["AcceleratorName"].fillna("")
+    for column in ("AvailabilityZone", "InstanceType", "AcceleratorName"):  # text columns, empty when missing
+        raw[column] = raw[column].astype(object).where(raw[column].notna(), "").astype(str)
     if cloud == "gcp":
         gpu_rows = raw[(raw.InstanceType == "") & (raw.AcceleratorName != "")]
         hosts = raw[(raw.InstanceType != "") & (raw.AcceleratorName == "")].rename(

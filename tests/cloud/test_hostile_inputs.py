@@ -219,3 +219,84 @@ def test_any_cache_bytes_are_a_store_or_one_line(tmp_path_factory, data: bytes, 
         PriceStore.load(path)
     except CloudInputError as exc:
         assert "price cache" in one_line(exc)
+
+
+# --- more loaders: throughput CSV, SkyPilot and Azure daily CSVs, availability logs ----------------
+
+CELL = st.text(alphabet=st.characters(blacklist_characters=",\n\r\"", blacklist_categories=("Cs",)), max_size=6)
+
+
+@PROPERTY
+@given(rows=st.lists(st.lists(CELL, min_size=4, max_size=4), min_size=1, max_size=3))
+def test_any_throughput_csv_is_a_table_or_one_line(tmp_path_factory, rows: list[list[str]]):
+    path = tmp_path_factory.mktemp("tput") / "t.csv"
+    path.write_text("model,gpu_type,gpu_count,throughput\n" + "\n".join(",".join(r) for r in rows) + "\n")
+    try:
+        table = ThroughputTable.load(path)
+    except CloudInputError as exc:
+        one_line(exc)
+    else:
+        assert all(v >= 0 and v == v for v in table.table.values()) and all(c > 0 for _, _, c in table.table)
+
+
+SKY_HEADER = "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,Price,Region,AvailabilityZone,SpotPrice"
+
+
+@PROPERTY
+@given(rows=st.lists(st.lists(CELL, min_size=9, max_size=9), min_size=1, max_size=3), cloud=st.sampled_from(["aws", "gcp", "azure"]))
+def test_any_skypilot_rows_are_rows_or_one_line(tmp_path_factory, rows: list[list[str]], cloud: str):
+    path = tmp_path_factory.mktemp("sky") / cloud / "vms.csv"
+    path.parent.mkdir()
+    path.write_text(SKY_HEADER + "\n" + "\n".join(",".join(r) for r in rows) + "\n")
+    try:
+        frame = load_any(path)
+    except CloudInputError as exc:
+        one_line(exc)
+    else:
+        assert (frame.usd_per_hour >= 0).all() and set(frame.cloud) <= {cloud}
+
+
+@PROPERTY
+@given(cells=st.lists(CELL, min_size=2, max_size=2))
+def test_any_azure_daily_row_is_rows_or_one_line(tmp_path_factory, cells: list[str]):
+    path = tmp_path_factory.mktemp("az") / "us_east.csv"
+    path.write_text("Date,NC6s v3\n" + ",".join(cells) + "\n")
+    try:
+        load_any(path)
+    except CloudInputError as exc:
+        one_line(exc)
+
+
+LOG_LINE = st.one_of(
+    st.text(max_size=40),
+    st.builds(lambda t, n, g, z: f"[2020-03-01T10:{t:02d}:00.000Z] Created instance i{n} with {n} GPU(s) of type {g} in zone {z}",
+              st.integers(0, 59), st.integers(0, 9), st.sampled_from(["v100", "k80", "nvidia-tesla-p100", "x"]),
+              st.sampled_from(["us-east-1b", "us-west1-b", ""])),
+    st.builds(lambda t, n, w: f"[2020-03-01T11:{t:02d}:00.000Z] Instance i{n} {w}", st.integers(0, 59), st.integers(0, 9),
+              st.sampled_from(["running in zone us-east-1b", "not running in zone us-east-1b", "creation failed", "exploded"])),
+)
+
+
+@PROPERTY
+@given(lines=st.lists(LOG_LINE, max_size=8))
+def test_any_availability_log_is_events_or_one_line(tmp_path_factory, lines: list[str]):
+    from cloud.availability import KINDS, load_availability
+
+    path = tmp_path_factory.mktemp("avail") / "aws" / "availability" / "x.out"
+    path.parent.mkdir(parents=True)
+    path.write_text("\n".join(lines) + "\n")
+    try:
+        events = load_availability(path)
+    except CloudInputError as exc:
+        assert "x.out" in one_line(exc)
+    else:
+        assert set(events.kind) <= set(KINDS) and (events.gpu_count >= 0).all()
+
+
+def test_cost_sim_availability_bad_paths_and_flags(tmp_path, capsys):
+    tput = tmp_path / "t.json"
+    tput.write_text('{"v100": {"job": {"null": 1.0}}}')
+    base = ["cost-sim", "--trace", str(tmp_path), "--throughputs", str(tput), "--model", "job"]
+    cli_fails(capsys, [*base, "--availability", str(tmp_path / "missing")], "no such availability log")
+    cli_fails(capsys, [*base, "--availability", str(tmp_path)], "no availability logs")
+    cli_fails(capsys, [*base, "--availability", str(tmp_path), "--deadline-factor", "nan"], "--deadline-factor")
