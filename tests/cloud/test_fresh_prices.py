@@ -132,3 +132,10 @@ def test_skypilot_catalog_from_a_url_into_the_cache(tmp_path, loopback, capsys):
     err = capsys.readouterr().err
     assert "HTTP 404" in err and err.count("\n") == 1
     assert len(PriceStore.load(cache)) == 4  # nothing half-written
+
+
+def test_refresh_needs_a_cloud_or_a_catalog(tmp_path, capsys):
+    assert main(["prices", "refresh", "--cache", str(tmp_path / "p.csv.gz")]) == 2
+    err = capsys.readouterr().err
+    assert "needs --cloud aws|gcp|azure (live APIs) or --skypilot" in err and err.count("\n") == 1
+    assert not (tmp_path / "p.csv.gz").exists()
