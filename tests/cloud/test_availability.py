@@ -138,3 +138,22 @@ def test_cost_sim_availability_cli_rows(tmp_path, capsys):
     for r in rows:
         assert isinstance(r["completed"], bool) and isinstance(r["preemptions"], int) and r["window"].startswith("gcp ")
         assert r["model"] == "job" and r["cost_usd"] >= 0 and r["hours"] >= 0 and r["migrations"] >= 0
+
+
+def test_a_notice_too_short_for_the_checkpoint_costs_the_work_since_the_last_one():
+    """GCP gives 30 s: a checkpoint that takes 800 s to upload cannot be written in it, so each
+    preemption rolls back to the last periodic checkpoint (the same run with a fast upload loses nothing)."""
+    from cloud.migration import MigrationCosts
+
+    events = load_availability(EXCERPT)
+    events = events[events.cloud == "gcp"]
+    prices = _prices(events, "gcp", {"V100": 0.85, "K80": 0.10, "P100": 0.50})
+    (window,) = windows(prices, events)
+    market = Market.build(window, prices, PriceStore.empty(), events)
+    policy = ReplayPolicy("price-only", clouds=("gcp",), initial="cheapest_price")
+    fast = replay_available(market, policy, TPUT, "job", 4 * 3600 * 0.3)
+    slow_costs = MigrationCosts(upload_gbps=0.01, checkpoint_interval_s=3600)
+    slow = replay_available(market, ReplayPolicy("price-only", clouds=("gcp",), initial="cheapest_price", costs=slow_costs),
+                            TPUT, "job", 4 * 3600 * 0.3)
+    assert fast.preemptions > 0 and slow.placements[0] == fast.placements[0]
+    assert slow.hours > fast.hours or slow.samples_done < fast.samples_done
