@@ -39,7 +39,7 @@ class ThroughputTable:
             raise CloudInputError(f"scaling efficiency must be in (0, 1], got {self.scaling_efficiency}")
         clean: dict[tuple[str, str, int], float] = {}
         for (model, gpu, count), value in self.table.items():
-            if not str(model) or not str(gpu):
+            if not str(model).strip() or not normalize_gpu(str(gpu)):
                 raise CloudInputError(f"throughput entry {model!r} on {gpu!r}: empty model or GPU name")
             if count <= 0 or not np.isfinite(value) or value < 0:
                 raise CloudInputError(f"throughput of {model} on {count}x{gpu}: bad value {value!r}")

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from cloud.cli import main
 from cloud.errors import CloudInputError
 from cloud.importers import load_any
+from cloud.records import normalize_gpu
 from cloud.store import PriceStore
 from cloud.throughput import ThroughputTable
 
@@ -105,7 +106,7 @@ def test_oracle_shaped_json_with_any_value(tmp_path_factory, gpu: str, job: str,
     path = tmp_path_factory.mktemp("oracle") / "t.json"
     path.write_text(json.dumps({gpu: {job: {"null": value}}}))
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value == value and abs(value) != float("inf") \
-        and value >= 0 and gpu.strip() != "" and job != ""
+        and value >= 0 and normalize_gpu(gpu) != "" and job.strip() != ""  # a name that is only spaces is no name
     try:
         ThroughputTable.load(path)
         assert ok, f"accepted {value!r} for {gpu!r}/{job!r}"
