@@ -139,6 +139,7 @@ def price_view(job: "JobState", stamp_now: "datetime | None" = None) -> PriceVie
     """
     if job.prices is None:
         from cloud.importers import load_any, load_snapshot
+        from cloud.records import Offer  # noqa: F401 - main's offer-by-label branch builds Offers (see offer_of)
         from cloud.store import latest_rows, offer_of
 
         spot = job.spot
