@@ -20,6 +20,11 @@ from orchestrator.core.errors import UserError
 from orchestrator.core.profile import Profile
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from datetime import datetime
+
+    from cloud.migration import Migrate, MigrationSkipped
+    from cloud.records import Offer
     from cloud.throughput import ThroughputTable
     from orchestrator.elastic.evacuation import Notice
     from orchestrator.elastic.job_config import TrainConfig
@@ -28,22 +33,38 @@ if TYPE_CHECKING:
 
 @dataclass
 class PriceView:
-    """What the migration planner sees: the offers (with replayed price changes applied), the
-    offer the job runs on, and this model's simulated throughput on each (GPU type, count)."""
+    """What the migration planner sees: the latest price of every offer (replayed price changes
+    applied), the offer the job runs on (with the ``observed_at`` of its price: ``current.as_event()``
+    is what ``job_started`` records as ``offer``), and this model's simulated throughput on each
+    (GPU type, count)."""
 
-    offers: Any  # pandas.DataFrame
-    current: Any  # cloud.records.Offer
-    throughputs: Any  # cloud.throughput.ThroughputTable
+    offers: Any  # pandas.DataFrame: one row per offer (``cloud.store.latest_rows``)
+    current: "Offer"
+    throughputs: "ThroughputTable"
+
+    def age_s(self, now: "datetime") -> float | None:
+        """Age of the current offer's price at ``now`` (None: unknown)."""
+        return self.current.age_s(now)
 
 
-def price_view(job: "JobState") -> PriceView:
-    """Built on first use (it plans the model for every GPU type of the catalog)."""
+def price_view(job: "JobState", stamp_now: "datetime | None" = None) -> PriceView:
+    """Built on first use (it plans the model for every GPU type of the catalog).
+
+    Only the latest observation of each offer counts (an old cheap row of an offer that is
+    expensive now never wins). ``stamp_now``: a rehearsal's price file is stamped as read at that
+    time (``observed_at``) when the view is built, so replayed prices count as fresh.
+    """
     if job.prices is None:
         from cloud.importers import load_any, load_snapshot
-        from cloud.records import Offer
+        from cloud.records import Offer  # noqa: F401 - main's offer-by-label branch builds Offers (see offer_of)
+        from cloud.store import latest_rows, offer_of
 
         spot = job.spot
-        offers = load_any(spot.catalog) if spot.catalog else load_snapshot()
+        offers = latest_rows(load_any(spot.catalog) if spot.catalog else load_snapshot())
+        if stamp_now is not None:
+            import pandas as pd
+
+            offers = offers.assign(observed_at=pd.Timestamp(stamp_now))
         # a pipeline needs devices to spread over: targets with at least two GPUs (or the job's count)
         offers = offers[(offers.gpu_count >= min(2, job.scaling.devices)) & (offers.usd_per_hour > 0)].reset_index(drop=True)
         current = spot.offer
@@ -56,21 +77,37 @@ def price_view(job: "JobState") -> PriceView:
                 raise UserError(f"SpotConfig.offer: no offer {label!r} in the price catalog")
             current = named[-1]
         if current is None:
-            rows = offers[offers.spot & (offers.gpu_count == job.scaling.devices)].sort_values("usd_per_hour")
+            rows = offers[offers.spot & (offers.gpu_count == job.scaling.devices)].sort_values("usd_per_hour", kind="stable")
             if rows.empty:
                 raise UserError(f"the price catalog has no spot offer with {job.scaling.devices} GPUs to start from")
-            r = rows.iloc[0]
-            current = Offer(str(r.cloud), str(r.region), str(r.zone), str(r.instance_type), str(r.gpu_type),
-                            int(r.gpu_count), True, float(r.usd_per_hour))
+            current = offer_of(rows.iloc[0])
         gpus = {(str(g), int(c)) for g, c in zip(offers.gpu_type, offers.gpu_count)}
         job.prices = PriceView(offers, current, simulated_throughputs(job.profile, gpus, job.train.num_microbatches))
-    return job.prices
+    view: PriceView = job.prices
+    return view
 
 
-def spot_decision(job: "JobState", step: int, preempted: bool = False) -> Any:
+def spot_decision(job: "JobState", step: int, preempted: bool = False, max_price_age_s: float | None = None,
+                  now: "datetime | None" = None,
+                  preemption_rates: "Mapping[tuple[str, str, str, int], float] | None" = None,
+                  ) -> "Migrate | MigrationSkipped | None":
     """The migration planner between iterations (when due, or forced by a preemption): a
-    :class:`cloud.migration.Migrate` that pays, else None. Replayed price changes apply first."""
-    from cloud.migration import MigrationCosts, Migrate, plan_migration
+    :class:`cloud.migration.Migrate` that pays, else None. Replayed price changes apply first.
+
+    With ``max_price_age_s``, an automatic (not ``preempted``) move resting on prices older than
+    that at ``now`` (default: the wall clock) is not taken: a
+    :class:`cloud.migration.MigrationSkipped` comes back instead, for the loop to record as
+    ``migration_skipped`` (its ``reason``, ``age_s``) before training on. A forced move is never
+    skipped (its offer is gone); the age is in its ``migration_decision`` event either way.
+
+    ``preemption_rates``: preemptions per hour per (cloud, zone or region, GPU type, count), e.g.
+    :meth:`cloud.availability.AvailabilityModel.rates` of the logs plus what this job observed; a
+    spot target's expected cost then counts its preemptions (the availability-aware policy).
+    """
+    from datetime import timezone
+    from datetime import datetime as _dt
+
+    from cloud.migration import MigrationCosts, Migrate, check_fresh, plan_migration
 
     spot = job.spot
     changes = [f for at, f in spot.price_events if at == step]
@@ -88,9 +125,17 @@ def spot_decision(job: "JobState", step: int, preempted: bool = False) -> Any:
     rows = float(job.train.data_fn(0)[0].shape[0])
     remaining = max(1.0, job.target_steps - step) * rows * spot.horizon_scale
     table = view.offers[~same] if preempted else view.offers
-    decision = plan_migration(cur, table, view.throughputs, "job", remaining, MigrationCosts(checkpoint_gb=spot.checkpoint_gb))
-    job.emit("migration_decision", step=step, forced=preempted, decision=type(decision).__name__, reason=decision.reason)
-    return decision if isinstance(decision, Migrate) else None
+    costs = MigrationCosts(checkpoint_gb=spot.checkpoint_gb, preemptions_per_hour=dict(preemption_rates or {}))
+    decision = plan_migration(cur, table, view.throughputs, "job", remaining, costs)
+    at = now or _dt.now(timezone.utc)
+    age = cur.age_s(at)
+    job.emit("migration_decision", step=step, forced=preempted, decision=type(decision).__name__, reason=decision.reason,
+             prices_age_s=None if age is None else round(age, 1))
+    if not isinstance(decision, Migrate):
+        return None
+    if max_price_age_s is not None and not preempted:
+        return check_fresh(decision, cur, at, max_price_age_s)
+    return decision
 
 
 def relocate(job: "JobState", decision: Any, forced: bool, reason: str, notice: "Notice | None" = None,
