@@ -176,3 +176,30 @@ def test_a_supervised_job_asks_its_supervisor_to_migrate_when_a_price_change_pay
     assert record is not None and record.status == "migrating" and record.migration is not None
     assert record.migration.step == 3 and record.migration.target == "local/b/cluster-b (spot)" and record.last_committed == 3
     assert ckpt.verify(ckpt.latest(tmp_path / "ckpt"))["step"] == 3  # type: ignore[arg-type]
+
+
+def price_file(path: Path, rows: list[tuple[str, float, str]]) -> Path:
+    """Offers ``(instance type, $/h, observed_at)`` of 4 V100s in one local zone each."""
+    path.write_text("timestamp,cloud,region,zone,instance_type,gpu_type,gpu_count,spot,usd_per_hour,source,observed_at\n"
+                    + "".join(f"{seen},local,{name},{name},{name},V100,4,True,{usd},test,{seen}\n" for name, usd, seen in rows))
+    return path
+
+
+@pytest.mark.ray
+def test_old_prices_never_move_the_run_and_only_the_newest_row_of_an_offer_counts(worker_group: Any, tmp_path: Path) -> None:
+    old, older = "2026-01-02T00:00:00Z", "2026-01-01T00:00:00Z"
+    # cluster-b was cheap two months ago and is expensive in its newest row: it must never win on the old row
+    catalog = price_file(tmp_path / "prices.csv", [("cluster-a", 2.0, old), ("cluster-b", 0.5, older), ("cluster-b", 5.0, old),
+                                                     ("cluster-c", 1.0, old)])
+    spot = SpotConfig(catalog=str(catalog), offer="local/cluster-a/cluster-a (spot)", migration_check_every=2, horizon_scale=1e9)
+    j = job(worker_group, tmp_path, checkpoint_every=0, cluster="A", spot=spot)
+    try:
+        j.fit(4)  # trains on: the cheaper cluster-c is not taken on month-old prices
+        events = j.records
+    finally:
+        j.close()
+    offer = started(events)[0]["offer"]
+    assert offer["instance_type"] == "cluster-a" and offer["usd_per_hour"] == 2.0 and offer["observed_at"].startswith("2026-01-02")
+    skipped = [e for e in events if e["event"] == "migration_skipped"]
+    assert skipped and all(e["target"] == "local/cluster-c/cluster-c (spot)" and e["age_s"] > e["max_age_s"] for e in skipped)
+    assert not [e for e in events if e["event"] == "migration_requested"] and j.trainer.step == 4

@@ -223,6 +223,10 @@ class SpotConfig:
     slice of a long job: moving pays only over the job's whole remaining length)."""
     checkpoint_gb: float = 0.05
     """Checkpoint size for the migration planner's transfer cost."""
+    max_price_age_s: float | None = 24 * 3600.0
+    """A migration resting on prices older than this is not taken automatically (event
+    ``migration_skipped`` with the prices' age; ``orchestrator prices refresh`` renews them);
+    ``None``: no limit. Rehearsals (``price_events``) stamp their price file when the job starts."""
 
     def __post_init__(self) -> None:
         if self.margin_s < 0 or self.migration_check_every < 0 or self.ray_drain_poll_s < 0:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import signal
 import statistics
+from datetime import datetime, timezone
 import threading
 import time
 from dataclasses import replace
@@ -51,7 +52,8 @@ from orchestrator.elastic.evacuation import Evacuate, Fallback, Notice, check_no
 from orchestrator.elastic.job_config import AdaptConfig, RunConfig, ScalingConfig, SpotConfig, TrainConfig
 from orchestrator.train.fit_result import JobResult
 from orchestrator.elastic.growth import Growth, check_joins
-from orchestrator.elastic.job_spot import profile_model, relocate, spot_decision
+from cloud.migration import MigrationSkipped
+from orchestrator.elastic.job_spot import price_view, profile_model, relocate, spot_decision
 from orchestrator.elastic.run import RunState, open_run
 from orchestrator.elastic.run_record import MigrationRequest
 from orchestrator.elastic.signals import JobFailed, JobStopped, MigrationRequested, StopSignals
@@ -135,7 +137,7 @@ class ElasticJob:
                 self._saved_at = resumed
             self.emit("job_started", devices=[{"device": d["device"], "node_id": d["node_id"], "pid": d["pid"]} for d in trainer.devices()],
                       plan=trainer.plan.describe(), step=trainer.step, storage=str(self.run.storage), run_id=self.runstate.run_id,
-                      cluster=self.run.cluster, resumed_from=resumed)
+                      cluster=self.run.cluster, resumed_from=resumed, offer=self._offer())
             self.runstate.started(trainer.step)
         target = self.target_steps = steps
         first = trainer.step
@@ -185,6 +187,13 @@ class ElasticJob:
         self.emit("job_finished", step=trainer.step, plan=trainer.plan.describe(), final_loss=losses.get(target - 1))
         self.runstate.ended("finished", trainer.step)
         return JobResult(trainer.step, losses, trainer.plan, list(self.records), time.perf_counter() - start, self.moves, self.restarts)
+
+    def _offer(self) -> dict[str, object] | None:
+        """The offer this job runs on, when it was given a price catalog (a rehearsal's is stamped now)."""
+        if not (self.spot.enabled and self.spot.catalog):
+            return None
+        stamp = datetime.now(timezone.utc) if self.spot.price_events else None
+        return price_view(self, stamp_now=stamp).current.as_event()
 
     def _commit_final(self) -> None:
         """The run always ends (or stops) on a committed checkpoint of its last step."""
@@ -262,8 +271,11 @@ class ElasticJob:
                           plan=self.trainer.plan.describe(), decision=type(record.decision).__name__)
             self.growth.decided(record, self.move_pairs[mark:])
         if self.spot.enabled and self.trainer.step < target:
-            move = spot_decision(self, self.trainer.step)
-            if move is not None:
+            move = spot_decision(self, self.trainer.step, max_price_age_s=self.spot.max_price_age_s)
+            if isinstance(move, MigrationSkipped):
+                self.emit("migration_skipped", step=self.trainer.step, reason=move.reason, age_s=move.age_s,
+                          max_age_s=move.max_age_s, target=move.target.label(), refresh=move.refresh)
+            elif move is not None:
                 self._drain()
                 relocate(self, move, forced=False, reason="price")
         if self._checkpoint_due(self.trainer.step) and self.trainer.step < target and self._saved_at != self.trainer.step:
@@ -283,6 +295,7 @@ class ElasticJob:
 
         where = self.trainer.devices()
         if self._node_watch is not None:
+            self._node_watch.watch(d["node_id"] for d in where)  # nodes that joined since fit started
             for node, deadline in self._node_watch.poll():
                 here = tuple(int(d["device"]) for d in where if d["node_id"] == node and d["device"] in self.alive)
                 self.notify(here or tuple(sorted(self.alive)), deadline - time.time(), f"{self.spot.watch} notice on node {node[:12]}")

@@ -56,7 +56,6 @@ def price_view(job: "JobState", stamp_now: "datetime | None" = None) -> PriceVie
     """
     if job.prices is None:
         from cloud.importers import load_any, load_snapshot
-        from cloud.records import Offer  # noqa: F401 - main's offer-by-label branch builds Offers (see offer_of)
         from cloud.store import latest_rows, offer_of
 
         spot = job.spot
@@ -70,9 +69,7 @@ def price_view(job: "JobState", stamp_now: "datetime | None" = None) -> PriceVie
         current = spot.offer
         if isinstance(current, str):  # a label (the supervisor's RAYPIPE_OFFER): the newest row of that offer
             label = current
-            named = [Offer(str(r["cloud"]), str(r["region"]), str(r["zone"]), str(r["instance_type"]), str(r["gpu_type"]),
-                           int(r["gpu_count"]), bool(r["spot"]), float(r["usd_per_hour"])) for r in offers.to_dict("records")]
-            named = [o for o in named if o.label() == label]
+            named = [o for o in (offer_of(r) for r in offers.to_dict("records")) if o.label() == label]
             if not named:
                 raise UserError(f"SpotConfig.offer: no offer {label!r} in the price catalog")
             current = named[-1]

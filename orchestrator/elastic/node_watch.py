@@ -41,9 +41,17 @@ class NodeWatch:
     def __init__(self, cloud: str, node_ids: Iterable[str], **options: Any) -> None:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        remote: Any = ray.remote(_Watcher)
-        self.actors = {node: remote.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
-                       .remote(cloud, options) for node in sorted(set(node_ids))}
+        self._cloud, self._options = cloud, options
+        self._remote: Any = ray.remote(_Watcher)
+        self._affinity = NodeAffinitySchedulingStrategy
+        self.actors: dict[str, Any] = {}
+        self.watch(node_ids)
+
+    def watch(self, node_ids: Iterable[str]) -> None:
+        """A watcher on each of ``node_ids`` not watched yet (nodes that joined the job later)."""
+        for node in sorted(set(node_ids) - set(self.actors)):
+            self.actors[node] = self._remote.options(num_cpus=0, scheduling_strategy=self._affinity(node, soft=False)) \
+                .remote(self._cloud, self._options)
 
     def poll(self, timeout_s: float = 2.0) -> list[tuple[str, float]]:
         """``(node_id, deadline as Unix seconds)`` for each node whose watcher saw a notice since
