@@ -57,7 +57,7 @@ def run(mode: str, steps: int, width: int, tmp: Path) -> dict[str, Any]:
         wait_until_up(job, 2)
         target = straight_plan([0, 3, 6, 8], 8)
         t0 = time.perf_counter()
-        moved = job.move(target).bytes_moved if mode == "live move" else 0.0
+        moved = job.switch_live(target).bytes_moved if mode == "live move" else 0.0
         if mode != "live move":
             job.restart_on(target, job.checkpoint_now("planned restart"), tuple(sorted(job.alive)))
         stall = time.perf_counter() - t0

@@ -175,7 +175,7 @@ class ElasticJob:
                     self._after(m, target)
                 except PipelineActorError as exc:  # a worker died in a drained step or during an action
                     self._failed(exc)
-            self._drain()
+            self._finish_in_flight()
             self._commit_final()
             self.growth.finish()
         finally:
@@ -210,7 +210,7 @@ class ElasticJob:
 
     def _stop(self, signum: int) -> None:
         """SIGTERM (Ray's job stop) or SIGINT: finish the step in flight, commit, record, and leave."""
-        self._drain()
+        self._finish_in_flight()
         self._commit_final()
         name = signal.Signals(signum).name
         self.emit("stopped", step=self.trainer.step, signal=name)
@@ -232,7 +232,7 @@ class ElasticJob:
         if self.trainer.upload_pending and step > self._saved_at:
             # a background checkpoint uploaded during the step after it: commit it now, so that a
             # crash from here on loses at most the steps since it
-            self._drain()
+            self._finish_in_flight()
             t0 = time.perf_counter()
             where = self._finish_checkpoint()
             self.emit("checkpoint_committed", step=self._saved_at, path=str(where), wait_s=round(time.perf_counter() - t0, 4))
@@ -242,9 +242,9 @@ class ElasticJob:
         if self.spot.enabled:
             leaving = self.leaving
             if leaving is not None and self.clock() >= leaving.deadline - self.spot.margin_s:
-                self._drain()
+                self._finish_in_flight()
                 t0 = time.perf_counter()
-                self.move(self.trainer.plan)  # the process group is re-formed without them
+                self.switch_live(self.trainer.plan)  # the process group is re-formed without them
                 self.leaving = None
                 self.emit("evacuated_left", devices=list(leaving.devices), step=self.trainer.step,
                           stall_s=round(time.perf_counter() - t0, 4))
@@ -258,7 +258,7 @@ class ElasticJob:
             with self._lock:
                 notices, self._notices = self._notices, []
             for notice in notices:
-                self._drain()
+                self._finish_in_flight()
                 self._preempted(notice)
         self.growth.poll(self.trainer.step)
         if self.controller is not None and self.trainer.step < target:
@@ -276,10 +276,10 @@ class ElasticJob:
                 self.emit("migration_skipped", step=self.trainer.step, reason=move.reason, age_s=move.age_s,
                           max_age_s=move.max_age_s, target=move.target.label(), refresh=move.refresh)
             elif move is not None:
-                self._drain()
+                self._finish_in_flight()
                 relocate(self, move, forced=False, reason="price")
         if self._checkpoint_due(self.trainer.step) and self.trainer.step < target and self._saved_at != self.trainer.step:
-            self._drain()
+            self._finish_in_flight()
             self.checkpoint_now("periodic")
 
     def _poll_signals(self) -> None:
@@ -305,7 +305,7 @@ class ElasticJob:
                 self.notify(tuple(d for d in devices if d in self.alive), left, source)
             self._drained |= set(draining)
 
-    def _drain(self) -> None:
+    def _finish_in_flight(self) -> None:
         """Finish the iteration in flight (if any) so that an action can run."""
         if self._ahead is not None:
             flight, self._ahead = self._ahead, None
@@ -316,9 +316,9 @@ class ElasticJob:
     # ----- actions -----
     def _carry_out(self, act: Act) -> list[MoveReport | RestartReport]:
         """The controller's act: live moves in order, or a restart (a planned one checkpoints first)."""
-        self._drain()
+        self._finish_in_flight()
         if act.kind != "restart":
-            return [self.move(p) for p in act.plans]
+            return [self.switch_live(p) for p in act.plans]
         before, t0 = self.trainer.step, time.perf_counter()  # the downtime counts the planned checkpoint's write
         source = self.trainer.latest() if act.from_checkpoint else self.checkpoint_now("planned restart")
         self.restart_on(act.plans[0], source, tuple(sorted(self.alive)))
@@ -328,10 +328,10 @@ class ElasticJob:
         """A worker that came up on capacity that joined (growth) is a device of the job from now on."""
         self.alive.add(device)
 
-    def move(self, plan: Plan, members: set[int] | None = None) -> MoveReport:
+    def switch_live(self, plan: Plan, members: set[int] | None = None) -> MoveReport:
         """A live switch to ``plan`` (the controller's moves and evacuation steps); ``members``:
         the devices that stay in the job (default: every alive one)."""
-        self._drain()
+        self._finish_in_flight()
         t0 = time.perf_counter()
         before = self.trainer.plan
         gone = frozenset(set(range(self.cluster.size)) - self.alive)
@@ -362,7 +362,7 @@ class ElasticJob:
             insurance = self.trainer.save_checkpoint(background=True)  # snapshot now, upload while training goes on
             self._saved_at = self.trainer.step
             for plan in decision.steps:  # the doomed stay members while they hand their blocks over
-                self.move(plan)
+                self.switch_live(plan)
             self.alive -= set(notice.devices)
             self.leaving = notice  # idle members from now on; they leave the process group before the deadline
             stall = time.perf_counter() - t0
@@ -417,7 +417,7 @@ class ElasticJob:
         """A supervised job leaves this cluster: commit the step reached (``commit=False``: a notice
         too short for it, the newest committed step stands), record the request in the run record
         for the supervisor, and stop (the driver exits :data:`EXIT_MIGRATE`)."""
-        self._drain()
+        self._finish_in_flight()
         if commit:
             self._commit_final()
         else:
