@@ -1,6 +1,6 @@
 """Rows in -> offers out for each price source over the realistic fixtures of tests/cloud.
 
-Used by ``benchmarks/cloud.py --fixtures``. Each case runs the real SDK client the product uses
+Used by ``benchmarks/cost_policies.py --fixtures``. Each case runs the real SDK client the product uses
 (boto3 under botocore's Stubber, or any client against a loopback HTTP server) over the fixtures
 the tests use, so this table and the tests can never disagree about what a case contains.
 """

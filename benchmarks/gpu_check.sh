@@ -7,4 +7,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python)}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-exec timeout 480 "$PY" -P benchmarks/gpu_check.py  # -P: benchmarks/cloud.py must not shadow the cloud package
+exec timeout 480 "$PY" -P benchmarks/gpu_check.py  # -P: the script's folder is not put first on the path

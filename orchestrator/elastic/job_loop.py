@@ -27,6 +27,7 @@ iteration in flight. Every decision is one line of ``events.jsonl``.
 
 from __future__ import annotations
 
+import os
 import signal
 import statistics
 from datetime import datetime, timezone
@@ -84,6 +85,9 @@ class ElasticJob:
         self.opened = open_run(str(run.storage), self.profile, train.num_microbatches, train.seed,
                                _describe(train.optimizer_factory), run.resume, run.run_id, run.cluster)
         connect(None)  # RAY_ADDRESS (as under `ray job submit`) or the local instance; a dead address is one line
+        # every worker failure is the failure policy's and an event; the results of steps in flight that a
+        # failure discards would otherwise print their tracebacks when Ray collects them
+        os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
         plan = scaling.plan or planner_plan(self.profile, self.cluster, tuple(range(scaling.devices)),
                                             straight_plan([0, self.profile.num_blocks], train.num_microbatches), scaling.planner,
                                             straight=True)
