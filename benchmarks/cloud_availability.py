@@ -105,7 +105,7 @@ def main() -> int:
     if not TRACES.is_dir():
         print(f"skipped: {TRACES} not found (the shared traces are needed)")
         return 0
-    from benchmarks.cloud import write_section
+    from benchmarks.cost_policies import write_section
     from cloud.availability import load_availability
     from cloud.importers import load_any, load_snapshot
     from cloud.replay_availability import Market, availability_policies, replay_models, windows
