@@ -1,4 +1,4 @@
-"""AWS responses shaped like the real ones (botocore's parsed form), shared by tests and benchmarks/cloud.py.
+"""AWS responses shaped like the real ones (botocore's parsed form), shared by tests and benchmarks/cost_policies.py.
 
 What real answers contain and earlier fixtures did not: H100 (p5), H200 (p5e), L4 (g6) types, an
 opt-in region that answers ``AuthFailure``, Pricing API ``PriceList`` entries as nested JSON

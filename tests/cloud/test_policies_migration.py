@@ -111,7 +111,7 @@ def test_replay_dynamic_moves_and_saves():
 
 
 def test_three_month_replay_runs_to_the_end():
-    """Its speed is measured in benchmarks/cloud.py (a timing assert fails on a loaded machine)."""
+    """Its speed is measured in benchmarks/cost_policies.py (a timing assert fails on a loaded machine)."""
     trace = synthetic_trace(24 * 92)
     result = replay_job(trace, ReplayPolicy("dyn", dynamic=True), TPUT, "m", 4.0 * 3600 * 24 * 90)
     assert result.hours >= 24 * 90
