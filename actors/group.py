@@ -34,6 +34,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
 from actors.placement import Slot, discover, probe_pairs
+from actors.ray_session import ensure_ray
 from actors.gpu import recv_lookahead
 from actors.group_calls import PipelineActorError, WorkerCalls
 from actors.group_starts import Starts
@@ -51,7 +52,7 @@ class WorkerGroup(Starts, WorkerCalls):
     def __init__(self, size: int, use_gpu: bool | None = None, cpus_per_worker: float = 0.01,
                  slots: Sequence[Slot] | None = None, start_timeout_s: float = 300.0) -> None:
         if not ray.is_initialized():
-            ray.init(ignore_reinit_error=True, log_to_driver=False)
+            ensure_ray()
         gpus = int(ray.cluster_resources().get("GPU", 0))
         if use_gpu is None:
             if 0 < gpus < size:  # a GPU cluster too small for the plan: never fall back to CPU silently

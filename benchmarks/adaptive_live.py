@@ -148,7 +148,7 @@ def live_runs(seeds: tuple[int, ...] = LIVE_SEEDS, base: float = LIVE_BASE) -> t
     from orchestrator.train.trainer import PipelineTrainer
 
     if not ray.is_initialized():
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     t_start = time.perf_counter()
     group = WorkerGroup(4, use_gpu=False)
     cluster = flat(4, 10)

@@ -137,7 +137,7 @@ def main() -> None:
     args = parser.parse_args()
     kills_n = 5 if args.quick else args.kills
     sizes = [10, 100] if args.quick else [10, 100, 300, 1000]
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     tmp = Path(tempfile.mkdtemp(prefix="faults-"))
     try:
         lines = ["# Reliability (benchmarks/faults.py)", "",

@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import ray
 
-    ray.init(num_gpus=torch.cuda.device_count(), include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_gpus=torch.cuda.device_count(), include_dashboard=False, log_to_driver=False)
     ours, _ = ours_times(args, world, args.iters)
     ray.shutdown()
     theirs = torch_times(args, world, args.iters)

@@ -46,7 +46,7 @@ def record(iterations: int, bounds: list[int]) -> dict[str, object]:
     from orchestrator.train.trainer import PipelineTrainer
 
     if not ray.is_initialized():
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     group = WorkerGroup(4, use_gpu=False)
     plan = straight_plan(bounds, LIVE_M)
     trainer = PipelineTrainer(_live_model, F.mse_loss, _live_optimizer, _live_data, LIVE_M, plan=plan, workers=group, pg_timeout_s=60)

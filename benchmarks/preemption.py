@@ -161,7 +161,7 @@ def main() -> None:
     steps, at = (12, 5) if args.quick else (40, 9)
     rows = []
     if not args.stall_only:
-        ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
         with tempfile.TemporaryDirectory() as tmp:
             for devices in (4, 8):
                 for case in ("notice 30 s", "notice 120 s", "loss"):

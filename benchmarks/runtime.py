@@ -407,7 +407,7 @@ def main() -> None:
         runtime_quick.main("--json" in sys.argv)
         return
 
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     group = WorkerGroup(2, use_gpu=False)
     plan = straight_plan([0, 4, 8], M)
     if "--steady-only" in sys.argv:  # quick check: only the steady-state comparison, printed, nothing written

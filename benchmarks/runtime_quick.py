@@ -114,7 +114,7 @@ def main(as_json: bool) -> dict[str, Any]:
     bandwidth = ((1 << 22) - boundary) / max(1e-9, link[1 << 22] - link[boundary])
     sim = full.predicted(plan, profile, latency, bandwidth, step_s)
 
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     group = WorkerGroup(2, use_gpu=False)
     try:
         theirs = full.TorchPipeline(full.BIG, 4, full.M, full.BATCH)

@@ -121,7 +121,7 @@ def main() -> None:
     bandwidth = ((1 << 22) - boundary) / max(1e-9, link[1 << 22] - link[boundary])
     sims = {k: predicted(p, profile, latency, bandwidth, step_s) for k, p in plans.items()}
 
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     groups = {k: WorkerGroup(2, use_gpu=False) for k in plans}
     ours = {k: Ours(groups[k], BIG, plans[k], BATCH) for k in plans}
     theirs: dict[str, Any] = {"Schedule1F1B": TorchPipeline(BIG, CUT, M, BATCH), "ScheduleInterleavedZeroBubble": TorchPipeline(BIG, CUT, M, BATCH, zero_bubble=True)}

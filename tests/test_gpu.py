@@ -184,7 +184,7 @@ def ray_gpu() -> Iterator[Any]:
     started = not ray.is_initialized()
     if started:
         os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-        ray.init(num_gpus=GPUS, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+        ray.init(address="local", num_gpus=GPUS, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
     yield ray
     if started:
         ray.shutdown()

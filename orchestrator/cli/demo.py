@@ -147,7 +147,7 @@ def run_demo(out: Path) -> int:
     (out / "events.jsonl").unlink(missing_ok=True)
     t0 = time.perf_counter()
     chapter_planning(out)
-    ray.init(ignore_reinit_error=True, log_to_driver=False, include_dashboard=False, num_cpus=4)
+    ray.init(address="local", ignore_reinit_error=True, log_to_driver=False, include_dashboard=False, num_cpus=4)
     try:
         diff = chapter_job(out)
     finally:

@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from actors.ray_session import ensure_ray
 from orchestrator.core.cluster import GBPS, Cluster, Device
 from orchestrator.core.errors import UserError
 
@@ -97,7 +98,7 @@ def plan_on_cluster(spec: Any, num_microbatches: int, planner: str, cluster: Clu
     probed = None
     if cluster is None:
         if not ray.is_initialized():
-            ray.init(ignore_reinit_error=True, log_to_driver=False)
+            ensure_ray()
         kind = None if use_gpu is None else ("gpu" if use_gpu else "cpu")
         found = discover_cluster(kind, seconds_of=model_probe(spec.model_factory, spec.data_fn, rows=int(sample.shape[0])))
         cluster, probed = found.cluster, found.group
@@ -145,7 +146,7 @@ def connect(address: str | None) -> bool:
         if target:
             ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
         else:  # a fresh local instance: no dashboard to start
-            ray.init(ignore_reinit_error=True, log_to_driver=False, include_dashboard=False)
+            ray.init(address="local", ignore_reinit_error=True, log_to_driver=False, include_dashboard=False)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         text = " ".join(str(exc).split())[:200]
         raise UserError(f"no Ray cluster reachable at {address or 'RAY_ADDRESS'}: {text}") from None

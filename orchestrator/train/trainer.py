@@ -32,6 +32,7 @@ from actors.group import PipelineActorError, WorkerGroup
 from actors.metrics import MeasuredIteration, combine, combine_run
 from actors.job_spec import JobSpec
 from actors.training import TrainingOptions
+from actors.ray_session import ensure_ray
 from orchestrator.core.cluster import Cluster
 from orchestrator.core.errors import UserError
 from orchestrator.core.plan import Plan
@@ -122,7 +123,7 @@ class PipelineTrainer(Checkpointing):
         :meth:`WorkerGroup.configure` — the live handle (:mod:`orchestrator.adapt.live`) pins device
         ``d`` to worker ``d`` and makes every alive device a rank so it can move blocks live."""
         if not ray.is_initialized():
-            ray.init(ignore_reinit_error=True, log_to_driver=False)
+            ensure_ray()
         if self.group is None:
             self.group = WorkerGroup(size or len(self.plan.devices), use_gpu=self.use_gpu)
         self.group.configure(self.spec, self.plan, members=members, slots=slots)
