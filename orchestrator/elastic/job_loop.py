@@ -107,6 +107,8 @@ class ElasticJob:
         self._lock = threading.Lock()
         self._ahead: InFlight | None = None
         self._last_done: float | None = None
+        self._done_at: float | None = None  # when the newest step completed (a recovery's stall runs from it)
+        self._recovering: tuple[float, dict[str, Any]] | None = None  # a recovery's event, due when a step completes after it
         self.checkpoint_s = 1.0
         self._fired: set[int] = set()  # injected notices already delivered
         self._drained: set[str] = set()  # Ray nodes whose drain request was already turned into a notice
@@ -174,12 +176,17 @@ class ElasticJob:
                 except PipelineActorError as exc:
                     self._failed(exc)
                     continue
-                self._last_done = time.perf_counter() if self._ahead is not None else None
+                self._done_at = time.perf_counter()
+                self._last_done = self._done_at if self._ahead is not None else None
+                if self._recovering is not None:
+                    self._recovered()
                 try:
                     self._after(m, target)
                 except PipelineActorError as exc:  # a worker died in a drained step or during an action
                     self._failed(exc)
             self._finish_in_flight()
+            if self._recovering is not None:
+                self._recovered()
             self._commit_final()
             self.growth.finish()
         finally:
@@ -315,6 +322,7 @@ class ElasticJob:
             flight, self._ahead = self._ahead, None
             m = self.trainer.complete_step(flight, self._last_done)
             self.iteration_s.append(m.iteration_s)
+            self._done_at = time.perf_counter()
         self._last_done = None
 
     # ----- actions -----
@@ -383,8 +391,10 @@ class ElasticJob:
             self.trainer.discard_step(self._ahead)
             self._ahead = None
         self._last_done = None
+        if self._recovering is not None:  # died again before a step completed after the last recovery
+            self._recovered(interrupted=True)
         self.failures += 1
-        t0, before = time.perf_counter(), self.trainer.step
+        t0, before = self._done_at or time.perf_counter(), self.trainer.step
         recent = self.iteration_s[-5:]
         dead = (exc.device,) if exc.device >= 0 else ()
         self.emit("worker_failed", step=before, device=exc.device if exc.device >= 0 else None, failures=self.failures,
@@ -400,10 +410,20 @@ class ElasticJob:
         self.rehearsal.forget()  # fresh processes: no injected knobs
         self.trainer.recover(exc)
         self.restarts += 1
-        self.emit("recovered", mode="restart", reason=decision.reason, step=self.trainer.step, lost_steps=before - self.trainer.step,
-                  stall_s=round(time.perf_counter() - t0, 4), iteration_s=round(statistics.median(recent), 4) if recent else None,
-                  plan=self.trainer.plan.describe(),
-                  devices=[{"device": d["device"], "node_id": d["node_id"], "pid": d["pid"]} for d in self.trainer.devices()])
+        self._recovering = (t0, {"mode": "restart", "reason": decision.reason, "step": self.trainer.step,
+                                 "lost_steps": before - self.trainer.step,
+                                 "iteration_s": round(statistics.median(recent), 4) if recent else None,
+                                 "plan": self.trainer.plan.describe(),
+                                 "devices": [{"device": d["device"], "node_id": d["node_id"], "pid": d["pid"]} for d in self.trainer.devices()]})
+
+    def _recovered(self, interrupted: bool = False) -> None:
+        """The ``recovered`` event of the last recovery, once the first step after it completed: its
+        stall runs from the completion of the last step before the death to that completion
+        (detection included)."""
+        assert self._recovering is not None
+        (since, fields), self._recovering = self._recovering, None
+        extra = {"interrupted": True} if interrupted else {}
+        self.emit("recovered", **fields, stall_s=round(time.perf_counter() - since, 4), **extra)
 
     def restart_on(self, plan: Plan, source: str | Path | None, devices: tuple[int, ...]) -> None:
         """Every worker configured afresh on ``plan`` over ``devices`` from the checkpoint ``source``."""
