@@ -40,6 +40,10 @@ MAX_SHARE = 64
 """Largest share a planner runs on (beyond it their cost grows too fast to repeat per share)."""
 HEAVY = {"spp": 32, "dapple": 32}
 """Planners whose cost grows fastest run on shares of at most this many devices."""
+HEAVY_LARGE = {"spp": 16, "dapple": 16, "autopipe": 16}
+"""... and of at most this many on clusters of more than ``LARGE`` devices, where the balanced
+structures of every share and depth already number in the hundreds (seconds of seeds saved at 1024)."""
+LARGE = 256
 
 
 FALLBACK_DEVICES = 8
@@ -114,7 +118,7 @@ def _run_planners(profile: Profile, cluster: Cluster, options: PlannerOptions, n
     sub_profile = profile.scaled(1.0 / R).with_activation_scale(1.0 / R) if R > 1 else profile
     sub_options = replace(options, max_stages=min(options.max_stages or g, g))
     for name in names:
-        if g > HEAVY.get(name, MAX_SHARE):
+        if g > (HEAVY_LARGE if cluster.size > LARGE else HEAVY).get(name, MAX_SHARE):
             continue
         try:
             plan = baseline(name).fn(sub_profile, sub, seed_options(name, g, sub_options))
