@@ -54,6 +54,7 @@ CANDIDATES = ("even", "params", "pipedream", "spp", "dapple", "autopipe", "2bw")
 EXACT_STRUCTURES = 20000
 FULL_SEARCH_DEVICES = 64
 REFINE = 3
+RESOLVE_DEVICES = 32
 DIRECT_DEVICES = {"dapple": 32}
 """Planners that seed ``auto`` only up to this many devices: DAPPLE's DP over device runs costs
 seconds per seed beyond (5 s at 64 GPUs), and its structures are also SPP's and the hierarchy's."""
@@ -329,7 +330,10 @@ def _branch_and_bound(heap: list[_Item], profile: Profile, cluster: Cluster, opt
     # The winner W has the least upper bound; every other plan must provably be no faster:
     # its lower bound is >= W's upper bound, or it is simulated (then exact) and is not faster.
     # One contender at a time, least lower bound first: each exact time can lower the bar.
-    while True:
+    # Above RESOLVE_DEVICES a full simulation costs seconds: candidates compete by their upper
+    # bounds (the group mode's time, never below the simulator's), the winner among them.
+    win = min(alive, key=lambda c: (c.hi, c.rank))
+    while cluster.size <= RESOLVE_DEVICES:
         win = min(alive, key=lambda c: (c.hi, c.rank))
         pending = [c for c in alive if c is not win and not c.exact and c.lo < win.hi]
         if not pending:
