@@ -27,6 +27,13 @@ costs minutes, so only candidates the group mode times exactly compete, the firs
 slicing only as the planner chose it, and the ``REFINE`` best structures then get every slicing
 count of the powers of two up to their depth.
 
+Memory: a variant over some device group's memory is retried with activation recomputation on
+that group's stages (not under ZB-H1, whose split backward needs the saved graph); on large
+clusters, when nothing fits, every structure is retried with every slicing count before ``auto``
+refuses, and the refusal names the least memory per GPU any timed candidate needed. Above
+``RESOLVE_DEVICES`` candidates compete by the group mode's upper bound (a full simulation costs
+seconds there); the final plan is still simulated in full by ``run_planner``.
+
 ``options.auto_planners`` (names) restricts the planners.
 """
 
