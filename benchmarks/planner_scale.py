@@ -1,99 +1,124 @@
-"""Planning time and memory of ``auto`` against cluster size, 32 → 1024 GPUs.
+"""Planning time and memory of ``auto`` against cluster size, 4 → 1024 GPUs (issue 28's curve).
 
-    python benchmarks/planner_scale.py [--sizes 32,64,...] [--reference PATH] [--out FILE]
+    python benchmarks/planner_scale.py [--sizes 4,8,...] [--profiles a,b] [--nets 100/25,600/100]
+                                       [--memories 32,80] [--reference PATH] [--out FILE]
 
-The model is a 100-block OPT-30B-like chain (issue 15's setting: 49 decoder layers split into an
-attention and an FFN block each, plus embedding and head; per-layer figures of OPT-30B on one
-A100-class GPU, micro-batch 1 × 2048 tokens), on servers of 8 GPUs, 600 Gb/s inside a server and
-100 Gb/s between servers, 80 GiB per GPU, 64 micro-batches. Each size runs in a fresh process
-(planning time = ``run_planner``'s wall time; CPU time = the process's CPU seconds for the whole
-``run_planner`` call including the final simulation, which a loaded shared machine distorts less;
-peak memory = the process's peak RSS), so sizes do not share caches. ``--reference`` points at another checkout (e.g. a git worktree of the commit before) whose
-``auto`` runs on the same inputs for the before/after columns, with ``--ref-timeout`` seconds.
+Each point is the contract command itself, ``orchestrator plan --profile P --gpus G --servers
+G/8 --intra-gbps I --inter-gbps E --memory-gib MEM --microbatches 64 --algorithm auto --json``, in a
+fresh process (so sizes share no caches): wall time and peak RSS of the whole process (imports
+included, what a user waits for), the JSON's ``planning_time_s``, and the CPU seconds of the
+process (a loaded shared machine distorts them less than wall time). Profiles:
+
+* ``opt30`` — ``benchmarks/profiles/opt30-like-100.json``: a 100-block OPT-30B-like chain (49
+  decoder layers as attention + FFN blocks, embedding, head; per-layer figures of one A100-class
+  GPU, micro-batch 1 × 2048 tokens), the contract's profile;
+* ``bert48`` — DAPPLE's measured BERT-48 profile (``../shared``, skipped when absent), a real LLM;
+* ``vgg19`` — DAPPLE's measured VGG-19 profile (``../shared``), a CNN.
+
+``--reference`` points at another checkout (e.g. ``git archive`` of the commit before) whose
+``auto`` runs the same command for the before/after columns, with ``--ref-timeout`` seconds.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-
-CHILD = r"""
-import json, resource, sys, time
-sys.path.insert(0, {root!r})
-from orchestrator.core.cluster import two_level
-from orchestrator.planners.base import PlannerOptions, run_planner
-from orchestrator.core.profile import Block, Profile
-GB = 1e9
-def opt_like(layers=49):
-    h, s = 7168, 2048
-    attn_p, ffn_p = 4 * h * h * 2, 8 * h * h * 2          # fp16 bytes
-    act = s * h * 2                                          # one micro-batch's hidden state
-    blocks = [Block("embed", 0.002, 0.004, act, 50272 * h * 2, act)]
-    for i in range(layers):
-        blocks.append(Block(f"attn{{i}}", 0.0045, 0.009, act, attn_p, 10 * act))
-        blocks.append(Block(f"ffn{{i}}", 0.0075, 0.015, act, ffn_p, 8 * act))
-    blocks.append(Block("head", 0.003, 0.006, act, 50272 * h * 2, act))
-    return Profile("opt30-like-100", tuple(blocks), input_bytes=s * 8)
-prof = opt_like()
-n = {n}
-cl = two_level(n // 8, 8, 600, 100, memory_bytes=80 * 2**30)
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-t, c = time.perf_counter(), time.process_time()
-r = run_planner("auto", prof, cl, PlannerOptions(num_microbatches=64))
-wall, cpu = time.perf_counter() - t, time.process_time() - c
-print(json.dumps({{"n": n, "planning_s": r.planning_time_s, "wall_s": wall, "cpu_s": cpu, "iteration_s": r.iteration_time_s,
-    "plan": r.plan.algorithm, "stages": len(r.plan.stages), "replicas": r.plan.stages[0].replicas, "schedule": r.plan.schedule.value,
-    "sliced": r.plan.sliced_microbatches, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-    "base_rss_mb": base / 1024}}))
-"""
+SHARED = next((p for p in (ROOT.parent / "shared", ROOT.parents[1] / "shared") if p.exists()), ROOT.parent / "shared") / "profiles" / "dapple" / "profiling_results"
+"""``../shared`` of the project root (or of a worktree's parent folder)."""
+PROFILES = {
+    "opt30": ROOT / "benchmarks" / "profiles" / "opt30-like-100.json",
+    "bert48": SHARED / "bert-48-pbs-2.txt",
+    "vgg19": SHARED / "vgg-19-pbs-32.txt",
+}
+CHILD = "import resource, sys\nfrom orchestrator.cli.commands import main\ncode = main(sys.argv[1:])\n" \
+        "r = resource.getrusage(resource.RUSAGE_SELF)\nprint('RUSAGE', r.ru_maxrss, r.ru_utime + r.ru_stime, file=sys.stderr)\nsys.exit(code)\n"
 
 
-def run(root: Path, n: int, timeout: float) -> dict[str, Any] | None:
+def run(root: Path, profile: Path, n: int, net: str, mem: float, timeout: float) -> dict[str, Any]:
+    """One contract command in a fresh process under ``root``'s code."""
+    intra, inter = net.split("/")
+    args = ["plan", "--profile", str(profile), "--gpus", str(n), "--servers", str(max(1, n // 8)), "--intra-gbps", intra,
+            "--inter-gbps", inter, "--memory-gib", f"{mem:g}", "--microbatches", "64", "--algorithm", "auto", "--json"]
+    env = dict(os.environ, PYTHONPATH=str(root))
+    t = time.perf_counter()
     try:
-        out = subprocess.run([sys.executable, "-c", CHILD.format(root=str(root), n=n)], capture_output=True, text=True, timeout=timeout, check=False)
+        out = subprocess.run([sys.executable, "-c", CHILD, *args], capture_output=True, text=True, timeout=timeout, check=False, env=env, cwd=root)
     except subprocess.TimeoutExpired:
-        return None
+        return {"status": "timeout", "wall_s": timeout}
+    res: dict[str, Any] = {"wall_s": time.perf_counter() - t, "rc": out.returncode}
+    for line in out.stderr.splitlines():
+        if line.startswith("RUSAGE"):
+            _, rss, cpu = line.split()
+            res.update(rss_mb=int(rss) / 1024, cpu_s=float(cpu))
+        elif line.startswith("error:"):
+            res["error"] = line
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
-    if not lines:
-        print(out.stderr[-2000:], file=sys.stderr)
-        return None
-    res: dict[str, Any] = json.loads(lines[-1])
+    if out.returncode == 0 and lines:
+        d = json.loads(lines[-1])
+        depth = d["num_stages"] // max(1, d.get("virtual_chunks", 1))
+        res.update(status="plan", iteration_s=d["iteration_time_s"], planning_s=d["planning_time_s"], plan=d["algorithm"],
+                   shape=f"{depth}x{len(d['stages'][0]['devices'])} {d['schedule']}" + (f" s{d['sliced_microbatches']}" if d["sliced_microbatches"] else ""))
+    elif out.returncode == 2:
+        res["status"] = "refused"
+    else:
+        res["status"] = "failed"
+        res["error"] = out.stderr[-300:]
     return res
+
+
+def cell(r: dict[str, Any] | None) -> str:
+    if r is None:
+        return "not run | | |"
+    if r["status"] == "timeout":
+        return f"> {r['wall_s']:.0f} s (stopped) | | |"
+    if r["status"] == "failed":
+        return f"failed | | | {r.get('error', '')[:60]}"
+    head = f"{r['wall_s']:.2f} / {r.get('cpu_s', 0):.2f} s | {r.get('rss_mb', 0):.0f} MB"
+    if r["status"] == "refused":
+        return f"{head} | refused | {r.get('error', '')[7:120]}"
+    return f"{head} | {r['iteration_s'] * 1e3:.1f} ms | {r['plan']} ({r['shape']})"
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default="32,64,128,256,512,1024")
+    ap.add_argument("--sizes", default="4,8,16,32,48,64,96,128,256,512,1024")
+    ap.add_argument("--profiles", default="opt30,bert48,vgg19")
+    ap.add_argument("--nets", default="100/25,600/100", help="intra/inter-server Gb/s pairs")
+    ap.add_argument("--memories", default="32,80", help="GiB per GPU")
     ap.add_argument("--reference", help="another checkout whose auto gives the 'before' columns")
     ap.add_argument("--ref-timeout", type=float, default=120.0)
-    ap.add_argument("--ref-sizes", default="32,64,128")
+    ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--out", help="append the markdown table to this file")
     args = ap.parse_args(argv)
-    sizes = [int(x) for x in args.sizes.split(",")]
-    ref_sizes = {int(x) for x in args.ref_sizes.split(",")}
-    rows = ["| GPUs | planning time (wall / CPU) | peak RSS | simulated iteration | plan | before: planning time (wall / CPU) | before: peak RSS | before: iteration | after / before |", "|---|---|---|---|---|---|---|---|---|"]
-    for n in sizes:
-        new = run(ROOT, n, 600.0)
-        ref = run(Path(args.reference), n, args.ref_timeout) if args.reference and n in ref_sizes else None
-        if new is None:
-            rows.append(f"| {n} | failed | | | | | | | |")
+    rows = ["| profile | net Gb/s | GiB | GPUs | wall / CPU | peak RSS | simulated iteration | plan | before: wall / CPU | before: RSS | before: iteration | before: plan | after / before |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    worst = {"wall_s": 0.0, "rss_mb": 0.0}
+    for pname in args.profiles.split(","):
+        path = PROFILES.get(pname, Path(pname))
+        if not path.exists():
+            print(f"skipping {pname}: {path} is absent", file=sys.stderr)
             continue
-        plan = f"{new['plan']}: {new['stages']} stages × {new['replicas']} replicas, {new['schedule']}" + (f", {new['sliced']} sliced" if new["sliced"] else "")
-        if ref is not None:
-            before = f"{ref['planning_s']:.2f} / {ref['cpu_s']:.2f} s | {ref['peak_rss_mb']:.0f} MB | {ref['iteration_s'] * 1e3:.1f} ms | {new['iteration_s'] / ref['iteration_s']:.4f}"
-        elif args.reference and n in ref_sizes:
-            before = f"> {args.ref_timeout:.0f} s (stopped) | | | "
-        else:
-            before = "not run | | | "
-        rows.append(f"| {n} | {new['planning_s']:.2f} / {new['cpu_s']:.2f} s | {new['peak_rss_mb']:.0f} MB | {new['iteration_s'] * 1e3:.1f} ms | {plan} | {before} |")
-        print(rows[-1], flush=True)
-    text = "\n".join(rows) + "\n"
+        for net in args.nets.split(","):
+            for mem in (float(m) for m in args.memories.split(",")):
+                for n in (int(x) for x in args.sizes.split(",")):
+                    if n > 8 and n % 8:
+                        continue
+                    new = run(ROOT, path, n, net, mem, args.timeout)
+                    ref = run(Path(args.reference), path, n, net, mem, args.ref_timeout) if args.reference else None
+                    for key in worst:
+                        worst[key] = max(worst[key], float(new.get(key, 0.0)))
+                    ratio = f"{new['iteration_s'] / ref['iteration_s']:.4f}" if ref and new.get("status") == ref.get("status") == "plan" else ""
+                    rows.append(f"| {pname} | {net} | {mem:g} | {n} | {cell(new)} | {cell(ref)} | {ratio} |")
+                    print(rows[-1], flush=True)
+    text = "\n".join(rows) + f"\n\nworst point: {worst['wall_s']:.2f} s wall, {worst['rss_mb']:.0f} MB peak RSS\n"
     if args.out:
         with open(args.out, "a") as fh:
             fh.write(text)

@@ -27,6 +27,13 @@ costs minutes, so only candidates the group mode times exactly compete, the firs
 slicing only as the planner chose it, and the ``REFINE`` best structures then get every slicing
 count of the powers of two up to their depth.
 
+Memory: a variant over some device group's memory is retried with activation recomputation on
+that group's stages (not under ZB-H1, whose split backward needs the saved graph); on large
+clusters, when nothing fits, every structure is retried with every slicing count before ``auto``
+refuses, and the refusal names the least memory per GPU any timed candidate needed. Above
+``RESOLVE_DEVICES`` candidates compete by the group mode's upper bound (a full simulation costs
+seconds there); the final plan is still simulated in full by ``run_planner``.
+
 ``options.auto_planners`` (names) restricts the planners.
 """
 
@@ -39,7 +46,8 @@ import numpy as np
 
 from orchestrator.core.cluster import Cluster
 from orchestrator.core.errors import UserError
-from orchestrator.costmodel.group_sim import BoundTerms, simulate_groups, work_bound
+from orchestrator.costmodel.group_sim import BoundTerms, GroupSim, simulate_groups, work_bound
+from orchestrator.costmodel.terms import fits_memory
 from orchestrator.core.plan import Plan, ScheduleKind, Stage
 from orchestrator.planners import exhaustive, hierarchy
 from orchestrator.planners.catalog import baseline
@@ -53,6 +61,10 @@ CANDIDATES = ("even", "params", "pipedream", "spp", "dapple", "autopipe", "2bw")
 EXACT_STRUCTURES = 20000
 FULL_SEARCH_DEVICES = 64
 REFINE = 3
+RESOLVE_DEVICES = 32
+DIRECT_DEVICES = {"dapple": 32}
+"""Planners that seed ``auto`` only up to this many devices: DAPPLE's DP over device runs costs
+seconds per seed beyond (5 s at 64 GPUs), and its structures are also SPP's and the hierarchy's."""
 INF = float("inf")
 
 STRAIGHT_KINDS = (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.ZB_H1)
@@ -157,14 +169,50 @@ def _expand(item: _Item, profile: Profile, cluster: Cluster, options: PlannerOpt
     return out
 
 
+def _recompute_over(plan: Plan, res: GroupSim, cluster: Cluster) -> tuple[Stage, ...] | None:
+    """The stages of ``plan`` with activation recomputation on every stage of a device group over
+    its memory (its stash shrinks to the stage inputs), or None when those already recompute or
+    the schedule cannot (ZB-H1's split backward needs the saved graph)."""
+    if plan.schedule is ScheduleKind.ZB_H1:
+        return None
+    mem = cluster.memories
+    groups = plan.device_groups
+    over = {groups[g] for g, peak in enumerate(res.peak_bytes) if not fits_memory(peak, float(min(mem[list(groups[g])])))}
+    stages = tuple(replace(s, recompute=True) if s.devices in over and not s.recompute else s for s in plan.stages)
+    return None if stages == plan.stages else stages
+
+
+class _Need:
+    """The least memory per device any timed candidate needs (what a refusal names): a candidate
+    needs, on every device, its group's peak (static state + peak stash of one replica)."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.best = INF
+        self.plan: Plan | None = None
+
+    def note(self, plan: Plan, res: GroupSim) -> None:
+        peak = max(res.peak_bytes, default=INF)
+        if peak < self.best:
+            self.best, self.plan = peak, plan
+
+    def describe(self) -> str:
+        have = float(self.cluster.memories.min()) / 2**30
+        if self.plan is None:
+            return f"no candidate was timed (devices have {have:.2f} GiB)"
+        return f"the least memory any candidate plan needs is {self.best / 2**30:.2f} GiB per GPU (devices have {have:.2f} GiB)"
+
+
 def _seed_plans(profile: Profile, cluster: Cluster, options: PlannerOptions, names: list[str], failures: list[str]) -> list[tuple[str, Plan]]:
     inner = replace(options, interleave=False, auto_planners=None)
     if cluster.size > FULL_SEARCH_DEVICES and hierarchy.regular_servers(cluster) is not None:
         return hierarchy.replicated_plans(profile, cluster, inner, names, failures)
     out: list[tuple[str, Plan]] = []
     for name in names:
+        if cluster.size > DIRECT_DEVICES.get(name, cluster.size):
+            continue
         try:
-            out.append((name, baseline(name).fn(profile, cluster, inner)))
+            out.append((name, baseline(name).fn(profile, cluster, hierarchy.seed_options(name, cluster.size, inner))))
         except UserError as exc:
             failures.append(f"{name}: {exc}")
     return out
@@ -223,17 +271,20 @@ def _branch_and_bound(heap: list[_Item], profile: Profile, cluster: Cluster, opt
         return True
 
     large = cluster.size > FULL_SEARCH_DEVICES
+    need = _Need(cluster)
     alive: list[_Candidate] = []
     best_hi = INF
     too_big = inexact = 0
     timed: set[tuple[object, ...]] = set()
     refined: set[tuple[Stage, ...]] = set()
+    refined_all: set[tuple[Stage, ...]] = set()
 
     def search() -> None:
         nonlocal best_hi, too_big, inexact
         while heap and heap[0].lo < best_hi:  # the least bound left cannot beat the best: done
             item = heapq.heappop(heap)
             if item.kind is None:
+                refined_all.add(item.stages)
                 slicing = "all" if every else ("own" if large and item.stages not in refined else "some")
                 for var in _expand(item, profile, cluster, options, kinds, slicing):
                     if var.lo < best_hi:
@@ -247,6 +298,10 @@ def _branch_and_bound(heap: list[_Item], profile: Profile, cluster: Cluster, opt
             res = simulate_groups(plan, profile, cluster, sim_options)
             if check and not res.fits:
                 too_big += 1
+                need.note(plan, res)
+                fitted = _recompute_over(plan, res, cluster)
+                if fitted is not None:  # recomputing only adds work: the same bound still holds
+                    heapq.heappush(heap, replace(item, stages=fitted, label=item.label + "/recompute"))
                 continue
             if large and not res.exact:  # a full simulation of a large cluster costs minutes: only exact candidates
                 inexact += 1
@@ -269,13 +324,23 @@ def _branch_and_bound(heap: list[_Item], profile: Profile, cluster: Cluster, opt
             refined.add(base)
             heapq.heappush(heap, _Item(c.lo, c.rank, c.label.split("/")[0], base))
         search()
+    if not alive and large:  # nothing fit: before refusing, every structure gets every slicing count and recomputation
+        for stages in sorted(refined_all, key=lambda st: len(st)):
+            if stages not in refined:
+                refined.add(stages)
+                heapq.heappush(heap, _Item(0.0, len(refined), "retry", stages))
+        search()
     if not alive:
-        detail = "; ".join(failures + ([f"{too_big} candidate plans exceed device memory"] if too_big else []) + ([f"{inexact} not timed exactly at this scale"] if inexact else []))
-        raise UserError(f"auto: no candidate plan fits device memory ({detail or 'nothing to try'})")
+        detail = "; ".join(([f"{too_big} candidate plans over memory, with every schedule, slicing count and recomputation"] if too_big else [])
+                           + ([f"{inexact} not timed exactly at this scale"] if inexact else []))
+        raise UserError(f"auto: no plan fits device memory: {need.describe()} ({detail or 'nothing to try'})")
     # The winner W has the least upper bound; every other plan must provably be no faster:
     # its lower bound is >= W's upper bound, or it is simulated (then exact) and is not faster.
     # One contender at a time, least lower bound first: each exact time can lower the bar.
-    while True:
+    # Above RESOLVE_DEVICES a full simulation costs seconds: candidates compete by their upper
+    # bounds (the group mode's time, never below the simulator's), the winner among them.
+    win = min(alive, key=lambda c: (c.hi, c.rank))
+    while cluster.size <= RESOLVE_DEVICES:
         win = min(alive, key=lambda c: (c.hi, c.rank))
         pending = [c for c in alive if c is not win and not c.exact and c.lo < win.hi]
         if not pending:

@@ -33,37 +33,30 @@ from orchestrator.core.errors import UserError
 from orchestrator.core.plan import Plan, Stage
 from orchestrator.planners.catalog import baseline
 from orchestrator.planners.options import PlannerOptions
-from orchestrator.planners.partition import min_max_partition
+from orchestrator.planners.partition import min_max_partition, regular_servers
 from orchestrator.core.profile import Profile
 
 MAX_SHARE = 64
 """Largest share a planner runs on (beyond it their cost grows too fast to repeat per share)."""
 HEAVY = {"spp": 32, "dapple": 32}
 """Planners whose cost grows fastest run on shares of at most this many devices."""
+HEAVY_LARGE = {"spp": 16, "dapple": 16, "autopipe": 16}
+"""... and of at most this many on clusters of more than ``LARGE`` devices, where the balanced
+structures of every share and depth already number in the hundreds (seconds of seeds saved at 1024)."""
+LARGE = 256
 
 
-def regular_servers(cluster: Cluster) -> list[int] | None:
-    """Devices server by server when all servers are identical (same GPU count, speed, memory, one
-    intra- and one inter-server bandwidth); None otherwise."""
-    nodes = list(cluster.nodes().values())
-    if len(nodes) < 2 or len({len(ids) for ids in nodes}) != 1:
-        return None
-    if np.ptp(cluster.speeds) > 0 or np.ptp(cluster.memories) > 0:
-        return None
-    order = [d for ids in nodes for d in ids]
-    node_of = np.empty(cluster.size, dtype=np.int64)
-    for k, ids in enumerate(nodes):
-        node_of[ids] = k
-    same = node_of[:, None] == node_of[None, :]
-    np.fill_diagonal(same, False)
-    bw = cluster.effective
-    diff = ~same
-    np.fill_diagonal(diff, False)
-    for mask in (same, diff):
-        vals = bw[mask]
-        if vals.size and float(np.ptp(vals)) > 1e-9 * float(vals.max()):
-            return None
-    return order
+FALLBACK_DEVICES = 8
+"""Above this many devices, ``pipedream``'s memory fallback (its DP run again under a depth cap for
+every in-flight count, a [blocks² × units² × depth²] table each) costs minutes: as a seed of
+``auto`` it runs without it, since ``auto`` fits memory itself (recomputation, slicing, other depths)."""
+
+
+def seed_options(name: str, devices: int, options: PlannerOptions) -> PlannerOptions:
+    """The options a planner runs with as a seed of ``auto`` on ``devices`` devices."""
+    if name == "pipedream" and devices > FALLBACK_DEVICES:
+        return replace(options, check_memory=False)
+    return options
 
 
 def shares(n: int, per_server: int) -> list[int]:
@@ -125,10 +118,10 @@ def _run_planners(profile: Profile, cluster: Cluster, options: PlannerOptions, n
     sub_profile = profile.scaled(1.0 / R).with_activation_scale(1.0 / R) if R > 1 else profile
     sub_options = replace(options, max_stages=min(options.max_stages or g, g))
     for name in names:
-        if g > HEAVY.get(name, MAX_SHARE):
+        if g > (HEAVY_LARGE if cluster.size > LARGE else HEAVY).get(name, MAX_SHARE):
             continue
         try:
-            plan = baseline(name).fn(sub_profile, sub, sub_options)
+            plan = baseline(name).fn(sub_profile, sub, seed_options(name, g, sub_options))
         except UserError as exc:
             failures.append(f"{name} on {g} devices: {exc}")
             continue

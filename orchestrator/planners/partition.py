@@ -63,3 +63,27 @@ def _split_to_count(cuts: list[int], k: int) -> list[int]:
 def devices_by_speed_order(cluster: Cluster) -> list[int]:
     """Devices grouped by node, nodes in order of first appearance (keeps neighbours on one node)."""
     return [d for ids in cluster.nodes().values() for d in ids]
+
+
+def regular_servers(cluster: Cluster) -> list[int] | None:
+    """Devices server by server when all servers are identical (same GPU count, speed, memory, one
+    intra- and one inter-server bandwidth); None otherwise."""
+    nodes = list(cluster.nodes().values())
+    if len(nodes) < 2 or len({len(ids) for ids in nodes}) != 1:
+        return None
+    if np.ptp(cluster.speeds) > 0 or np.ptp(cluster.memories) > 0:
+        return None
+    order = [d for ids in nodes for d in ids]
+    node_of = np.empty(cluster.size, dtype=np.int64)
+    for k, ids in enumerate(nodes):
+        node_of[ids] = k
+    same = node_of[:, None] == node_of[None, :]
+    np.fill_diagonal(same, False)
+    bw = cluster.effective
+    diff = ~same
+    np.fill_diagonal(diff, False)
+    for mask in (same, diff):
+        vals = bw[mask]
+        if vals.size and float(np.ptp(vals)) > 1e-9 * float(vals.max()):
+            return None
+    return order

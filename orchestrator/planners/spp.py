@@ -60,6 +60,7 @@ from orchestrator.planners.options import PlannerOptions, PlannerSpec
 from orchestrator.costmodel.terms import all_reduce_time, compute_time, static_bytes, transfer_time
 from orchestrator.costmodel.terms import group_all_reduce
 from orchestrator.costmodel.group_sim import simulate_groups
+from orchestrator.planners.partition import regular_servers
 from orchestrator.planners.scoring import PipelineCosts, compute_costs, pe_lower_bound, plan_costs, plan_fits_memory, unit_fractions
 from orchestrator.core.profile import Profile
 
@@ -71,7 +72,14 @@ INF = np.inf
 # ----------------------------------------------------------------------------------------------
 def device_order(cluster: Cluster) -> list[int]:
     """Recursive Stoer–Wagner min-cut ordering of the devices (RDO). It depends on the bandwidth
-    matrix only, so it is cached per matrix (re-planning the same cluster skips the min cuts)."""
+    matrix only, so it is cached per matrix (re-planning the same cluster skips the min cuts).
+    On identical servers (:func:`regular_servers`) every min cut separates whole servers, so the
+    min cuts give the servers' devices server by server in some order of the servers; every such
+    order costs the same (the servers are interchangeable), so it is given without the min cuts
+    (which cost seconds at 64 devices)."""
+    regular = regular_servers(cluster)
+    if regular is not None:
+        return regular
     bw = np.array(cluster.bandwidth, dtype=np.float64)
     return list(_device_order_cached(bw.shape[0], bw.tobytes()))
 
