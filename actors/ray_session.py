@@ -9,6 +9,7 @@ this process's own instance.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -26,7 +27,8 @@ def ensure_ray(**kwargs: Any) -> bool:
     if ray.is_initialized():
         return False
     where = address()
-    options = {"log_to_driver": False, **kwargs} if where == "local" else {"log_to_driver": kwargs.get("log_to_driver", False)}
+    quiet = {"log_to_driver": False, "logging_level": logging.ERROR}  # a driver's stderr is its own: one line per user error
+    options = {**quiet, **kwargs} if where == "local" else {**quiet, "log_to_driver": kwargs.get("log_to_driver", False)}
     ray.init(address=where, ignore_reinit_error=True, **options)
     return True
 

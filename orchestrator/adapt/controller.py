@@ -144,6 +144,10 @@ class Controller:
         """The believed cluster (observed speeds and bandwidths) decisions are made on."""
         return model_cluster(self._monitor, self._nominal)
 
+    def set_horizon(self, total_iterations: int | None) -> None:
+        """The iteration training ends at (a later ``fit`` of the same job): moves pay over what is left."""
+        self.config = replace(self.config, total_iterations=total_iterations)
+
     def run(self, steps: int) -> list[StepRecord]:
         return [self.step() for _ in range(steps)]
 

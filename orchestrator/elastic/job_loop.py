@@ -131,73 +131,95 @@ class ElasticJob:
 
     # ----- the loop -----
     def fit(self, steps: int) -> JobResult:
+        """Train to step ``steps``: submit ahead → complete → observe → the policies decide → the loop acts."""
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise UserError(f"fit(steps) needs a whole number of steps >= 1, not {steps!r}")
         start = time.perf_counter()
-        trainer = self.trainer
-        if not trainer.started:
-            trainer.start(members=sorted(self.alive), slots={d: d for d in range(self.scaling.devices)}, size=self.scaling.devices)
-            resumed = None
-            if self.opened.resume_from is not None:
-                resumed = trainer.restore(self.opened.resume_from)
-                self._saved_at = resumed
-            self.emit("job_started", devices=[{"device": d["device"], "node_id": d["node_id"], "pid": d["pid"]} for d in trainer.devices()],
-                      plan=trainer.plan.describe(), step=trainer.step, storage=str(self.run.storage), run_id=self.runstate.run_id,
-                      cluster=self.run.cluster, resumed_from=resumed, offer=self._offer())
-            self.runstate.started(trainer.step)
+        self._start()
         target = self.target_steps = steps
-        first = trainer.step
-        if self.adapt.enabled and self.controller is None:
-            config = replace(self.adapt.controller, total_iterations=target)
-            self.controller = Controller(None, self.profile, config, nominal=self.cluster, initial_plan=trainer.plan,
-                                         initial_alive=tuple(sorted(self.alive)))
-        elif self.controller is not None:  # a later fit: moves pay over this run's iterations
-            self.controller.config = replace(self.controller.config, total_iterations=target)
-        if self.spot.enabled and self.spot.watch:  # one watcher on each node of the job and the driver's
-            import ray
-
-            from orchestrator.elastic.node_watch import NodeWatch
-
-            nodes = {d["node_id"] for d in trainer.devices()} | {ray.get_runtime_context().get_node_id()}
-            self._node_watch = NodeWatch(self.spot.watch, nodes)
+        first = self.trainer.step
+        self._watch(target)
         stop = StopSignals()
         try:
-            while trainer.step < target:
+            while self.trainer.step < target:
                 if stop.received is not None:
                     self._stop(stop.received)
-                self.rehearsal.push(trainer.group, trainer.plan, trainer.step)
-                flight = self._ahead or trainer.submit_step()
-                self._ahead = None
-                nxt = trainer.step + 1
-                if self.run.pipelined and nxt < target and not self._hold(nxt):
-                    self._ahead = trainer.submit_step(nxt)
-                try:
-                    m = trainer.complete_step(flight, self._last_done)
-                except PipelineActorError as exc:
-                    self._failed(exc)
+                m = self._step(target)
+                if m is None:  # a worker died: the failure policy recovered (or the job ended)
                     continue
-                self._done_at = time.perf_counter()
-                self._last_done = self._done_at if self._ahead is not None else None
-                if self._recovering is not None:
-                    self._recovered()
                 try:
                     self._after(m, target)
-                except PipelineActorError as exc:  # a worker died in a drained step or during an action
+                except PipelineActorError as exc:  # a worker died in a step finished for an action, or during one
                     self._failed(exc)
-            self._finish_in_flight()
-            if self._recovering is not None:
-                self._recovered()
-            self._commit_final()
-            self.growth.finish()
+            self._finish()
         finally:
             stop.restore()
             if self._node_watch is not None:
                 self._node_watch.stop()
                 self._node_watch = None
-        losses = {s: trainer.history[s] for s in range(first, target) if s in trainer.history}
-        self.emit("job_finished", step=trainer.step, plan=trainer.plan.describe(), final_loss=losses.get(target - 1))
-        self.runstate.ended("finished", trainer.step)
-        return JobResult(trainer.step, losses, trainer.plan, list(self.records), time.perf_counter() - start, self.moves, self.restarts)
+        losses = {s: self.trainer.history[s] for s in range(first, target) if s in self.trainer.history}
+        self.emit("job_finished", step=self.trainer.step, plan=self.trainer.plan.describe(), final_loss=losses.get(target - 1))
+        self.runstate.ended("finished", self.trainer.step)
+        return JobResult(self.trainer.step, losses, self.trainer.plan, list(self.records), time.perf_counter() - start,
+                         self.moves, self.restarts)
+
+    def _start(self) -> None:
+        """Workers up, resumed from the run's newest committed checkpoint (if any), ``job_started``."""
+        trainer = self.trainer
+        if trainer.started:
+            return
+        trainer.start(members=sorted(self.alive), slots={d: d for d in range(self.scaling.devices)}, size=self.scaling.devices)
+        resumed = None
+        if self.opened.resume_from is not None:
+            resumed = trainer.restore(self.opened.resume_from)
+            self._saved_at = resumed
+        self.emit("job_started", devices=[{"device": d["device"], "node_id": d["node_id"], "pid": d["pid"]} for d in trainer.devices()],
+                  plan=trainer.plan.describe(), step=trainer.step, storage=str(self.run.storage), run_id=self.runstate.run_id,
+                  cluster=self.run.cluster, resumed_from=resumed, offer=self._offer())
+        self.runstate.started(trainer.step)
+
+    def _watch(self, target: int) -> None:
+        """The policies' horizon (moves pay over the steps left to ``target``) and the cloud watchers."""
+        if self.adapt.enabled and self.controller is None:
+            self.controller = Controller(None, self.profile, replace(self.adapt.controller, total_iterations=target),
+                                         nominal=self.cluster, initial_plan=self.trainer.plan, initial_alive=tuple(sorted(self.alive)))
+        elif self.controller is not None:  # a later fit
+            self.controller.set_horizon(target)
+        if self.spot.enabled and self.spot.watch:  # one watcher on each node of the job and the driver's
+            import ray
+
+            from orchestrator.elastic.node_watch import NodeWatch
+
+            nodes = {d["node_id"] for d in self.trainer.devices()} | {ray.get_runtime_context().get_node_id()}
+            self._node_watch = NodeWatch(self.spot.watch, nodes)
+
+    def _step(self, target: int) -> MeasuredIteration | None:
+        """Complete the next step, with the one after it submitted first when no decision is due
+        (pipelined dispatch); a worker's death goes to the failure policy (``None``)."""
+        trainer = self.trainer
+        self.rehearsal.push(trainer.group, trainer.plan, trainer.step)
+        flight = self._ahead or trainer.submit_step()
+        self._ahead = None
+        nxt = trainer.step + 1
+        if self.run.pipelined and nxt < target and not self._hold(nxt):
+            self._ahead = trainer.submit_step(nxt)
+        try:
+            m = trainer.complete_step(flight, self._last_done)
+        except PipelineActorError as exc:
+            self._failed(exc)
+            return None
+        self._done_at = time.perf_counter()
+        self._last_done = self._done_at if self._ahead is not None else None
+        if self._recovering is not None:
+            self._recovered()
+        return m
+
+    def _finish(self) -> None:
+        self._finish_in_flight()
+        if self._recovering is not None:
+            self._recovered()
+        self._commit_final()
+        self.growth.finish()
 
     def _offer(self) -> dict[str, object] | None:
         """The offer this job runs on, when it was given a price catalog (a rehearsal's is stamped now)."""

@@ -13,6 +13,7 @@ import json
 import os
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,7 +117,9 @@ class RunState:
         self.root = root
         self.record = opened.record
         self.config_changed = False
-        name = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{self.record.cluster or 'local'}-{os.getpid()}.jsonl"
+        now = time.time()  # names sort by start time; two jobs of one process in one second still get their own
+        name = (f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime(now))}.{int(now * 1000) % 1000:03d}-"
+                f"{self.record.cluster or 'local'}-{os.getpid()}-{uuid.uuid4().hex[:6]}.jsonl")
         self.segment = SegmentLog(root, name)
         self.local_events = EventLog(local_events) if local_events is not None else None
         self._progress_at = 0.0

@@ -13,6 +13,7 @@ published-ratio table is the prior (``speed_source: "table"``).
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import socket
@@ -144,9 +145,9 @@ def connect(address: str | None) -> bool:
     _reachable(target)
     try:
         if target:
-            ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+            ray.init(address=address, ignore_reinit_error=True, log_to_driver=False, logging_level=logging.ERROR)
         else:  # a fresh local instance: no dashboard to start
-            ray.init(address="local", ignore_reinit_error=True, log_to_driver=False, include_dashboard=False)
+            ray.init(address="local", ignore_reinit_error=True, log_to_driver=False, include_dashboard=False, logging_level=logging.ERROR)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         text = " ".join(str(exc).split())[:200]
         raise UserError(f"no Ray cluster reachable at {address or 'RAY_ADDRESS'}: {text}") from None
