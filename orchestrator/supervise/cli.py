@@ -31,6 +31,7 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--cpus", type=int, default=4, help="local: CPUs (device slots) of each local cluster (default 4)")
     p.add_argument("--address", help="existing: the cluster's GCS host:port")
     p.add_argument("--dashboard", help="existing: its Job API URL (default http://HOST:8265)")
+    p.add_argument("--auth-token-path", help="existing: the cluster's Ray auth token file (default RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token)")
     p.add_argument("--devices", type=int, default=4, help="existing/ray-up: GPUs the driver uses (default 4)")
     p.add_argument("--catalog", help="ray-up: price file or folder to take offers from (default: the bundled snapshot)")
     p.add_argument("--gpu", help="ray-up: GPU model of the offers (e.g. V100)")
@@ -105,7 +106,7 @@ def _provider(args: argparse.Namespace, out: Path | None) -> tuple[list[Any], An
     if args.provider == "existing":
         from orchestrator.supervise.provision import ExistingProvisioner
 
-        provisioner = ExistingProvisioner(args.address or os.environ.get("RAY_ADDRESS", ""), args.dashboard)
+        provisioner = ExistingProvisioner(args.address or os.environ.get("RAY_ADDRESS", ""), args.dashboard, args.auth_token_path)
         return [Offer("existing", "existing", "", provisioner.address, args.gpu or "V100", args.devices, False, 1.0)], provisioner
     return _rayup_offers(args, out)
 

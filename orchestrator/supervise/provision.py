@@ -9,7 +9,9 @@ whether that cluster is still ``alive`` and ``teardown`` it, without the object 
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from orchestrator.core.errors import UserError
@@ -79,15 +81,19 @@ class ExistingProvisioner:
 
     name = "existing"
 
-    def __init__(self, address: str, dashboard_url: str | None = None) -> None:
+    def __init__(self, address: str, dashboard_url: str | None = None, token_path: str | None = None) -> None:
         if not address:
             raise UserError("--provider existing needs --address HOST:PORT (the cluster's GCS)")
         self.address = address.removeprefix("ray://")
         host = self.address.rsplit(":", 1)[0]
         self.dashboard_url = dashboard_url or f"http://{host}:8265"
+        # Ray's token authentication: the token file Ray's own clients read (the path, never the token)
+        default = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+        self.token_path = token_path or (str(default) if default.exists() else None)
 
     def provision(self, offer: str, cluster_id: str) -> ClusterHandle:
-        handle = ClusterHandle(cluster_id, self.name, offer, self.address, self.dashboard_url)
+        extra = {"auth_token_path": self.token_path} if self.token_path else {}
+        handle = ClusterHandle(cluster_id, self.name, offer, self.address, self.dashboard_url, extra=extra)
         if not self.alive(handle):
             raise ProvisionError(f"{offer}: the cluster at {self.dashboard_url} does not answer")
         return handle
@@ -107,7 +113,8 @@ def auth_headers(handle: ClusterHandle) -> dict[str, str]:
     cluster, in a 0600 file in its temp dir); empty: Ray's client finds the user's token itself."""
     path = handle.extra.get("auth_token_path")
     if not path:
-        return {}
+        token = os.environ.get("RAY_AUTH_TOKEN", "").strip()
+        return {"Authorization": f"Bearer {token}"} if token else {}
     try:
         token = open(path).read().strip()
     except OSError:

@@ -106,7 +106,7 @@ class Supervisor:
         self.store = StateStore(config.storage)
         self.events = EventSegment(config.storage)
         self.by_label = {o.label(): o for o in config.offers}
-        self.prices = self._price_file()
+        self.prices = Path()
         self.state = SupervisorState(run_id=config.run_id or uuid.uuid4().hex[:12])
 
     # ----- state -----
@@ -186,6 +186,7 @@ class Supervisor:
         Interrupted (Ctrl-C), the cluster and job are left running and the state says so: the next
         ``orchestrator run`` on the same storage adopts them."""
         adopted = self._take_ownership()
+        self.prices = self._price_file()
         try:
             current = self._start(adopted)
             while True:
