@@ -186,3 +186,48 @@ def test_a_restarted_supervisor_adopts_the_running_job(tmp_path: Path) -> None:
     assert len(of(events, "adopted")) == 1
     assert len(of(events, "job_submitted")) == 1 and len(of(events, "job_started")) == 1  # never a second copy
     assert json.loads(record.read_text())["steps_done"] == 40
+
+
+class Refusing:
+    """A provider whose every offer is refused (quota, credentials): the supervisor's failover path."""
+
+    name = "refusing"
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def provision(self, offer: str, cluster_id: str) -> Any:
+        from orchestrator.supervise.provision import ProvisionError
+
+        self.asked.append(offer)
+        raise ProvisionError(f"{offer}: quota exceeded for this instance type")
+
+    def alive(self, handle: Any) -> bool:
+        return False
+
+    def teardown(self, handle: Any) -> None:
+        raise AssertionError("nothing was provisioned")
+
+    def kill(self, handle: Any) -> None:
+        raise AssertionError("nothing was provisioned")
+
+
+def test_failed_offers_are_failed_over_and_none_left_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator.supervise.supervisor import Supervisor, SupervisorConfig
+
+    offers = local_offers(3, 1)
+    provider = Refusing()
+    config = SupervisorConfig(driver=("tests/supervisor_driver.py",), storage=str(tmp_path / "run"), offers=tuple(offers),
+                              out=tmp_path / "out")
+    assert Supervisor(config, provider).run() == 2
+    assert provider.asked == [o.label() for o in offers]  # cheapest first, each once
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and all(o.label() in err[0] for o in offers)
+    events = [json.loads(line) for line in (tmp_path / "out" / "events.jsonl").read_text().splitlines()]
+    assert [e["offer"] for e in of(events, "provision_failed")] == provider.asked
+    assert all("quota exceeded" in e["reason"] for e in of(events, "provision_failed"))
+    state = StateStore(str(tmp_path / "run")).load()
+    assert state is not None and set(state.failed_offers) == set(provider.asked)  # remembered, with their time
+    # a second run within the block time tries none of them again
+    again = Refusing()
+    assert Supervisor(config, again).run() == 2 and again.asked == []

@@ -13,11 +13,19 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import Any, Protocol
 
 from orchestrator.supervise.provision import ClusterHandle, ProvisionError, auth_headers
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+
+
+class TextSink(Protocol):
+    """Where the driver's streamed output goes (stdout, or a demo's tee)."""
+
+    def write(self, text: str, /) -> int: ...
+
+    def flush(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -32,7 +40,7 @@ class JobOutcome:
 class DriverJob:
     """One submission of the driver on one cluster, and the thread that streams its output."""
 
-    def __init__(self, handle: ClusterHandle, job_id: str, out: TextIO | None = None) -> None:
+    def __init__(self, handle: ClusterHandle, job_id: str, out: TextSink | None = None) -> None:
         self.handle = handle
         self.job_id = job_id
         self.out = out or sys.stdout
@@ -50,7 +58,7 @@ class DriverJob:
 
     @classmethod
     def submit(cls, handle: ClusterHandle, argv: list[str], working_dir: str, env: dict[str, str], python: str,
-               out: TextIO | None = None, tries: int = 40) -> "DriverJob":
+               out: TextSink | None = None, tries: int = 40) -> "DriverJob":
         """Submit ``python argv...`` (retried while the head's job agent is still starting)."""
         import logging
 

@@ -27,14 +27,14 @@ import time
 import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from cloud.records import Offer
 from orchestrator.core.errors import UserError
 from orchestrator.supervise.offers import PRICE_FACTOR, ranked, write_price_file
 from orchestrator.supervise.provision import ClusterHandle, ProvisionError, Provisioner
 from orchestrator.supervise.state import EventSegment, StateStore, SupervisorState, merged_events, newest_committed, read_record
-from orchestrator.supervise.submit import TERMINAL, DriverJob
+from orchestrator.supervise.submit import TERMINAL, DriverJob, TextSink
 
 MIGRATE_EXIT = 75
 """The driver's exit code after it committed a checkpoint and asked to move (EX_TEMPFAIL)."""
@@ -99,7 +99,7 @@ class _Current:
 class Supervisor:
     """See the module docstring. ``run()`` returns 0 when the driver finished."""
 
-    def __init__(self, config: SupervisorConfig, provisioner: Provisioner, out: TextIO | None = None) -> None:
+    def __init__(self, config: SupervisorConfig, provisioner: Provisioner, out: TextSink | None = None) -> None:
         self.config = config
         self.provisioner = provisioner
         self.out = out or sys.stdout
@@ -123,7 +123,10 @@ class Supervisor:
         run_id = (previous.run_id if previous else None) or (record or {}).get("run_id") or self.state.run_id
         if self.config.run_id and run_id != self.config.run_id and (previous or record):
             raise UserError(f"{self.config.storage} holds run {run_id}, not --run-id {self.config.run_id}")
-        base = previous if previous is not None and not previous.finished else SupervisorState(run_id=run_id)
+        # a finished supervisor's cluster is gone, but the offers that failed stay blocked for a while
+        base = previous if previous is not None and not previous.finished else \
+            SupervisorState(run_id=run_id, failed_offers=previous.failed_offers if previous else {},
+                            clusters_made=previous.clusters_made if previous else 0)
         self.state = replace(base, run_id=run_id, host=socket.gethostname(), pid=os.getpid(), finished=False)
         self._save()
         return previous if previous is not None and not previous.finished else None
@@ -155,7 +158,7 @@ class Supervisor:
                 self._save(failed_offers={**self.state.failed_offers, offer.label(): time.time()})
                 continue
             self.events.emit("cluster_up", cluster=handle.cluster_id, offer=offer.label(), address=handle.gcs_address,
-                             provider=handle.provider)
+                             provider=handle.provider, session=handle.session)
             return handle, offer
         raise RunFailed(2, f"no offer could be provisioned (tried: {', '.join(tried) or 'none left unblocked'})")
 
