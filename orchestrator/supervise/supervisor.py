@@ -23,6 +23,7 @@ import json
 import os
 import socket
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field, replace
@@ -132,7 +133,7 @@ class Supervisor:
         return previous if previous is not None and not previous.finished else None
 
     def _price_file(self) -> Path:
-        folder = self.config.out or Path(self.config.storage if "://" not in self.config.storage else ".") / ".supervisor"
+        folder = self.config.out or Path(tempfile.mkdtemp(prefix="raypipe-prices-"))
         return write_price_file(list(self.config.offers), Path(folder).resolve() / "prices.csv")
 
     # ----- placement -----
@@ -181,7 +182,8 @@ class Supervisor:
 
     def _teardown(self, handle: ClusterHandle) -> None:
         self.provisioner.teardown(handle)
-        self.events.emit("cluster_down", cluster=handle.cluster_id, address=handle.gcs_address)
+        kept = {"kept": True} if handle.provider == "existing" else {}  # the user's cluster: released, not stopped
+        self.events.emit("cluster_down", cluster=handle.cluster_id, address=handle.gcs_address, **kept)
 
     # ----- the loop -----
     def run(self) -> int:
@@ -276,8 +278,7 @@ class Supervisor:
         step = newest_committed(self.config.storage, read_record(self.config.storage))
         self.events.emit("cluster_lost", cluster=handle.cluster_id, last_committed=step, reason=why)
         self._save(failed_offers={**self.state.failed_offers, handle.offer: time.time()})
-        self.provisioner.teardown(handle)  # whatever is left of it
-        self.events.emit("cluster_down", cluster=handle.cluster_id, address=handle.gcs_address)
+        self._teardown(handle)  # whatever is left of it
         if self.state.recoveries >= self.config.max_recoveries:
             raise RunFailed(1, f"cluster {handle.cluster_id} lost ({why}); recovery budget of {self.config.max_recoveries} spent")
         self._save(recoveries=self.state.recoveries + 1, cluster=None, job_id=None)
@@ -288,7 +289,11 @@ class Supervisor:
         ask = record.get("migration") or {}
         step, reason = int(ask.get("step", record.get("last_committed") or 0)), str(ask.get("reason", "price"))
         target = self.by_label.get(str(ask.get("target")))
-        new, offer = self._provision(target, {cur.offer.label()})
+        try:
+            new, offer = self._provision(target, {cur.offer.label()})
+        except RunFailed as exc:  # nowhere to go: stay where the job was, from the step it committed
+            self.events.emit("migration_failed", reason=str(exc), cluster=cur.handle.cluster_id, step=step)
+            return self._submit(cur.handle, cur.offer, "require", step)
         nxt = self._submit(new, offer, "require", step)
         if reason == "price":
             self._save(price_migrated=True)
