@@ -105,6 +105,7 @@ def test_ray_up_failures_name_the_offer(ray_stub: Path, tmp_path: Path, monkeypa
 
 
 @pytest.mark.ray
+@pytest.mark.timeout(600)
 def test_two_local_clusters_are_separate_and_stop_by_their_own_pids() -> None:
     prov = LocalProvisioner(cpus=1)
     a = prov.provision("local/a/cpu-1 (spot)", "t-a")

@@ -125,6 +125,7 @@ def of(events: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
 
 
 @pytest.mark.ray
+@pytest.mark.timeout(900)
 def test_a_price_change_moves_the_run_to_another_cluster_and_stops_the_first(tmp_path: Path) -> None:
     proc, events = supervise(tmp_path, "--price-change-at", "4", driver=("--steps", "7"))
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -145,6 +146,7 @@ def test_a_price_change_moves_the_run_to_another_cluster_and_stops_the_first(tmp
 
 
 @pytest.mark.ray
+@pytest.mark.timeout(900)
 def test_a_killed_cluster_is_relaunched_elsewhere_from_the_last_commit(tmp_path: Path) -> None:
     proc, events = supervise(tmp_path, "--kill-cluster-at", "5", driver=("--steps", "8", "--checkpoint-every", "3"))
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -158,6 +160,7 @@ def test_a_killed_cluster_is_relaunched_elsewhere_from_the_last_commit(tmp_path:
 
 
 @pytest.mark.ray
+@pytest.mark.timeout(900)
 def test_a_user_error_is_reported_once_and_not_relaunched(tmp_path: Path) -> None:
     proc, events = supervise(tmp_path, driver=("--steps", "6", "--fail-at", "2"))
     assert proc.returncode == 2
@@ -168,6 +171,7 @@ def test_a_user_error_is_reported_once_and_not_relaunched(tmp_path: Path) -> Non
 
 
 @pytest.mark.ray
+@pytest.mark.timeout(900)
 def test_a_restarted_supervisor_adopts_the_running_job(tmp_path: Path) -> None:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop("RAY_ADDRESS", None)
