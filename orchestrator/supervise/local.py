@@ -5,12 +5,15 @@ same run during a migration), so each local cluster has:
 
 - its own ports for every service Ray opens (GCS, node manager, object manager, dashboard and its
   agent, metrics export, runtime-env agent, Ray client server, and a worker port range), chosen free
-  when it starts, all bound to 127.0.0.1;
+  when it starts, announced on 127.0.0.1 (--node-ip-address);
 - its own short temp dir (Unix socket paths are limited to about 107 bytes, and Ray nests its
   sockets several folders deep);
 - its own CPU count;
 - its own authentication token (Ray's token authentication, ``RAY_AUTH_MODE=token``): a fresh token
   in a 0600 file in its temp dir, which its processes and the supervisor's Job API client read;
+- the Job API (dashboard) bound to 127.0.0.1. Ray 2.60's gRPC servers (GCS, raylet, object
+  manager) bind every interface whatever ``--node-ip-address`` says, and Ray offers no option to
+  narrow them; on those, the cluster's token is what keeps others out;
 - its own session: ``ray start --head --block`` runs as the leader of a new session, and every Ray
   process of the cluster inherits that session id. Teardown ends exactly those processes, by id;
   never a machine-wide ``ray stop``, which would end everybody's clusters.
