@@ -55,8 +55,7 @@ def main() -> int:
 
     emit("job_started", cluster=cluster, resumed_from=start or None, devices=4, step=start,
          offer=os.environ["RAYPIPE_OFFER"], price_events=os.environ.get("RAYPIPE_PRICE_EVENTS"))
-    events = dict(tuple(int(x) if i == 0 else float(x) for i, x in enumerate(e.split(":")))  # type: ignore[misc]
-                  for e in os.environ.get("RAYPIPE_PRICE_EVENTS", "").split(",") if e)
+    events = {int(e.split(":")[0]) for e in os.environ.get("RAYPIPE_PRICE_EVENTS", "").split(",") if e}
     committed = start
     write("running", start, committed)
     for step in range(start + 1, args.steps + 1):
