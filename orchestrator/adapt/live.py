@@ -162,7 +162,7 @@ class RayPipeline:
         self.step_index += 1
         plan = self.current_plan()
         group = self._group()
-        killed = {f.device for f in self.faults.faults if isinstance(f, Kill) and f.at_iteration == k} - self._dead
+        killed = {f.device for f in self.faults.faults if isinstance(f, Kill) and f.at_iteration == k and f.device is not None} - self._dead
         for d in sorted(killed):
             if d in plan.devices:
                 group.call("arm_kill", self.trainer.step, devices=[d], what="arm kill")

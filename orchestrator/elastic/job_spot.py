@@ -72,9 +72,8 @@ class JobHandle:
         before = job.trainer.step
         t0 = time.perf_counter()  # the downtime counts the planned checkpoint's write
         source = job.checkpoint_now("planned restart") if not from_checkpoint else job.trainer.latest()
-        resumed = job.trainer.restart_on(new_plan, source, members=sorted(job.alive), slots=job.slot_map())
-        job.restarts += 1
-        return RestartReport(time.perf_counter() - t0, before - resumed, new_plan)
+        job.restart_on(new_plan, source, tuple(sorted(job.alive)))
+        return RestartReport(time.perf_counter() - t0, before - job.trainer.step, new_plan)
 
 
 def push_faults(job: "JobState", k: int) -> None:
@@ -89,9 +88,12 @@ def push_faults(job: "JobState", k: int) -> None:
     group = job.trainer.group
     assert group is not None
     for f in faults:
-        if isinstance(f, Kill) and f.at_iteration == k and f not in job.killed and f.device in job.trainer.plan.devices:
-            job.killed.add(f)  # dies halfway through iteration k, like a crashed process
-            group.call("arm_kill", k, devices=[f.device], what="arm kill")
+        if isinstance(f, Kill) and f.at_iteration == k and f not in job.killed:
+            stages = job.trainer.plan.stages
+            device = stages[len(stages) // 2].devices[0] if f.device is None else f.device
+            if device in job.trainer.plan.devices:
+                job.killed.add(f)  # dies halfway through iteration k, like a crashed process
+                group.call("arm_kill", k, devices=[device], what="arm kill")
         elif isinstance(f, Slowdown) and f.active(k):
             factor[f.device] = factor.get(f.device, 1.0) * f.factor
         elif isinstance(f, Throttle) and f.active(k):
@@ -130,6 +132,14 @@ def price_view(job: "JobState") -> PriceView:
         # a pipeline needs devices to spread over: targets with at least two GPUs (or the job's count)
         offers = offers[(offers.gpu_count >= min(2, job.scaling.devices)) & (offers.usd_per_hour > 0)].reset_index(drop=True)
         current = spot.offer
+        if isinstance(current, str):  # a label (the supervisor's RAYPIPE_OFFER): the newest row of that offer
+            label = current
+            named = [Offer(str(r["cloud"]), str(r["region"]), str(r["zone"]), str(r["instance_type"]), str(r["gpu_type"]),
+                           int(r["gpu_count"]), bool(r["spot"]), float(r["usd_per_hour"])) for r in offers.to_dict("records")]
+            named = [o for o in named if o.label() == label]
+            if not named:
+                raise UserError(f"SpotConfig.offer: no offer {label!r} in the price catalog")
+            current = named[-1]
         if current is None:
             rows = offers[offers.spot & (offers.gpu_count == job.scaling.devices)].sort_values("usd_per_hour")
             if rows.empty:
@@ -169,64 +179,53 @@ def spot_decision(job: "JobState", step: int, preempted: bool = False) -> Any:
 
 
 def relocate(job: "JobState", decision: Any, forced: bool, reason: str, notice: "Notice | None" = None,
-         iteration_s: float = 0.0) -> None:
-    """Checkpoint → migration → restore: the one path for preemptions that cannot be evacuated
-    and for migrations that pay (``decision``: a :class:`cloud.migration.Migrate` or None)."""
+             iteration_s: float = 0.0) -> None:
+    """Checkpoint, then leave this placement: the one path for preemptions that cannot be evacuated
+    and for migrations that pay (``decision``: a :class:`cloud.migration.Migrate` or None).
+
+    A job cannot move itself to another cluster: a supervised job (``RunConfig.cluster``) commits,
+    records the request and stops (:class:`MigrationRequested`), and its supervisor provisions the
+    target and resumes the run there. An unsupervised one records a migration that would pay and
+    trains on; a placement it must leave it leaves for the survivors of this cluster (or the same
+    devices afresh), from the checkpoint — event ``relocated``, never a pretended migration."""
     import time
 
     from orchestrator.adapt.policies import planner_plan
 
     trainer = job.trainer
+    doomed = set(notice.devices) if notice is not None else set()
+    survivors = sorted(job.alive - doomed)
+    if not forced and not job.run.supervised:
+        job.emit("migration_recommended", reason=reason, step=trainer.step, target=decision.target.label(),
+                 detail=decision.reason + "; run under `orchestrator run` for the supervisor to carry it out")
+        return
     t0 = time.perf_counter()
     before = trainer.step
     source: str | Any = None
     left = notice.deadline - job.clock() if notice is not None else float("inf")
-    if left >= job.checkpoint_s + job.spot.margin_s:
+    room = left >= job.checkpoint_s + job.spot.margin_s
+    if room:
         source = job.checkpoint_now("preemption" if forced else "migration")
     if source is None:
         source = trainer.latest()
         job.emit("notice_too_short", seconds_left=round(left, 3), fallback=str(source) if source else "start")
-    doomed = set(notice.devices) if notice is not None else set()
     if forced and job.spot.enabled:
         decision = spot_decision(job, trainer.step, preempted=True)
-    survivors = sorted(job.alive - doomed)
-    if decision is not None:  # a new placement: its devices, as many as the job's slots allow
-        devices = tuple(range(min(decision.target.gpu_count, job.growth.placed)))
-        job.prices.current = decision.target
-        if job.spot.cloud_yaml:
-            write_target_yaml(job, decision.target)
-    else:  # nowhere better: continue on the survivors, or re-acquire the same kind of place
-        devices = tuple(survivors or range(job.growth.placed))
-    job.emit("migration", reason=reason, forced=forced, step=before, devices=list(devices),
-             detail=getattr(decision, "reason", "restart in place"),
-             target=decision.target.label() if decision is not None else "same placement")
+    if job.run.supervised and (decision is not None or not survivors):
+        target = decision.target.label() if decision is not None else price_view(job).current.label()
+        job.request_migration(reason, target, getattr(decision, "reason", "this placement is going away"), commit=room)
+    devices = tuple(survivors or range(job.growth.placed))  # this cluster: the survivors, or the same devices afresh
+    job.emit("relocated", reason=reason, forced=forced, step=before, devices=list(devices),
+             detail=("no supervisor to move the run to " + decision.target.label()) if decision is not None else "restart in place")
     plan = planner_plan(job.profile, job.cluster, devices, trainer.plan, job.scaling.planner, straight=True)
-    trainer.finish_checkpoint()
-    job.alive, job.leaving = set(devices), None
-    resumed = trainer.restart_on(plan, source, members=sorted(devices), slots=job.slot_map())
-    job.restarts += 1
-    job.iteration_s.clear()
+    job.commit_pending()
+    job.restart_on(plan, source, devices)
+    resumed = trainer.step
     stall = time.perf_counter() - t0
     job.emit("resumed", step=resumed, lost_steps=before - resumed, plan=plan.describe(), checkpoint=str(source) if source else None)
     if notice is not None:
         job.emit("preemption_handled", mode="restart", reason=reason, lost_steps=before - resumed, stall_s=round(stall, 4),
                  iteration_s=round(iteration_s, 4), moves=[], step=resumed, plan=plan.describe())
-
-
-
-def write_target_yaml(job: "JobState", offer: Any) -> None:
-    """The validated Ray cluster YAML of a migration target (``ray up`` only with ``ray_up``)."""
-    from pathlib import Path
-    from typing import cast
-
-    from orchestrator.elastic.launch import Cloud, ClusterSpec, ray_up, write_cluster_yaml
-
-    assert job.spot.cloud_yaml is not None
-    spec = ClusterSpec(cloud=cast(Cloud, offer.cloud), region=offer.region, zone=offer.zone or None, instance_type=offer.instance_type,
-                       spot=offer.spot, gpu_type=offer.gpu_type, gpus_per_node=offer.gpu_count, project_id="my-project")
-    path = write_cluster_yaml(spec, Path(job.spot.cloud_yaml) / f"{offer.cloud}-{offer.region}-{offer.instance_type}.yaml")
-    ray_up(path, dry_run=not job.spot.ray_up)
-    job.emit("target_yaml", target=offer.label(), devices=spec.total_gpus, directory=job.spot.cloud_yaml)
 
 
 # Training speed relative to a V100 (fp32/mixed, typical transformer training; public benchmark

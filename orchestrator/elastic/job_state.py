@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from orchestrator.adapt.controller import Controller
     from orchestrator.adapt.handle import MoveReport
     from orchestrator.core.cluster import Cluster
@@ -57,3 +59,9 @@ class JobState(Protocol):
     def slot_map(self) -> dict[int, int]: ...
 
     def checkpoint_now(self, why: str) -> str | None: ...
+
+    def restart_on(self, plan: Plan, source: str | Path | None, devices: tuple[int, ...]) -> None: ...
+
+    def commit_pending(self) -> None: ...
+
+    def request_migration(self, reason: str, target: str, detail: str, commit: bool = True) -> None: ...
