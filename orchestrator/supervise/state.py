@@ -149,7 +149,10 @@ class EventSegment:
         self.echo = echo
 
     def emit(self, event: str, **fields: Any) -> dict[str, Any]:
-        record = {"event": event, "time": stamp(), **fields}
+        """One event, ``time`` in epoch seconds as the job's segments have it, credentials redacted."""
+        from orchestrator.elastic.observability import redact
+
+        record = {"event": event, "time": time.time(), **redact(fields)}
         self.lines.append(json.dumps(record, default=str))
         storage.write_bytes(self.location, ("\n".join(self.lines) + "\n").encode())
         if self.echo:

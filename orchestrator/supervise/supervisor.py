@@ -32,6 +32,7 @@ from typing import Any
 
 from cloud.records import Offer
 from orchestrator.core.errors import UserError
+from orchestrator.elastic.observability import redact_text
 from orchestrator.supervise.offers import PRICE_FACTOR, ranked, write_price_file
 from orchestrator.supervise.provision import ClusterHandle, ProvisionError, Provisioner
 from orchestrator.supervise.state import EventSegment, StateStore, SupervisorState, merged_events, newest_committed, read_record
@@ -266,7 +267,7 @@ class Supervisor:
         if status == "failed" and outcome.exit_code in USER_ERROR_EXITS:
             self._teardown(cur.handle)
             self._save(cluster=None, job_id=None)
-            tail = " | ".join(line for line in cur.job.lines[-5:] if line.strip())
+            tail = redact_text(" | ".join(line for line in cur.job.lines[-5:] if line.strip()))
             raise RunFailed(int(outcome.exit_code or 1), f"the driver failed (exit {outcome.exit_code}), not relaunched: {tail}")
         return self._lost(cur, f"job {outcome.status} (exit {outcome.exit_code}) with the run {status or 'not started'}")
 
