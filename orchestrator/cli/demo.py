@@ -148,8 +148,8 @@ def chapter_job(out: Path, steps: int = 26) -> float:
     return diff
 
 
-SUPERVISED_STEPS = 16
-PRICE_RISE_AT = 8
+SUPERVISED_STEPS = 12
+PRICE_RISE_AT = 6
 
 
 def chapter_supervisor(out: Path) -> float:
