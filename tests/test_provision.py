@@ -15,7 +15,7 @@ import yaml
 
 from cloud.records import Offer
 from orchestrator.elastic.launch import validate_config
-from orchestrator.supervise.local import LocalProvisioner, listening, session_processes
+from orchestrator.supervise.local import LocalProvisioner, cluster_processes, listening, session_processes
 from orchestrator.supervise.provision import ClusterHandle, ExistingProvisioner, ProvisionError, auth_headers
 from orchestrator.supervise.rayup import RayUpProvisioner
 
@@ -116,6 +116,7 @@ def test_two_local_clusters_are_separate_and_stop_by_their_own_pids() -> None:
             assert a.session != b.session and not set(a.pids) & set(b.pids)
             assert a.gcs_address.startswith("127.0.0.1:") and len(a.workdir or "") < 20
             assert prov.alive(a) and prov.alive(b)
+            assert set(session_processes(a.session or 0)) == set(cluster_processes(a))  # none left the session
             # token authentication: the Job API refuses a caller without the cluster's token
             from orchestrator.supervise.provision import dashboard_answers
             assert not dashboard_answers(a.dashboard_url) and dashboard_answers(a.dashboard_url, headers=auth_headers(a))
@@ -125,13 +126,13 @@ def test_two_local_clusters_are_separate_and_stop_by_their_own_pids() -> None:
             same = existing.provision("existing", "t-e")
             assert same.gcs_address == b.gcs_address
             prov.teardown(a)
-            assert not session_processes(a.session or 0) and not listening(a.gcs_address)
+            assert not session_processes(a.session or 0) and not cluster_processes(a) and not listening(a.gcs_address)
             assert prov.alive(b)  # the other cluster is untouched
             existing.teardown(same)  # nothing to do: not ours
             assert prov.alive(b)
         finally:
             prov.teardown(b)
-        assert not session_processes(b.session or 0) and not listening(b.gcs_address)
+        assert not session_processes(b.session or 0) and not cluster_processes(b) and not listening(b.gcs_address)
     finally:
         prov.teardown(a)
 

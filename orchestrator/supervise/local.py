@@ -80,6 +80,23 @@ def session_processes(session: int) -> list[int]:
     return sorted(found)
 
 
+def cluster_processes(handle: ClusterHandle) -> list[int]:
+    """The cluster's processes: its session's, and any whose command line names its own temp dir
+    (unique to this cluster: a safety net for a process that left the session)."""
+    found = set(session_processes(handle.session)) if handle.session else set()
+    needles = [n.encode() for n in (handle.workdir,) if n and Path(n).name.startswith("rp-")]
+    for entry in os.listdir("/proc") if needles else ():
+        if not entry.isdigit() or int(entry) in found:
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if any(n + b"/" in cmdline or n + b"\0" in cmdline or cmdline.endswith(n) for n in needles):
+            found.add(int(entry))
+    return sorted(found)
+
+
 def _ray_exe() -> str:
     beside = Path(sys.executable).parent / "ray"
     exe = str(beside) if beside.exists() else shutil.which("ray")
@@ -138,7 +155,7 @@ class LocalProvisioner:
         raise ProvisionError(f"{offer}: the local cluster did not answer within {self.start_timeout_s:.0f} s")
 
     def alive(self, handle: ClusterHandle) -> bool:
-        return bool(handle.session and session_processes(handle.session)) and listening(handle.gcs_address)
+        return bool(cluster_processes(handle)) and listening(handle.gcs_address)
 
     def kill(self, handle: ClusterHandle) -> None:
         """The rehearsal of a lost cluster: SIGKILL to each of its processes, nothing else."""
@@ -155,22 +172,22 @@ class LocalProvisioner:
 
     @staticmethod
     def _signal_all(handle: ClusterHandle, sig: int, wait_s: float) -> None:
-        if not handle.session:
-            return
-        for pid in session_processes(handle.session):
+        for pid in cluster_processes(handle):
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + wait_s
-        while session_processes(handle.session) and time.monotonic() < deadline:
+        while cluster_processes(handle) and time.monotonic() < deadline:
             _reap(handle.session)
             time.sleep(0.2)
         _reap(handle.session)
 
 
-def _reap(session: int) -> None:
+def _reap(session: int | None) -> None:
     """Collect the exit status of the cluster's leader when it is our child (else it stays a zombie)."""
+    if not session:
+        return
     try:
         os.waitpid(session, os.WNOHANG)
     except ChildProcessError:
