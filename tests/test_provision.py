@@ -41,7 +41,10 @@ elif cmd == "dashboard":
         def do_GET(self):
             self.send_response(200 if self.path == "/api/version" else 404)
             self.end_headers()
-            self.wfile.write(b'{{"ray_version": "stub"}}')
+            self.wfile.write(b'{{"ray_version": "{version}", "version": "4"}}')
+        def do_POST(self):  # not a Job API: a head whose Job API refuses the driver
+            self.send_response(404)
+            self.end_headers()
         def log_message(self, *a):
             pass
     http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
@@ -56,7 +59,9 @@ def ray_stub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     folder = tmp_path / "bin"
     folder.mkdir()
     exe = folder / "ray"
-    exe.write_text(STUB.format(python=sys.executable))
+    import ray
+
+    exe.write_text(STUB.format(python=sys.executable, version=ray.__version__))
     exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("RAY_STUB_LOG", str(tmp_path / "calls.jsonl"))
@@ -151,3 +156,28 @@ def test_cluster_handle_round_trips_through_json() -> None:
     handle = ClusterHandle("r-c1", "local", "local/a/cpu-4 (spot)", "127.0.0.1:1", "http://127.0.0.1:2", (3, 4), 3,
                            "/tmp/rp-x", {"auth_token_path": "/tmp/rp-x/auth_token"})
     assert ClusterHandle.from_json(json.loads(json.dumps(handle.to_json()))) == handle
+
+
+def test_orchestrator_run_on_ray_up_fails_over_and_tears_down_each_offer(ray_stub: Path, tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str],
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole ``--provider ray-up`` path through the stub: each offer is brought up (``ray up``,
+    head ip, SSH tunnel), its Job API refuses the driver, so it is torn down (``ray down``) and the
+    next offer tried; with none left, exit 2 naming the offers tried."""
+    from orchestrator.cli.commands import main
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    code = main(["run", "--provider", "ray-up", "--gpu", "V100", "--devices", "4", "--cloud", "aws", "--max-offers", "2",
+                 "--storage", str(tmp_path / "run"), "--out", str(tmp_path / "out"), "--", "tests/supervisor_driver.py"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("error: no offer could be provisioned (tried:")
+    names = [c[0] for c in calls(ray_stub)]
+    assert names == ["up", "get-head-ip", "dashboard", "down"] * 2
+    ups = [c[-1] for c in calls(ray_stub) if c[0] == "up"]
+    assert len(set(ups)) == 2  # two offers, one YAML each
+    for path in ups:
+        validate_config(yaml.safe_load(Path(path).read_text()))
+    events = [json.loads(line) for line in (tmp_path / "out" / "events.jsonl").read_text().splitlines()]
+    failed = [e for e in events if e["event"] == "provision_failed"]
+    assert len(failed) == 2 and all("Job API refused the driver" in e["reason"] for e in failed)
+    assert len([e for e in events if e["event"] == "cluster_down"]) == 2

@@ -67,7 +67,10 @@ class DriverJob:
         # the client's per-file packaging notes; the driver's own output is what the user reads
         for name in ("ray.dashboard.modules.dashboard_sdk", "ray._private.runtime_env.packaging", "ray.dashboard.modules.job.sdk"):
             logging.getLogger(name).setLevel(logging.WARNING)
-        client = JobSubmissionClient(handle.dashboard_url, headers=auth_headers(handle))
+        try:
+            client = JobSubmissionClient(handle.dashboard_url, headers=auth_headers(handle))
+        except Exception as exc:  # noqa: BLE001 - the SDK checks the head's version and reachability its own ways
+            raise ProvisionError(f"{handle.offer}: no Job API at {handle.dashboard_url}: {' '.join(str(exc).split())[:200]}") from None
         entrypoint = " ".join(shlex.quote(a) for a in [python, *argv])
         runtime_env = {"working_dir": working_dir, "env_vars": env,
                        "excludes": [".git", ".venv", "out", "runs", "__pycache__", "*.pyc", ".mypy_cache", ".pytest_cache"]}
@@ -78,8 +81,11 @@ class DriverJob:
                 job = cls(handle, job_id, out)
                 job._client = client
                 return job
-            except (RuntimeError, ConnectionError, OSError) as exc:  # the agent answers some seconds after the head
+            except (RuntimeError, ConnectionError, OSError) as exc:
                 last = " ".join(str(exc).split())[:300]
+                # the head's job agent answers some seconds after the dashboard; anything else is final
+                if isinstance(exc, RuntimeError) and "agent" not in last.lower():
+                    break
                 time.sleep(3.0)
         raise ProvisionError(f"{handle.offer}: the cluster's Job API refused the driver: {last}")
 

@@ -164,6 +164,21 @@ class Supervisor:
             return handle, offer
         raise RunFailed(2, f"no offer could be provisioned (tried: {', '.join(tried) or 'none left unblocked'})")
 
+    def _place(self, preferred: Offer | None, exclude: set[str], resume: str, step: int | None) -> _Current:
+        """Provision (with failover) and submit; a cluster whose Job API refuses the driver is one
+        more failed offer: torn down, blocked, and the next one tried."""
+        excluded = set(exclude)
+        while True:
+            handle, offer = self._provision(preferred, excluded)
+            try:
+                return self._submit(handle, offer, resume, step)
+            except ProvisionError as exc:
+                self.events.emit("provision_failed", offer=offer.label(), reason=" ".join(str(exc).split())[:300])
+                self._save(failed_offers={**self.state.failed_offers, offer.label(): time.time()}, cluster=None, job_id=None)
+                self._teardown(handle)
+                excluded.add(offer.label())
+                preferred = None
+
     def _env(self, handle: ClusterHandle, offer: Offer, resume: str, step: int | None) -> dict[str, str]:
         env = {"RAYPIPE_STORAGE": self.config.storage, "RAYPIPE_RUN_ID": self.state.run_id, "RAYPIPE_RESUME": resume,
                "RAYPIPE_CLUSTER": handle.cluster_id, "RAYPIPE_PRICES": str(self.prices), "RAYPIPE_OFFER": offer.label(),
@@ -221,8 +236,7 @@ class Supervisor:
             return self._relaunch(handle, "supervisor restarted; its cluster or job is gone")
         record = read_record(self.config.storage)
         step = newest_committed(self.config.storage, record) if self.config.resume != "never" else None
-        handle, offer = self._provision(None, set())
-        return self._submit(handle, offer, self.config.resume, step)
+        return self._place(None, set(), self.config.resume, step)
 
     def _watch(self, cur: _Current) -> _Current | None:
         """Poll until the current job ends or its cluster is lost; return what runs next (None: done)."""
@@ -283,19 +297,18 @@ class Supervisor:
         if self.state.recoveries >= self.config.max_recoveries:
             raise RunFailed(1, f"cluster {handle.cluster_id} lost ({why}); recovery budget of {self.config.max_recoveries} spent")
         self._save(recoveries=self.state.recoveries + 1, cluster=None, job_id=None)
-        new, offer = self._provision(None, {handle.offer})
-        return self._submit(new, offer, "require" if step else "auto", step)
+        return self._place(None, {handle.offer}, "require" if step else "auto", step)
 
     def _migrate(self, cur: _Current, record: dict[str, Any]) -> _Current:
         ask = record.get("migration") or {}
         step, reason = int(ask.get("step", record.get("last_committed") or 0)), str(ask.get("reason", "price"))
         target = self.by_label.get(str(ask.get("target")))
         try:
-            new, offer = self._provision(target, {cur.offer.label()})
+            nxt = self._place(target, {cur.offer.label()}, "require", step)
         except RunFailed as exc:  # nowhere to go: stay where the job was, from the step it committed
             self.events.emit("migration_failed", reason=str(exc), cluster=cur.handle.cluster_id, step=step)
             return self._submit(cur.handle, cur.offer, "require", step)
-        nxt = self._submit(new, offer, "require", step)
+        new, offer = nxt.handle, nxt.offer
         if reason == "price":
             self._save(price_migrated=True)
         self._wait_resumed(nxt, step)
