@@ -64,3 +64,41 @@ def test_kuberay_manifest_and_targets(tmp_path: Path) -> None:
     assert LaunchTarget("address", "ray://head:10001").ray_address() == "ray://head:10001"
     cmd = ray_up(tmp_path / "c.yaml", dry_run=True)
     assert cmd[1:3] == ["up", "-y"]
+
+
+def test_offers_become_specs_with_the_users_own_project_subscription_and_network(tmp_path: Path) -> None:
+    from cloud.records import Offer
+    from orchestrator.elastic.launch import spec_for_offer
+
+    gcp = Offer("gcp", "us-central1", "us-central1-b", "n1-standard-16", "V100", 4, True, 2.9)
+    with pytest.raises(UserError, match="no GCP project"):
+        spec_for_offer(gcp, "raypipe-x", {}, environ={})
+    spec = spec_for_offer(gcp, "raypipe-x", {"gcp": {"network": "train-vpc", "subnetwork": "train-sub"}},
+                          environ={"CLOUDSDK_CORE_PROJECT": "acme-ml-7"})
+    config = yaml.safe_load(write_cluster_yaml(spec, tmp_path / "g.yaml").read_text())
+    validate_config(config)
+    assert config["provider"]["project_id"] == "acme-ml-7"
+    nic = config["available_node_types"]["gpu_worker"]["node_config"]["networkInterfaces"][0]
+    assert nic["network"] == "train-vpc" and nic["subnetwork"] == "train-sub"
+    assert spec_for_offer(gcp, "raypipe-x", {"gcp": {"project_id": "from-file"}}, environ={"GOOGLE_CLOUD_PROJECT": "env"}).project_id == "from-file"
+    azure = Offer("azure", "eastus", "", "Standard_NC24s_v3", "V100", 4, True, 3.0)
+    config = cluster_config(spec_for_offer(azure, "raypipe-x", {}, environ={"AZURE_SUBSCRIPTION_ID": "0f0e-sub"}))
+    validate_config(config)
+    assert config["provider"]["subscription_id"] == "0f0e-sub"
+    aws = Offer("aws", "us-east-1", "us-east-1a", "p3.8xlarge", "V100", 4, True, 3.67)
+    node = cluster_config(spec_for_offer(aws, "raypipe-x", {"aws": {"subnet_id": "subnet-1"}}, environ={}))["available_node_types"]["head"]["node_config"]
+    assert node["SubnetIds"] == ["subnet-1"]
+
+
+@pytest.mark.parametrize("value", ["my-project", "your_project", "<project>", "example-project", "MY-SUBSCRIPTION"])
+def test_placeholders_are_refused(value: str) -> None:
+    with pytest.raises(UserError, match="placeholder"):
+        ClusterSpec(cloud="gcp", region="us-central1", instance_type="a2-highgpu-1g", project_id=value)
+    with pytest.raises(UserError, match="placeholder"):
+        ClusterSpec(cloud="azure", region="eastus", instance_type="Standard_NC24s_v3", subscription_id=value)
+
+
+def test_the_heads_job_api_is_not_opened_to_the_internet() -> None:
+    config = cluster_config(ClusterSpec(cloud="aws", region="us-east-1", instance_type="p3.8xlarge"))
+    assert not any("0.0.0.0" in c for c in config["head_start_ray_commands"])
+    assert any("--dashboard-host=127.0.0.1" in c for c in config["head_start_ray_commands"])

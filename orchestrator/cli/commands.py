@@ -1,4 +1,4 @@
-"""Command line: ``orchestrator profile | plan | simulate | demo | checkpoint | prices | cost-sim``.
+"""Command line: ``orchestrator profile | plan | simulate | demo | checkpoint | run | events | prices | cost-sim``.
 
 Every user mistake becomes one line on stderr and exit code 2 (argparse's own errors included);
 only bugs show a traceback.
@@ -303,6 +303,10 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("src")
     q.add_argument("dst")
     q.set_defaults(func=cmd_checkpoint_copy)
+
+    from orchestrator.supervise.cli import add_parsers as add_supervise
+
+    add_supervise(sub)
 
     try:
         from cloud.cli import add_parsers

@@ -7,6 +7,14 @@ schema Ray itself ships (``ray/autoscaler/ray-schema.json``) plus the checks Ray
 into ``ray up``. Starting real clusters is a thin subprocess call to ``ray up`` / ``ray down``;
 everything before it is testable offline. A KubeRay ``RayCluster`` manifest is offered for users
 who run Ray on Kubernetes.
+
+The user's own cloud settings (GCP project, Azure subscription and resource group, the network to
+place nodes in) come from the spec, else a cloud config mapping (``--cloud-config FILE``: ``gcp:
+{project_id, network, subnetwork}``, ``aws: {subnet_id, security_group_ids}``, ``azure:
+{subscription_id, resource_group}``), else the usual environment (``GOOGLE_CLOUD_PROJECT``,
+``CLOUDSDK_CORE_PROJECT``, ``AZURE_SUBSCRIPTION_ID``); a missing one is one line naming where to
+set it, and a placeholder such as ``my-project`` is refused. The head's dashboard (the Job API)
+listens on the head's 127.0.0.1 only: it is reached through an SSH tunnel (``ray dashboard``).
 """
 
 from __future__ import annotations
@@ -35,6 +43,10 @@ GCP_ACCELERATOR = {"V100": "nvidia-tesla-v100", "K80": "nvidia-tesla-k80", "P100
 # Accelerator-optimized GCP machine types come with their GPUs; others (n1) attach them.
 GCP_GPU_MACHINE_FAMILIES = ("a2-", "a3-", "g2-")
 _NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
+_PLACEHOLDER_RE = re.compile(r"^(my|your|example|sample|test)[-_]?(project|subscription|sub|project[-_]id)$|^<.*>$|^x+$",
+                             re.IGNORECASE)
+GCP_PROJECT_ENV = ("GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT", "GCLOUD_PROJECT")
+AZURE_SUBSCRIPTION_ENV = ("AZURE_SUBSCRIPTION_ID", "ARM_SUBSCRIPTION_ID")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,6 +64,11 @@ class ClusterSpec:
     gpus_per_node: int | None = None
     project_id: str | None = None  # GCP
     resource_group: str = "raypipe"  # Azure
+    subscription_id: str | None = None  # Azure (default: the Azure CLI's current subscription)
+    subnet_id: str | None = None  # AWS: the subnet to launch in
+    security_group_ids: tuple[str, ...] = ()  # AWS
+    network: str | None = None  # GCP: VPC network (name or self link)
+    subnetwork: str | None = None  # GCP
     head_instance_type: str | None = None
     setup_commands: tuple[str, ...] = ("pip install -U 'ray[default]' raypipe",)
     labels: dict[str, str] = field(default_factory=dict)
@@ -63,6 +80,9 @@ class ClusterSpec:
             raise UserError("a cluster needs at least one node")
         if not _NAME_RE.match(self.cluster_name):
             raise UserError(f"cluster name {self.cluster_name!r} must be lower-case letters, digits and '-' (max 40)")
+        for what, value in (("project id", self.project_id), ("subscription id", self.subscription_id)):
+            if value is not None and _PLACEHOLDER_RE.match(value.strip()):
+                raise UserError(f"{what} {value!r} is a placeholder; give your own (--cloud-config or the cloud's environment)")
         if self.zone and self.cloud != "azure" and not self.zone.startswith(self.region):
             raise UserError(f"zone {self.zone} is not in region {self.region}")
         gpu, count = self.gpu_type, self.gpus_per_node
@@ -96,6 +116,10 @@ def _node_config(spec: ClusterSpec, worker: bool) -> dict[str, Any]:
             cfg["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {"InstanceInterruptionBehavior": "terminate"}}
         if spec.zone:
             cfg["Placement"] = {"AvailabilityZone": spec.zone}
+        if spec.subnet_id:
+            cfg["SubnetIds"] = [spec.subnet_id]
+        if spec.security_group_ids:
+            cfg["SecurityGroupIds"] = list(spec.security_group_ids)
         return cfg
     if spec.cloud == "gcp":
         cfg = {
@@ -109,6 +133,13 @@ def _node_config(spec: ClusterSpec, worker: bool) -> dict[str, Any]:
             cfg["guestAccelerators"] = [{"acceleratorType": GCP_ACCELERATOR[str(spec.gpu_type)], "acceleratorCount": spec.gpus_per_node}]
         if spot:
             cfg["scheduling"].update({"provisioningModel": "SPOT", "preemptible": True, "instanceTerminationAction": "STOP"})
+        if spec.network or spec.subnetwork:
+            nic: dict[str, Any] = {"accessConfigs": [{"name": "External NAT", "type": "ONE_TO_ONE_NAT"}]}
+            if spec.network:
+                nic["network"] = spec.network
+            if spec.subnetwork:
+                nic["subnetwork"] = spec.subnetwork
+            cfg["networkInterfaces"] = [nic]
         return cfg
     params: dict[str, Any] = {
         "vmSize": itype, "imagePublisher": "microsoft-dsvm", "imageOffer": "ubuntu-hpc",
@@ -128,10 +159,12 @@ def cluster_config(spec: ClusterSpec) -> dict[str, Any]:
             provider["availability_zone"] = spec.zone
     elif spec.cloud == "gcp":
         if not spec.project_id:
-            raise UserError("a GCP cluster needs a project id (set project_id or GOOGLE_CLOUD_PROJECT)")
+            raise UserError("a GCP cluster needs a project id (gcp.project_id in --cloud-config, or GOOGLE_CLOUD_PROJECT)")
         provider.update({"region": spec.region, "availability_zone": spec.zone or f"{spec.region}-a", "project_id": spec.project_id})
     else:
         provider.update({"location": spec.region, "resource_group": spec.resource_group, "cache_stopped_nodes": False})
+        if spec.subscription_id:
+            provider["subscription_id"] = spec.subscription_id
         if spec.zone:
             provider["availability_zone"] = spec.zone
     gpu_resources = {"GPU": spec.gpus_per_node, f"accelerator_type:{spec.gpu_type}": 1}
@@ -151,10 +184,34 @@ def cluster_config(spec: ClusterSpec) -> dict[str, Any]:
         "head_node_type": "head",
         "file_mounts": {},
         "setup_commands": list(spec.setup_commands),
-        "head_start_ray_commands": ["ray stop", "ulimit -n 65536; ray start --head --port=6379 --autoscaling-config=~/ray_bootstrap_config.yaml --dashboard-host=0.0.0.0"],
+        # the dashboard (Job API) on the head's loopback only: the supervisor comes through an SSH tunnel
+        "head_start_ray_commands": ["ray stop", "ulimit -n 65536; ray start --head --port=6379 --autoscaling-config=~/ray_bootstrap_config.yaml --dashboard-host=127.0.0.1"],
         "worker_start_ray_commands": ["ray stop", "ulimit -n 65536; ray start --address=$RAY_HEAD_IP:6379"],
     }
     return config
+
+
+def spec_for_offer(offer: Any, cluster_name: str, cloud_config: dict[str, Any] | None = None,
+                   environ: dict[str, str] | None = None) -> ClusterSpec:
+    """The :class:`ClusterSpec` of a :class:`cloud.records.Offer`, with the user's project,
+    subscription and network from ``cloud_config`` (per cloud), else the usual environment."""
+    env = os.environ if environ is None else environ
+    own = dict((cloud_config or {}).get(offer.cloud) or {})
+    extra: dict[str, Any] = {}
+    if offer.cloud == "gcp":
+        project = own.get("project_id") or next((env[k] for k in GCP_PROJECT_ENV if env.get(k)), None)
+        if not project:
+            raise UserError(f"{offer.label()}: no GCP project (gcp.project_id in --cloud-config, or GOOGLE_CLOUD_PROJECT)")
+        extra.update(project_id=str(project), network=own.get("network"), subnetwork=own.get("subnetwork"))
+    elif offer.cloud == "azure":
+        subscription = own.get("subscription_id") or next((env[k] for k in AZURE_SUBSCRIPTION_ENV if env.get(k)), None)
+        extra.update(subscription_id=subscription, resource_group=str(own.get("resource_group") or "raypipe"))
+    elif offer.cloud == "aws":
+        groups = own.get("security_group_ids") or ()
+        extra.update(subnet_id=own.get("subnet_id"), security_group_ids=tuple(str(g) for g in groups))
+    return ClusterSpec(cloud=offer.cloud, region=offer.region, zone=offer.zone or None, instance_type=offer.instance_type,
+                       spot=bool(offer.spot), gpu_type=offer.gpu_type, gpus_per_node=int(offer.gpu_count),
+                       cluster_name=cluster_name, **extra)
 
 
 def ray_schema() -> dict[str, Any]:

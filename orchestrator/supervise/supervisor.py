@@ -1,0 +1,344 @@
+"""The supervisor: a run kept alive from outside its training cluster.
+
+It provisions a cluster for the best offer (failing over to the next-best one when provisioning
+fails, and remembering failed offers for ``block_s``, as SkyPilot's blocked resources), submits the
+user's unmodified driver there through Ray's Job API with the run's environment variables, streams
+its output, follows the run record and events the job writes into the run's storage, and:
+
+- **migrates** when the job asks (record status ``migrating``, driver exit 75): provision the target,
+  submit the driver there with ``RAYPIPE_RESUME=require``, wait for its ``job_started`` with
+  ``resumed_from`` equal to the step, and only then tear the old cluster down;
+- **relaunches** when the cluster or the driver dies without asking (any other failure while the
+  record says ``running``, or a head unreachable for ``unreachable_s``), from the newest committed
+  checkpoint, on the best offer not blocked, within ``max_recoveries``;
+- reports a user error (exit 1 or 2 with record status ``failed``) once, with the driver's last lines;
+- **survives its own restart**: :class:`~orchestrator.supervise.state.SupervisorState` in the run's
+  storage names the cluster and the job; a restarted supervisor adopts them (or relaunches), and a
+  second supervisor on a run that has a live owner refuses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from cloud.records import Offer
+from orchestrator.core.errors import UserError
+from orchestrator.elastic.observability import redact_text
+from orchestrator.supervise.offers import PRICE_FACTOR, ranked, write_price_file
+from orchestrator.supervise.provision import ClusterHandle, ProvisionError, Provisioner
+from orchestrator.supervise.state import EventSegment, StateStore, SupervisorState, merged_events, newest_committed, read_record
+from orchestrator.supervise.submit import TERMINAL, DriverJob, TextSink
+
+MIGRATE_EXIT = 75
+"""The driver's exit code after it committed a checkpoint and asked to move (EX_TEMPFAIL)."""
+USER_ERROR_EXITS = (1, 2)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SupervisorConfig:
+    """What to run, where its state lives, and the rehearsals."""
+
+    driver: tuple[str, ...]
+    """The driver script and its arguments (run as ``python DRIVER ARGS`` on the cluster)."""
+    storage: str
+    offers: tuple[Offer, ...]
+    working_dir: str = "."
+    python: str = sys.executable
+    run_id: str | None = None
+    resume: str = "auto"
+    out: Path | None = None
+    """Folder for the price file and, at the end, the merged ``events.jsonl``."""
+    price_change_at: int | None = None
+    kill_cluster_at: int | None = None
+    max_recoveries: int = 3
+    block_s: float = 600.0
+    unreachable_s: float = 15.0
+    resume_timeout_s: float = 600.0
+    poll_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.driver:
+            raise UserError("orchestrator run: give the driver after --, e.g. -- examples/elastic_gpt.py --steps 24")
+        if not self.offers:
+            raise UserError("orchestrator run: no offers to run on")
+        if self.resume not in ("auto", "never", "require"):
+            raise UserError(f"--resume must be auto, never or require, not {self.resume!r}")
+        for flag, value in (("--price-change-at", self.price_change_at), ("--kill-cluster-at", self.kill_cluster_at)):
+            if value is not None and value < 1:
+                raise UserError(f"{flag} must be >= 1, got {value}")
+        if self.max_recoveries < 0:
+            raise UserError("--max-recoveries must be >= 0")
+
+
+class RunFailed(Exception):
+    """The run ended without finishing: ``code`` is the supervisor's exit status."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class _Current:
+    """The cluster the job runs on now and its submission (owned by the supervisor's loop)."""
+
+    handle: ClusterHandle
+    job: DriverJob
+    offer: Offer
+    unreachable_since: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Supervisor:
+    """See the module docstring. ``run()`` returns 0 when the driver finished."""
+
+    def __init__(self, config: SupervisorConfig, provisioner: Provisioner, out: TextSink | None = None) -> None:
+        self.config = config
+        self.provisioner = provisioner
+        self.out = out or sys.stdout
+        self.store = StateStore(config.storage)
+        self.events = EventSegment(config.storage)
+        self.by_label = {o.label(): o for o in config.offers}
+        self.prices = Path()
+        self.state = SupervisorState(run_id=config.run_id or uuid.uuid4().hex[:12])
+
+    # ----- state -----
+    def _save(self, **changes: Any) -> None:
+        self.state = self.store.save(replace(self.state, **changes))
+
+    def _take_ownership(self) -> SupervisorState | None:
+        previous = self.store.load()
+        now = time.time()
+        if previous is not None and previous.owned_by_other(now):
+            raise UserError(f"{self.config.storage} is already supervised by pid {previous.pid} on {previous.host} "
+                            f"(heartbeat {now - previous.heartbeat:.0f} s ago); not starting a second copy")
+        record = read_record(self.config.storage)
+        run_id = (previous.run_id if previous else None) or (record or {}).get("run_id") or self.state.run_id
+        if self.config.run_id and run_id != self.config.run_id and (previous or record):
+            raise UserError(f"{self.config.storage} holds run {run_id}, not --run-id {self.config.run_id}")
+        # a finished supervisor's cluster is gone, but the offers that failed stay blocked for a while
+        base = previous if previous is not None and not previous.finished else \
+            SupervisorState(run_id=run_id, failed_offers=previous.failed_offers if previous else {},
+                            clusters_made=previous.clusters_made if previous else 0)
+        self.state = replace(base, run_id=run_id, host=socket.gethostname(), pid=os.getpid(), finished=False)
+        self._save()
+        return previous if previous is not None and not previous.finished else None
+
+    def _price_file(self) -> Path:
+        folder = self.config.out or Path(tempfile.mkdtemp(prefix="raypipe-prices-"))
+        return write_price_file(list(self.config.offers), Path(folder).resolve() / "prices.csv")
+
+    # ----- placement -----
+    def _candidates(self, exclude: set[str]) -> list[Offer]:
+        now = time.time()
+        return [o for o in ranked(list(self.config.offers))
+                if o.label() not in exclude and not self.state.blocked(o.label(), now, self.config.block_s)]
+
+    def _provision(self, preferred: Offer | None, exclude: set[str]) -> tuple[ClusterHandle, Offer]:
+        """``preferred`` first, then every other offer not excluded nor blocked, cheapest first."""
+        order = self._candidates(exclude)
+        if preferred is not None:
+            order = [preferred] + [o for o in order if o.label() != preferred.label()]
+        tried = []
+        for offer in order:
+            cluster_id = f"{self.state.run_id}-c{self.state.clusters_made + 1}"
+            self._save(clusters_made=self.state.clusters_made + 1)
+            try:
+                handle = self.provisioner.provision(offer.label(), cluster_id)
+            except ProvisionError as exc:
+                tried.append(offer.label())
+                self.events.emit("provision_failed", offer=offer.label(), reason=" ".join(str(exc).split())[:300])
+                self._save(failed_offers={**self.state.failed_offers, offer.label(): time.time()})
+                continue
+            self.events.emit("cluster_up", cluster=handle.cluster_id, offer=offer.label(), address=handle.gcs_address,
+                             provider=handle.provider, session=handle.session)
+            return handle, offer
+        raise RunFailed(2, f"no offer could be provisioned (tried: {', '.join(tried) or 'none left unblocked'})")
+
+    def _place(self, preferred: Offer | None, exclude: set[str], resume: str, step: int | None) -> _Current:
+        """Provision (with failover) and submit; a cluster whose Job API refuses the driver is one
+        more failed offer: torn down, blocked, and the next one tried."""
+        excluded = set(exclude)
+        while True:
+            handle, offer = self._provision(preferred, excluded)
+            try:
+                return self._submit(handle, offer, resume, step)
+            except ProvisionError as exc:
+                self.events.emit("provision_failed", offer=offer.label(), reason=" ".join(str(exc).split())[:300])
+                self._save(failed_offers={**self.state.failed_offers, offer.label(): time.time()}, cluster=None, job_id=None)
+                self._teardown(handle)
+                excluded.add(offer.label())
+                preferred = None
+
+    def _env(self, handle: ClusterHandle, offer: Offer, resume: str, step: int | None) -> dict[str, str]:
+        env = {"RAYPIPE_STORAGE": self.config.storage, "RAYPIPE_RUN_ID": self.state.run_id, "RAYPIPE_RESUME": resume,
+               "RAYPIPE_CLUSTER": handle.cluster_id, "RAYPIPE_PRICES": str(self.prices), "RAYPIPE_OFFER": offer.label(),
+               "RAY_ADDRESS": handle.gcs_address}
+        at = self.config.price_change_at
+        if at is not None and not self.state.price_migrated and (step is None or step < at):
+            env["RAYPIPE_PRICE_EVENTS"] = f"{at}:{PRICE_FACTOR:g}"
+        return env
+
+    def _submit(self, handle: ClusterHandle, offer: Offer, resume: str, step: int | None) -> _Current:
+        job = DriverJob.submit(handle, list(self.config.driver), self.config.working_dir,
+                               self._env(handle, offer, resume, step), self.config.python, self.out)
+        self.events.emit("job_submitted", cluster=handle.cluster_id, job_id=job.job_id, resume=resume, offer=offer.label())
+        self._save(cluster=handle, job_id=job.job_id)
+        job.follow()
+        return _Current(handle, job, offer)
+
+    def _teardown(self, handle: ClusterHandle) -> None:
+        self.provisioner.teardown(handle)
+        kept = {"kept": True} if handle.provider == "existing" else {}  # the user's cluster: released, not stopped
+        self.events.emit("cluster_down", cluster=handle.cluster_id, address=handle.gcs_address, **kept)
+
+    # ----- the loop -----
+    def run(self) -> int:
+        """Until the driver finishes (0), a user error is reported (its code), or nothing is left (1, 2).
+        Interrupted (Ctrl-C), the cluster and job are left running and the state says so: the next
+        ``orchestrator run`` on the same storage adopts them."""
+        adopted = self._take_ownership()
+        self.prices = self._price_file()
+        try:
+            current = self._start(adopted)
+            while True:
+                following = self._watch(current)
+                if following is None:
+                    code = 0
+                    break
+                current = following
+        except RunFailed as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            code = exc.code
+        self._save(finished=True)
+        self._write_out()
+        return code
+
+    def _start(self, adopted: SupervisorState | None) -> _Current:
+        if adopted is not None and adopted.cluster is not None:
+            handle = adopted.cluster
+            offer = self.by_label.get(handle.offer)
+            if offer is not None and adopted.job_id and self.provisioner.alive(handle):
+                job = DriverJob(handle, adopted.job_id, self.out)
+                if job.status() not in (None, *TERMINAL):
+                    self.events.emit("adopted", cluster=handle.cluster_id, job_id=adopted.job_id)
+                    job.follow()
+                    return _Current(handle, job, offer)
+            return self._relaunch(handle, "supervisor restarted; its cluster or job is gone")
+        record = read_record(self.config.storage)
+        step = newest_committed(self.config.storage, record) if self.config.resume != "never" else None
+        return self._place(None, set(), self.config.resume, step)
+
+    def _watch(self, cur: _Current) -> _Current | None:
+        """Poll until the current job ends or its cluster is lost; return what runs next (None: done)."""
+        beat = 0.0
+        while True:
+            time.sleep(self.config.poll_s)
+            if time.monotonic() - beat > 5.0:
+                self._save()
+                beat = time.monotonic()
+            record = read_record(self.config.storage)
+            self._rehearse_kill(cur, record)
+            status = cur.job.status()
+            if status is None or not self.provisioner.alive(cur.handle):
+                cur.unreachable_since = cur.unreachable_since or time.monotonic()
+                if time.monotonic() - cur.unreachable_since >= self.config.unreachable_s:
+                    return self._lost(cur, "head unreachable")
+                continue
+            cur.unreachable_since = None
+            if status in TERMINAL:
+                return self._ended(cur)
+
+    def _rehearse_kill(self, cur: _Current, record: dict[str, Any] | None) -> None:
+        at = self.config.kill_cluster_at
+        if at is None or self.state.killed or not record or int(record.get("steps_done") or 0) < at:
+            return
+        self.events.emit("rehearsal_kill", cluster=cur.handle.cluster_id, steps_done=record.get("steps_done"))
+        self.provisioner.kill(cur.handle)
+        self._save(killed=True)
+
+    def _ended(self, cur: _Current) -> _Current | None:
+        outcome = cur.job.outcome()
+        cur.job.drain()
+        record = read_record(self.config.storage) or {}
+        status = record.get("status")
+        if outcome.status == "SUCCEEDED":
+            self.events.emit("run_finished", cluster=cur.handle.cluster_id, steps_done=record.get("steps_done"))
+            self._teardown(cur.handle)
+            self._save(cluster=None, job_id=None)
+            return None
+        if status == "migrating" and outcome.exit_code == MIGRATE_EXIT:
+            return self._migrate(cur, record)
+        if status == "failed" and outcome.exit_code in USER_ERROR_EXITS:
+            self._teardown(cur.handle)
+            self._save(cluster=None, job_id=None)
+            tail = redact_text(" | ".join(line for line in cur.job.lines[-5:] if line.strip()))
+            raise RunFailed(int(outcome.exit_code or 1), f"the driver failed (exit {outcome.exit_code}), not relaunched: {tail}")
+        return self._lost(cur, f"job {outcome.status} (exit {outcome.exit_code}) with the run {status or 'not started'}")
+
+    def _lost(self, cur: _Current, why: str) -> _Current:
+        cur.job.drain(2.0)
+        return self._relaunch(cur.handle, why)
+
+    def _relaunch(self, handle: ClusterHandle, why: str) -> _Current:
+        step = newest_committed(self.config.storage, read_record(self.config.storage))
+        self.events.emit("cluster_lost", cluster=handle.cluster_id, last_committed=step, reason=why)
+        self._save(failed_offers={**self.state.failed_offers, handle.offer: time.time()})
+        self._teardown(handle)  # whatever is left of it
+        if self.state.recoveries >= self.config.max_recoveries:
+            raise RunFailed(1, f"cluster {handle.cluster_id} lost ({why}); recovery budget of {self.config.max_recoveries} spent")
+        self._save(recoveries=self.state.recoveries + 1, cluster=None, job_id=None)
+        return self._place(None, {handle.offer}, "require" if step else "auto", step)
+
+    def _migrate(self, cur: _Current, record: dict[str, Any]) -> _Current:
+        ask = record.get("migration") or {}
+        step, reason = int(ask.get("step", record.get("last_committed") or 0)), str(ask.get("reason", "price"))
+        target = self.by_label.get(str(ask.get("target")))
+        try:
+            nxt = self._place(target, {cur.offer.label()}, "require", step)
+        except RunFailed as exc:  # nowhere to go: stay where the job was, from the step it committed
+            self.events.emit("migration_failed", reason=str(exc), cluster=cur.handle.cluster_id, step=step)
+            return self._submit(cur.handle, cur.offer, "require", step)
+        new, offer = nxt.handle, nxt.offer
+        if reason == "price":
+            self._save(price_migrated=True)
+        self._wait_resumed(nxt, step)
+        self.events.emit("migration", reason=reason, from_cluster=cur.handle.cluster_id, to_cluster=new.cluster_id,
+                         step=step, from_offer=cur.offer.label(), to_offer=offer.label())
+        self._teardown(cur.handle)
+        return nxt
+
+    def _wait_resumed(self, nxt: _Current, step: int) -> None:
+        """Until the new job's ``job_started`` says it resumed from ``step`` (the old cluster is kept till then)."""
+        deadline = time.monotonic() + self.config.resume_timeout_s
+        while time.monotonic() < deadline:
+            for e in merged_events(self.config.storage):
+                if e.get("event") == "job_started" and e.get("cluster") == nxt.handle.cluster_id:
+                    if e.get("resumed_from") != step:
+                        raise RunFailed(1, f"the job on {nxt.handle.cluster_id} resumed from {e.get('resumed_from')}, not {step}")
+                    return
+            if nxt.job.status() in TERMINAL:
+                return  # it ended before it said so: the loop reads how
+            time.sleep(self.config.poll_s)
+        raise RunFailed(1, f"the job on {nxt.handle.cluster_id} did not resume within {self.config.resume_timeout_s:.0f} s")
+
+    def _write_out(self) -> None:
+        if self.config.out is None:
+            return
+        try:
+            events = merged_events(self.config.storage)
+        except Exception as exc:  # noqa: BLE001 - the run's outcome stands; say why the log is missing
+            print(f"[supervisor] could not read the run's events: {' '.join(str(exc).split())[:200]}", file=sys.stderr)
+            return
+        path = Path(self.config.out) / "events.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(e, default=str) + "\n" for e in events))
