@@ -22,6 +22,8 @@ from typing import Any, Iterator
 import torch
 from torch import Tensor, nn
 
+SEEDED = "_raypipe_seeded"  # attribute on a module whose forward reseeds (its key)
+
 # (job seed, step, (micro-batch, part)) of the forward being run; None outside training
 _unit: tuple[int, int, tuple[int, int]] | None = None
 
@@ -77,6 +79,27 @@ def seed_forward(module: nn.Module, key: str) -> None:
         _reseed(mix("forward", state[0], state[1], state[2], key), first)
 
     module.register_forward_pre_hook(hook)
+    setattr(module, SEEDED, key)
+
+
+def seed_block(block: nn.Module, key: str) -> bool:
+    """Seed ``block``'s forward by ``key`` unless every dropout in it already draws from a seeded
+    module (a factory that seeded its own, e.g. a Hugging Face layer keyed by its path). Called on
+    every block a stage or the reference builds (:func:`actors.materialize.materialize`), so
+    dropout is exact by default whatever the factory did; returns whether a hook was added."""
+    if not key or not _unseeded_dropout(block):
+        return False
+    seed_forward(block, key)
+    return True
+
+
+def _unseeded_dropout(block: nn.Module) -> bool:
+    seeded = [name for name, m in block.named_modules() if hasattr(m, SEEDED)]
+    for name, m in block.named_modules():
+        if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
+            if not any(s == "" or name == s or name.startswith(s + ".") for s in seeded):
+                return True
+    return False
 
 
 def has_randomness(module: nn.Module) -> bool:
