@@ -137,17 +137,20 @@ def checkpoint_weights(location: str | os.PathLike[str], num_blocks: int | None 
     return where, int(manifest["step"]), weights
 
 
-def write_weights(blocks: Sequence[nn.Module], weights: Mapping[int, Mapping[str, Tensor]],
+def write_weights(blocks: Sequence[nn.Module] | None, weights: Mapping[int, Mapping[str, Tensor]],
                   directory: str | os.PathLike[str]) -> tuple[Path, int]:
     """The user's state dict of ``weights`` into ``directory`` (new or empty): ``save_pretrained``
     for a Hugging Face model, else ``model.safetensors`` with the user's keys (a tied weight stored
-    under each of its keys). Returns (folder, tensors written)."""
+    under each of its keys); ``blocks=None``: ``<block>.<name>`` keys. Returns (folder, tensors written)."""
     path = check_empty_dir(directory)
-    state = user_state_dict(blocks, weights)
-    config = names_of(blocks).config
-    if config is not None:
-        save_pretrained(config, state, path)
-        return path, len(state)
+    if blocks is None:
+        state = {f"{b}.{k}": v for b in sorted(weights) for k, v in weights[b].items()}
+    else:
+        state = user_state_dict(blocks, weights)
+        config = names_of(blocks).config
+        if config is not None:
+            save_pretrained(config, state, path)
+            return path, len(state)
     from safetensors.torch import save_file
 
     path.mkdir(parents=True, exist_ok=True)
