@@ -13,7 +13,8 @@ largest difference between the exported weights and the stock ``*ForCausalLM`` t
 process on the same micro-batches (gradient accumulation), and ``export_max_abs_diff=<y>``, the
 largest difference between the logits on a fixed batch of a fresh stock model loaded with
 ``load_state_dict(strict=True)`` from the exported weights and those of that single-process
-model. The default sequence (16) is longer than the default sliding window (8), so families
+model. The final step is checkpointed (``checkpoint=<path>``): ``orchestrator checkpoint export
+PATH --to DIR --hf-config FAMILY --hf-kwargs ...`` gives the same weights from it. The default sequence (16) is longer than the default sliding window (8), so families
 with one (mistral, gemma2, phi3) attend through it. ``--export DIR`` writes the trained model
 with ``save_pretrained`` (``from_pretrained(DIR)`` loads it back). A family the cutter does not
 know exits 2 with one line.
@@ -80,10 +81,11 @@ def main(argv: list[str] | None = None) -> int:
         train = TrainConfig(model_factory=factory, loss_fn=hf.lm_loss, optimizer_factory=optimizer, data_fn=data,
                             num_microbatches=args.microbatches, seed=args.seed)
         with ElasticJob(train, ScalingConfig(devices=args.stages, plan=plan),
-                        RunConfig(storage=storage, checkpoint_every=args.steps), AdaptConfig(enabled=False),
+                        RunConfig(storage=storage, checkpoint_every=0), AdaptConfig(enabled=False),
                         SpotConfig(enabled=False)) as job:
             result = job.fit(args.steps)
             weights = job.state_dict()
+            print(f"checkpoint={job.checkpoint_now('final')}", flush=True)  # for `orchestrator checkpoint export`
         print(f"losses={' '.join(f'{result.losses[s]:.6f}' for s in sorted(result.losses))}", flush=True)
         if args.export:
             export.save_pretrained(config, weights, args.export)

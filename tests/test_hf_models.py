@@ -176,6 +176,31 @@ def test_not_a_causal_lm_is_one_line() -> None:
         hf.tiny_config("nosuchfamily")
 
 
+@pytest.mark.parametrize("family", ["gpt2", "llama", "gemma2"])
+def test_pretrained_folder_loads_block_by_block(family: str, tmp_path: Path) -> None:
+    """A random stock model saved sharded with save_pretrained: the blocks built from the folder
+    give its logits, and materializing one decoder block reads only that layer's tensors."""
+    config = tiny(family)
+    model = export.fresh_model(config)
+    model.save_pretrained(tmp_path, max_shard_size="20KB")
+    assert (tmp_path / "model.safetensors.index.json").is_file()  # sharded
+    one = hf.pretrained_blocks(str(tmp_path))
+    materialize(one[1], "cpu", 0, "block1")
+    read = getattr(one[1], "_raypipe_init").read
+    layer = "transformer.h.0." if family == "gpt2" else "model.layers.0."
+    assert read and all(k.startswith(layer) for k in read)
+    assert read == {k for k in model.state_dict() if k.startswith(layer)}
+    blocks = [materialize(b, "cpu", 7, f"block{i}").eval() for i, b in enumerate(hf.pretrained_blocks(str(tmp_path)))]
+    ids = hf.token_batch(VOCAB, LONG, 2, step=0)[0]
+    with torch.no_grad():
+        torch.testing.assert_close(run_blocks(blocks, ids), model(input_ids=ids).logits, rtol=0, atol=0)
+    other = tiny("gpt2" if family != "gpt2" else "llama")  # other names
+    with pytest.raises(UserError, match="holds no tensor"):
+        materialize(hf.causal_lm_blocks(other, pretrained=str(tmp_path))[1], "cpu", 0, "block1")
+    with pytest.raises(UserError, match="holds no model.safetensors"):
+        hf.causal_lm_blocks(config, pretrained=str(tmp_path / "nothing"))
+
+
 @pytest.mark.ray
 def test_tied_gpt2_with_dropout_on_four_stages(worker_group: Any) -> None:
     """Tied copies on stages 0 and 3, dropout on: pipelined == stock single-process training."""
@@ -209,6 +234,7 @@ def test_llama_round_trip_through_elastic_job(worker_group: Any, tmp_path: Path)
                     AdaptConfig(enabled=False), SpotConfig(enabled=False), workers=worker_group) as job:
         job.fit(2)
         weights = job.state_dict()
+        assert job.checkpoint_now("final") is not None
     stock = ReferenceTrainer.for_plan(plan, partial(hf.stock_blocks, config), hf.lm_loss, ADAMW, data, seed=1)
     stock.train(2)
     model = stock.blocks[0].model.eval()
@@ -224,6 +250,21 @@ def test_llama_round_trip_through_elastic_job(worker_group: Any, tmp_path: Path)
         torch.testing.assert_close(loaded(input_ids=ids).logits, want, rtol=0, atol=1e-5)
     with pytest.raises(UserError, match="is not an empty folder"):
         export.save_pretrained(config, weights, tmp_path / "out")
+    # the same from the stored checkpoint, on the command line
+    from orchestrator.cli.commands import main
+
+    config.save_pretrained(tmp_path / "config")
+    assert main(["checkpoint", "export", str(tmp_path / "ckpt"), "--to", str(tmp_path / "cli"),
+                 "--hf-config", str(tmp_path / "config")]) == 0
+    with torch.no_grad():
+        loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "cli").eval()
+        torch.testing.assert_close(loaded(input_ids=ids).logits, want, rtol=0, atol=1e-5)
+    assert main(["checkpoint", "export", str(tmp_path / "ckpt"), "--to", str(tmp_path / "raw")]) == 0  # no model: block names
+    from safetensors.torch import load_file
+
+    raw = load_file(str(tmp_path / "raw" / "model.safetensors"))
+    assert torch.equal(raw["1.layer.mlp.up_proj.weight"], weights["model.layers.0.mlp.up_proj.weight"])
+    assert main(["checkpoint", "export", str(tmp_path / "ckpt"), "--to", str(tmp_path / "raw")]) == 2
 
 
 @pytest.mark.ray

@@ -163,10 +163,14 @@ def family_of(config: Any) -> Family:
         raise UserError(f"a Hugging Face model needs a transformers config, got {type(config).__name__}")
     family = FAMILIES.get(getattr(config, "model_type", ""))
     if family is None:
-        raise UserError(f"{type(config).__name__} (model_type {config.model_type!r}) is not a family raypipe cuts "
-                        f"automatically ({', '.join(FAMILIES)}): build the model and cut it with "
-                        "orchestrator.profiling.modules.split_at(model, split_points, sample)")
+        raise _unsupported(type(config).__name__, str(config.model_type))
     return family
+
+
+def _unsupported(config_class: str, model_type: str) -> UserError:
+    return UserError(f"{config_class} (model_type {model_type!r}) is not a family raypipe cuts automatically "
+                     f"({', '.join(FAMILIES)}): build the model and cut it with "
+                     "orchestrator.profiling.modules.split_at(model, split_points, sample)")
 
 
 def stock_model(config: Any, dtype: torch.dtype | None = None, pretrained: str | None = None) -> nn.Module:
@@ -349,7 +353,9 @@ def tiny_config(family: str, layers: int = 4, hidden: int = 32, heads: int = 4, 
         kw["sliding_window"] = window
     if dropout is not None:
         kw.update(resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout, attention_dropout=dropout)
-    try:
-        return transformers.AutoConfig.for_model(family, **kw)
-    except (ValueError, KeyError):
-        raise UserError(f"--family {family!r} is not a model_type of transformers") from None
+    config_class = transformers.CONFIG_MAPPING[family] if family in transformers.CONFIG_MAPPING else None
+    if config_class is None:
+        raise UserError(f"--family {family!r} is not a model_type of transformers")
+    if family not in FAMILIES:  # before building: a config of another family may refuse these fields
+        raise _unsupported(config_class.__name__, family)
+    return transformers.AutoConfig.for_model(family, **kw)
