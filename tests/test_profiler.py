@@ -222,6 +222,7 @@ def test_cli_profiles_an_hf_config_by_name(tmp_path: Path) -> None:
     (["--hf-config", "nosuch"], "--hf-config 'nosuch' is neither a folder holding config.json nor a model_type"),
     (["--hf-config", "granite"], r"GraniteConfig \(model_type 'granite'\) is not a family raypipe cuts"),
     (["--hf-kwargs", "{}"], "--hf-kwargs goes with --hf-config"),
+    (["--hf-config", "{tmp}"], "the folder holds no config.json"),
 ])
 def test_cli_profile_bad_model_input_is_one_line(argv: list[str], message: str, tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
@@ -232,6 +233,7 @@ def test_cli_profile_bad_model_input_is_one_line(argv: list[str], message: str, 
     (tmp_path / "m.py").write_text(TOKENS.replace("blocks", "b"))
     sys.path.insert(0, str(tmp_path))
     try:
+        argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
         assert main(["profile", *argv, "--repeats", "1", "--out", str(tmp_path / "p.json")]) == 2
     finally:
         sys.path.remove(str(tmp_path))

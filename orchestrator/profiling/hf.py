@@ -327,11 +327,13 @@ def config_from(name: str, kwargs: str | None = None) -> Any:
             raise UserError(f"--hf-kwargs is not JSON: {exc}") from None
         if not isinstance(fields, dict):
             raise UserError(f"--hf-kwargs must be a JSON object of config fields, got {type(fields).__name__}")
-    if Path(name).is_dir():
+    if (Path(name) / "config.json").is_file():  # a folder first: a model_type is also a plausible folder name
         try:
             return transformers.AutoConfig.from_pretrained(name, **fields)
         except (OSError, ValueError) as exc:
             raise UserError(f"--hf-config {name}: no Hugging Face config here ({' '.join(str(exc).split())[:160]})") from None
+    if name not in transformers.CONFIG_MAPPING and Path(name).is_dir():
+        raise UserError(f"--hf-config {name}: the folder holds no config.json (save_pretrained writes one)")
     try:
         return transformers.AutoConfig.for_model(name, **fields)
     except (ValueError, KeyError):
