@@ -10,7 +10,7 @@ micro-batch 5 of step 7 is the one single-process training draws there.
 
 The current unit is process-global state set by whoever runs forwards (the executor for each
 forward action, the reference trainer for each unit); it is read only by the pre-forward hooks
-:func:`seed_forward` installs on blocks that draw random numbers (dropout).
+:func:`seed_forward` installs on every block (:func:`seed_block`) and on Hugging Face layers.
 """
 
 from __future__ import annotations
@@ -83,23 +83,16 @@ def seed_forward(module: nn.Module, key: str) -> None:
 
 
 def seed_block(block: nn.Module, key: str) -> bool:
-    """Seed ``block``'s forward by ``key`` unless every dropout in it already draws from a seeded
-    module (a factory that seeded its own, e.g. a Hugging Face layer keyed by its path). Called on
-    every block a stage or the reference builds (:func:`actors.materialize.materialize`), so
-    dropout is exact by default whatever the factory did; returns whether a hook was added."""
-    if not key or not _unseeded_dropout(block):
+    """Seed ``block``'s forward by ``key`` unless it is seeded already. Called on every block a
+    stage or the reference builds (:func:`actors.materialize.materialize`), whatever the factory
+    did: every random draw of a block (``nn.Dropout``, an attention's functional dropout,
+    ``torch.rand`` in a forward) then comes from (step, unit, block), the same in one process and
+    on any stage. Submodules a factory seeded itself (Hugging Face layers, by path) reseed again
+    inside, identically on both sides. Returns whether a hook was added."""
+    if not key or hasattr(block, SEEDED):
         return False
     seed_forward(block, key)
     return True
-
-
-def _unseeded_dropout(block: nn.Module) -> bool:
-    seeded = [name for name, m in block.named_modules() if hasattr(m, SEEDED)]
-    for name, m in block.named_modules():
-        if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
-            if not any(s == "" or name == s or name.startswith(s + ".") for s in seeded):
-                return True
-    return False
 
 
 def has_randomness(module: nn.Module) -> bool:

@@ -119,10 +119,11 @@ def test_dropout_masks_follow_step_unit_and_block() -> None:
     assert not torch.equal(run(1, (0, 0)), run(2, (0, 0)))
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_block_reference_equals_stock_training(family: str) -> None:
-    """Summed tied copies + per-block seeds + per-block masks == the stock model trained in one process."""
-    config = tiny(family)
+@pytest.mark.parametrize("family, dropout", [(f, None) for f in FAMILIES] + [("llama", 0.2), ("qwen2", 0.2), ("phi3", 0.2)])
+def test_block_reference_equals_stock_training(family: str, dropout: float | None) -> None:
+    """Summed tied copies + per-block seeds + per-block masks == the stock model trained in one
+    process; with dropout too, also Llama's and Qwen2's functional attention dropout (no nn.Dropout)."""
+    config = hf.tiny_config(family, layers=2, hidden=16, heads=2, vocab=VOCAB, seq=LONG, window=4, dropout=dropout)
     data = partial(hf.token_batch, VOCAB, LONG, 6)
     plan = straight_plan([0, 4], 3)
     blocks = ReferenceTrainer.for_plan(plan, partial(hf.causal_lm_blocks, config), hf.lm_loss, ADAMW, data, seed=1)

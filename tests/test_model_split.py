@@ -216,15 +216,27 @@ def test_sequential_names_buffers_and_unseeded_dropout() -> None:
     assert not torch.equal(drop(1, (0, 0)), drop(1, (1, 0)))
 
 
-def test_any_block_list_gets_its_dropout_seeded() -> None:
-    """A factory's own list (no helper): materialize seeds dropout by block, so a stage and the
-    reference draw the same masks; blocks named as nn.Sequential(*blocks) would name them."""
-    blocks = [materialize(b, "cpu", 0, f"block{i}") for i, b in enumerate([nn.Linear(4, 8), nn.Dropout(0.5)])]
+class Noisy(nn.Module):
+    """Randomness that is no nn.Dropout: a draw in the forward."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + torch.rand_like(x)
+
+
+def test_any_block_list_gets_its_randomness_seeded() -> None:
+    """A factory's own list (no helper): materialize seeds every block's draws by (step, unit,
+    block), so a stage and the reference draw the same; blocks are named as nn.Sequential(*blocks)."""
+    blocks = [materialize(b, "cpu", 0, f"block{i}") for i, b in enumerate([nn.Linear(4, 8), nn.Dropout(0.5), Noisy()])]
     x = torch.randn(16, 4)
-    with seeding.unit((0, 3, (0, 0))):
-        first = blocks[1](blocks[0](x))
-    with seeding.unit((0, 3, (0, 0))):
-        assert torch.equal(blocks[1](blocks[0](x)), first)
+
+    def run(step: int) -> Tensor:
+        with seeding.unit((0, step, (0, 0))):
+            return blocks[2](blocks[1](blocks[0](x)))
+
+    first = run(3)
+    torch.rand(5)  # whatever else the process draws in between
+    assert torch.equal(run(3), first)
+    assert not torch.equal(run(4), first)
     assert list(user_state_dict(blocks, weights_of(blocks))) == ["0.weight", "0.bias"]
 
 

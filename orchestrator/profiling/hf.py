@@ -192,9 +192,9 @@ def stock_model(config: Any, dtype: torch.dtype | None = None, pretrained: str |
     set_init(model, _initializer(model, pretrained))
     if family_of_model(model) is not None:
         embed, _, layers, _, _ = _parts(model)
+        # every layer, not only those holding nn.Dropout: attention dropout is functional (sdpa's dropout_p)
         for module in ([embed[-1]] if len(embed) == 3 else []) + list(layers):
-            if seeding.has_randomness(module):
-                seeding.seed_forward(module, getattr(module, "_raypipe_path"))
+            seeding.seed_forward(module, getattr(module, "_raypipe_path"))
     return model
 
 

@@ -132,7 +132,7 @@ def chain(blocks: Sequence[nn.Module], sample: Tensor) -> list[nn.Module]:
                         f"got {type(x).__name__}")
     out = [b if layouts[i].single and layouts[i + 1].single else Packed(b, layouts[i], layouts[i + 1])
            for i, b in enumerate(blocks)]
-    for i, b in enumerate(out):  # dropout: masks from (step, unit, block), the same in one process
+    for i, b in enumerate(out):  # random draws from (step, unit, block), the same in one process
         seeding.seed_block(b, f"block{i}")
     return out
 
