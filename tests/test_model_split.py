@@ -277,9 +277,20 @@ def test_elastic_job_returns_the_users_state_dict(worker_group: Any, ray_session
                     AdaptConfig(enabled=False), SpotConfig(enabled=False), workers=worker_group) as job:
         job.fit(3)
         got = job.state_dict()
+        assert job.checkpoint_now("final") is not None
     torch.manual_seed(0)
     model = Net(0.0)
     one_process(model, 3, 4)
     want = model.state_dict()
     assert list(got) == list(want)
     assert max(float((got[k] - want[k]).abs().max()) for k in want) <= 1e-5
+    # the stored checkpoint, exported on the command line with the model's factory
+    from safetensors.torch import load_file
+
+    from orchestrator.cli.commands import main
+
+    assert main(["checkpoint", "export", str(tmp_path / "ckpt"), "--to", str(tmp_path / "out"),
+                 "--factory", f"{__file__}:net_blocks"]) == 0
+    stored = load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert set(stored) == set(want)  # safetensors keeps keys sorted
+    assert all(torch.equal(stored[k], got[k]) for k in want)
