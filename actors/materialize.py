@@ -8,7 +8,9 @@ submodule in post-order (children first, as ``nn.Module.apply`` and Hugging Face
 ``post_init`` do), each from a seed keyed by the submodule's path in the whole model
 (:func:`actors.seeding.mix`). The weights therefore do not depend on how the model is cut or
 which process materializes a block: a single-process reference that materializes the whole
-model the same way starts from exactly the same weights.
+model the same way starts from exactly the same weights. Every block :func:`materialize` sees also
+has its dropout seeded per (step, unit, block) unless its factory already did
+(:func:`actors.seeding.seed_block`): a stage and the reference draw the same masks by default.
 
 How a submodule is initialized: the ``init`` callable recorded on the block (a Hugging Face
 model's ``_init_weights``), else its own ``reset_parameters()`` (what torch layers call in their
@@ -97,6 +99,7 @@ def materialize(block: nn.Module, device: torch.device | str, seed: int, fallbac
     afterwards: the weights are then the same on every kind of device, and a GPU stage's
     weights equal a CPU reference's."""
     target = torch.device(device)
+    seeding.seed_block(block, fallback_path)  # dropout exact by default: masks from (step, unit, block)
     if not on_meta(block):
         return block.to(target)
     device = torch.device("cpu")

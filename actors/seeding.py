@@ -10,7 +10,7 @@ micro-batch 5 of step 7 is the one single-process training draws there.
 
 The current unit is process-global state set by whoever runs forwards (the executor for each
 forward action, the reference trainer for each unit); it is read only by the pre-forward hooks
-:func:`seed_forward` installs on blocks that draw random numbers (dropout).
+:func:`seed_forward` installs on every block (:func:`seed_block`) and on Hugging Face layers.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from typing import Any, Iterator
 
 import torch
 from torch import Tensor, nn
+
+SEEDED = "_raypipe_seeded"  # attribute on a module whose forward reseeds (its key)
 
 # (job seed, step, (micro-batch, part)) of the forward being run; None outside training
 _unit: tuple[int, int, tuple[int, int]] | None = None
@@ -77,6 +79,20 @@ def seed_forward(module: nn.Module, key: str) -> None:
         _reseed(mix("forward", state[0], state[1], state[2], key), first)
 
     module.register_forward_pre_hook(hook)
+    setattr(module, SEEDED, key)
+
+
+def seed_block(block: nn.Module, key: str) -> bool:
+    """Seed ``block``'s forward by ``key`` unless it is seeded already. Called on every block a
+    stage or the reference builds (:func:`actors.materialize.materialize`), whatever the factory
+    did: every random draw of a block (``nn.Dropout``, an attention's functional dropout,
+    ``torch.rand`` in a forward) then comes from (step, unit, block), the same in one process and
+    on any stage. Submodules a factory seeded itself (Hugging Face layers, by path) reseed again
+    inside, identically on both sides. Returns whether a hook was added."""
+    if not key or hasattr(block, SEEDED):
+        return False
+    seed_forward(block, key)
+    return True
 
 
 def has_randomness(module: nn.Module) -> bool:

@@ -1,9 +1,11 @@
-"""Hugging Face causal LMs as pipeline blocks: built on the meta device, materialized per block
-with per-path seeds, tied embeddings as summed copies, dropout seeded per (step, unit, block).
+"""Hugging Face causal LMs as pipeline blocks, every supported family against the STOCK model:
+built on the meta device, materialized per block with per-path seeds, rotary embeddings and
+attention masks (sliding windows included) recomputed per block, tied embeddings as summed
+copies, dropout seeded per (step, unit, block), trained weights back under the stock names.
 
-Unit tests run without Ray; one Ray test trains tied GPT-2 with dropout on 4 stage actors
-against single-process training of the stock model, and one runs ``examples/hf_gpt2.py`` as a
-user would and reads its printed contract lines.
+Unit tests run without Ray; Ray tests train Llama (rotary) and tied GPT-2 with dropout on 4
+stage actors through ``ElasticJob`` against the stock model trained in one process, load the
+returned state dict into a fresh stock model, and run ``examples/hf_causal_lm.py`` as a user would.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from actors import seeding  # noqa: E402
 from actors.materialize import materialize  # noqa: E402
 from actors.reference import ReferenceTrainer  # noqa: E402
 from actors.tied import counted_once, tie_table  # noqa: E402
-from orchestrator.profiling import hf  # noqa: E402
+from orchestrator.profiling import export, hf  # noqa: E402
 from orchestrator.core.errors import UserError  # noqa: E402
 from orchestrator.core.plan import straight_plan  # noqa: E402
 from orchestrator.profiling.profiler import profile_blocks  # noqa: E402
@@ -39,6 +41,12 @@ LLAMA = LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2, n
                     vocab_size=VOCAB, max_position_embeddings=SEQ, tie_word_embeddings=True, bos_token_id=0, eos_token_id=0)
 DATA = partial(hf.token_batch, VOCAB, SEQ, 6)
 ADAMW = partial(torch.optim.AdamW, lr=1e-2, weight_decay=0.01)
+FAMILIES = ["gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma2", "phi3"]
+LONG = 12  # a sequence longer than the window below: sliding windows change the result
+
+
+def tiny(family: str, window: int | None = 4) -> Any:
+    return hf.tiny_config(family, layers=2, hidden=16, heads=2, vocab=VOCAB, seq=LONG, window=window)
 
 
 def stock_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -49,29 +57,53 @@ def diff_to_stock(blocks: list[torch.nn.Module], weights: dict[int, dict[str, to
     return max(float((weights[b][n].detach() - stock[p]).abs().max()) for (b, n), p in hf.param_paths(blocks).items())
 
 
-@pytest.mark.parametrize("config", [GPT2, LLAMA], ids=["gpt2", "llama"])
-def test_blocks_are_the_stock_model(config: Any) -> None:
+def run_blocks(blocks: list[torch.nn.Module], ids: torch.Tensor) -> torch.Tensor:
+    x = ids
+    for block in blocks:
+        x = block(x)
+    return x
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_blocks_are_the_stock_model(family: str) -> None:
+    """Same weights, same logits as the stock model (sequence longer than the sliding window),
+    and the blocks' weights come back under exactly the stock model's state-dict keys."""
+    config = tiny(family)
     blocks = hf.causal_lm_blocks(config)
     assert all(p.is_meta for b in blocks for p in b.parameters())  # nothing materialized yet
     stock = hf.stock_model(config)
     assert counted_once(blocks) == stock.num_parameters()
-    assert sum(p.numel() for b in blocks for p in b.parameters()) > stock.num_parameters()  # the tied copy
-    assert len(tie_table(blocks)) == 1
     # materialized in reverse order, each on its own: weights do not depend on who builds what
     for b in reversed(range(len(blocks))):
         materialize(blocks[b], "cpu", seed=3, fallback_path=f"block{b}")
     materialize(hf.StockLM(stock), "cpu", seed=3)
     weights = {b: dict(m.named_parameters()) for b, m in enumerate(blocks)}
     assert diff_to_stock(blocks, weights, stock_params(stock)) == 0.0
-    ids = hf.token_batch(VOCAB, SEQ, 3, step=0)[0]
-    seeding.enter_unit(0, 1, (0, 0))
-    try:
-        x = ids
-        for block in blocks:
-            x = block(x)
-        torch.testing.assert_close(x, hf.StockLM(stock)(ids), rtol=1e-5, atol=1e-6)
-    finally:
-        seeding.leave_unit()
+    ids = hf.token_batch(VOCAB, LONG, 3, step=0)[0]
+    with seeding.unit((0, 1, (0, 0))):
+        torch.testing.assert_close(run_blocks(blocks, ids), hf.StockLM(stock)(ids), rtol=1e-5, atol=1e-6)
+    named = export.user_state_dict(blocks, {b: m.state_dict() for b, m in enumerate(blocks)})
+    want = stock.state_dict()
+    assert list(named) == list(want)
+    assert all(torch.equal(named[k], want[k]) for k in want)
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma2", "phi3"])
+def test_sliding_window_is_honoured(family: str) -> None:
+    """The window changes the stock model's logits, and the blocks follow it (not a causal mask)."""
+    ids = hf.token_batch(VOCAB, LONG, 2, step=0)[0]
+
+    def logits(window: int | None, blocks: bool) -> torch.Tensor:
+        config = tiny(family, window if window is not None else 4 * LONG)
+        if blocks:
+            built = [materialize(b, "cpu", 1, f"block{i}") for i, b in enumerate(hf.causal_lm_blocks(config))]
+            return run_blocks([b.eval() for b in built], ids)
+        return materialize(hf.StockLM(hf.stock_model(config)), "cpu", 1).eval()(ids)
+
+    with torch.no_grad():
+        windowed = logits(4, blocks=False)
+        assert float((windowed - logits(None, blocks=False)).abs().max()) > 1e-3
+        torch.testing.assert_close(logits(4, blocks=True), windowed, rtol=1e-5, atol=1e-6)
 
 
 def test_dropout_masks_follow_step_unit_and_block() -> None:
@@ -79,28 +111,31 @@ def test_dropout_masks_follow_step_unit_and_block() -> None:
     ids = hf.token_batch(VOCAB, SEQ, 3, step=0)[0]
 
     def run(step: int, unit: tuple[int, int]) -> torch.Tensor:
-        seeding.enter_unit(0, step, unit)
-        try:
-            x = ids
-            for block in blocks:
-                x = block(x)
-            return x
-        finally:
-            seeding.leave_unit()
+        with seeding.unit((0, step, unit)):
+            return run_blocks(blocks, ids)
 
     assert torch.equal(run(1, (0, 0)), run(1, (0, 0)))
     assert not torch.equal(run(1, (0, 0)), run(1, (1, 0)))  # dropout is on (GPT-2's default 0.1)
     assert not torch.equal(run(1, (0, 0)), run(2, (0, 0)))
 
 
-@pytest.mark.parametrize("config", [GPT2, LLAMA], ids=["gpt2", "llama"])
-def test_block_reference_equals_stock_training(config: Any) -> None:
-    """Summed tied copies + per-block seeds == the stock model with one shared parameter."""
+@pytest.mark.parametrize("family, dropout", [(f, None) for f in FAMILIES] + [("llama", 0.2), ("qwen2", 0.2), ("phi3", 0.2)])
+def test_block_reference_equals_stock_training(family: str, dropout: float | None) -> None:
+    """Summed tied copies + per-block seeds + per-block masks == the stock model trained in one
+    process; with dropout too, also Llama's and Qwen2's functional attention dropout (no nn.Dropout)."""
+    config = hf.tiny_config(family, layers=2, hidden=16, heads=2, vocab=VOCAB, seq=LONG, window=4, dropout=dropout)
+    data = partial(hf.token_batch, VOCAB, LONG, 6)
     plan = straight_plan([0, 4], 3)
-    blocks = ReferenceTrainer.for_plan(plan, partial(hf.causal_lm_blocks, config), hf.lm_loss, ADAMW, DATA, seed=1)
-    stock = ReferenceTrainer.for_plan(plan, partial(hf.stock_blocks, config), hf.lm_loss, ADAMW, DATA, seed=1)
-    assert blocks.train(3) == pytest.approx(stock.train(3), rel=1e-5)
+    blocks = ReferenceTrainer.for_plan(plan, partial(hf.causal_lm_blocks, config), hf.lm_loss, ADAMW, data, seed=1)
+    stock = ReferenceTrainer.for_plan(plan, partial(hf.stock_blocks, config), hf.lm_loss, ADAMW, data, seed=1)
+    assert blocks.train(2) == pytest.approx(stock.train(2), rel=1e-5)
     assert diff_to_stock(blocks.blocks, blocks.state_dicts(), stock_params(stock.blocks[0].model)) < 1e-5
+
+
+def test_tied_llama_has_one_tie() -> None:
+    blocks = hf.causal_lm_blocks(LLAMA)
+    assert len(tie_table(blocks)) == 1
+    assert sum(p.numel() for b in blocks for p in b.parameters()) > counted_once(blocks)  # the tied copy
 
 
 def test_profile_materializes_one_block_at_a_time() -> None:
@@ -109,6 +144,17 @@ def test_profile_materializes_one_block_at_a_time() -> None:
     assert len(profile.blocks) == 4
     assert profile.blocks[-1].activation_bytes == 2 * SEQ * VOCAB * 4
     assert all(p.is_meta for b in blocks for p in b.parameters())  # released again
+
+
+def test_rotary_blocks_survive_a_meta_probe() -> None:
+    """The shape probe runs meta blocks on a meta input; the real forward afterwards still works
+    (the shared rotary module used to be moved to meta for good: 'Cannot copy out of meta tensor')."""
+    from actors import user_code
+
+    blocks = hf.causal_lm_blocks(LLAMA)
+    user_code.probe(blocks, DATA(0)[0])
+    built = [materialize(b, "cpu", 0, f"block{i}") for i, b in enumerate(blocks)]
+    assert run_blocks(built, DATA(0)[0]).shape == (6, SEQ, VOCAB)
 
 
 def test_speed_probe_materializes_meta_blocks() -> None:
@@ -120,11 +166,40 @@ def test_speed_probe_materializes_meta_blocks() -> None:
 def test_not_a_causal_lm_is_one_line() -> None:
     with pytest.raises(UserError, match="ViTConfig is not the config of a causal language model"):
         hf.causal_lm_blocks(ViTConfig(num_hidden_layers=1, hidden_size=16, num_attention_heads=2, intermediate_size=32))
-    with pytest.raises(UserError, match="BertLMHeadModel: only GPT-2 and Llama-style causal LMs are cut automatically"):
+    with pytest.raises(UserError, match=r"BertConfig \(model_type 'bert'\) is not a family raypipe cuts automatically.*split_at"):
         hf.causal_lm_blocks(BertConfig(num_hidden_layers=1, hidden_size=16, num_attention_heads=2, intermediate_size=32,
                                        is_decoder=True))
+    with pytest.raises(UserError, match=r"GraniteConfig \(model_type 'granite'\) is not a family"):
+        hf.causal_lm_blocks(hf.tiny_config("granite", layers=1, hidden=16, heads=2, vocab=VOCAB))
     with pytest.raises(UserError, match="needs a transformers config"):
         hf.causal_lm_blocks({"n_layer": 2})
+    with pytest.raises(UserError, match="'nosuchfamily' is not a model_type"):
+        hf.tiny_config("nosuchfamily")
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "gemma2"])
+def test_pretrained_folder_loads_block_by_block(family: str, tmp_path: Path) -> None:
+    """A random stock model saved sharded with save_pretrained: the blocks built from the folder
+    give its logits, and materializing one decoder block reads only that layer's tensors."""
+    config = tiny(family)
+    model = export.fresh_model(config)
+    model.save_pretrained(tmp_path, max_shard_size="20KB")
+    assert (tmp_path / "model.safetensors.index.json").is_file()  # sharded
+    one = hf.pretrained_blocks(str(tmp_path))
+    materialize(one[1], "cpu", 0, "block1")
+    read = getattr(one[1], "_raypipe_init").read
+    layer = "transformer.h.0." if family == "gpt2" else "model.layers.0."
+    assert read and all(k.startswith(layer) for k in read)
+    assert read == {k for k in model.state_dict() if k.startswith(layer)}
+    blocks = [materialize(b, "cpu", 7, f"block{i}").eval() for i, b in enumerate(hf.pretrained_blocks(str(tmp_path)))]
+    ids = hf.token_batch(VOCAB, LONG, 2, step=0)[0]
+    with torch.no_grad():
+        torch.testing.assert_close(run_blocks(blocks, ids), model(input_ids=ids).logits, rtol=0, atol=0)
+    other = tiny("gpt2" if family != "gpt2" else "llama")  # other names
+    with pytest.raises(UserError, match="holds no tensor"):
+        materialize(hf.causal_lm_blocks(other, pretrained=str(tmp_path))[1], "cpu", 0, "block1")
+    with pytest.raises(UserError, match="holds no model.safetensors"):
+        hf.causal_lm_blocks(config, pretrained=str(tmp_path / "nothing"))
 
 
 @pytest.mark.ray
@@ -143,13 +218,75 @@ def test_tied_gpt2_with_dropout_on_four_stages(worker_group: Any) -> None:
 
 
 @pytest.mark.ray
+def test_llama_round_trip_through_elastic_job(worker_group: Any, tmp_path: Path) -> None:
+    """Rotary Llama on 4 stage actors through the public API; ``job.state_dict()`` loads into a
+    fresh stock model (strict) whose logits equal the stock model trained in one process, and
+    ``save_pretrained`` / ``from_pretrained`` keeps them."""
+    from transformers import AutoModelForCausalLM
+
+    from orchestrator import AdaptConfig, ElasticJob, RunConfig, ScalingConfig, SpotConfig, TrainConfig
+
+    config = tiny("llama")
+    data = partial(hf.token_batch, VOCAB, LONG, 6)
+    plan = straight_plan([0, 1, 2, 3, 4], 3)
+    train = TrainConfig(model_factory=partial(hf.causal_lm_blocks, config), loss_fn=hf.lm_loss, optimizer_factory=ADAMW,
+                        data_fn=data, num_microbatches=3, seed=1)
+    with ElasticJob(train, ScalingConfig(devices=4, plan=plan), RunConfig(storage=tmp_path / "ckpt", checkpoint_every=0),
+                    AdaptConfig(enabled=False), SpotConfig(enabled=False), workers=worker_group) as job:
+        job.fit(2)
+        weights = job.state_dict()
+        assert job.checkpoint_now("final") is not None
+    stock = ReferenceTrainer.for_plan(plan, partial(hf.stock_blocks, config), hf.lm_loss, ADAMW, data, seed=1)
+    stock.train(2)
+    model = stock.blocks[0].model.eval()
+    assert list(weights) == list(model.state_dict())
+    fresh = export.fresh_model(config)
+    fresh.load_state_dict(weights, strict=True)
+    ids = data(99)[0]
+    with torch.no_grad():
+        want = model(input_ids=ids).logits
+        torch.testing.assert_close(fresh(input_ids=ids).logits, want, rtol=0, atol=1e-5)
+        export.save_pretrained(config, weights, tmp_path / "out")
+        loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+        torch.testing.assert_close(loaded(input_ids=ids).logits, want, rtol=0, atol=1e-5)
+    with pytest.raises(UserError, match="is not an empty folder"):
+        export.save_pretrained(config, weights, tmp_path / "out")
+    # the same from the stored checkpoint, on the command line
+    from orchestrator.cli.commands import main
+
+    config.save_pretrained(tmp_path / "config")
+    assert main(["checkpoint", "export", str(tmp_path / "ckpt"), "--to", str(tmp_path / "cli"),
+                 "--hf-config", str(tmp_path / "config")]) == 0
+    with torch.no_grad():
+        loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "cli").eval()
+        torch.testing.assert_close(loaded(input_ids=ids).logits, want, rtol=0, atol=1e-5)
+    assert main(["checkpoint", "export", str(tmp_path / "ckpt"), "--to", str(tmp_path / "raw")]) == 0  # no model: block names
+    from safetensors.torch import load_file
+
+    raw = load_file(str(tmp_path / "raw" / "model.safetensors"))
+    assert torch.equal(raw["1.layer.mlp.up_proj.weight"], weights["model.layers.0.mlp.up_proj.weight"])
+    assert main(["checkpoint", "export", str(tmp_path / "ckpt"), "--to", str(tmp_path / "raw")]) == 2
+
+
+@pytest.mark.ray
 def test_example_prints_its_contract(tmp_path: Path) -> None:
+    """gemma2: tied head, soft-capping, alternating sliding-window layers, as a user runs it."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, str(ROOT / "examples" / "hf_gpt2.py"), "--steps", "2", "--verify"],
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "hf_causal_lm.py"), "--family", "gemma2", "--steps", "2",
+                          "--verify", "--storage", str(tmp_path / "ckpt")],
                          capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     params = re.search(r"^params=(\d+) reference_params=(\d+)$", out.stdout, re.M)
     diff = re.search(r"^max_abs_diff=(\S+)$", out.stdout, re.M)
-    assert params and diff, out.stdout
+    exported = re.search(r"^export_max_abs_diff=(\S+)$", out.stdout, re.M)
+    assert params and diff and exported, out.stdout
     assert params.group(1) == params.group(2)
-    assert float(diff.group(1)) <= 1e-4
+    assert float(diff.group(1)) <= 1e-4 and float(exported.group(1)) <= 1e-5
+
+
+def test_example_unknown_family_is_one_line() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "hf_causal_lm.py"), "--family", "granite", "--steps", "1"],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 2
+    assert len(out.stderr.strip().splitlines()) == 1 and "GraniteConfig" in out.stderr and "split" in out.stderr

@@ -11,9 +11,11 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from actors.materialize import empty_init
+from actors import seeding
+from actors.materialize import empty_init, materialize
 from actors.reference import ReferenceTrainer, allclose, max_difference
 from orchestrator.core.errors import UserError
+from orchestrator.profiling.export import user_state_dict
 from orchestrator.profiling.modules import Packed, sequential_blocks, split_at
 from orchestrator.core.plan import straight_plan
 from orchestrator.profiling.profiler import profile_blocks
@@ -23,10 +25,10 @@ from orchestrator.train.trainer import PipelineTrainer
 class Gated(nn.Module):
     """Takes and returns (hidden, gate): two tensors cross every boundary after it."""
 
-    def __init__(self) -> None:
+    def __init__(self, p: float = 0.2) -> None:
         super().__init__()
         self.lin = nn.Linear(6, 6)
-        self.drop = nn.Dropout(0.2)  # seeded per (step, unit, block): pipelined == single-process
+        self.drop = nn.Dropout(p)  # seeded per (step, unit, block): pipelined == single-process
 
     def forward(self, h: Tensor, gate: Tensor) -> tuple[Tensor, Tensor]:
         return self.drop(torch.tanh(self.lin(h))) * gate, gate * 0.5 + 0.25
@@ -36,10 +38,10 @@ class Net(nn.Module):
     """A gate computed from a parameter (its gradient must cross back over boundaries), a skip
     connection from the input to the head, and a dict inside."""
 
-    def __init__(self) -> None:
+    def __init__(self, p: float = 0.2) -> None:
         super().__init__()
         self.inp, self.gate = nn.Linear(6, 6), nn.Linear(6, 6)
-        self.layers = nn.ModuleList([Gated() for _ in range(4)])
+        self.layers = nn.ModuleList([Gated(p) for _ in range(4)])
         self.head = nn.Linear(6, 3)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -49,13 +51,13 @@ class Net(nn.Module):
         return self.head(state["h"] + x)
 
 
-def net_blocks(points: tuple[str, ...] = ("layers.1", "layers.3", "head"), meta: bool = False) -> list[nn.Module]:
+def net_blocks(points: tuple[str, ...] = ("layers.1", "layers.3", "head"), meta: bool = False, p: float = 0.2) -> list[nn.Module]:
     torch.manual_seed(0)
     if meta:
         with empty_init():
-            model = Net()
+            model = Net(p)
     else:
-        model = Net()
+        model = Net(p)
     return split_at(model, list(points), torch.zeros(2, 6))
 
 
@@ -180,3 +182,115 @@ def test_multi_tensor_boundaries_train_exactly(worker_group: Any, ray_session: A
     reference.train(2)
     got, want = trainer.state_dicts(), reference.state_dicts()
     assert allclose(got, want), max_difference(got, want)
+
+
+def weights_of(blocks: list[nn.Module]) -> dict[int, dict[str, Tensor]]:
+    return {b: m.state_dict() for b, m in enumerate(blocks)}
+
+
+def test_split_blocks_give_back_the_models_names() -> None:
+    """The runtime's block-keyed weights come back under ``model.state_dict()``'s keys, in order
+    (the old names were the cut's, e.g. ``inner.sub.layers_1_lin.weight``)."""
+    torch.manual_seed(0)
+    model = Net()
+    blocks = split_at(model, ["layers.1", "layers.3", "head"], torch.zeros(2, 6))
+    named = user_state_dict(blocks, weights_of(blocks))
+    assert list(named) == list(model.state_dict())
+    assert all(torch.equal(named[k], v) for k, v in model.state_dict().items())
+    fresh = Net()
+    fresh.load_state_dict(named, strict=True)
+
+
+def test_sequential_names_buffers_and_unseeded_dropout() -> None:
+    """Module paths (``"3.running_mean"`` included) and dropout seeded per unit without a sample."""
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Dropout(0.5), nn.BatchNorm1d(8), nn.Linear(8, 2))
+    blocks = sequential_blocks(model)
+    assert list(user_state_dict(blocks, weights_of(blocks))) == list(model.state_dict())
+    x = torch.randn(16, 8)
+
+    def drop(step: int, unit: tuple[int, int]) -> Tensor:
+        with seeding.unit((0, step, unit)):
+            return blocks[2](x)
+
+    assert torch.equal(drop(1, (0, 0)), drop(1, (0, 0)))
+    assert not torch.equal(drop(1, (0, 0)), drop(1, (1, 0)))
+
+
+class Noisy(nn.Module):
+    """Randomness that is no nn.Dropout: a draw in the forward."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + torch.rand_like(x)
+
+
+def test_any_block_list_gets_its_randomness_seeded() -> None:
+    """A factory's own list (no helper): materialize seeds every block's draws by (step, unit,
+    block), so a stage and the reference draw the same; blocks are named as nn.Sequential(*blocks)."""
+    blocks = [materialize(b, "cpu", 0, f"block{i}") for i, b in enumerate([nn.Linear(4, 8), nn.Dropout(0.5), Noisy()])]
+    x = torch.randn(16, 4)
+
+    def run(step: int) -> Tensor:
+        with seeding.unit((0, step, (0, 0))):
+            return blocks[2](blocks[1](blocks[0](x)))
+
+    first = run(3)
+    torch.rand(5)  # whatever else the process draws in between
+    assert torch.equal(run(3), first)
+    assert not torch.equal(run(4), first)
+    assert list(user_state_dict(blocks, weights_of(blocks))) == ["0.weight", "0.bias"]
+
+
+def test_weights_that_do_not_fit_are_one_line() -> None:
+    blocks = net_blocks()
+    weights = weights_of(blocks)
+    del weights[2][next(iter(weights[2]))]
+    with pytest.raises(UserError, match=r"the weights hold no .* for block 2 \(the model's 'layers\.3\.lin\.weight'\)"):
+        user_state_dict(blocks, weights)
+
+
+def one_process(model: nn.Module, steps: int, microbatches: int) -> None:
+    """The user's whole model trained in one process with gradient accumulation (no blocks)."""
+    from actors.transport import unit_range
+
+    opt = SGD(model.parameters())
+    for step in range(steps):
+        x, t = data(step)
+        for mb in range(microbatches):
+            lo, hi = unit_range(8, microbatches, mb, 0)
+            (nn.functional.mse_loss(model(x[lo:hi]), t[lo:hi]) * ((hi - lo) / 8)).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
+@pytest.mark.ray
+def test_elastic_job_returns_the_users_state_dict(worker_group: Any, ray_session: Any, tmp_path: Any) -> None:
+    """The contract: a split_at model trained by ElasticJob returns ``model.state_dict()``'s keys,
+    each value within 1e-5 of the same model trained in one process."""
+    from orchestrator import AdaptConfig, ElasticJob, RunConfig, ScalingConfig, SpotConfig, TrainConfig
+
+    ray_session.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    factory = partial(net_blocks, p=0.0)  # dropout off: the whole model in one process draws from one stream
+    plan = straight_plan([0, 1, 2, 3, 4], 4)
+    train = TrainConfig(model_factory=factory, loss_fn=nn.functional.mse_loss, optimizer_factory=SGD, data_fn=data,
+                        num_microbatches=4, seed=2)
+    with ElasticJob(train, ScalingConfig(devices=4, plan=plan), RunConfig(storage=tmp_path / "ckpt", checkpoint_every=0),
+                    AdaptConfig(enabled=False), SpotConfig(enabled=False), workers=worker_group) as job:
+        job.fit(3)
+        got = job.state_dict()
+        assert job.checkpoint_now("final") is not None
+    torch.manual_seed(0)
+    model = Net(0.0)
+    one_process(model, 3, 4)
+    want = model.state_dict()
+    assert list(got) == list(want)
+    assert max(float((got[k] - want[k]).abs().max()) for k in want) <= 1e-5
+    # the stored checkpoint, exported on the command line with the model's factory
+    from safetensors.torch import load_file
+
+    from orchestrator.cli.commands import main
+
+    assert main(["checkpoint", "export", str(tmp_path / "ckpt"), "--to", str(tmp_path / "out"),
+                 "--factory", f"{__file__}:net_blocks"]) == 0
+    stored = load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert set(stored) == set(want)  # safetensors keeps keys sorted
+    assert all(torch.equal(stored[k], got[k]) for k in want)

@@ -175,3 +175,68 @@ def test_first_block_is_timed_without_an_input_gradient() -> None:
     a, b = prof.blocks
     assert a.weight_s == a.backward_s
     assert 0.0 < b.weight_s < b.backward_s
+
+
+TOKENS = "from torch import nn\n\ndef blocks():\n    return [nn.Embedding(50, 8), nn.Linear(8, 8), nn.Linear(8, 50)]\n"
+LLAMA_KWARGS = ('{"num_hidden_layers": 2, "hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2, '
+                '"num_key_value_heads": 1, "vocab_size": 64}')
+
+
+def test_cli_profiles_a_token_model_beside_the_user(tmp_path: Path) -> None:
+    """``orchestrator profile --factory mymodel:blocks`` run where mymodel.py is (the console
+    script's path starts at its own folder, not the current one), with token-id inputs."""
+    import os
+    import subprocess
+
+    script = Path(sys.executable).parent / "orchestrator"
+    if not script.is_file():
+        pytest.skip("no orchestrator console script in this environment")
+    (tmp_path / "mymodel.py").write_text(TOKENS)
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    argv = [str(script), "profile", "--factory", "mymodel:blocks", "--input-shape", "12", "--input-dtype", "long",
+            "--vocab", "50", "--microbatch-size", "2", "--repeats", "1", "--out", "p.json"]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    profile = load_profile(tmp_path / "p.json")
+    assert profile.num_blocks == 3 and profile.input_bytes == 2 * 12 * 8  # int64 token ids
+    assert profile.blocks[-1].activation_bytes == 2 * 12 * 50 * 4
+
+
+def test_cli_profiles_an_hf_config_by_name(tmp_path: Path) -> None:
+    from orchestrator.cli.commands import main
+
+    out = tmp_path / "llama.json"
+    assert main(["profile", "--hf-config", "llama", "--hf-kwargs", LLAMA_KWARGS, "--input-shape", "8",
+                 "--microbatch-size", "2", "--repeats", "1", "--out", str(out)]) == 0
+    profile = load_profile(out)
+    assert profile.num_blocks == 4 and profile.input_bytes == 2 * 8 * 8
+    assert profile.blocks[-1].activation_bytes == 2 * 8 * 64 * 4
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--factory", "m:b", "--input-shape", "4", "--input-dtype", "long"], "--input-dtype long needs --vocab N"),
+    (["--factory", "m:b", "--input-shape", "4", "--vocab", "9"], "--vocab goes with an integer --input-dtype"),
+    (["--hf-config", "llama", "--hf-kwargs", "{nope"], "--hf-kwargs is not JSON"),
+    (["--hf-config", "llama", "--hf-kwargs", "[1]"], "--hf-kwargs must be a JSON object"),
+    (["--hf-config", "nosuch"], "--hf-config 'nosuch' is neither a folder holding config.json nor a model_type"),
+    (["--hf-config", "granite"], r"GraniteConfig \(model_type 'granite'\) is not a family raypipe cuts"),
+    (["--hf-kwargs", "{}"], "--hf-kwargs goes with --hf-config"),
+    (["--hf-config", "{tmp}"], "the folder holds no config.json"),
+])
+def test_cli_profile_bad_model_input_is_one_line(argv: list[str], message: str, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    import re
+
+    from orchestrator.cli.commands import main
+
+    (tmp_path / "m.py").write_text(TOKENS.replace("blocks", "b"))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+        assert main(["profile", *argv, "--repeats", "1", "--out", str(tmp_path / "p.json")]) == 2
+    finally:
+        sys.path.remove(str(tmp_path))
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and re.search(message, err), err
+    assert not (tmp_path / "p.json").exists()

@@ -91,10 +91,27 @@ def cmd_profile(args: argparse.Namespace) -> int:
     check_output(args.out, "profile")
     limits.count(args.microbatch_size, "--microbatch-size", "value", maximum=MAX_PROFILE_MICROBATCH)
     limits.count(args.repeats, "--repeats", "value", maximum=1000)
-    if args.factory:
+    if args.vocab is not None:
+        limits.count(args.vocab, "--vocab", "value", maximum=2**31 - 1)
+    if args.hf_kwargs and not args.hf_config:
+        raise UserError("--hf-kwargs goes with --hf-config")
+    if args.hf_config:
+        from orchestrator.profiling import hf
+
+        if args.vocab is not None or args.input_dtype != "float32":
+            raise UserError("--hf-config profiles token ids below the config's vocab_size: drop --vocab/--input-dtype")
         shape = _input_shape(args.input_shape, args.microbatch_size)
-        prof = profiler.profile_factory(args.factory, microbatch_size=args.microbatch_size, input_shape=shape, repeats=args.repeats)
+        if shape is not None and len(shape) != 1:
+            raise UserError(f"--input-shape with --hf-config is the sequence length (one number), got {args.input_shape}")
+        prof = profiler.profile_hf(hf.config_from(args.hf_config, args.hf_kwargs), args.microbatch_size,
+                                   shape[0] if shape else None, repeats=args.repeats)
+    elif args.factory:
+        shape = _input_shape(args.input_shape, args.microbatch_size)
+        prof = profiler.profile_factory(args.factory, microbatch_size=args.microbatch_size, input_shape=shape,
+                                        dtype=args.input_dtype, vocab=args.vocab, repeats=args.repeats)
     else:
+        if args.input_shape or args.vocab is not None or args.input_dtype != "float32":
+            raise UserError("--input-shape, --input-dtype and --vocab go with --factory or --hf-config")
         prof = profiler.profile_example(args.model, microbatch_size=args.microbatch_size, repeats=args.repeats)
     prof.save(args.out)
     print(f"wrote {args.out}: {prof.num_blocks} blocks, {prof.total_compute_s * 1e3:.2f} ms fwd+bwd per micro-batch of {prof.microbatch_size}")
@@ -218,6 +235,31 @@ def cmd_checkpoint_copy(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_checkpoint_export(args: argparse.Namespace) -> int:
+    """A stored checkpoint's weights under the user's names: ``save_pretrained`` for a Hugging Face
+    model (``--hf-config``, or a ``--factory`` of HF blocks), ``model.safetensors`` otherwise
+    (without a model: ``<block>.<name>`` keys, as ``nn.Sequential(*blocks)`` names them)."""
+    from orchestrator.profiling import export
+
+    export.check_empty_dir(args.to)
+    if args.hf_kwargs and not args.hf_config:
+        raise UserError("--hf-kwargs goes with --hf-config")
+    blocks: list[Any] | None = None
+    if args.hf_config:
+        from orchestrator.profiling import hf
+
+        blocks = hf.causal_lm_blocks(hf.config_from(args.hf_config, args.hf_kwargs))
+    elif args.factory:
+        from actors import user_code
+        from orchestrator.profiling.models import load_factory
+
+        blocks = user_code.blocks(load_factory(args.factory))
+    where, step, weights = export.checkpoint_weights(args.path, None if blocks is None else len(blocks))
+    out, count = export.write_weights(blocks, weights, args.to)
+    print(f"exported: {where} (step {step}) -> {out} ({count} tensors)")
+    return 0
+
+
 def cmd_cluster(args: argparse.Namespace) -> int:
     """The connected Ray cluster (or the local instance) as the planners see it, measured."""
     import ray
@@ -251,8 +293,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("profile", help="measure a model's per-block times and sizes on this machine")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--model", default="tiny_transformer", help="built-in example model (default tiny_transformer)")
-    src.add_argument("--factory", help="a user's model as module:factory returning a list of blocks")
-    p.add_argument("--input-shape", help="with --factory: comma-separated shape of ONE sample (no batch dimension), e.g. 3,224,224")
+    src.add_argument("--factory", help="a user's model as module:factory returning a list of blocks (imported as python -c would)")
+    src.add_argument("--hf-config", help="a Hugging Face causal LM: a model_type (llama, mistral, ...) or a folder holding config.json")
+    p.add_argument("--hf-kwargs", help="with --hf-config: config fields as a JSON object, e.g. '{\"num_hidden_layers\": 4}'")
+    p.add_argument("--input-shape", help="with --factory: comma-separated shape of ONE sample (no batch dimension), e.g. 3,224,224; "
+                                         "with --hf-config: the sequence length")
+    p.add_argument("--input-dtype", default="float32", help="with --factory: float32 (default), bfloat16, ..., or long for token ids")
+    p.add_argument("--vocab", type=int, help="with --input-dtype long: token ids are drawn from 0 .. VOCAB-1")
     p.add_argument("--microbatch-size", type=int, default=8)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--out", required=True, help="profile JSON to write")
@@ -303,6 +350,14 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("src")
     q.add_argument("dst")
     q.set_defaults(func=cmd_checkpoint_copy)
+    q = ck.add_parser("export", help="a checkpoint's weights under the model's own names (save_pretrained for HF models)")
+    q.add_argument("path", help="a step_N checkpoint, or the folder/URI holding several (the newest valid one)")
+    q.add_argument("--to", required=True, help="a new or empty folder to write")
+    model = q.add_mutually_exclusive_group()
+    model.add_argument("--factory", help="the model as module:factory (names from the model; default: <block>.<name>)")
+    model.add_argument("--hf-config", help="a Hugging Face causal LM: a model_type or a folder holding config.json")
+    q.add_argument("--hf-kwargs", help="with --hf-config: config fields as a JSON object")
+    q.set_defaults(func=cmd_checkpoint_export)
 
     from orchestrator.supervise.cli import add_parsers as add_supervise
 

@@ -533,6 +533,15 @@ class ElasticJob:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def state_dict(self) -> dict[str, Any]:
+        """The current weights keyed by the user's names (Hugging Face names, module paths for
+        ``split_at`` and ``sequential_blocks``; ``"<block>.<name>"`` for a plain block list), tied
+        weights one tensor under all their keys: ``load_state_dict`` them into the user's model."""
+        from actors import user_code
+        from orchestrator.profiling.export import user_state_dict
+
+        return user_state_dict(user_code.blocks(self.train.model_factory), self.trainer.state_dicts())
+
 
 def _describe(factory: Any) -> str:
     """A stable description of an optimizer factory (``functools.partial`` and its arguments)."""

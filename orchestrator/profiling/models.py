@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -170,12 +171,21 @@ def resolve_spec(spec: str) -> tuple[Any, Any]:
             sys.modules.setdefault(path.stem, module)
             mod_spec.loader.exec_module(module)
         else:
+            _cwd_on_path()
             module = importlib.import_module(module_name)
     except ImportError as exc:
         raise UserError(f"model factory {spec!r}: cannot import {module_name!r} ({exc})") from None
     if not hasattr(module, attr):
         raise UserError(f"model factory {spec!r}: module {module_name!r} has no attribute {attr!r}")
     return module, getattr(module, attr)
+
+
+def _cwd_on_path() -> None:
+    """Put the current directory on ``sys.path`` as ``python -c`` and ``python -m`` do: a console
+    script's path starts at its own folder instead, so ``--factory mymodel:build`` beside the
+    user would not import."""
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
 
 
 def load_factory(spec: str) -> BlockFactory:

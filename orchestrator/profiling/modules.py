@@ -31,6 +31,7 @@ from torch.utils import _pytree as pytree
 from actors import seeding
 from actors.materialize import name_paths
 from orchestrator.core.errors import UserError
+from orchestrator.profiling.export import record_names
 
 
 @dataclass(frozen=True)
@@ -98,13 +99,22 @@ class Packed(nn.Module):
 
 def sequential_blocks(model: nn.Sequential, sample: Tensor | None = None) -> list[nn.Module]:
     """The children of ``model`` as blocks; with a ``sample`` input (one micro-batch), children
-    that hand tuples or dicts to the next one are wrapped so those boundaries are packed."""
+    that hand tuples or dicts to the next one are wrapped so those boundaries are packed.
+
+    Dropout is seeded per (step, unit, block) with or without a sample, and the blocks carry
+    ``model``'s state-dict names (:mod:`orchestrator.profiling.export`)."""
     if not isinstance(model, nn.Sequential):
         raise UserError(f"sequential_blocks needs an nn.Sequential, got {type(model).__name__}")
     blocks = list(model.children())
     if not blocks:
         raise UserError("the nn.Sequential has no children to use as blocks")
-    return blocks if sample is None else chain(blocks, sample)
+    if sample is None:
+        for i, b in enumerate(blocks):
+            seeding.seed_block(b, f"block{i}")
+    else:
+        blocks = chain(blocks, sample)
+    record_names(model, blocks)
+    return blocks
 
 
 def chain(blocks: Sequence[nn.Module], sample: Tensor) -> list[nn.Module]:
@@ -122,9 +132,8 @@ def chain(blocks: Sequence[nn.Module], sample: Tensor) -> list[nn.Module]:
                         f"got {type(x).__name__}")
     out = [b if layouts[i].single and layouts[i + 1].single else Packed(b, layouts[i], layouts[i + 1])
            for i, b in enumerate(blocks)]
-    for i, b in enumerate(out):  # dropout: masks from (step, unit, block), the same in one process
-        if seeding.has_randomness(b):
-            seeding.seed_forward(b, f"block{i}")
+    for i, b in enumerate(out):  # random draws from (step, unit, block), the same in one process
+        seeding.seed_block(b, f"block{i}")
     return out
 
 
@@ -165,7 +174,9 @@ def split_at(model: nn.Module, split_points: Sequence[str], sample: Tensor) -> l
     name_paths(model)  # init seeds by path (actors/materialize.py), whatever the cut
     part = _partition(traced, list(split_points))
     top = split_module(traced, model, lambda node: part[node.name])
-    return chain(_steps(top), sample)
+    blocks = chain(_steps(top), sample)
+    record_names(model, blocks)  # trained weights come back under the model's own names
+    return blocks
 
 
 def _belongs(node: torch.fx.Node, point: str) -> bool:

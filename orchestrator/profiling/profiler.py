@@ -29,6 +29,7 @@ from orchestrator.core.profile import Block, Profile
 
 _DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16,
            "half": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
+_INT_DTYPES = {"long": torch.int64, "int64": torch.int64, "int": torch.int32, "int32": torch.int32}
 
 
 def _nbytes(t: Tensor) -> int:
@@ -197,42 +198,70 @@ def profile_example(
     return profile_blocks(blocks, inputs, name, microbatch_size, **kw)
 
 
+def sample_input(microbatch_size: int, shape: Sequence[int], dtype: str = "float32", vocab: int | None = None,
+                 seed: int = 0) -> Tensor:
+    """A random micro-batch of ``shape`` (one sample, no batch dimension): floats for
+    image/feature models, or token ids below ``vocab`` for an integer ``dtype`` (``long``)."""
+    gen = torch.Generator().manual_seed(seed)
+    full = (microbatch_size, *(int(d) for d in shape))
+    if any(d < 1 for d in full):
+        raise UserError(f"--input-shape {list(full[1:])} must be positive integers")
+    if dtype in _INT_DTYPES:
+        if vocab is None or vocab < 1:
+            raise UserError(f"--input-dtype {dtype} needs --vocab N (token ids are drawn from 0 .. N-1)")
+        return torch.randint(0, vocab, full, generator=gen, dtype=_INT_DTYPES[dtype])
+    if dtype not in _DTYPES:
+        raise UserError(f"--input-dtype {dtype!r} not supported (choose from {', '.join([*_DTYPES, *_INT_DTYPES])})")
+    if vocab is not None:
+        raise UserError(f"--vocab goes with an integer --input-dtype (long), not {dtype}")
+    return torch.randn(full, generator=gen).to(_DTYPES[dtype])
+
+
 def profile_factory(
     spec: str, microbatch_size: int, input_shape: Sequence[int] | None = None, dtype: str = "float32",
-    seed: int = 0, name: str | None = None, **kw: Any,
+    seed: int = 0, name: str | None = None, vocab: int | None = None, **kw: Any,
 ) -> Profile:
-    """Profile a user model given as ``"module:factory"`` (or ``"file.py:factory"``).
+    """Profile a user model given as ``"module:factory"`` (or ``"file.py:factory"``); the module
+    is imported as ``python -c`` would (the current directory on the path).
 
     The sample micro-batch comes from, in order of preference:
 
     * ``input_shape`` (the CLI's ``--input-shape``): the shape of ONE sample, without the batch
-      dimension; a random tensor of shape ``(microbatch_size, *input_shape)`` and float ``dtype``
-      is used. Enough for image/feature models, where random values time the same as real ones.
-    * ``example_input(batch_size)`` defined in the factory's module, returning one tensor. Use
-      this for token ids or anything that is not a plain float tensor.
+      dimension; random floats of ``dtype``, or token ids below ``vocab`` for an integer
+      ``dtype`` (``--input-dtype long --vocab N``). Random values time the same as real ones.
+    * ``example_input(batch_size)`` defined in the factory's module, returning one tensor.
 
     A user expects the explicit flag to win over a convention, hence that order.
     """
     module, _ = resolve_spec(spec)
     build = load_factory(spec)
-    gen = torch.Generator().manual_seed(seed)
     if input_shape is not None:
-        if dtype not in _DTYPES:
-            raise UserError(f"--dtype {dtype!r} not supported (choose from {', '.join(_DTYPES)})")
-        shape = tuple(int(d) for d in input_shape)
-        if any(d < 1 for d in shape):
-            raise UserError(f"--input-shape {list(shape)} must be positive integers")
-        sample = torch.randn((microbatch_size, *shape), generator=gen).to(_DTYPES[dtype])
+        sample = sample_input(microbatch_size, input_shape, dtype, vocab, seed)
     elif callable(getattr(module, "example_input", None)):
         sample = user_code.call("example_input", module.example_input, microbatch_size)
         if not isinstance(sample, Tensor):
             raise UserError(f"{spec}: example_input() must return a torch.Tensor, got {type(sample).__name__}")
     else:
         raise UserError(
-            f"{spec}: cannot build a sample input; pass --input-shape (one sample, no batch dim) "
-            "or define example_input(batch_size) in the factory's module"
+            f"{spec}: cannot build a sample input; pass --input-shape (one sample, no batch dim; with --input-dtype long "
+            "--vocab N for token ids) or define example_input(batch_size) in the factory's module"
         )
     torch.manual_seed(seed)
     blocks = user_code.blocks(build)
     user_code.probe(blocks, sample)  # blocks that do not chain: one line naming the block, not a torch traceback
     return profile_blocks(blocks, sample, name or spec.rpartition(":")[2], microbatch_size, **kw)
+
+
+def profile_hf(config: Any, microbatch_size: int, seq_len: int | None = None, seed: int = 0, **kw: Any) -> Profile:
+    """Profile a Hugging Face causal LM built from ``config`` (:func:`orchestrator.profiling.hf.causal_lm_blocks`,
+    one block materialized at a time) on random token ids of ``seq_len`` (default: up to 128)."""
+    from orchestrator.profiling import hf
+
+    blocks = hf.causal_lm_blocks(config)
+    limit = int(getattr(config, "max_position_embeddings", 0) or 128)
+    seq = seq_len if seq_len is not None else min(128, limit)
+    if not 1 <= seq <= limit:
+        raise UserError(f"a sequence of {seq} tokens does not fit {type(config).__name__} (max_position_embeddings={limit})")
+    sample = sample_input(microbatch_size, (seq,), "long", int(config.vocab_size), seed)
+    user_code.probe(blocks, sample)
+    return profile_blocks(blocks, sample, str(config.model_type), microbatch_size, **kw)
