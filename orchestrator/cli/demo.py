@@ -109,12 +109,13 @@ def demo_train(microbatches: int = 8, rows: int = 32) -> TrainConfig:
 
 
 STORY = ("adapt", "preemption_notice", "preemption_handled", "evacuation_refused", "price_change", "migration_decision",
-         "migration", "checkpoint", "resumed", "target_yaml")
+         "migration_recommended", "relocated", "checkpoint", "resumed", "recovered")
 
 
 def chapter_job(out: Path, steps: int = 26) -> float:
-    """One job, one loop: slowdown → live moves; notice → live evacuation; price → migration;
-    whole-placement notice → checkpoint → migration → restore. Returns max |Δ| to the reference."""
+    """One job, one loop: slowdown → live moves; notice → live evacuation; price → a migration that
+    would pay, recommended (a job cannot leave its cluster by itself: chapter 3's supervisor moves
+    it); whole-placement notice → checkpoint → restart on fresh workers → restore. Returns max |Δ|."""
     _banner("2. one elastic job on 4 stage actors: slowdown, notice, price change, notice for everything")
     job = ElasticJob(
         demo_train(),
@@ -134,7 +135,7 @@ def chapter_job(out: Path, steps: int = 26) -> float:
         rows = float(job.train.data_fn(0)[0].shape[0])
         tput = [rows / t for t in job.iteration_s if t > 0]
         marks = [(i, "slowdown") for i in (3,)] + [(e.get("step", 0), e["event"]) for e in result.events
-                                                    if e["event"] in ("adapt", "preemption_handled", "migration")]
+                                                    if e["event"] in ("adapt", "preemption_handled", "migration_recommended", "relocated")]
         plot_throughput(list(range(len(tput))), tput, marks, out / "throughput.png", "one elastic job: samples/s per iteration")
         if job.last_metrics is not None:
             write_chrome_trace(job.last_metrics.timeline(), out / "measured_timeline.json", process="measured")
