@@ -109,7 +109,7 @@ def demo_train(microbatches: int = 8, rows: int = 32) -> TrainConfig:
 
 
 STORY = ("adapt", "preemption_notice", "preemption_handled", "evacuation_refused", "price_change", "migration_decision",
-         "migration_recommended", "relocated", "checkpoint", "resumed", "recovered")
+         "migration_recommended", "migration_skipped", "relocated", "checkpoint", "resumed", "recovered")
 
 
 def chapter_job(out: Path, steps: int = 26) -> float:
