@@ -236,6 +236,36 @@ def _local_write(path: str) -> Iterator[IO[bytes]]:
     fsync_dir(directory)
 
 
+def check_regular(location: str | os.PathLike[str], what: str = "a checkpoint") -> None:
+    """A local file that is not a regular file (a symlink, a FIFO, a device, a folder) is refused
+    before it is opened: opening a FIFO blocks until a writer comes, ``/dev/zero`` never ends, and
+    a symlink points outside the folder whose integrity a reader is checking. Object stores hold
+    only objects, so a remote location passes."""
+    if not is_local(location):
+        return
+    path = local_path(location)
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        raise StorageError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise StorageError(f"{path}: cannot inspect ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(mode):
+        raise StorageError(f"{path}: is {_kind(mode)}; {what} holds only regular files")
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "a symlink"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
+
+
 def refuse_non_regular(path: str) -> None:
     """Only a regular file may be replaced: never a symlink, a device, a FIFO or a directory."""
     try:
@@ -245,8 +275,7 @@ def refuse_non_regular(path: str) -> None:
     except OSError as exc:
         raise StorageError(f"{path}: cannot inspect ({exc.strerror or exc})") from None
     if not stat.S_ISREG(mode):
-        kind = "a symlink" if stat.S_ISLNK(mode) else "a directory" if stat.S_ISDIR(mode) else "not a regular file"
-        raise StorageError(f"{path}: is {kind}; refusing to replace it")
+        raise StorageError(f"{path}: is {_kind(mode)}; refusing to replace it")
 
 
 def fsync_dir(directory: str) -> None:
@@ -310,16 +339,28 @@ def listdir(location: str | os.PathLike[str]) -> list[str]:
     return sorted(names)
 
 
-def remove(location: str | os.PathLike[str]) -> None:
-    """Delete a file or a whole folder/prefix; nothing there is fine."""
+def remove_file(location: str | os.PathLike[str]) -> None:
+    """Delete one file or object, never a folder or a prefix; nothing there is fine.
+
+    Why not ``fs.rm(path, recursive=True)``: on s3fs that deletes every key under the prefix and then
+    tries the bucket itself, so a cleanup aimed at a few objects can take a bucket with it. Whoever
+    cleans up deletes exactly the objects it wrote, one by one (see :mod:`actors.checkpoint_transfer`)."""
+    if is_local(location):
+        path = local_path(location)
+        refuse_non_regular(path)
+        with errors(path, "remove"), contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return
     fs, path = filesystem(location)
     with errors(location, "remove"):
-        if fs.exists(path):
-            fs.rm(path, recursive=True)
+        try:
+            fs.rm_file(path)
+        except FileNotFoundError:
+            pass
 
 
 def check_writable(location: str | os.PathLike[str]) -> None:
     """Write and delete a probe, so an unusable location fails at start, not at the first checkpoint."""
     probe = join(location, f".raypipe-probe-{uuid.uuid4().hex[:8]}")
     write_bytes(probe, b"ok")
-    remove(probe)
+    remove_file(probe)

@@ -130,8 +130,8 @@ def test_block_roundtrip_without_ray(tmp_path: Path) -> None:
     opt = torch.optim.Adam(block.parameters())
     block(torch.randn(4, 3)).sum().backward()
     opt.step()
-    entry = ckpt.write_block(tmp_path, 7, block, opt)
-    others = [ckpt.write_block(tmp_path, b, torch.nn.Linear(3, 2), None) for b in range(7)]
+    entry = ckpt.write_block(tmp_path, 7, block, opt, step=1)
+    others = [ckpt.write_block(tmp_path, b, torch.nn.Linear(3, 2), None, step=1) for b in range(7)]
     ckpt.write_manifest(tmp_path, 1, 8, [*others, entry], {"stages": []})
     fresh = torch.nn.Linear(3, 2)
     fresh_opt = torch.optim.Adam(fresh.parameters())
