@@ -113,7 +113,7 @@ def validate_manifest(manifest: Any, where: str, marker_step: int) -> None:
         raise CheckpointError(f"checkpoint {where}: incomplete manifest (blocks {blocks} of {num_blocks})")
 
 
-def block_header(run_id: str, step: int, block: int) -> bytes:
+def block_header(run_id: str, step: int | None, block: int) -> bytes:
     """The first line of a version-3 block file: where the block belongs (its place)."""
     fields = json.dumps({"block": block, "run_id": run_id, "step": step}, sort_keys=True, ensure_ascii=True)
     return BLOCK_MAGIC + fields.encode() + b"\n"

@@ -223,12 +223,12 @@ def test_upload_thread_runs_on_idle_cpu_until_someone_waits(tmp_path: Path, monk
 
     write = ckpt.write_payload
 
-    def upload_one(directory: str, item: dict) -> dict:
+    def upload_one(directory: str, item: dict, *place: Any) -> dict:
         record()  # lowered again once the copy exists
         uploading.set()
         upload_may_end.wait(30)
         record(until_normal=True)  # result() waits for it
-        return write(directory, item)
+        return write(directory, item, *place)
 
     monkeypatch.setattr(ckpt, "write_payload", upload_one)
     upload = ckpt.BackgroundWrite(tmp_path, [payload])
