@@ -18,11 +18,14 @@ from torch import Tensor, nn
 
 from actors import storage
 from actors.storage_env import PROTOCOLS, SUPPORTED
+from orchestrator.core import limits
 from orchestrator.core.cluster import Cluster
 from orchestrator.adapt.controller import ControllerConfig
 from orchestrator.adapt.faults import FaultSchedule
 from orchestrator.core.errors import UserError
 from orchestrator.core.plan import Plan
+
+MAX_RUNTIME_MICROBATCHES = 4096  # the runtime's message-tag space (orchestrator.core.limits)
 
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
@@ -37,8 +40,10 @@ class TrainConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.num_microbatches < 1:
-            raise UserError("num_microbatches must be >= 1")
+        for name in ("model_factory", "loss_fn", "optimizer_factory", "data_fn"):
+            limits.function(getattr(self, name), "TrainConfig", name)
+        limits.count(self.num_microbatches, "TrainConfig", "num_microbatches", maximum=MAX_RUNTIME_MICROBATCHES)
+        limits.count(self.seed, "TrainConfig", "seed", minimum=0, maximum=2**63 - 1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,8 +72,22 @@ class ScalingConfig:
         return self.max_devices or self.devices
 
     def __post_init__(self) -> None:
-        if self.devices < 1:
-            raise UserError("ScalingConfig.devices must be >= 1")
+        where = "ScalingConfig"
+        limits.devices(limits.count(self.devices, where, "devices"), f"{where}.devices")
+        if self.max_devices is not None:
+            limits.devices(limits.count(self.max_devices, where, "max_devices"), f"{where}.max_devices")
+        limits.text(self.planner, where, "planner")
+        from orchestrator.planners.base import get_planner
+
+        try:
+            get_planner(self.planner)
+        except UserError as exc:
+            raise UserError(f"{where}: {exc}") from None
+        limits.instance(self.plan, Plan, where, "plan", optional=True)
+        limits.instance(self.cluster, Cluster, where, "cluster", optional=True)
+        if self.use_gpu is not None:
+            limits.flag(self.use_gpu, where, "use_gpu")
+        limits.number(self.node_poll_s, where, "node_poll_s", maximum=3600.0)
         if self.max_devices is not None and self.max_devices < self.devices:
             raise UserError(f"ScalingConfig: max_devices={self.max_devices} is below devices={self.devices}")
         if self.node_poll_s < 0:
@@ -99,11 +118,21 @@ class RunConfig:
     name: str = "elastic"
 
     def __post_init__(self) -> None:
-        if self.checkpoint_every < 0 or self.max_failures < 0:
-            raise UserError("RunConfig: checkpoint_every and max_failures must be >= 0")
-        scheme = storage.scheme(self.storage)
+        where = "RunConfig"
+        location = limits.path_text(self.storage, where, "storage")
+        if self.events is not None:
+            limits.path_text(self.events, where, "events")
+        limits.count(self.checkpoint_every, where, "checkpoint_every", minimum=0, maximum=10**9)
+        limits.count(self.max_failures, where, "max_failures", minimum=0, maximum=10**6)
+        limits.flag(self.async_checkpoints, where, "async_checkpoints")
+        limits.flag(self.pipelined, where, "pipelined")
+        if not limits.text(self.name, where, "name").strip():
+            raise UserError(f"{where}: name must not be empty")
+        scheme = storage.scheme(location)
         if scheme and scheme not in PROTOCOLS:
             raise UserError(f"RunConfig: unknown storage scheme {scheme!r} in {self.storage} (use {SUPPORTED})")
+        if scheme and PROTOCOLS[scheme] != "file" and not location.split("://", 1)[1].split("/", 1)[0]:
+            raise UserError(f"{where}: storage {location!r} names no bucket or container (e.g. {scheme}://bucket/run)")
 
     def events_path(self) -> Path | None:
         if self.events is not None:
@@ -123,6 +152,11 @@ class AdaptConfig:
     """Rehearsal only: slowdowns/throttles (CPU workers) and kills injected at given iterations;
     applied even with ``enabled=False`` (the controller off, the faults still on)."""
 
+    def __post_init__(self) -> None:
+        limits.flag(self.enabled, "AdaptConfig", "enabled")
+        limits.instance(self.controller, ControllerConfig, "AdaptConfig", "controller")
+        limits.instance(self.faults, FaultSchedule, "AdaptConfig", "faults")
+
 
 @dataclass(frozen=True)
 class InjectedNotice:
@@ -135,8 +169,14 @@ class InjectedNotice:
     """``None``: the device of the middle stage at that moment (one that holds blocks)."""
 
     def __post_init__(self) -> None:
-        if self.at_step < 0 or self.seconds <= 0:
-            raise UserError("an injected notice needs at_step >= 0 and seconds > 0")
+        where = "InjectedNotice"
+        limits.count(self.at_step, where, "at_step", minimum=0, maximum=10**12)
+        limits.number(self.seconds, where, "seconds", positive=True, maximum=86400.0 * 365)
+        if self.devices is not None:
+            if not isinstance(self.devices, tuple):
+                raise UserError(f"{where}: devices must be a tuple of device ids or None, got {limits._show(self.devices)}")
+            for d in self.devices:
+                limits.count(d, where, "device", minimum=0, maximum=limits.MAX_DEVICES - 1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -178,9 +218,42 @@ class SpotConfig:
     """Checkpoint size for the migration planner's transfer cost."""
 
     def __post_init__(self) -> None:
-        if self.margin_s < 0 or self.migration_check_every < 0 or self.ray_drain_poll_s < 0:
-            raise UserError("SpotConfig: margin_s, migration_check_every and ray_drain_poll_s must be >= 0")
-        if any(f <= 0 or at < 0 for at, f in self.price_events):
-            raise UserError("SpotConfig: price_events need step >= 0 and factor > 0")
+        where = "SpotConfig"
+        for name in ("enabled", "evacuate_live", "ray_up"):
+            limits.flag(getattr(self, name), where, name)
+        limits.number(self.margin_s, where, "margin_s", maximum=86400.0)
+        limits.number(self.ray_drain_poll_s, where, "ray_drain_poll_s", maximum=3600.0)
+        limits.count(self.migration_check_every, where, "migration_check_every", minimum=0, maximum=10**9)
+        limits.number(self.horizon_scale, where, "horizon_scale", positive=True, maximum=1e12)
+        limits.number(self.checkpoint_gb, where, "checkpoint_gb", maximum=1e6)
+        if not isinstance(self.notices, tuple) or not all(isinstance(n, InjectedNotice) for n in self.notices):
+            raise UserError(f"{where}: notices must be a tuple of InjectedNotice, got {limits._show(self.notices)}")
+        if self.watch is not None:
+            _check_watch(self.watch)
+        for name in ("catalog", "cloud_yaml"):
+            if getattr(self, name) is not None:
+                limits.path_text(getattr(self, name), where, name)
+        if not isinstance(self.price_events, tuple):
+            raise UserError(f"{where}: price_events must be a tuple of (step, factor), got {limits._show(self.price_events)}")
+        for event in self.price_events:
+            if not isinstance(event, tuple) or len(event) != 2:
+                raise UserError(f"{where}: each price event must be (step, factor), got {limits._show(event)}")
+            limits.count(event[0], where, "price event step", minimum=0, maximum=10**12)
+            limits.number(event[1], where, "price event factor", positive=True, maximum=1e6)
         if self.notices and not self.enabled:
             raise UserError("SpotConfig: injected notices need enabled=True")
+
+
+def _check_watch(name: object) -> None:
+    """A cloud whose preemption watcher exists (aliases accepted), with a "did you mean" otherwise."""
+    from cloud.errors import CloudError
+    from cloud.preemption import WATCHERS
+    from cloud.records import canonical_cloud
+
+    limits.text(name, "SpotConfig", "watch")
+    try:
+        cloud = canonical_cloud(str(name))
+    except CloudError:
+        cloud = None
+    if cloud not in WATCHERS:
+        raise UserError(f"SpotConfig: unknown watch {name!r}{limits.suggest(str(name), WATCHERS)}")
