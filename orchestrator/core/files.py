@@ -1,8 +1,15 @@
 """The one reader and writer of the project's files, with the guarantees every command relies on.
 
 Reading: an unreadable, oversized, non-UTF-8 or malformed file is a :class:`UserError` naming the
-file and the problem (one line, no traceback). Reads are capped (:data:`MAX_INPUT_BYTES`), so
-``--profile /dev/zero`` is refused instead of filling memory.
+file and the problem (one line, no traceback). Reads are capped (:data:`MAX_INPUT_BYTES`). An input
+must be a regular file (a symlink to one is fine): it is opened without blocking and checked before
+a byte is read, so ``--profile fifo`` is refused at once instead of waiting forever for a writer,
+and ``--profile /dev/zero`` is refused instead of read. JSON objects with a key twice are refused
+(Python's parser silently keeps the last one).
+
+Inputs are never outputs: every file read is remembered (:func:`inputs_read`), and writing one of
+them is refused before anything is written, so ``--trace p.json --profile p.json`` cannot replace
+the profile it was computed from, whichever command passes which flags.
 
 Writing: every output path is checked *before* a command does its work (:func:`check_outputs`),
 so a bad ``--png`` does not cost a planning run and does not leave the ``--out`` file behind.
@@ -41,18 +48,43 @@ class Output:
 
 
 # ----- reading -----
+_INPUTS: dict[str, str] = {}
+"""Real paths of the files this process read as inputs, with their role (see :func:`check_output`).
+Owned here: only :func:`read_bytes` adds to it."""
+
+
+def inputs_read() -> dict[str, str]:
+    """The inputs read so far (real path -> role), for messages and tests."""
+    return dict(_INPUTS)
+
+
 def read_bytes(path: str | os.PathLike[str], what: str, limit: int = MAX_INPUT_BYTES) -> bytes:
-    """The bytes of ``path`` (at most ``limit``); a directory, a missing file or a bigger one is a UserError."""
+    """The bytes of ``path`` (at most ``limit``); anything but a regular file, a missing file or a
+    bigger one is a UserError. Opened with ``O_NONBLOCK`` and checked with ``fstat`` before reading,
+    so a FIFO never blocks and the check and the read see the same file."""
     p = Path(path)
+    if not str(path):
+        raise UserError(f"{what}: an empty path is not a file name")
     try:
-        if p.is_dir():
-            raise UserError(f"cannot read {what} {p}: is a directory")
-        with open(p, "rb") as handle:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except IsADirectoryError:
+        raise UserError(f"cannot read {what} {p}: is a directory") from None
+    except OSError as exc:
+        raise UserError(f"cannot read {what} {p}: {exc.strerror or exc}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise UserError(f"cannot read {what} {p}: is {_kind(mode)}; an input must be a regular file")
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", closefd=False) as handle:
             data = handle.read(limit + 1)
     except OSError as exc:
         raise UserError(f"cannot read {what} {p}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
     if len(data) > limit:
         raise UserError(f"{what} {p} is larger than the {limit // 2**20} MiB limit for input files")
+    _INPUTS.setdefault(os.path.realpath(p), f"{what} {p}")
     return data
 
 
@@ -73,6 +105,21 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number JSON allows")
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object whose keys are all different: ``{"speed": 1, "speed": 2}`` is a mistake, not 2."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            shown = repr(key) if len(key) <= 40 else repr(key[:37]) + "..."
+            raise _DuplicateKey(f"key {shown} appears twice in one object")
+        out[key] = value
+    return out
+
+
 def read_json(path: str | os.PathLike[str], what: str) -> Any:
     """Parse ``path``; ``what`` names the file's role in errors ("profile", "plan", "cluster").
 
@@ -85,7 +132,7 @@ def parse_json(text: str, path: str | os.PathLike[str], what: str) -> Any:
     """JSON text read from ``path`` (for messages) with :func:`read_json`'s rules."""
     p = Path(path)
     try:
-        return json.loads(text, parse_constant=_no_constant)
+        return json.loads(text, parse_constant=_no_constant, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:
         raise UserError(f"{what} {p}: invalid JSON ({exc.msg} at line {exc.lineno})") from None
     except ValueError as exc:
@@ -139,6 +186,9 @@ def check_output(path: str | os.PathLike[str], what: str = "output") -> Path:
     else:
         if not stat.S_ISREG(mode):
             raise UserError(f"{what} {p} is {_kind(mode)}; only a regular file is replaced")
+        source = _INPUTS.get(os.path.realpath(p))
+        if source is not None:
+            raise UserError(f"{what} {p} is the {source} this command reads; refusing to overwrite an input")
     parent = p.parent
     while True:
         try:
@@ -163,9 +213,14 @@ def check_output(path: str | os.PathLike[str], what: str = "output") -> Path:
     return p
 
 
-def check_outputs(paths: Iterable[tuple[str | os.PathLike[str] | None, str]]) -> None:
-    """:func:`check_output` for every given ``(path, role)`` (``None`` skipped), and no path twice."""
+def check_outputs(paths: Iterable[tuple[str | os.PathLike[str] | None, str]],
+                  inputs: Iterable[tuple[str | os.PathLike[str] | None, str]] = ()) -> None:
+    """:func:`check_output` for every given ``(path, role)`` (``None`` skipped), no path twice, and
+    none of them one of ``inputs`` (checked before the inputs are read, so before any work)."""
     seen: dict[str, str] = {}
+    for path, what in inputs:
+        if path is not None and str(path):
+            seen[os.path.realpath(path)] = f"input {what}"
     for path, what in paths:
         if path is None:
             continue
