@@ -28,9 +28,12 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import posixpath
+import socket
 import stat
+import urllib.parse
 import uuid
 from typing import IO, Any, Iterator
 
@@ -98,6 +101,8 @@ def filesystem(location: str | os.PathLike[str]) -> tuple[AbstractFileSystem, st
     if protocol == "file":
         return fsspec.filesystem("file"), local_path(text)
     kwargs = options(protocol, text)
+    if protocol == "gcs":
+        _reachable(str(kwargs.get("endpoint_url") or "https://storage.googleapis.com"), text)
     try:
         if protocol == "gcs" and os.environ.get("STORAGE_EMULATOR_HOST"):
             # The plain JSON-API filesystem: emulators do not serve the gRPC control plane that
@@ -112,6 +117,34 @@ def filesystem(location: str | os.PathLike[str]) -> tuple[AbstractFileSystem, st
     except (ValueError, TypeError) as exc:
         raise StorageError(f"{text}: {credentials_hint(protocol)} ({first_line(exc)})") from None
     return fs, fs._strip_protocol(text)
+
+
+PROBE_TIMEOUT_S = 5.0
+_REACHED: set[str] = set()
+"""Endpoints a TCP connection was made to in this process (only successes are remembered)."""
+
+
+def _reachable(endpoint: str, text: str) -> None:
+    """Refuse an endpoint no TCP connection can be made to, in at most :data:`PROBE_TIMEOUT_S`.
+
+    Why here: gcsfs retries every request six times with exponential backoff (a constant of the
+    library), so an unreachable endpoint took 44 s and printed a 49-line traceback through its
+    logger before the one line. A connection that works is remembered, so this costs one connect per
+    endpoint and process. gcsfs's own error log is left to the application's logging configuration
+    (a ``NullHandler`` keeps Python's last-resort handler from printing it when there is none)."""
+    logging.getLogger("gcsfs").addHandler(_NULL)
+    if endpoint in _REACHED:
+        return
+    parsed = urllib.parse.urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
+    host, port = parsed.hostname or "", parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S).close()
+    except OSError:
+        raise StorageError(f"{text}: storage endpoint unreachable ({endpoint})") from None
+    _REACHED.add(endpoint)
+
+
+_NULL = logging.NullHandler()
 
 
 @contextlib.contextmanager

@@ -7,9 +7,11 @@ a byte is read, so ``--profile fifo`` is refused at once instead of waiting fore
 and ``--profile /dev/zero`` is refused instead of read. JSON objects with a key twice are refused
 (Python's parser silently keeps the last one).
 
-Inputs are never outputs: every file read is remembered (:func:`inputs_read`), and writing one of
-them is refused before anything is written, so ``--trace p.json --profile p.json`` cannot replace
-the profile it was computed from, whichever command passes which flags.
+Inputs are never outputs: during one command (:func:`one_command`, which the CLI's ``main`` opens)
+every file read is remembered, and writing one of them is refused before anything is written, so
+``--trace p.json --profile p.json`` cannot replace the profile it was computed from, whichever
+command passes which flags. Outside a command (the Python API) nothing is remembered: loading a
+profile and saving it back in place is an ordinary thing to do there.
 
 Writing: every output path is checked *before* a command does its work (:func:`check_outputs`),
 so a bad ``--png`` does not cost a planning run and does not leave the ``--out`` file behind.
@@ -23,13 +25,14 @@ mode rather than ``mkstemp``'s 0600.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Callable, Iterable, Sequence
+from typing import IO, Any, Callable, Iterable, Iterator, Sequence
 
 from orchestrator.core.errors import UserError
 
@@ -48,14 +51,25 @@ class Output:
 
 
 # ----- reading -----
-_INPUTS: dict[str, str] = {}
-"""Real paths of the files this process read as inputs, with their role (see :func:`check_output`).
-Owned here: only :func:`read_bytes` adds to it."""
+_INPUTS: list[dict[str, str]] = []
+"""The open commands' inputs (real path -> role), innermost last; owned here: :func:`one_command`
+opens and closes a scope, :func:`read_bytes` records into the innermost one."""
 
 
-def inputs_read() -> dict[str, str]:
-    """The inputs read so far (real path -> role), for messages and tests."""
-    return dict(_INPUTS)
+@contextlib.contextmanager
+def one_command() -> Iterator[dict[str, str]]:
+    """A scope in which every input read is remembered and refused as an output (see the module's doc)."""
+    scope: dict[str, str] = {}
+    _INPUTS.append(scope)
+    try:
+        yield scope
+    finally:
+        _INPUTS.remove(scope)
+
+
+def _input_role(path: str | os.PathLike[str]) -> str | None:
+    real = os.path.realpath(path)
+    return next((scope[real] for scope in reversed(_INPUTS) if real in scope), None)
 
 
 def read_bytes(path: str | os.PathLike[str], what: str, limit: int = MAX_INPUT_BYTES) -> bytes:
@@ -84,7 +98,8 @@ def read_bytes(path: str | os.PathLike[str], what: str, limit: int = MAX_INPUT_B
         os.close(fd)
     if len(data) > limit:
         raise UserError(f"{what} {p} is larger than the {limit // 2**20} MiB limit for input files")
-    _INPUTS.setdefault(os.path.realpath(p), f"{what} {p}")
+    if _INPUTS:
+        _INPUTS[-1].setdefault(os.path.realpath(p), f"{what} {p}")
     return data
 
 
@@ -186,7 +201,7 @@ def check_output(path: str | os.PathLike[str], what: str = "output") -> Path:
     else:
         if not stat.S_ISREG(mode):
             raise UserError(f"{what} {p} is {_kind(mode)}; only a regular file is replaced")
-        source = _INPUTS.get(os.path.realpath(p))
+        source = _input_role(p)
         if source is not None:
             raise UserError(f"{what} {p} is the {source} this command reads; refusing to overwrite an input")
     parent = p.parent
