@@ -236,6 +236,8 @@ def _json(location: str, data: bytes) -> Any:
         return json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"checkpoint file {location}: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise CheckpointError(f"checkpoint file {location}: not valid JSON (nested too deeply)") from None
 
 
 def verify(directory: str | os.PathLike[str], manifest: Mapping[str, Any] | None = None) -> dict[str, Any]:
