@@ -234,8 +234,8 @@ def from_dict(data: Any, origin: str = "cluster") -> Cluster:
         shown = f"a {kind} file" if isinstance(kind, str) and kind.startswith("raypipe-") else f"format {limits._show(kind)}"
         raise UserError(f"{origin}: is {shown}, not a cluster (\"format\": \"raypipe-cluster\")")
     try:
-        limits.version(data, "cluster", FORMAT_VERSIONS, default=1)
-        limits.known_fields(data, TWO_LEVEL_FIELDS if "servers" in data else MATRIX_FIELDS, "cluster")
+        limits.version(data, "", FORMAT_VERSIONS, default=1)
+        limits.known_fields(data, TWO_LEVEL_FIELDS if "servers" in data else MATRIX_FIELDS, "")
         if "bandwidth_bytes_per_s" in data and "bandwidth_gbps" in data:
             raise UserError("give \"bandwidth_bytes_per_s\" or \"bandwidth_gbps\", not both")
         if "servers" in data:

@@ -235,12 +235,14 @@ def check_outputs(paths: Iterable[tuple[str | os.PathLike[str] | None, str]],
     seen: dict[str, str] = {}
     for path, what in inputs:
         if path is not None and str(path):
-            seen[os.path.realpath(path)] = f"input {what}"
+            seen[os.path.realpath(path)] = f"input {what} {path}"
     for path, what in paths:
         if path is None:
             continue
         p = check_output(path, what)
         key = os.path.realpath(p)
+        if key in seen and seen[key].startswith("input "):
+            raise UserError(f"{what} {p} is the {seen[key][6:]} this command reads; refusing to overwrite an input")
         if key in seen:
             raise UserError(f"{what} and {seen[key]} are the same file {p}")
         seen[key] = what

@@ -127,10 +127,11 @@ def choice(value: Any, where: str, field: str, options: Collection[str]) -> str:
 
 def known_fields(data: Mapping[str, Any], allowed: Collection[str], where: str) -> None:
     """Strict schemas: a field this format does not define is refused (a misspelt ``devcies``
-    silently ignored would mean a default the user did not ask for), naming the closest field."""
+    silently ignored would mean a default the user did not ask for), naming the closest field.
+    ``where`` prefixes the message ("" for a file's top level, which its loader names already)."""
     for key in data:
         if key not in allowed:
-            raise UserError(f"{where}: unknown field {_show(key)}{suggest(str(key), allowed)}")
+            raise UserError(f"{where + ': ' if where else ''}unknown field {_show(key)}{suggest(str(key), allowed)}")
 
 
 def version(data: Mapping[str, Any], where: str, known: Collection[int], default: int) -> int:
@@ -138,7 +139,7 @@ def version(data: Mapping[str, Any], where: str, known: Collection[int], default
     recorded); one this reader does not know is refused rather than half understood."""
     got = data.get("version", default)
     if isinstance(got, bool) or not isinstance(got, int) or got not in known:
-        raise UserError(f"{where}: unsupported format version {_show(got)} (this reader knows "
+        raise UserError(f"{where + ': ' if where else ''}unsupported format version {_show(got)} (this reader knows "
                         f"{', '.join(map(str, sorted(known)))})")
     return got
 

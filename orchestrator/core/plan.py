@@ -208,8 +208,8 @@ class Plan:
         if not isinstance(data, dict) or "stages" not in data:
             raise UserError(f"{origin}: not a plan JSON (no \"stages\")")
         try:
-            limits.known_fields(data, PLAN_FIELDS + RESULT_FIELDS, "plan")
-            limits.version(data, "plan", FORMAT_VERSIONS, default=1)
+            limits.known_fields(data, PLAN_FIELDS + RESULT_FIELDS, "")
+            limits.version(data, "", FORMAT_VERSIONS, default=1)
             raw = data["stages"]
             if not isinstance(raw, list):
                 raise UserError(f"\"stages\" must be a list, got {type(raw).__name__}")

@@ -225,8 +225,8 @@ class Profile:
                 raise UserError(f"{origin}: is a {kind} file, not a profile (\"format\": \"raypipe-profile\")")
             raise UserError(f"{origin}: not a raypipe profile JSON (missing \"format\": \"raypipe-profile\")")
         try:
-            limits.known_fields(data, PROFILE_FIELDS, "profile")
-            limits.version(data, "profile", FORMAT_VERSIONS, default=1)
+            limits.known_fields(data, PROFILE_FIELDS, "")
+            limits.version(data, "", FORMAT_VERSIONS, default=1)
             raw = data.get("blocks")
             if not isinstance(raw, list):
                 raise UserError(f"\"blocks\" must be a list, got {type(raw).__name__}")
