@@ -349,6 +349,9 @@ def find_latest(root: str | os.PathLike[str], check_files: bool = True) -> Found
     skipped: list[Skipped] = []
     for location in candidates(root):
         try:
+            if storage.is_local(location) and os.path.islink(storage.local_path(location)):
+                raise CheckpointError(f"checkpoint {location}: is a symlink (to {os.readlink(storage.local_path(location))}); "
+                                      "a run's checkpoints are folders of its own")
             manifest = verify(location) if check_files else read_manifest(location)
         except UserError as exc:
             log.warning("skipping checkpoint %s: %s", location, exc)

@@ -105,6 +105,11 @@ def test_manifest_records_plan_step_and_checksums(saved: Path) -> None:
     assert manifest["plan"]["num_stages"] == 3 and len(manifest["files"]) == 5
     assert all(len(e["sha256"]) == 64 for e in manifest["files"])
     assert manifest["seed"] == 0 and (saved / ckpt.COMMIT).is_file()
+    # each worker bound its blocks to the place: the job's run id (unknown here: ""), the step, the block index
+    assert manifest["version"] == 3 and manifest["run_id"] == ""
+    for e in manifest["files"]:
+        header, _ = ckpt.split_header((saved / e["file"]).read_bytes()[:ckpt.MAX_HEADER_BYTES], e["file"])
+        assert header == {"block": e["block"], "run_id": "", "step": 3} and e["step"] == 3
     assert main(["checkpoint", "verify", str(saved)]) == 0  # what the runtime writes, the CLI accepts
     assert not list(saved.glob(".*tmp*"))  # no temporary files left behind
 

@@ -240,3 +240,14 @@ def test_a_local_folder_of_other_files_is_not_replaced(tmp_path: Path, capsys: p
     with pytest.raises(TransferError, match="neither empty nor a checkpoint of step 2"):
         copy_checkpoint(src, tmp_path / "dst" / "y")
     assert snapshot_tree(tmp_path / "dst" / "y") == before
+
+
+def test_a_symlinked_step_folder_is_passed_over(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A ``step_N`` inside a run that links to another run's checkpoint is not this run's checkpoint."""
+    mine = write_run(tmp_path / "mine", 2, "")
+    other = write_run(tmp_path / "other", 9, "")  # run ids unknown on both sides: only the link gives it away
+    os.symlink(other, tmp_path / "mine" / "step_00000009")
+    found = ckpt.find_latest(tmp_path / "mine")
+    assert found.location == mine and "is a symlink" in found.skipped[0].reason
+    assert main(["checkpoint", "verify", str(tmp_path / "mine")]) == 0
+    assert "skipped 1 damaged newer" in capsys.readouterr().out
