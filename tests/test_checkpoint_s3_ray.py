@@ -33,7 +33,7 @@ from orchestrator.core.plan import straight_plan
 from orchestrator.train.trainer import PipelineTrainer
 
 root = sys.argv[1]
-ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
 widths = (8, 16, 16, 16, 4)
 kw = dict(model_factory=partial(mlp, widths), loss_fn=loss_fn("mlp"),
           optimizer_factory=partial(torch.optim.AdamW, lr=0.01), data_fn=partial(example_batch, "mlp", 8, widths=widths),
