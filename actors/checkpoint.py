@@ -8,8 +8,9 @@ or other replica counts without any resharding logic.
 Layout of ``<root>/step_<NNNNNNNN>/`` (``root`` is any location of :mod:`actors.storage`: a local
 folder or an ``s3://``, ``gs://``, ``az://`` prefix)::
 
-    block_00000.pt ... block_<L-1>.pt   torch.save({block, model, optimizer, shapes}); each stage
-                                        worker writes its own blocks from its own node
+    block_00000.pt ... block_<L-1>.pt   a header line (run id, step, block index: the block's place),
+                                        then torch.save({block, model, optimizer, shapes}); each
+                                        stage worker writes its own blocks from its own node
     manifest.json                       step, plan, seed, sha256 + size of every block file
     COMMIT                              written last: step and the manifest's sha256 + size
 
@@ -19,7 +20,11 @@ checkpoint is loaded as if it were genuine. A reader (:func:`read_manifest`, :fu
 trusts a checkpoint only when the marker exists and matches the manifest byte for byte, every
 manifest field has the right type, the step equals both the marker's and the folder's
 (``step_N``), every file is a plain name inside the checkpoint, and every block checksum
-matches. Anything else is a :class:`CheckpointError` (a :class:`UserError`: one line), so
+matches. Each block's header must name the run, step and index its manifest entry names, so a
+block of another step or run cannot stand in for the right one even with the manifest's checksum and
+the marker re-written; every file must be a regular file (a symlink, a FIFO or a device inside a
+checkpoint is refused before it is opened, so ``verify`` never blocks on one nor reads ``/dev/zero``
+forever). Anything else is a :class:`CheckpointError` (a :class:`UserError`: one line), so
 explicit restores, :func:`latest` and automatic recovery all refuse the same things. The format's names and the
 manifest's validator live in :mod:`actors.manifest`.
 """
@@ -42,7 +47,8 @@ from torch import Tensor, nn
 from actors import storage
 from actors.snapshot import UploadPriority, WaitRaising, deferred_snapshot, host_copy, snapshot_block  # re-exported: one format module
 from actors.manifest import (
-    COMMIT, FORMAT, MANIFEST, MAX_MANIFEST_BYTES, SHA256_HEX, VERSION, CheckpointError, dir_step, is_int, validate_manifest,
+    COMMIT, FORMAT, MANIFEST, MAX_HEADER_BYTES, MAX_MANIFEST_BYTES, SHA256_HEX, VERSION, CheckpointError, block_header,
+    check_place, dir_step, is_int, split_header, validate_manifest,
 )
 from orchestrator.core.errors import UserError
 
@@ -65,20 +71,32 @@ def step_dir(root: str | Path, step: int) -> str | Path:
 
 
 # ----- writing -----
-def write_payload(directory: str | os.PathLike[str], payload: Mapping[str, Any]) -> dict[str, Any]:
-    """Stream one block snapshot to storage; return its manifest entry (sha256 and size as written)."""
-    name = block_file(int(payload["block"]))
+def place_step(directory: str | os.PathLike[str], step: int | None) -> int | None:
+    """The step a block written into ``directory`` belongs to: ``step``, else the ``step_N`` folder's.
+
+    None when neither says: such blocks can be written (a benchmark's scratch files) but never
+    committed, since :func:`write_manifest` refuses entries not bound to the manifest's step."""
+    return step if step is not None else dir_step(directory)
+
+
+def write_payload(directory: str | os.PathLike[str], payload: Mapping[str, Any], step: int | None = None,
+                  run_id: str = "") -> dict[str, Any]:
+    """Stream one block snapshot to storage, after its header (run id, step, block index); return
+    its manifest entry (sha256 and size as written, and the same place)."""
+    block, step = int(payload["block"]), place_step(directory, step)
+    name = block_file(block)
     location = storage.join(directory, name)
     with storage.open_write(location) as handle:
+        handle.write(block_header(run_id, step, block))
         torch.save(dict(payload), handle)  # type: ignore[arg-type]  # a write-only binary file
-    return {"block": int(payload["block"]), "file": name, "sha256": handle.sha.hexdigest(), "bytes": handle.size,
-            "shapes": payload["shapes"]}
+    return {"block": block, "file": name, "sha256": handle.sha.hexdigest(), "bytes": handle.size,
+            "shapes": payload["shapes"], "step": step, "run_id": run_id}
 
 
 def write_block(directory: str | os.PathLike[str], block: int, module: nn.Module,
-                optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
+                optimizer: torch.optim.Optimizer | None, step: int | None = None, run_id: str = "") -> dict[str, Any]:
     """Write one block's weights and optimizer state; return its manifest entry."""
-    return write_payload(directory, snapshot_block(block, module, optimizer))
+    return write_payload(directory, snapshot_block(block, module, optimizer), step, run_id)
 
 
 class BackgroundWrite:
@@ -102,8 +120,10 @@ class BackgroundWrite:
     """
 
     def __init__(self, directory: str | os.PathLike[str],
-                 payloads: Sequence[Mapping[str, Any] | Callable[[], Mapping[str, Any]]]) -> None:
+                 payloads: Sequence[Mapping[str, Any] | Callable[[], Mapping[str, Any]]], step: int | None = None,
+                 run_id: str = "") -> None:
         self.directory, self.entries, self.error = os.fspath(directory), [], None
+        self.step, self.run_id = place_step(directory, step), run_id
         self.staged: dict[int, Mapping[str, Any]] = {}
         self._payloads = list(payloads)
         self._priority = UploadPriority()
@@ -124,7 +144,7 @@ class BackgroundWrite:
             self._payloads = []
             self._priority.lower(copied=True)  # again, if a step waiting for the copy had raised it
             for payload in taken:
-                self.entries.append(write_payload(self.directory, payload))
+                self.entries.append(write_payload(self.directory, payload, self.step, self.run_id))
             self.staged = {int(p["block"]): p for p in taken}
         except BaseException as exc:  # noqa: BLE001 - handed to the caller of result()
             self.error = exc
@@ -158,8 +178,11 @@ def write_manifest(
     if missing:
         raise CheckpointError(f"checkpoint {directory}: no actor wrote block(s) {missing}; not committing it")
     extra = dict(extra or {})
+    runs = {str(e.get("run_id", "")) for e in by_block.values()}
+    if len(runs) > 1:
+        raise CheckpointError(f"checkpoint {directory}: blocks written by different runs {sorted(runs)}; not committing it")
     payload = {
-        "format": FORMAT, "version": VERSION, "step": step, "num_blocks": num_blocks,
+        "format": FORMAT, "version": VERSION, "step": step, "num_blocks": num_blocks, "run_id": runs.pop() if runs else "",
         "seed": seed if seed is not None else extra.get("seed"),
         "plan": dict(plan), "files": [by_block[b] for b in range(num_blocks)], "extra": extra,
     }
@@ -193,6 +216,8 @@ def read_committed(directory: str | os.PathLike[str]) -> tuple[bytes, bytes, dic
         raise CheckpointError(f"checkpoint {where}: missing commit marker {COMMIT} (torn or never completed)")
     if not storage.exists(manifest_at):
         raise CheckpointError(f"checkpoint {where}: missing {MANIFEST}")
+    storage.check_regular(marker_at)
+    storage.check_regular(manifest_at)
     raw_marker = storage.read_bytes(marker_at, limit=1 << 16)
     marker = _json(marker_at, raw_marker)
     if (not isinstance(marker, dict) or marker.get("format") != FORMAT or not is_int(marker.get("step"))
@@ -211,19 +236,37 @@ def _json(location: str, data: bytes) -> Any:
         return json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"checkpoint file {location}: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise CheckpointError(f"checkpoint file {location}: not valid JSON (nested too deeply)") from None
 
 
 def verify(directory: str | os.PathLike[str], manifest: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Marker, manifest and every block file (size and sha256, streamed); returns the manifest."""
+    """Marker, manifest and every block file (size, sha256 and header, streamed); returns the manifest."""
     data = dict(manifest) if manifest is not None else read_manifest(directory)
     for entry in data["files"]:
         location = storage.join(directory, entry["file"])
         try:
-            got = storage.digest(location)
+            storage.check_regular(location)
+            got, head = _digest(location, int(entry["bytes"]))
         except storage.StorageError as exc:
             raise CheckpointError(f"checkpoint file {location}: cannot read ({str(exc).rsplit(': ', 1)[-1]})") from None
         _check(location, got, entry)
+        check_place(split_header(head, location)[0], entry, location)
     return data
+
+
+def _digest(location: str, limit: int) -> tuple[tuple[str, int], bytes]:
+    """(sha256 hex, size) streamed, stopping one chunk past ``limit`` bytes (an endless file is not
+    read to its end), and the file's first bytes (its header)."""
+    sha, size, head = hashlib.sha256(), 0, b""
+    for chunk in storage.read_chunks(location):
+        if len(head) < MAX_HEADER_BYTES:
+            head += chunk[:MAX_HEADER_BYTES - len(head)]
+        sha.update(chunk)
+        size += len(chunk)
+        if size > limit:
+            break
+    return (sha.hexdigest(), size), head
 
 
 def _check(location: str, got: tuple[str, int], entry: Mapping[str, Any]) -> None:
@@ -243,11 +286,17 @@ def read_block(directory: str | os.PathLike[str], entry: Mapping[str, Any]) -> d
     """Load one block file after verifying its checksum against the manifest entry."""
     location = storage.join(directory, storage.check_relative(str(entry["file"])))
     try:
+        storage.check_regular(location)
         data = storage.read_bytes(location, limit=int(entry["bytes"]))
     except storage.StorageError as exc:
         raise CheckpointError(f"checkpoint file {location}: cannot read ({str(exc).rsplit(': ', 1)[-1]})") from None
     _check(location, (hashlib.sha256(data).hexdigest(), len(data)), entry)
-    payload = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    header, start = split_header(data, location)
+    check_place(header, entry, location)
+    try:
+        payload = torch.load(io.BytesIO(memoryview(data)[start:]), map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - a checksummed file torch cannot read: written by something else
+        raise CheckpointError(f"checkpoint file {location}: not a readable block ({type(exc).__name__})") from None
     if not isinstance(payload, dict) or payload.get("block") != int(entry["block"]) or not isinstance(payload.get("model"), dict):
         raise CheckpointError(f"checkpoint file {location}: does not hold block {entry['block']}")
     return payload
@@ -300,6 +349,9 @@ def find_latest(root: str | os.PathLike[str], check_files: bool = True) -> Found
     skipped: list[Skipped] = []
     for location in candidates(root):
         try:
+            if storage.is_local(location) and os.path.islink(storage.local_path(location)):
+                raise CheckpointError(f"checkpoint {location}: is a symlink (to {os.readlink(storage.local_path(location))}); "
+                                      "a run's checkpoints are folders of its own")
             manifest = verify(location) if check_files else read_manifest(location)
         except UserError as exc:
             log.warning("skipping checkpoint %s: %s", location, exc)

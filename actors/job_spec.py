@@ -33,6 +33,7 @@ class JobSpec:
     steady_timeout_s: float = 60.0  # NCCL: per-operation bound once the first iteration ran (a hang = a dead peer)
     injected: Any = None  # a crash rehearsal (actors.injection.Kills), opt-in for tests and rehearsals; None in a job
     training: TrainingOptions = field(default_factory=TrainingOptions)  # clipping, LR schedules (actors/training.py)
+    run_id: str = ""  # the run this job belongs to (set by the run/supervisor layer; "" = unknown, still recorded in every block)
 
 
 def cpu_threads(threads: int, workers_here: int) -> int:

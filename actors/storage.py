@@ -28,9 +28,12 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import posixpath
+import socket
 import stat
+import urllib.parse
 import uuid
 from typing import IO, Any, Iterator
 
@@ -98,6 +101,8 @@ def filesystem(location: str | os.PathLike[str]) -> tuple[AbstractFileSystem, st
     if protocol == "file":
         return fsspec.filesystem("file"), local_path(text)
     kwargs = options(protocol, text)
+    if protocol == "gcs":
+        _reachable(str(kwargs.get("endpoint_url") or "https://storage.googleapis.com"), text)
     try:
         if protocol == "gcs" and os.environ.get("STORAGE_EMULATOR_HOST"):
             # The plain JSON-API filesystem: emulators do not serve the gRPC control plane that
@@ -112,6 +117,34 @@ def filesystem(location: str | os.PathLike[str]) -> tuple[AbstractFileSystem, st
     except (ValueError, TypeError) as exc:
         raise StorageError(f"{text}: {credentials_hint(protocol)} ({first_line(exc)})") from None
     return fs, fs._strip_protocol(text)
+
+
+PROBE_TIMEOUT_S = 5.0
+_REACHED: set[str] = set()
+"""Endpoints a TCP connection was made to in this process (only successes are remembered)."""
+
+
+def _reachable(endpoint: str, text: str) -> None:
+    """Refuse an endpoint no TCP connection can be made to, in at most :data:`PROBE_TIMEOUT_S`.
+
+    Why here: gcsfs retries every request six times with exponential backoff (a constant of the
+    library), so an unreachable endpoint took 44 s and printed a 49-line traceback through its
+    logger before the one line. A connection that works is remembered, so this costs one connect per
+    endpoint and process. gcsfs's own error log is left to the application's logging configuration
+    (a ``NullHandler`` keeps Python's last-resort handler from printing it when there is none)."""
+    logging.getLogger("gcsfs").addHandler(_NULL)
+    if endpoint in _REACHED:
+        return
+    parsed = urllib.parse.urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
+    host, port = parsed.hostname or "", parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S).close()
+    except OSError:
+        raise StorageError(f"{text}: storage endpoint unreachable ({endpoint})") from None
+    _REACHED.add(endpoint)
+
+
+_NULL = logging.NullHandler()
 
 
 @contextlib.contextmanager
@@ -236,6 +269,36 @@ def _local_write(path: str) -> Iterator[IO[bytes]]:
     fsync_dir(directory)
 
 
+def check_regular(location: str | os.PathLike[str], what: str = "a checkpoint") -> None:
+    """A local file that is not a regular file (a symlink, a FIFO, a device, a folder) is refused
+    before it is opened: opening a FIFO blocks until a writer comes, ``/dev/zero`` never ends, and
+    a symlink points outside the folder whose integrity a reader is checking. Object stores hold
+    only objects, so a remote location passes."""
+    if not is_local(location):
+        return
+    path = local_path(location)
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        raise StorageError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise StorageError(f"{path}: cannot inspect ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(mode):
+        raise StorageError(f"{path}: is {_kind(mode)}; {what} holds only regular files")
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "a symlink"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
+
+
 def refuse_non_regular(path: str) -> None:
     """Only a regular file may be replaced: never a symlink, a device, a FIFO or a directory."""
     try:
@@ -245,8 +308,7 @@ def refuse_non_regular(path: str) -> None:
     except OSError as exc:
         raise StorageError(f"{path}: cannot inspect ({exc.strerror or exc})") from None
     if not stat.S_ISREG(mode):
-        kind = "a symlink" if stat.S_ISLNK(mode) else "a directory" if stat.S_ISDIR(mode) else "not a regular file"
-        raise StorageError(f"{path}: is {kind}; refusing to replace it")
+        raise StorageError(f"{path}: is {_kind(mode)}; refusing to replace it")
 
 
 def fsync_dir(directory: str) -> None:
@@ -310,16 +372,28 @@ def listdir(location: str | os.PathLike[str]) -> list[str]:
     return sorted(names)
 
 
-def remove(location: str | os.PathLike[str]) -> None:
-    """Delete a file or a whole folder/prefix; nothing there is fine."""
+def remove_file(location: str | os.PathLike[str]) -> None:
+    """Delete one file or object, never a folder or a prefix; nothing there is fine.
+
+    Why not ``fs.rm(path, recursive=True)``: on s3fs that deletes every key under the prefix and then
+    tries the bucket itself, so a cleanup aimed at a few objects can take a bucket with it. Whoever
+    cleans up deletes exactly the objects it wrote, one by one (see :mod:`actors.checkpoint_transfer`)."""
+    if is_local(location):
+        path = local_path(location)
+        refuse_non_regular(path)
+        with errors(path, "remove"), contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return
     fs, path = filesystem(location)
     with errors(location, "remove"):
-        if fs.exists(path):
-            fs.rm(path, recursive=True)
+        try:
+            fs.rm_file(path)
+        except FileNotFoundError:
+            pass
 
 
 def check_writable(location: str | os.PathLike[str]) -> None:
     """Write and delete a probe, so an unusable location fails at start, not at the first checkpoint."""
     probe = join(location, f".raypipe-probe-{uuid.uuid4().hex[:8]}")
     write_bytes(probe, b"ok")
-    remove(probe)
+    remove_file(probe)

@@ -26,11 +26,12 @@ class WorkerCheckpoints:
     def _ready(self) -> Executor:  # the worker's configured executor (StageWorker._ready)
         raise NotImplementedError
 
-    def save_blocks(self, directory: str, background: bool = False) -> list[dict[str, Any]]:
+    def save_blocks(self, directory: str, background: bool = False, step: int | None = None) -> list[dict[str, Any]]:
         """Write the blocks this worker owns (replica 0 of each stage only), from this node.
 
         ``background``: snapshot them now and upload in a thread while training goes on; the
-        entries then come from :meth:`finish_blocks` (this returns [])."""
+        entries then come from :meth:`finish_blocks` (this returns []). Each block records its
+        place (the job's run id, ``step`` — default the ``step_N`` folder's — and its index)."""
         ex = self._ready()
         mine = [b for j in ex.plan.stages_of_device(self.device_id) if ex.plan.stages[j].devices[0] == self.device_id
                 for b in range(ex.plan.stages[j].first, ex.plan.stages[j].last)]
@@ -38,11 +39,12 @@ class WorkerCheckpoints:
             self.finish_blocks()  # one upload at a time; an earlier one's error surfaces here
             warm = self.staged or {}
             upload = ckpt.BackgroundWrite(directory, [ckpt.deferred_snapshot(b, ex.modules[b], ex.optimizers.get(b), into=warm.get(b))
-                                                      for b in mine])
+                                                      for b in mine], step, ex.spec.run_id)
             self.upload = upload
             ex.snapshot_due = upload.snapshotted
             return []
-        return [ckpt.write_payload(directory, ckpt.snapshot_block(b, ex.modules[b], ex.optimizers.get(b))) for b in mine]
+        return [ckpt.write_payload(directory, ckpt.snapshot_block(b, ex.modules[b], ex.optimizers.get(b)), step, ex.spec.run_id)
+                for b in mine]
 
     def _snapshot_taken(self) -> None:
         """Wait until an asynchronous checkpoint's copy of this worker's state exists (before the state is changed

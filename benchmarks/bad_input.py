@@ -48,6 +48,8 @@ class Case:
     name: str
     argv: tuple[str, ...]
     files: tuple[tuple[str, str], ...] = ()  # extra files: (name, text); text "@bytes:<hex>" for binary
+    stdout: str = ""  # "full": standard output is /dev/full (a disk with no space left)
+    env: tuple[tuple[str, str], ...] = ()  # extra environment variables
 
 
 def _profile(**fields: Any) -> str:
@@ -63,7 +65,7 @@ def _profile(**fields: Any) -> str:
 
 def cases() -> list[Case]:
     out: list[Case] = []
-    add = lambda cat, name, argv, files=(): out.append(Case(cat, name, tuple(argv), tuple(files)))  # noqa: E731
+    add = lambda cat, name, argv, files=(), **kw: out.append(Case(cat, name, tuple(argv), tuple(files), **kw))  # noqa: E731
     # --- outputs ---
     targets = {"dir": "adir", "link": "link.json", "fifo": "fifo", "device": "mynull", "under-file": "good.json/x.json",
                "proc": "/proc/x.json", "empty": ""}  # never /dev/null itself: the old code replaced it (as root)
@@ -195,7 +197,72 @@ def cases() -> list[Case]:
         ("no subcommand", []), ("unknown subcommand", ["plna"]), ("plan without --profile", ["plan"]),
     ):
         add("flags", name, argv, [("m.py", "import torch.nn as nn\n\ndef blocks():\n    return [nn.Linear(4, 8), nn.ReLU(), nn.Linear(7, 2)]\n")])
+    _issue_29(add)
     return out
+
+
+def _issue_29(add: Any) -> None:
+    """The kinds issue 29 found: inputs that are not regular files, outputs that are inputs, loose schemas,
+    stdout that cannot be written, an unreachable endpoint. (``cluster --slots`` is tested in
+    ``tests/test_bad_input_files.py`` only: on older code ``--slots 0`` starts a Ray instance, which a
+    time limit would orphan.)"""
+    sim = ["simulate", "--profile", "good.json", "--plan", "plan.json", "--gpus", "2", "--inter-gbps", "1"]
+    plan = ["plan", "--profile", "good.json", "--gpus", "2", "--inter-gbps", "1", "--microbatches", "2"]
+    # --- inputs that are not regular files (a FIFO used to block forever) ---
+    add("input kind", "--profile fifo", ["plan", "--profile", "fifo", "--gpus", "2", "--inter-gbps", "1", "--microbatches", "2"])
+    add("input kind", "simulate --plan fifo", sim[:4] + ["fifo"] + sim[5:])
+    add("input kind", "--cluster fifo", ["plan", "--profile", "good.json", "--cluster", "fifo", "--microbatches", "2"])
+    add("input kind", "--profile device", ["plan", "--profile", "mynull" if os.geteuid() == 0 else "/dev/null", "--gpus", "2",
+                                           "--inter-gbps", "1", "--microbatches", "2"])
+    # --- an output that is also an input ---
+    add("output is input", "plan --trace = --profile", plan + ["--trace", "good.json"])
+    add("output is input", "plan --out = --profile", plan + ["--out", "good.json"])
+    add("output is input", "plan --png = --profile (link)", plan + ["--png", "link.json"])
+    add("output is input", "simulate --trace = --plan", sim + ["--trace", "plan.json"])
+    add("output is input", "simulate --png = --profile", sim + ["--png", "good.json"])
+    # --- strict schemas ---
+    stage_typo = {"stages": [{"blocks": [0, 3], "devcies": [1], "devices": [0]}, {"blocks": [3, 6], "devices": [1]}], "num_microbatches": 4}
+    bad_plans = {
+        "plan: misspelt stage field": json.dumps(stage_typo),
+        "plan: misspelt field": json.dumps(dict(GOOD_PLAN, num_microbatch=8)),
+        "plan: duplicate key": '{"stages": [{"blocks": [0, 6], "devices": [0]}], "num_microbatches": 4, "num_microbatches": 64}',
+        "plan: version 9": json.dumps(dict(GOOD_PLAN, version=9)),
+        "plan: num_stages contradicts": json.dumps(dict(GOOD_PLAN, num_stages=5)),
+        "plan: virtual_chunks contradicts": json.dumps(dict(GOOD_PLAN, virtual_chunks=4)),
+        "plan: a profile given as plan": _profile(),
+    }
+    for name, text in bad_plans.items():
+        add("strict schema", name, sim[:4] + ["p.json"] + sim[5:], [("p.json", text)])
+    bad_profiles = {
+        "profile: misspelt field": _profile(microbatch_sise=4),
+        "profile: duplicate key": _profile().replace('"blocks": [', '"name": "x", "name": "y", "blocks": [', 1),
+        "profile: version 2": _profile(version=2),
+        "profile: negative weight_s": _profile(block_weight_s=-1),
+        "profile: a plan given as profile": json.dumps(dict(GOOD_PLAN, format="raypipe-plan")),
+    }
+    for name, text in bad_profiles.items():
+        add("strict schema", name, ["plan", "--profile", "p.json", "--gpus", "2", "--inter-gbps", "1", "--microbatches", "2"],
+            [("p.json", text)])
+    two = {"devices": [{}, {}], "bandwidth_gbps": [[0, 1], [1, 0]]}
+    bad_clusters = {
+        "cluster: misspelt device field": dict(two, devices=[{"sped": 2.0}, {}]),
+        "cluster: unknown device kind": dict(two, devices=[{"kind": "tpu"}, {}]),
+        "cluster: version 3": dict(two, version=3),
+        "cluster: both bandwidth keys": dict(two, bandwidth_bytes_per_s=[[0, 1], [1, 0]]),
+    }
+    for name, spec in bad_clusters.items():
+        add("strict schema", name, ["plan", "--profile", "good.json", "--cluster", "c.json", "--microbatches", "2"],
+            [("c.json", json.dumps(spec))])
+    add("strict schema", "cluster: duplicate key", ["plan", "--profile", "good.json", "--cluster", "c.json", "--microbatches", "2"],
+        [("c.json", '{"devices": [{"speed": 1, "speed": 9}, {}], "bandwidth_gbps": [[0, 1], [1, 0]]}')])
+    add("flags", "--gpus with --cluster", ["plan", "--profile", "good.json", "--gpus", "8", "--cluster", "c.json", "--microbatches", "2"],
+        [("c.json", json.dumps(two))])
+    # --- streams and endpoints ---
+    add("stdout", "plan > /dev/full", plan, stdout="full")
+    add("stdout", "plan --json > /dev/full", plan + ["--json"], stdout="full")
+    add("stdout", "simulate > /dev/full", sim, stdout="full")
+    add("endpoint", "checkpoint verify gs:// unreachable", ["checkpoint", "verify", "gs://bucket/run"],
+        env=(("STORAGE_EMULATOR_HOST", "http://127.0.0.1:9"),))
 
 
 def _limits() -> None:
@@ -224,11 +291,13 @@ def run_case(case: Case, tree: Path) -> tuple[bool, str]:
         root = Path(tmp)
         _fixtures(root, case)
         before = snapshot(root)
-        env = dict(os.environ, PYTHONPATH=str(tree), MPLBACKEND="Agg", RAY_DISABLE_IMPORT_WARNING="1")
+        env = dict(os.environ, PYTHONPATH=str(tree), MPLBACKEND="Agg", RAY_DISABLE_IMPORT_WARNING="1", **dict(case.env))
         env.pop("AWS_ACCESS_KEY_ID", None)
         try:
-            proc = subprocess.run([sys.executable, "-m", "orchestrator", *case.argv], cwd=root, env=env, capture_output=True,
-                                  text=True, errors="replace", timeout=TIME_LIMIT_S, preexec_fn=_limits, stdin=subprocess.DEVNULL)
+            with open("/dev/full" if case.stdout == "full" else os.devnull, "w") as full:
+                proc = subprocess.run([sys.executable, "-m", "orchestrator", *case.argv], cwd=root, env=env,
+                                      stdout=full if case.stdout == "full" else subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True, errors="replace", timeout=TIME_LIMIT_S, preexec_fn=_limits, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
             return False, f"ran past {TIME_LIMIT_S:.0f} s"
         after = snapshot(root)
@@ -281,8 +350,9 @@ def main() -> int:
              f"{n} bad command lines, each run as a real `python -m orchestrator` process in a fresh folder under a "
              f"{MEMORY_CAP // 2**30} GiB address-space cap and a {TIME_LIMIT_S:.0f} s limit. A case passes when it exits 2 "
              "with exactly one line on stderr, no traceback, and nothing in the folder (or the named device) created, "
-             "changed or removed. Checkpoint cases are in `tests/test_checkpoint_format.py`; user-code (`data_fn`, "
-             "`loss_fn`, factories) cases in `tests/test_bad_input_user_code.py`.", ""]
+             "changed or removed. Checkpoint cases are in `tests/test_checkpoint_format.py` and "
+             "`tests/test_checkpoint_places.py`; user-code (`data_fn`, `loss_fn`, factories) cases in "
+             "`tests/test_bad_input_user_code.py`; the Python configs' cases in `tests/test_bad_input_configs.py`.", ""]
     if before is not None:
         lines.append(f"**Before** ({args.compare}): {sum(r[1] for r in before)} of {n}. **After** (this tree): {sum(r[1] for r in after)} of {n}.")
         lines.append("")

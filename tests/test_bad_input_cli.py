@@ -134,7 +134,11 @@ def test_non_utf8_inputs_name_the_file(work: Path, which: str) -> None:
 
 
 def test_endless_input_is_capped(work: Path) -> None:
-    refused(["plan", "--profile", "/dev/zero", "--gpus", "2", "--inter-gbps", "1", "--microbatches", "2"], work, "larger than the")
+    refused(["plan", "--profile", "/dev/zero", "--gpus", "2", "--inter-gbps", "1", "--microbatches", "2"], work, "is a device")
+    big = work / "big.json"
+    with open(big, "wb") as handle:  # a regular file beyond the cap: refused after reading the cap, not all of it
+        handle.truncate(257 * 2**20)
+    refused(["plan", "--profile", str(big), "--gpus", "2", "--inter-gbps", "1", "--microbatches", "2"], work, "larger than the")
 
 
 # ----- 4: bounds -----
@@ -182,7 +186,7 @@ def test_simulator_estimates_events_before_lowering() -> None:
         ({"block_param_bytes": True}, "block 'b': param_bytes must be a number, got True"),
         ({"microbatch_size": 2.7}, "microbatch_size must be an integer, got 2.7"),
         ({"block_name": 7}, "name must be a string"),
-        ({"block_extra": 1}, "block 0: unknown field(s) ['extra']"),
+        ({"block_extra": 1}, "block 0: unknown field 'extra'"),
     ],
 )
 def test_profile_fields_are_validated_by_name(work: Path, fields: dict[str, object], message: str) -> None:

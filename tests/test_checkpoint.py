@@ -105,6 +105,11 @@ def test_manifest_records_plan_step_and_checksums(saved: Path) -> None:
     assert manifest["plan"]["num_stages"] == 3 and len(manifest["files"]) == 5
     assert all(len(e["sha256"]) == 64 for e in manifest["files"])
     assert manifest["seed"] == 0 and (saved / ckpt.COMMIT).is_file()
+    # each worker bound its blocks to the place: the job's run id (unknown here: ""), the step, the block index
+    assert manifest["version"] == 3 and manifest["run_id"] == ""
+    for e in manifest["files"]:
+        header, _ = ckpt.split_header((saved / e["file"]).read_bytes()[:ckpt.MAX_HEADER_BYTES], e["file"])
+        assert header == {"block": e["block"], "run_id": "", "step": 3} and e["step"] == 3
     assert main(["checkpoint", "verify", str(saved)]) == 0  # what the runtime writes, the CLI accepts
     assert not list(saved.glob(".*tmp*"))  # no temporary files left behind
 
@@ -130,8 +135,8 @@ def test_block_roundtrip_without_ray(tmp_path: Path) -> None:
     opt = torch.optim.Adam(block.parameters())
     block(torch.randn(4, 3)).sum().backward()
     opt.step()
-    entry = ckpt.write_block(tmp_path, 7, block, opt)
-    others = [ckpt.write_block(tmp_path, b, torch.nn.Linear(3, 2), None) for b in range(7)]
+    entry = ckpt.write_block(tmp_path, 7, block, opt, step=1)
+    others = [ckpt.write_block(tmp_path, b, torch.nn.Linear(3, 2), None, step=1) for b in range(7)]
     ckpt.write_manifest(tmp_path, 1, 8, [*others, entry], {"stages": []})
     fresh = torch.nn.Linear(3, 2)
     fresh_opt = torch.optim.Adam(fresh.parameters())
@@ -223,12 +228,12 @@ def test_upload_thread_runs_on_idle_cpu_until_someone_waits(tmp_path: Path, monk
 
     write = ckpt.write_payload
 
-    def upload_one(directory: str, item: dict) -> dict:
+    def upload_one(directory: str, item: dict, *place: Any) -> dict:
         record()  # lowered again once the copy exists
         uploading.set()
         upload_may_end.wait(30)
         record(until_normal=True)  # result() waits for it
-        return write(directory, item)
+        return write(directory, item, *place)
 
     monkeypatch.setattr(ckpt, "write_payload", upload_one)
     upload = ckpt.BackgroundWrite(tmp_path, [payload])

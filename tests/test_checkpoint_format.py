@@ -178,9 +178,9 @@ def test_background_write_uploads_the_snapshot_even_if_weights_change(tmp_path: 
     gate = threading.Event()
     original = ckpt.write_payload
 
-    def held(directory: Any, payload: Any) -> Any:
+    def held(directory: Any, payload: Any, *place: Any) -> Any:
         assert gate.wait(10)
-        return original(directory, payload)
+        return original(directory, payload, *place)
 
     monkeypatch.setattr(ckpt, "write_payload", held)
     upload = ckpt.BackgroundWrite(str(tmp_path), [snapshot])

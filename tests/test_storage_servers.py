@@ -110,13 +110,13 @@ def test_interrupted_download_leaves_nothing(s3_bucket: str, tmp_path: Path, mon
     monkeypatch.setattr(storage, "read_chunks", dying)
     with pytest.raises(ConnectionResetError):
         copy_checkpoint(remote_ckpt, tmp_path / "dst" / "step_00000005")
-    assert os.listdir(tmp_path / "dst") == []  # no staging folder, no partial checkpoint
+    assert not (tmp_path / "dst").exists()  # no staging folder, no partial checkpoint, no folder the copy created
     monkeypatch.setattr(storage, "read_chunks", original)
     block = storage.join(remote_ckpt, ckpt.block_file(2))  # a corrupted object is caught while streaming
     put(block, storage.read_bytes(block)[:-10])
     with pytest.raises(TransferError, match="block_00002.pt: checksum mismatch while copying"):
         copy_checkpoint(remote_ckpt, tmp_path / "dst" / "step_00000005")
-    assert os.listdir(tmp_path / "dst") == []
+    assert not (tmp_path / "dst").exists()
 
 
 def test_interrupted_upload_is_never_a_checkpoint(s3_bucket: str, tmp_path: Path) -> None:
@@ -163,3 +163,78 @@ def test_missing_object_unreachable_endpoint_and_missing_credentials(
     err = capsys.readouterr().err
     assert "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in err and err.count("\n") == 1
     assert "testing" not in err
+
+
+# ----- issue 23 item 4: a copy never deletes or replaces what it did not write -----
+def bucket_objects(endpoint: str, bucket: str) -> dict[str, bytes]:
+    """Every object in the bucket with its bytes, read with boto3 directly (not through our storage layer)."""
+    client = s3_client(endpoint)
+    keys = [o["Key"] for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket)
+            for o in page.get("Contents", [])]
+    return {k: client.get_object(Bucket=bucket, Key=k)["Body"].read() for k in keys}
+
+
+def seed_unrelated(endpoint: str, bucket: str) -> None:
+    """Objects above, beside and under the destination prefixes the tests copy to."""
+    client = s3_client(endpoint)
+    for key in ("top.txt", "runs/keep.bin", "runs/step_00000006/../x", "runs/step_00000006-other/block_00000.pt",
+                "runs/step_00000006/notes.txt", "other/step_00000006/COMMIT"):
+        client.put_object(Bucket=bucket, Key=key, Body=f"unrelated {key}".encode())
+
+
+@pytest.mark.parametrize("dest", ["", "/runs", "/runs/step_00000006"])
+def test_a_failed_copy_removes_only_what_it_created(s3_bucket: str, s3_endpoint: str, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str], dest: str) -> None:
+    """``orchestrator checkpoint copy SRC s3://BUCKET[/prefix]`` with a damaged block of SRC: exit 2, one line, every
+    object already in the bucket still there, byte for byte (the old cleanup, ``fs.rm(dest, recursive=True)``,
+    deleted them and then the bucket)."""
+    bucket = s3_bucket.removeprefix("s3://")
+    seed_unrelated(s3_endpoint, bucket)
+    src = write_checkpoint(tmp_path / "local", 6)
+    (Path(src) / ckpt.block_file(BLOCKS - 1)).write_bytes(b"rotten")  # the earlier blocks are uploaded first
+    before = bucket_objects(s3_endpoint, bucket)
+    assert main(["checkpoint", "copy", src, s3_bucket + dest]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "checksum mismatch" in err
+    assert bucket_objects(s3_endpoint, bucket) == before
+
+
+def test_a_copy_never_replaces_objects_already_there(s3_bucket: str, s3_endpoint: str, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    bucket = s3_bucket.removeprefix("s3://")
+    src = write_checkpoint(tmp_path / "a", 6)
+    other = write_checkpoint(tmp_path / "b", 7)
+    dest = f"{s3_bucket}/runs/step_00000006"
+    s3_client(s3_endpoint).put_object(Bucket=bucket, Key="runs/step_00000006/manifest.json", Body=b"somebody's")
+    before = bucket_objects(s3_endpoint, bucket)
+    assert main(["checkpoint", "copy", src, dest]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "already holds manifest.json" in err
+    assert bucket_objects(s3_endpoint, bucket) == before
+    fresh = f"{s3_bucket}/runs/fresh"
+    assert copy_checkpoint(src, fresh).step == 6
+    again = copy_checkpoint(src, fresh)  # the same checkpoint, byte for byte: nothing to do, verified
+    assert again.step == 6 and ckpt.verify(fresh)["step"] == 6
+    with pytest.raises(TransferError, match="already holds"):  # another checkpoint onto it: refused, untouched
+        copy_checkpoint(other, fresh)
+    assert ckpt.verify(fresh)["step"] == 6
+    assert main(["checkpoint", "copy", fresh, fresh + "/"]) == 2 and "itself" in capsys.readouterr().err
+
+
+def test_an_interrupted_remote_copy_removes_its_objects_one_by_one(s3_bucket: str, s3_endpoint: str, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    bucket = s3_bucket.removeprefix("s3://")
+    seed_unrelated(s3_endpoint, bucket)
+    src = write_checkpoint(tmp_path / "local", 6)
+    before = bucket_objects(s3_endpoint, bucket)
+    original = storage.write_bytes
+
+    def interrupted(location: Any, data: bytes) -> None:
+        if str(location).endswith(ckpt.COMMIT):
+            raise KeyboardInterrupt  # Ctrl-C just before the marker: every block and the manifest are there
+        original(location, data)
+
+    monkeypatch.setattr(storage, "write_bytes", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        copy_checkpoint(src, f"{s3_bucket}/runs")
+    assert bucket_objects(s3_endpoint, bucket) == before

@@ -20,6 +20,9 @@ from orchestrator.core.errors import UserError
 
 MAX_PROFILE_MICROBATCH = 4096  # samples in the one micro-batch profiled on this machine
 MAX_SAMPLE_BYTES = 2**30  # its float32 input tensor
+MAX_LOCAL_SLOTS = 64
+"""``cluster --slots``: each slot is a probe process (~100 MB with torch), all on this one node; 100 000 of them
+grew past 6 GB before the first probe ran. 64 is far above any real node's useful CPU slot count."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -33,7 +36,7 @@ def _add_cluster_args(p: argparse.ArgumentParser, required: bool) -> None:
     g.add_argument("--servers", type=int, help="servers the GPUs are spread over (two-level topology)")
     g.add_argument("--intra-gbps", type=float, help="bandwidth between GPUs of one server, Gb/s")
     g.add_argument("--inter-gbps", type=float, help="bandwidth between servers (or all pairs when flat), Gb/s")
-    g.add_argument("--memory-gib", type=float, default=32.0, help="memory per GPU, GiB (default 32)")
+    g.add_argument("--memory-gib", type=float, default=32.0, help="memory per GPU, GiB (default 32; not with --cluster)")
     g.add_argument("--cluster", help="cluster JSON spec instead of the flags above")
 
 
@@ -41,6 +44,11 @@ def build_cluster(args: argparse.Namespace, default_devices: int | None = None) 
     from orchestrator.core import cluster as cl
 
     if args.cluster:
+        given = [flag for flag, value in (("--gpus", args.gpus), ("--servers", args.servers), ("--intra-gbps", args.intra_gbps),
+                                          ("--inter-gbps", args.inter_gbps)) if value is not None]
+        if given or args.memory_gib != 32.0:
+            raise UserError(f"give either --cluster FILE or {given[0] if given else '--memory-gib'} and the other cluster "
+                            "flags, not both (one would silently win)")
         return cl.load_cluster(args.cluster)
     gpus = args.gpus if args.gpus is not None else default_devices
     if gpus is None:
@@ -167,7 +175,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from orchestrator.core.profile_loader import load_profile
     from orchestrator.costmodel.simulator import simulate
 
-    check_outputs([(args.trace, "trace"), (args.png, "figure")])
+    check_outputs([(args.trace, "trace"), (args.png, "figure")],
+                  inputs=[(args.profile, "profile"), (args.plan, "plan"), (args.cluster, "cluster")])
     profile = load_profile(args.profile)
     data = read_json(args.plan, "plan")
     plan = Plan.from_dict(data, origin=f"plan {args.plan}")
@@ -266,6 +275,8 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
     from orchestrator.train.discovery import connect, discover_cluster
 
+    if args.slots is not None:
+        limits.count(args.slots, "--slots", "value", maximum=MAX_LOCAL_SLOTS)
     started = connect(args.address)
     try:
         found = discover_cluster(kind=args.kind, local_slots=args.slots)
@@ -337,7 +348,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("cluster", help="the Ray cluster's devices, measured speeds and links (starts one probe actor per device)")
     p.add_argument("--address", default=None, help="Ray cluster address (default: RAY_ADDRESS, else a local instance)")
     p.add_argument("--kind", choices=("gpu", "cpu"), default=None, help="device kind (default: GPUs if the cluster has any)")
-    p.add_argument("--slots", type=int, default=None, help="CPU slots on a single-node cluster (default: one per CPU)")
+    p.add_argument("--slots", type=int, default=None,
+                   help=f"CPU slots on a single-node cluster, 1 to {MAX_LOCAL_SLOTS} (default: one per CPU)")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.set_defaults(func=cmd_cluster)
 
@@ -372,20 +384,65 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class OutputError(UserError):
+    """Standard output cannot be written (``> /dev/full``, a full disk): the user's redirection, not a bug."""
+
+
+class _GuardedStdout:
+    """Standard output whose write errors are an :class:`OutputError` (one line, exit 2) rather than an
+    ``OSError`` traceback from whichever ``print`` hit the full disk. A reader that left (``| head``)
+    stays a ``BrokenPipeError``: that is exit 0."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def write(self, text: str) -> int:
+        try:
+            return int(self._inner.write(text))
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise OutputError(f"cannot write to standard output: {exc.strerror or exc}") from None
+
+    def flush(self) -> None:
+        try:
+            self._inner.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise OutputError(f"cannot write to standard output: {exc.strerror or exc}") from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    from orchestrator.core.files import one_command
+
+    saved = sys.stdout
+    sys.stdout = _GuardedStdout(saved)  # type: ignore[assignment]  # file-like: write, flush, the rest delegated
     try:
         args = build_parser().parse_args(argv)
-        return int(args.func(args) or 0)
+        with one_command():  # an input read by this command is never one of its outputs
+            code = int(args.func(args) or 0)
+        sys.stdout.flush()  # here, not at exit: ``> /dev/full`` must be one line too
+        return code
+    except OutputError as exc:
+        _silence_stdout()  # what is still buffered must not fail again at exit
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        return 2
     except (UserError, CloudError) as exc:  # cloud/ has its own error type (it imports nothing of ours)
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
     except BrokenPipeError:
         # ``orchestrator plan ... | head -1``: the reader left; everything was computed and written.
         _silence_stdout()
         return 0
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    finally:
+        sys.stdout = saved
 
 
 def run_main(fn: Callable[[], object]) -> None:

@@ -21,6 +21,13 @@ from orchestrator.core.errors import UserError
 from orchestrator.core.files import read_json
 
 GBPS = 1e9 / 8  # bytes per second in one gigabit per second
+DEVICE_KINDS = ("gpu", "cpu")  # what the runtime places stages on
+FORMAT_VERSIONS = (1,)  # a cluster file without "version" is 1
+MATRIX_FIELDS = ("format", "version", "devices", "bandwidth_bytes_per_s", "bandwidth_gbps", "message_latency_s")
+TWO_LEVEL_FIELDS = ("format", "version", "servers", "gpus_per_server", "intra_gbps", "inter_gbps", "memory_bytes")
+DEVICE_FIELDS = ("id", "node", "speed", "memory_bytes", "kind")
+REPORT_FIELDS = ("device", "node_id", "accelerator", "speed_source", "actual_device", "device_name")
+"""What ``orchestrator cluster --json`` reports per device beside the model's fields (read as the node: ``node_id``)."""
 DEFAULT_MEMORY = 32 * 2**30
 
 
@@ -38,7 +45,7 @@ class Device:
         object.__setattr__(self, "id", limits.count(self.id, "device", "id", minimum=0))
         where = f"device {self.id}"
         limits.text(self.node, where, "node")
-        limits.text(self.kind, where, "kind")
+        limits.choice(limits.text(self.kind, where, "kind"), where, "kind", DEVICE_KINDS)
         object.__setattr__(self, "speed", limits.number(self.speed, where, "speed", positive=True, maximum=1e6))
         object.__setattr__(self, "memory_bytes", limits.number(self.memory_bytes, where, "memory_bytes", positive=True, maximum=limits.MAX_BYTES))
 
@@ -223,7 +230,15 @@ def from_dict(data: Any, origin: str = "cluster") -> Cluster:
     """
     if not isinstance(data, dict):
         raise UserError(f"{origin}: cluster spec must be a JSON object")
+    kind = data.get("format")
+    if kind is not None and kind != "raypipe-cluster":
+        shown = f"a {kind} file" if isinstance(kind, str) and kind.startswith("raypipe-") else f"format {limits._show(kind)}"
+        raise UserError(f"{origin}: is {shown}, not a cluster (\"format\": \"raypipe-cluster\")")
     try:
+        limits.version(data, "", FORMAT_VERSIONS, default=1)
+        limits.known_fields(data, TWO_LEVEL_FIELDS if "servers" in data else MATRIX_FIELDS, "")
+        if "bandwidth_bytes_per_s" in data and "bandwidth_gbps" in data:
+            raise UserError("give \"bandwidth_bytes_per_s\" or \"bandwidth_gbps\", not both")
         if "servers" in data:
             if "inter_gbps" not in data:
                 raise UserError("a two-level spec needs \"inter_gbps\"")
@@ -242,7 +257,11 @@ def from_dict(data: Any, origin: str = "cluster") -> Cluster:
         for i, d in enumerate(raw):
             if not isinstance(d, dict):
                 raise UserError(f"device {i} must be an object like {{\"speed\": 1.0}}, got {limits._show(d)}")
-            devices.append(Device(d.get("id", i), d.get("node", f"node{i}"), d.get("speed", 1.0), d.get("memory_bytes", DEFAULT_MEMORY), d.get("kind", "gpu")))
+            limits.known_fields(d, DEVICE_FIELDS + REPORT_FIELDS, f"device {i}")
+            if "device" in d and limits.count(d["device"], f"device {i}", "device", minimum=0) != i:
+                raise UserError(f"device {i}: \"device\" is {d['device']}, not its position {i}")
+            node: Any = d["node"] if "node" in d else d.get("node_id", f"node{i}")
+            devices.append(Device(d.get("id", i), node, d.get("speed", 1.0), d.get("memory_bytes", DEFAULT_MEMORY), d.get("kind", "gpu")))
         key = "bandwidth_bytes_per_s" if "bandwidth_bytes_per_s" in data else "bandwidth_gbps"
         bw = _matrix(data.get(key), len(devices), key) * (1.0 if key == "bandwidth_bytes_per_s" else GBPS)
         latency = limits.number(data.get("message_latency_s", 0.0), "spec", "message_latency_s", maximum=3600.0)

@@ -1,8 +1,17 @@
 """The one reader and writer of the project's files, with the guarantees every command relies on.
 
 Reading: an unreadable, oversized, non-UTF-8 or malformed file is a :class:`UserError` naming the
-file and the problem (one line, no traceback). Reads are capped (:data:`MAX_INPUT_BYTES`), so
-``--profile /dev/zero`` is refused instead of filling memory.
+file and the problem (one line, no traceback). Reads are capped (:data:`MAX_INPUT_BYTES`). An input
+must be a regular file (a symlink to one is fine): it is opened without blocking and checked before
+a byte is read, so ``--profile fifo`` is refused at once instead of waiting forever for a writer,
+and ``--profile /dev/zero`` is refused instead of read. JSON objects with a key twice are refused
+(Python's parser silently keeps the last one).
+
+Inputs are never outputs: during one command (:func:`one_command`, which the CLI's ``main`` opens)
+every file read is remembered, and writing one of them is refused before anything is written, so
+``--trace p.json --profile p.json`` cannot replace the profile it was computed from, whichever
+command passes which flags. Outside a command (the Python API) nothing is remembered: loading a
+profile and saving it back in place is an ordinary thing to do there.
 
 Writing: every output path is checked *before* a command does its work (:func:`check_outputs`),
 so a bad ``--png`` does not cost a planning run and does not leave the ``--out`` file behind.
@@ -16,13 +25,14 @@ mode rather than ``mkstemp``'s 0600.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Callable, Iterable, Sequence
+from typing import IO, Any, Callable, Iterable, Iterator, Sequence
 
 from orchestrator.core.errors import UserError
 
@@ -41,18 +51,55 @@ class Output:
 
 
 # ----- reading -----
-def read_bytes(path: str | os.PathLike[str], what: str, limit: int = MAX_INPUT_BYTES) -> bytes:
-    """The bytes of ``path`` (at most ``limit``); a directory, a missing file or a bigger one is a UserError."""
-    p = Path(path)
+_INPUTS: list[dict[str, str]] = []
+"""The open commands' inputs (real path -> role), innermost last; owned here: :func:`one_command`
+opens and closes a scope, :func:`read_bytes` records into the innermost one."""
+
+
+@contextlib.contextmanager
+def one_command() -> Iterator[dict[str, str]]:
+    """A scope in which every input read is remembered and refused as an output (see the module's doc)."""
+    scope: dict[str, str] = {}
+    _INPUTS.append(scope)
     try:
-        if p.is_dir():
-            raise UserError(f"cannot read {what} {p}: is a directory")
-        with open(p, "rb") as handle:
+        yield scope
+    finally:
+        _INPUTS.remove(scope)
+
+
+def _input_role(path: str | os.PathLike[str]) -> str | None:
+    real = os.path.realpath(path)
+    return next((scope[real] for scope in reversed(_INPUTS) if real in scope), None)
+
+
+def read_bytes(path: str | os.PathLike[str], what: str, limit: int = MAX_INPUT_BYTES) -> bytes:
+    """The bytes of ``path`` (at most ``limit``); anything but a regular file, a missing file or a
+    bigger one is a UserError. Opened with ``O_NONBLOCK`` and checked with ``fstat`` before reading,
+    so a FIFO never blocks and the check and the read see the same file."""
+    p = Path(path)
+    if not str(path):
+        raise UserError(f"{what}: an empty path is not a file name")
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except IsADirectoryError:
+        raise UserError(f"cannot read {what} {p}: is a directory") from None
+    except OSError as exc:
+        raise UserError(f"cannot read {what} {p}: {exc.strerror or exc}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise UserError(f"cannot read {what} {p}: is {_kind(mode)}; an input must be a regular file")
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", closefd=False) as handle:
             data = handle.read(limit + 1)
     except OSError as exc:
         raise UserError(f"cannot read {what} {p}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
     if len(data) > limit:
         raise UserError(f"{what} {p} is larger than the {limit // 2**20} MiB limit for input files")
+    if _INPUTS:
+        _INPUTS[-1].setdefault(os.path.realpath(p), f"{what} {p}")
     return data
 
 
@@ -73,6 +120,21 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number JSON allows")
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object whose keys are all different: ``{"speed": 1, "speed": 2}`` is a mistake, not 2."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            shown = repr(key) if len(key) <= 40 else repr(key[:37]) + "..."
+            raise _DuplicateKey(f"key {shown} appears twice in one object")
+        out[key] = value
+    return out
+
+
 def read_json(path: str | os.PathLike[str], what: str) -> Any:
     """Parse ``path``; ``what`` names the file's role in errors ("profile", "plan", "cluster").
 
@@ -85,7 +147,7 @@ def parse_json(text: str, path: str | os.PathLike[str], what: str) -> Any:
     """JSON text read from ``path`` (for messages) with :func:`read_json`'s rules."""
     p = Path(path)
     try:
-        return json.loads(text, parse_constant=_no_constant)
+        return json.loads(text, parse_constant=_no_constant, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:
         raise UserError(f"{what} {p}: invalid JSON ({exc.msg} at line {exc.lineno})") from None
     except ValueError as exc:
@@ -139,6 +201,9 @@ def check_output(path: str | os.PathLike[str], what: str = "output") -> Path:
     else:
         if not stat.S_ISREG(mode):
             raise UserError(f"{what} {p} is {_kind(mode)}; only a regular file is replaced")
+        source = _input_role(p)
+        if source is not None:
+            raise UserError(f"{what} {p} is the {source} this command reads; refusing to overwrite an input")
     parent = p.parent
     while True:
         try:
@@ -163,14 +228,21 @@ def check_output(path: str | os.PathLike[str], what: str = "output") -> Path:
     return p
 
 
-def check_outputs(paths: Iterable[tuple[str | os.PathLike[str] | None, str]]) -> None:
-    """:func:`check_output` for every given ``(path, role)`` (``None`` skipped), and no path twice."""
+def check_outputs(paths: Iterable[tuple[str | os.PathLike[str] | None, str]],
+                  inputs: Iterable[tuple[str | os.PathLike[str] | None, str]] = ()) -> None:
+    """:func:`check_output` for every given ``(path, role)`` (``None`` skipped), no path twice, and
+    none of them one of ``inputs`` (checked before the inputs are read, so before any work)."""
     seen: dict[str, str] = {}
+    for path, what in inputs:
+        if path is not None and str(path):
+            seen[os.path.realpath(path)] = f"input {what} {path}"
     for path, what in paths:
         if path is None:
             continue
         p = check_output(path, what)
         key = os.path.realpath(p)
+        if key in seen and seen[key].startswith("input "):
+            raise UserError(f"{what} {p} is the {seen[key][6:]} this command reads; refusing to overwrite an input")
         if key in seen:
             raise UserError(f"{what} and {seen[key]} are the same file {p}")
         seen[key] = what

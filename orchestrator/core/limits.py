@@ -20,9 +20,11 @@ minute, with the measurements behind them:
 
 from __future__ import annotations
 
+import difflib
 import math
 import numbers
-from typing import Any
+import os
+from typing import Any, Collection, Iterable, Mapping
 
 from orchestrator.core.errors import UserError
 
@@ -78,6 +80,68 @@ def text(value: Any, where: str, field: str) -> str:
     if not isinstance(value, str):
         raise UserError(f"{where}: {field} must be a string, got {_show(value)}")
     return value
+
+
+def flag(value: Any, where: str, field: str) -> bool:
+    """``value`` as a bool: ``1``, ``"yes"`` or ``"false"`` (truthy!) are mistakes, not flags."""
+    if not isinstance(value, bool):
+        raise UserError(f"{where}: {field} must be True or False, got {_show(value)}")
+    return value
+
+
+def function(value: Any, where: str, field: str) -> Any:
+    """A callable (a factory, a loss, a data function); a list or a string there is a mistake
+    that would otherwise surface as a traceback inside a remote worker."""
+    if not callable(value):
+        raise UserError(f"{where}: {field} must be a function (a picklable callable), got {_show(value)}")
+    return value
+
+
+def path_text(value: Any, where: str, field: str) -> str:
+    """A non-empty path or URI given as a string or a path object."""
+    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value) or "\x00" in str(os.fspath(value)):
+        raise UserError(f"{where}: {field} must be a non-empty path or URI, got {_show(value)}")
+    return str(os.fspath(value))
+
+
+def instance(value: Any, kind: type, where: str, field: str, optional: bool = False) -> Any:
+    """``value`` of type ``kind`` (or None when ``optional``)."""
+    if (value is None and optional) or isinstance(value, kind):
+        return value
+    raise UserError(f"{where}: {field} must be a {kind.__name__}{' or None' if optional else ''}, got {_show(value)}")
+
+
+def suggest(name: str, options: Iterable[str]) -> str:
+    """``"; did you mean 'x'?"`` for the closest of ``options``, else the list of them."""
+    names = sorted(options)
+    close = difflib.get_close_matches(str(name), names, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else f" (known: {', '.join(names)})"
+
+
+def choice(value: Any, where: str, field: str, options: Collection[str]) -> str:
+    """One of ``options``; anything else with a "did you mean"."""
+    if not isinstance(value, str) or value not in options:
+        raise UserError(f"{where}: unknown {field} {_show(value)}{suggest(str(value), options)}")
+    return value
+
+
+def known_fields(data: Mapping[str, Any], allowed: Collection[str], where: str) -> None:
+    """Strict schemas: a field this format does not define is refused (a misspelt ``devcies``
+    silently ignored would mean a default the user did not ask for), naming the closest field.
+    ``where`` prefixes the message ("" for a file's top level, which its loader names already)."""
+    for key in data:
+        if key not in allowed:
+            raise UserError(f"{where + ': ' if where else ''}unknown field {_show(key)}{suggest(str(key), allowed)}")
+
+
+def version(data: Mapping[str, Any], where: str, known: Collection[int], default: int) -> int:
+    """The file's format ``version`` (``default`` when absent: files written before versions were
+    recorded); one this reader does not know is refused rather than half understood."""
+    got = data.get("version", default)
+    if isinstance(got, bool) or not isinstance(got, int) or got not in known:
+        raise UserError(f"{where + ': ' if where else ''}unsupported format version {_show(got)} (this reader knows "
+                        f"{', '.join(map(str, sorted(known)))})")
+    return got
 
 
 def devices(n: int, where: str = "cluster") -> int:

@@ -198,9 +198,18 @@ class Plan:
 
     @classmethod
     def from_dict(cls, data: Any, origin: str = "plan") -> "Plan":
+        """A plan file's object, strictly: a known format and version, every field known (what ``plan --out``
+        writes beside the plan is in :data:`RESULT_FIELDS`), and ``num_stages`` / ``virtual_chunks``, when
+        given, agreeing with the stages."""
+        kind = data.get("format") if isinstance(data, dict) else None
+        if kind is not None and kind != "raypipe-plan":
+            shown = f"a {kind} file" if isinstance(kind, str) and kind.startswith("raypipe-") else f"format {limits._show(kind)}"
+            raise UserError(f"{origin}: is {shown}, not a plan (\"format\": \"raypipe-plan\")")
         if not isinstance(data, dict) or "stages" not in data:
             raise UserError(f"{origin}: not a plan JSON (no \"stages\")")
         try:
+            limits.known_fields(data, PLAN_FIELDS + RESULT_FIELDS, "")
+            limits.version(data, "", FORMAT_VERSIONS, default=1)
             raw = data["stages"]
             if not isinstance(raw, list):
                 raise UserError(f"\"stages\" must be a list, got {type(raw).__name__}")
@@ -208,6 +217,7 @@ class Plan:
             for j, s in enumerate(raw):
                 if not isinstance(s, dict) or not isinstance(s.get("blocks"), list) or len(s["blocks"]) != 2:
                     raise UserError(f"stage {j} must be an object with \"blocks\": [first, last] and \"devices\"")
+                limits.known_fields(s, STAGE_FIELDS, f"stage {j}")
                 if not isinstance(s.get("devices"), list):
                     raise UserError(f"stage {j}: \"devices\" must be a list of device ids")
                 where = f"stage {j}"
@@ -219,17 +229,30 @@ class Plan:
                                     bool(s.get("recompute", False))))
             if "num_microbatches" not in data:
                 raise UserError("missing \"num_microbatches\"")
-            return cls(
+            plan = cls(
                 stages=tuple(stages),
                 num_microbatches=data["num_microbatches"],
                 schedule=ScheduleKind.parse(limits.text(data.get("schedule", "1f1b"), "plan", "schedule")),
                 sliced_microbatches=data.get("sliced_microbatches", 0),
-                algorithm=str(data.get("algorithm", "")),
+                algorithm=limits.text(data.get("algorithm", ""), "plan", "algorithm"),
             )
+            for key, actual in (("num_stages", len(plan.stages)), ("virtual_chunks", plan.virtual_chunks)):
+                if key in data and limits.count(data[key], "plan", key) != actual:
+                    raise UserError(f"\"{key}\" is {data[key]} but the stages make {actual}")
+            return plan
         except UserError as exc:
             raise UserError(f"{origin}: {exc}") from None
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise UserError(f"{origin}: malformed plan ({type(exc).__name__}: {exc})") from None
+
+
+FORMAT_VERSIONS = (1,)  # a plan file without "version" is 1
+PLAN_FIELDS = ("format", "version", "algorithm", "schedule", "num_microbatches", "sliced_microbatches", "virtual_chunks",
+               "num_stages", "stages", "predicted_iteration_s")
+RESULT_FIELDS = ("cluster", "iteration_time_s", "bottleneck_s", "lower_bound_s", "ratio_to_lower_bound", "planning_time_s",
+                 "peak_memory_bytes", "bubble_fraction", "bubble_fraction_per_device", "objective_s")
+"""What ``orchestrator plan --out`` writes beside the plan (the planner's result and the cluster): read, not used."""
+STAGE_FIELDS = ("blocks", "devices", "recompute")
 
 
 def load_plan(path: str | Path) -> Plan:

@@ -27,6 +27,8 @@ from orchestrator.core.files import write_json_atomic
 __all__ = ["Block", "Profile", "load_profile", "write_json_atomic"]
 
 FORMAT_VERSION = 1
+FORMAT_VERSIONS = (1,)  # every version this reader loads (a file without "version" is 1)
+PROFILE_FIELDS = ("format", "version", "name", "microbatch_size", "input_bytes", "source", "blocks")
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,9 +217,16 @@ class Profile:
 
     @classmethod
     def from_dict(cls, data: Any, origin: str = "profile") -> "Profile":
+        """A profile file's object, strictly: every field known (a misspelt one is refused with the closest
+        name), a known ``version`` (absent: 1), every number checked (:mod:`orchestrator.core.limits`)."""
         if not isinstance(data, dict) or data.get("format") != "raypipe-profile":
+            kind = data.get("format") if isinstance(data, dict) else None
+            if isinstance(kind, str) and kind.startswith("raypipe-"):
+                raise UserError(f"{origin}: is a {kind} file, not a profile (\"format\": \"raypipe-profile\")")
             raise UserError(f"{origin}: not a raypipe profile JSON (missing \"format\": \"raypipe-profile\")")
         try:
+            limits.known_fields(data, PROFILE_FIELDS, "")
+            limits.version(data, "", FORMAT_VERSIONS, default=1)
             raw = data.get("blocks")
             if not isinstance(raw, list):
                 raise UserError(f"\"blocks\" must be a list, got {type(raw).__name__}")
@@ -227,12 +236,14 @@ class Profile:
             for i, b in enumerate(raw):
                 if not isinstance(b, dict):
                     raise UserError(f"block {i} must be an object, got {type(b).__name__}")
-                unknown, missing = set(b) - fields, {"name", "forward_s", "backward_s", "activation_bytes", "param_bytes"} - set(b)
-                if unknown or missing:
-                    what = f"unknown field(s) {sorted(unknown)}" if unknown else f"missing field(s) {sorted(missing)}"
-                    raise UserError(f"block {i}: {what}")
-                if "stash_bytes" in b:  # in a file it is a size; leave it out for "same as activation_bytes"
-                    limits.number(b["stash_bytes"], f"block {b.get('name', i)!r}", "stash_bytes", maximum=limits.MAX_BYTES)
+                limits.known_fields(b, fields, f"block {i}")
+                missing = {"name", "forward_s", "backward_s", "activation_bytes", "param_bytes"} - set(b)
+                if missing:
+                    raise UserError(f"block {i}: missing field(s) {sorted(missing)}")
+                for size in ("stash_bytes", "weight_s"):  # in a file a size or a time; leave it out for the default
+                    if size in b:
+                        top = limits.MAX_SECONDS if size == "weight_s" else limits.MAX_BYTES
+                        limits.number(b[size], f"block {b.get('name', i)!r}", size, maximum=top)
                 blocks.append(Block(**b))
             return cls(
                 name=limits.text(data.get("name", "model"), "profile", "name"),

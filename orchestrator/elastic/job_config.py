@@ -20,11 +20,14 @@ from torch import Tensor, nn
 from actors import storage
 from actors.training import TrainingOptions
 from actors.storage_env import PROTOCOLS, SUPPORTED
+from orchestrator.core import limits
 from orchestrator.core.cluster import Cluster
 from orchestrator.adapt.controller import ControllerConfig
 from orchestrator.adapt.faults import FaultSchedule
 from orchestrator.core.errors import UserError
 from orchestrator.core.plan import Plan
+
+MAX_RUNTIME_MICROBATCHES = 4096  # the runtime's message-tag space (orchestrator.core.limits)
 
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
@@ -45,8 +48,11 @@ class TrainConfig:
     devices over memory)."""
 
     def __post_init__(self) -> None:
-        if self.num_microbatches < 1:
-            raise UserError("num_microbatches must be >= 1")
+        for name in ("model_factory", "loss_fn", "optimizer_factory", "data_fn"):
+            limits.function(getattr(self, name), "TrainConfig", name)
+        limits.count(self.num_microbatches, "TrainConfig", "num_microbatches", maximum=MAX_RUNTIME_MICROBATCHES)
+        limits.count(self.seed, "TrainConfig", "seed", minimum=0, maximum=2**63 - 1)
+        limits.instance(self.training, TrainingOptions, "TrainConfig", "training")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,8 +81,22 @@ class ScalingConfig:
         return self.max_devices or self.devices
 
     def __post_init__(self) -> None:
-        if self.devices < 1:
-            raise UserError("ScalingConfig.devices must be >= 1")
+        where = "ScalingConfig"
+        limits.devices(limits.count(self.devices, where, "devices"), f"{where}.devices")
+        if self.max_devices is not None:
+            limits.devices(limits.count(self.max_devices, where, "max_devices"), f"{where}.max_devices")
+        limits.text(self.planner, where, "planner")
+        from orchestrator.planners.base import get_planner
+
+        try:
+            get_planner(self.planner)
+        except UserError as exc:
+            raise UserError(f"{where}: {exc}") from None
+        limits.instance(self.plan, Plan, where, "plan", optional=True)
+        limits.instance(self.cluster, Cluster, where, "cluster", optional=True)
+        if self.use_gpu is not None:
+            limits.flag(self.use_gpu, where, "use_gpu")
+        limits.number(self.node_poll_s, where, "node_poll_s", maximum=3600.0)
         if self.max_devices is not None and self.max_devices < self.devices:
             raise UserError(f"ScalingConfig: max_devices={self.max_devices} is below devices={self.devices}")
         if self.node_poll_s < 0:
@@ -130,13 +150,28 @@ class RunConfig:
     notice then loses at most the steps since the last snapshot."""
 
     def __post_init__(self) -> None:
-        if self.checkpoint_every < 0 or self.max_failures < 0 or self.snapshot_every < 0:
-            raise UserError("RunConfig: checkpoint_every, max_failures and snapshot_every must be >= 0")
-        scheme = storage.scheme(self.storage)
+        where = "RunConfig"
+        location = limits.path_text(self.storage, where, "storage")
+        if self.events is not None:
+            limits.path_text(self.events, where, "events")
+        limits.count(self.checkpoint_every, where, "checkpoint_every", minimum=0, maximum=10**9)
+        limits.count(self.max_failures, where, "max_failures", minimum=0, maximum=10**6)
+        limits.count(self.snapshot_every, where, "snapshot_every", minimum=0, maximum=10**9)
+        limits.flag(self.async_checkpoints, where, "async_checkpoints")
+        limits.flag(self.pipelined, where, "pipelined")
+        if not limits.text(self.name, where, "name").strip():
+            raise UserError(f"{where}: name must not be empty")
+        if self.resume not in ("auto", "never", "require"):
+            raise UserError(f"{where}: resume={self.resume!r} is not one of auto, never, require")
+        for field_name in ("run_id", "cluster"):
+            value = getattr(self, field_name)
+            if value is not None and not limits.text(value, where, field_name).strip():
+                raise UserError(f"{where}: {field_name} must not be empty")
+        scheme = storage.scheme(location)
         if scheme and scheme not in PROTOCOLS:
             raise UserError(f"RunConfig: unknown storage scheme {scheme!r} in {self.storage} (use {SUPPORTED})")
-        if self.resume not in ("auto", "never", "require"):
-            raise UserError(f"RunConfig: resume={self.resume!r} is not one of auto, never, require")
+        if scheme and PROTOCOLS[scheme] != "file" and not location.split("://", 1)[1].split("/", 1)[0]:
+            raise UserError(f"{where}: storage {location!r} names no bucket or container (e.g. {scheme}://bucket/run)")
 
     @property
     def supervised(self) -> bool:
@@ -160,6 +195,11 @@ class AdaptConfig:
     """Rehearsal only: slowdowns/throttles (CPU workers) and kills injected at given iterations;
     applied even with ``enabled=False`` (the controller off, the faults still on)."""
 
+    def __post_init__(self) -> None:
+        limits.flag(self.enabled, "AdaptConfig", "enabled")
+        limits.instance(self.controller, ControllerConfig, "AdaptConfig", "controller")
+        limits.instance(self.faults, FaultSchedule, "AdaptConfig", "faults")
+
 
 @dataclass(frozen=True)
 class InjectedNotice:
@@ -172,8 +212,14 @@ class InjectedNotice:
     """``None``: the device of the middle stage at that moment (one that holds blocks)."""
 
     def __post_init__(self) -> None:
-        if self.at_step < 0 or self.seconds <= 0:
-            raise UserError("an injected notice needs at_step >= 0 and seconds > 0")
+        where = "InjectedNotice"
+        limits.count(self.at_step, where, "at_step", minimum=0, maximum=10**12)
+        limits.number(self.seconds, where, "seconds", positive=True, maximum=86400.0 * 365)
+        if self.devices is not None:
+            if not isinstance(self.devices, tuple):
+                raise UserError(f"{where}: devices must be a tuple of device ids or None, got {limits._show(self.devices)}")
+            for d in self.devices:
+                limits.count(d, where, "device", minimum=0, maximum=limits.MAX_DEVICES - 1)
 
 
 def _price_events(text: str | None) -> tuple[tuple[int, float], ...]:
@@ -229,9 +275,45 @@ class SpotConfig:
     ``None``: no limit. Rehearsals (``price_events``) stamp their price file when the job starts."""
 
     def __post_init__(self) -> None:
-        if self.margin_s < 0 or self.migration_check_every < 0 or self.ray_drain_poll_s < 0:
-            raise UserError("SpotConfig: margin_s, migration_check_every and ray_drain_poll_s must be >= 0")
-        if any(f <= 0 or at < 0 for at, f in self.price_events):
-            raise UserError("SpotConfig: price_events need step >= 0 and factor > 0")
+        where = "SpotConfig"
+        for name in ("enabled", "evacuate_live"):
+            limits.flag(getattr(self, name), where, name)
+        limits.number(self.margin_s, where, "margin_s", maximum=86400.0)
+        limits.number(self.ray_drain_poll_s, where, "ray_drain_poll_s", maximum=3600.0)
+        limits.count(self.migration_check_every, where, "migration_check_every", minimum=0, maximum=10**9)
+        limits.number(self.horizon_scale, where, "horizon_scale", positive=True, maximum=1e12)
+        limits.number(self.checkpoint_gb, where, "checkpoint_gb", maximum=1e6)
+        if not isinstance(self.notices, tuple) or not all(isinstance(n, InjectedNotice) for n in self.notices):
+            raise UserError(f"{where}: notices must be a tuple of InjectedNotice, got {limits._show(self.notices)}")
+        if self.watch is not None:
+            _check_watch(self.watch)
+        if self.catalog is not None:
+            limits.path_text(self.catalog, where, "catalog")
+        if self.max_price_age_s is not None:
+            limits.number(self.max_price_age_s, where, "max_price_age_s", positive=True, maximum=10 * 365 * 86400.0)
+        if self.offer is not None and not isinstance(self.offer, str) and not hasattr(self.offer, "label"):
+            raise UserError(f"{where}: offer must be a cloud.records.Offer or its label, got {limits._show(self.offer)}")
+        if not isinstance(self.price_events, tuple):
+            raise UserError(f"{where}: price_events must be a tuple of (step, factor), got {limits._show(self.price_events)}")
+        for event in self.price_events:
+            if not isinstance(event, tuple) or len(event) != 2:
+                raise UserError(f"{where}: each price event must be (step, factor), got {limits._show(event)}")
+            limits.count(event[0], where, "price event step", minimum=0, maximum=10**12)
+            limits.number(event[1], where, "price event factor", positive=True, maximum=1e6)
         if self.notices and not self.enabled:
             raise UserError("SpotConfig: injected notices need enabled=True")
+
+
+def _check_watch(name: object) -> None:
+    """A cloud whose preemption watcher exists (aliases accepted), with a "did you mean" otherwise."""
+    from cloud.errors import CloudError
+    from cloud.preemption import WATCHERS
+    from cloud.records import canonical_cloud
+
+    limits.text(name, "SpotConfig", "watch")
+    try:
+        cloud = canonical_cloud(str(name))
+    except CloudError:
+        cloud = None
+    if cloud not in WATCHERS:
+        raise UserError(f"SpotConfig: unknown watch {name!r}{limits.suggest(str(name), WATCHERS)}")

@@ -94,7 +94,8 @@ class ElasticJob:
         self.trainer = PipelineTrainer(train.model_factory, train.loss_fn, train.optimizer_factory, train.data_fn,
                                        train.num_microbatches, plan=plan, checkpoint_dir=run.storage, seed=train.seed,
                                        max_failures=run.max_failures, progress=False, use_gpu=scaling.use_gpu,
-                                       async_checkpoints=run.async_checkpoints, workers=workers, training=train.training)
+                                       async_checkpoints=run.async_checkpoints, workers=workers, training=train.training,
+                                       run_id=self.opened.record.run_id)
         self.runstate = RunState(str(run.storage), self.opened, run.events_path())
         self._skipped_told = 0  # trainer.skipped_checkpoints already in the event log
         self.alive: set[int] = set(range(scaling.devices))

@@ -56,10 +56,10 @@ class Checkpointing:
         if background:
             self.finish_checkpoint()  # one upload at a time
             devices = group.plan_devices()
-            group.call("save_blocks", str(target), True, devices=devices, what="checkpoint snapshot")
+            group.call("save_blocks", str(target), True, self.step, devices=devices, what="checkpoint snapshot")
             self._uploading = (target, self.step, self.plan.num_blocks, self.plan.to_dict(), extra, devices)
             return target
-        entries = [e for part in group.call("save_blocks", str(target), what="checkpoint") for e in part]
+        entries = [e for part in group.call("save_blocks", str(target), False, self.step, what="checkpoint") for e in part]
         ckpt.write_manifest(target, self.step, self.plan.num_blocks, entries, self.plan.to_dict(), extra, seed=self.spec.seed)
         return target
 

@@ -68,6 +68,7 @@ class PipelineTrainer(Checkpointing):
         validate: bool = True,
         async_checkpoints: bool = False,
         training: TrainingOptions | None = None,
+        run_id: str = "",
     ) -> None:
         """``validate``: check the user's functions on the driver first (see
         :func:`actors.user_code.validate_job`): one model build, one probe row, two ``data_fn(0)``.
@@ -77,7 +78,8 @@ class PipelineTrainer(Checkpointing):
             raise UserError("checkpoint_every needs a checkpoint_dir")
         if validate:
             user_code.validate_job(model_factory, loss_fn, optimizer_factory, data_fn, num_microbatches, checkpoint_dir, seed)
-        self.spec = JobSpec(model_factory, loss_fn, optimizer_factory, data_fn, seed, pg_timeout_s, training=training or TrainingOptions())
+        self.spec = JobSpec(model_factory, loss_fn, optimizer_factory, data_fn, seed, pg_timeout_s, training=training or TrainingOptions(),
+                            run_id=run_id)  # every block a worker writes records the run it belongs to
         self.num_microbatches = num_microbatches
         self.use_gpu = use_gpu
         self._probed: WorkerGroup | None = None  # the workers that measured the cluster, kept to run the plan
