@@ -89,7 +89,10 @@ CASES: list[tuple[str, Callable[[], Any], str]] = [
     ("price event malformed", lambda: SpotConfig(price_events=(3,)), "each price event must be"),
     ("price events a list", lambda: SpotConfig(price_events=[(3, 2.0)]), "price_events must be a tuple"),
     ("notices not notices", lambda: SpotConfig(notices=(5,)), "notices must be a tuple of InjectedNotice"),
-    ("ray_up a string", lambda: SpotConfig(ray_up="true"), "ray_up must be True or False"),
+    ("evacuate_live a string", lambda: SpotConfig(evacuate_live="true"), "evacuate_live must be True or False"),
+    ("max_price_age_s negative", lambda: SpotConfig(max_price_age_s=-1.0), "max_price_age_s"),
+    ("resume unknown", lambda: RunConfig(resume="sometimes"), "resume="),
+    ("snapshot_every a string", lambda: RunConfig(snapshot_every="1"), "snapshot_every"),
     ("catalog a number", lambda: SpotConfig(catalog=3), "catalog must be a non-empty path"),
 ]
 
