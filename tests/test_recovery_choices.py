@@ -38,6 +38,8 @@ def test_each_block_comes_from_its_own_device_then_a_peer_then_storage() -> None
 def test_snapshots_go_round_a_ring() -> None:
     assert ring_neighbours([3, 0, 2]) == {0: 2, 2: 3, 3: 0}
     assert ring_neighbours([1]) == {}
+    # a node takes all its devices: each copy goes to the next device on another node
+    assert ring_neighbours([0, 1, 2, 3], {0: "a", 1: "b", 2: "b", 3: "c"}) == {0: 1, 1: 3, 2: 3, 3: 0}
 
 
 def test_host_copies_keep_two_generations_and_reuse_the_oldest_buffers() -> None:

@@ -102,14 +102,35 @@ def test_a_death_with_nothing_kept_resumes_from_the_seed_in_place(pool: Any) -> 
 
 
 @pytest.mark.ray
-def test_two_deaths_at_once_are_refused_with_a_reason(pool: Any) -> None:
-    trainer = trainer_on(pool)
+def test_two_deaths_at_once_lose_their_copies_together_and_roll_back_to_the_checkpoint_in_place(pool: Any, tmp_path: Path) -> None:
+    """Devices 1 and 2 die together (as a node's would): device 1's snapshot copy was on device 2, so its blocks
+    come from the committed checkpoint, and the two survivors continue in their own processes, exactly."""
+    trainer = trainer_on(pool, tmp_path, every=2)
     trainer.start()
-    trainer.run_step()
+    pids = {d["device"]: d["pid"] for d in trainer.devices()}
+    for _ in range(5):
+        trainer.run_step()
+        trainer.snapshot_in_memory()
     pool.kill_worker(1)
     pool.kill_worker(2)
     with pytest.raises(PipelineActorError):
         trainer.run_step()
+    rec = trainer.recover_in_place([1], straight_plan([0, 4, 8], M, devices=[[0], [3]]))
+    assert rec.resumed_step == 4 and rec.source == "storage", rec
+    assert {d["device"]: d["pid"] for d in rec.devices} == {0: pids[0], 3: pids[3]}
+    while trainer.step < 7:
+        trainer.run_step()
+    check_exact(trainer, 7)
+
+
+@pytest.mark.ray
+def test_a_plan_over_a_dead_device_is_refused_with_a_reason(pool: Any) -> None:
+    trainer = trainer_on(pool)
+    trainer.start()
+    trainer.run_step()
+    pool.kill_worker(1)
+    with pytest.raises(PipelineActorError):
+        trainer.run_step()
     with pytest.raises(InPlaceImpossible) as err:
-        trainer.recover_in_place([1], straight_plan([0, 4, 8], M, devices=[[0], [3]]))
-    assert "2 workers died at once" in err.value.reason
+        trainer.recover_in_place([1], PLAN)
+    assert "no live worker" in err.value.reason and "[1]" in err.value.reason

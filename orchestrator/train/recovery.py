@@ -91,7 +91,16 @@ def source_of(sources: Mapping[int, Mapping[int, int]]) -> str:
     return "peer" if any(h != d for d, h in pairs) else "snapshot"
 
 
-def ring_neighbours(devices: Sequence[int]) -> dict[int, int]:
-    """Who keeps a copy of whose snapshot: each device's copy goes to the next device in the ring (none alone)."""
+def ring_neighbours(devices: Sequence[int], node_of: Mapping[int, str] | None = None) -> dict[int, int]:
+    """Who keeps a copy of whose snapshot: each device's copy goes to the next device in the ring on another node
+    (a node that goes away takes all its devices, and their copies with them), else to the next device."""
     order = sorted(devices)
-    return {d: order[(i + 1) % len(order)] for i, d in enumerate(order)} if len(order) > 1 else {}
+    if len(order) < 2:
+        return {}
+    node = node_of or {}
+    out: dict[int, int] = {}
+    for i, d in enumerate(order):
+        ring = [order[(i + k) % len(order)] for k in range(1, len(order))]
+        elsewhere = [e for e in ring if node.get(e, e) != node.get(d, d)]
+        out[d] = (elsewhere or ring)[0]
+    return out

@@ -337,31 +337,35 @@ class PipelineTrainer(Checkpointing):
         group = self._workers()
         devices = group.plan_devices()
         refs = dict(zip(devices, group.call("snapshot_copies", self.step, devices=devices, what="in-memory snapshot")))
-        neighbours = recovery.ring_neighbours(devices)
-        if not neighbours:
-            return {d: int(r["bytes"]) for d, r in zip(devices, group.call("host_copies", devices=devices))}
-        keeper_of = {keeper: owner for owner, keeper in neighbours.items()}
-        held = group.call_each("keep_peer_copy", {k: (self.step, refs[o]) for k, o in keeper_of.items()}, "neighbour's snapshot copy")
-        return dict(zip(keeper_of, (int(b) for b in held)))
+        neighbours = recovery.ring_neighbours(devices, {d: str(group.identities[group.slot_of[d]].get("node_id", d)) for d in devices})
+        kept: dict[int, dict[int, Any]] = {}  # keeper -> block -> ref of the owner's snapshot
+        for owner, keeper in neighbours.items():
+            kept.setdefault(keeper, {}).update(refs[owner])
+        held = group.call_each("keep_peer_copy", {k: (self.step, r) for k, r in kept.items()}, "neighbour's snapshot copy")
+        sizes = {k: int(b) for k, b in zip(kept, held)}
+        rest = [d for d in devices if d not in sizes]  # keeps no neighbour's copy (alone, or all on one node)
+        sizes.update({d: int(r["bytes"]) for d, r in zip(rest, group.call("host_copies", devices=rest))} if rest else {})
+        return {d: sizes[d] for d in devices}
 
     def recover_in_place(self, dead: Collection[int], plan: Plan) -> recovery.InPlaceRecovery:
-        """After a worker died without notice (every step in flight discarded): the survivors keep their processes,
-        re-form their process group among themselves on ``plan`` (a plan over survivors), and roll back to the
-        newest restorable step from host copies (their own, a neighbour's) or the newest committed checkpoint.
+        """After workers died without notice (``dead``, and any on a node that left; every step in flight discarded):
+        the survivors keep their processes, re-form their process group among themselves on ``plan`` (a plan over
+        survivors), and roll back to the newest restorable step from host copies (their own, a neighbour's on
+        another node) or the newest committed checkpoint. Several deaths at once (a node) are recovered in place too:
+        blocks whose every copy died come from storage, at the checkpoint's step.
         Raises :class:`~orchestrator.train.recovery.InPlaceImpossible` (with a one-line ``reason``) when it cannot:
         then :meth:`recover` restarts everything as before."""
         t0 = time.perf_counter()
         group = self._workers()
-        gone = sorted({int(d) for d in dead} | {d for d in group.rank_of if group.slot_of.get(d, d) in group.unreachable_slots()})
-        if len(gone) > 1:
-            raise recovery.InPlaceImpossible(f"{len(gone)} workers died at once (devices {gone})")
+        lost = group.unreachable_slots()  # a node that went away takes all its workers
+        gone = sorted({int(d) for d in dead} | {d for d in group.rank_of if group.slot_of.get(d, d) in lost})
         survivors = sorted(d for d in group.rank_of if d not in gone)
         missing = sorted(set(plan.devices) - set(survivors))
         if missing or not survivors:
             raise recovery.InPlaceImpossible(f"the plan uses device(s) {missing} that have no live worker")
         late = group.unresponsive(survivors, waits.stretched(10.0))  # each finishes (fails) its iteration first
         if late:
-            raise recovery.InPlaceImpossible(f"survivor(s) {sorted(late)} did not answer after the death")
+            raise recovery.InPlaceImpossible(f"survivor(s) {sorted(late)} did not answer after the death of {gone}")
         copies = {d: {int(s): b for s, b in r["steps"].items()}
                   for d, r in zip(survivors, group.call("host_copies", devices=survivors, what="host copies"))}
         self._uploading = None  # an upload the dead worker was part of never commits
