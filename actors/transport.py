@@ -117,8 +117,12 @@ def nccl_environment() -> None:
     pipeline in fresh processes from the latest checkpoint. On GPUs that is the only recovery:
     every rank whose stream depends on the dead peer times out too (the host runs ahead, so in
     practice all of a pipeline's ranks), and re-creating a process group in a process whose NCCL
-    state faulted is not safe. Keeping survivors alive (mode 2 and a re-formed communicator) is
-    not implemented. Users may override either setting.
+    state faulted is not safe. Recovery in place (survivors keep their processes) is therefore a
+    gloo (CPU) path for now: there a failed rank aborts its communicators
+    (:func:`abort_communicators`) and the failure spreads to its peers in milliseconds. On NCCL
+    the abort is the same call, but a survivor blocked on a kernel waiting for a dead peer is
+    ended by this watchdog first, so the job falls back to a full restart (untested on GPUs).
+    Users may override either setting.
     """
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "0")

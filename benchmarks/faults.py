@@ -94,6 +94,8 @@ def unnoticed_death(mode: str, kill_step: int, device: int, tmp: Path, checkpoin
                                         checkpoint_every=checkpoint_every, progress=False), [(kill_step, device)])
     trainer.start()
     times: list[float] = []
+    snapshot_s: list[float] = []
+    snapshot_bytes = 0
     last = time.perf_counter()
     stall = lost = -1.0
     died_at = -1
@@ -112,7 +114,9 @@ def unnoticed_death(mode: str, kill_step: int, device: int, tmp: Path, checkpoin
             last = time.perf_counter()
             continue
         if mode == "in_place_snapshots":
-            trainer.snapshot_in_memory()
+            t = time.perf_counter()
+            snapshot_bytes = max(trainer.snapshot_in_memory().values())
+            snapshot_s.append(time.perf_counter() - t)
         now = time.perf_counter()
         if died_at < 0:
             times.append(now - last)
@@ -123,7 +127,9 @@ def unnoticed_death(mode: str, kill_step: int, device: int, tmp: Path, checkpoin
     reference = ReferenceTrainer(MODEL, loss_fn("mlp"), SGD, DATA, 4)
     reference.train(steps)
     iteration = sorted(times[1:])[len(times[1:]) // 2]
-    return {"stall_s": stall, "lost_steps": lost, "iteration_s": iteration, "max_abs_diff": max_difference(got, reference.state_dicts())}
+    snap = sorted(snapshot_s)[len(snapshot_s) // 2] if snapshot_s else 0.0
+    return {"stall_s": stall, "lost_steps": lost, "iteration_s": iteration, "max_abs_diff": max_difference(got, reference.state_dicts()),
+            "snapshot_s": snap, "snapshot_bytes": snapshot_bytes}
 
 
 def death_side_by_side(tmp: Path, rounds: int) -> list[str]:
@@ -139,8 +145,12 @@ def death_side_by_side(tmp: Path, rounds: int) -> list[str]:
         lost = [int(r["lost_steps"]) for r in runs]
         median = stalls[len(stalls) // 2]
         anchor = anchor or median
+        snap = max(r["snapshot_s"] for r in runs)
+        cost = f"{snap * 1000:.0f} ms, {max(r['snapshot_bytes'] for r in runs) / 1024:.0f} KiB" if snap else "-"
+        iteration = sorted(r["iteration_s"] for r in runs)[len(runs) // 2]
         rows.append(f"| {mode} | {median:.2f} s ({stalls[0]:.2f}-{stalls[-1]:.2f}) | {its[len(its) // 2]:.0f} ({its[0]:.0f}-{its[-1]:.0f}) "
-                    f"| {', '.join(map(str, lost))} | {anchor / median:.1f}x | {max(r['max_abs_diff'] for r in runs):.1e} |")
+                    f"| {', '.join(map(str, lost))} | {anchor / median:.1f}x | {iteration * 1000:.0f} ms | {cost} "
+                    f"| {max(r['max_abs_diff'] for r in runs):.1e} |")
         print(rows[-1], flush=True)
     return rows
 
@@ -229,8 +239,12 @@ def main() -> None:
                  "Lost steps: steps computed again, per death. In place: the survivors keep their processes, re-form their "
                  "process group and continue on a 3-stage plan; the dead worker's blocks come from storage (the checkpoint) or "
                  "from its neighbour's in-memory copy (snapshots).", "",
-                 "| recovery | stall (median, range) | stall in iterations | lost steps | vs full restart | max abs diff |",
-                 "|---|---|---|---|---|---|", *death_side_by_side(tmp, args.rounds), ""]
+                 "Snapshot cost: the median `snapshot_in_memory` call between two steps (own copy, neighbour's copy, "
+                 "synchronous) and the host memory of copies per worker (own and neighbour's, two generations each, "
+                 "checkpoint copies included).", "",
+                 "| recovery | stall (median, range) | stall in iterations | lost steps | vs full restart | step (median) "
+                 "| snapshot cost per step | max abs diff |",
+                 "|---|---|---|---|---|---|---|---|", *death_side_by_side(tmp, args.rounds), ""]
         if args.deaths_only:
             out = ROOT / "benchmarks" / "results" / "faults.md"
             kept = out.read_text().split("## Random actor deaths", 1) if out.exists() else []

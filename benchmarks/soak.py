@@ -39,13 +39,13 @@ KINDS = ("death", "node_removal", "notice_device", "notice_node", "join", "slowd
 WIDTHS = (8, 16, 16, 16, 16, 16, 16, 16, 4)
 
 
-def schedule(steps: int, every: int, seed: int) -> list[tuple[int, str]]:
+def schedule(steps: int, every: int, seed: int, kinds: tuple[str, ...] = KINDS) -> list[tuple[int, str]]:
     """``(step, kind)``: every kind once in a seeded order, then seeded random kinds, one per ``every`` steps."""
     rng = random.Random(seed)
-    first = list(KINDS)
+    first = list(kinds)
     rng.shuffle(first)
     at = list(range(every, steps, every))
-    return [(s, first[i] if i < len(first) else rng.choice(KINDS)) for i, s in enumerate(at)]
+    return [(s, first[i] if i < len(first) else rng.choice(kinds)) for i, s in enumerate(at)]
 
 
 def rss_kib(pid: int) -> int | None:
@@ -62,7 +62,7 @@ def rss_kib(pid: int) -> int | None:
 class Soak:
     """The cluster, the job and the faults (see the module docstring)."""
 
-    def __init__(self, steps: int, seed: int, every: int, tmp: Path) -> None:
+    def __init__(self, steps: int, seed: int, every: int, tmp: Path, kinds: tuple[str, ...] = KINDS) -> None:
         import ray
         from ray.cluster_utils import Cluster
 
@@ -71,7 +71,7 @@ class Soak:
         from orchestrator.core.plan import straight_plan
         from orchestrator.profiling.models import example_batch, loss_fn, mlp
 
-        self.steps, self.every, self.rng = steps, every, random.Random(seed + 1)
+        self.steps, self.every, self.kinds, self.rng = steps, every, kinds, random.Random(seed + 1)
         self.cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
         self.nodes = [self.cluster.add_node(num_cpus=2) for _ in range(2)]
         self.cluster.wait_for_nodes()
@@ -180,7 +180,7 @@ class Soak:
     def run(self) -> dict[str, Any]:
         handled: list[dict[str, Any]] = []
         counts = {k: 0 for k in KINDS}
-        plan = dict(schedule(self.steps, self.every, self.rng.randrange(1 << 30)))
+        plan = dict(schedule(self.steps, self.every, self.rng.randrange(1 << 30), self.kinds))
         error = None
         mark = 0
         try:
@@ -206,7 +206,7 @@ class Soak:
         memory = self.memory_growth() if error is None else {}
         self.job.close()
         leaked = self.leaked()
-        ok = (error is None and diff is not None and diff <= 1e-5 and not leaked and all(counts.values())
+        ok = (error is None and diff is not None and diff <= 1e-5 and not leaked and all(counts[k] for k in self.kinds)
               and (memory.get("max_growth") is None or memory["max_growth"] <= 0.10))
         return {"steps": self.job.trainer.step, "max_abs_diff": diff, "faults": counts, "handled": handled, "leaked": leaked,
                 "memory": memory, "error": error, "ok": ok}
@@ -226,15 +226,21 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--every", type=int, default=10, help="steps between faults")
+    parser.add_argument("--kinds", default=",".join(KINDS), help=f"fault kinds to draw from (default: all of {', '.join(KINDS)})")
     parser.add_argument("--record", action="store_true", help="write benchmarks/results/soak.md")
     args = parser.parse_args()
+    kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown or not kinds:
+        print(f"error: --kinds {args.kinds!r}: unknown kind(s) {unknown} (choose from {', '.join(KINDS)})", file=sys.stderr)
+        return 2
     if args.steps < 2 * args.every or args.every < 2:
         print(f"error: --steps {args.steps} must be at least twice --every {args.every} (and --every at least 2)", file=sys.stderr)
         return 2
     os.environ.pop("RAY_ADDRESS", None)  # the soak's own cluster, never one the caller points at
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
-        soak = Soak(args.steps, args.seed, args.every, Path(tmp))
+        soak = Soak(args.steps, args.seed, args.every, Path(tmp), kinds)
         try:
             result = soak.run()
         finally:
