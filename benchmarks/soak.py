@@ -97,6 +97,10 @@ class Soak:
         group = job.trainer.group
         assert group is not None
         workers = [n for n in self.nodes if n in self.cluster.worker_nodes]
+        node_of = {d: group.slots[group.slot_of.get(d, d)].node_id for d in job.alive}
+        busy = [n for n in workers if n.node_id in {node_of[d] for d in plan_devices if d in node_of}]
+        if kind in ("node_removal", "notice_node") and busy and len(workers) >= 2:
+            workers = busy  # a node the job trains on: the fault reaches it
         if kind in ("node_removal", "notice_node") and len(workers) < 2:
             kind = "join"  # keep a node to train on: add capacity instead
         if kind == "death" and len(plan_devices) < 2:
@@ -118,7 +122,7 @@ class Soak:
             return f"notice_device: device {d}"
         if kind == "notice_node":
             node = self.rng.choice(workers)
-            on = tuple(sorted(d for d in job.alive if group.slots[group.slot_of.get(d, d)].node_id == node.node_id))
+            on = tuple(sorted(d for d, n in node_of.items() if n == node.node_id))
             if not on:
                 return self.inject("notice_device")
             job.notify(on, 30.0, "soak")
@@ -189,7 +193,8 @@ class Soak:
                 self.job.fit(chunk)
                 self.sample_memory()
                 events = [json.loads(line) for line in self.events_file.read_text().splitlines()]
-                if handled:
+                if handled:  # the chunk after the fault completed: handled; the events say how
+                    handled[-1]["completed"] = True
                     handled[-1]["events"] = sorted({e["event"] for e in events[mark:]} - {"job_finished", "adapt"})
                     handled[-1]["modes"] = sorted({str(e.get("mode")) for e in events[mark:] if "mode" in e})
                 mark = len(events)
