@@ -98,11 +98,10 @@ class Soak:
         assert group is not None
         workers = [n for n in self.nodes if n in self.cluster.worker_nodes]
         node_of = {d: group.slots[group.slot_of.get(d, d)].node_id for d in job.alive}
-        busy = [n for n in workers if n.node_id in {node_of[d] for d in plan_devices if d in node_of}]
-        if kind in ("node_removal", "notice_node") and busy and len(workers) >= 2:
-            workers = busy  # a node the job trains on: the fault reaches it
         if kind in ("node_removal", "notice_node") and len(workers) < 2:
             kind = "join"  # keep a node to train on: add capacity instead
+        busy = [n for n in workers if n.node_id in {node_of[d] for d in plan_devices if d in node_of}]
+        workers = busy or workers  # a node the job trains on, where there is one: the fault reaches it
         if kind == "death" and len(plan_devices) < 2:
             kind = "slowdown"
         if kind == "death":
