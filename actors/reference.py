@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from actors import seeding, tied
 from actors.materialize import materialize
-from actors.training import TrainingOptions, clip_, counted_params, schedulers_for, sum_of_squares
+from actors.training import TrainingOptions, clip_, counted_params, schedulers_for, total_norm
 from actors.transport import unit_range
 from orchestrator.core.plan import Plan, Stage
 from orchestrator.schedule.ir import units_of
@@ -94,8 +94,8 @@ class ReferenceTrainer:
             total += float(loss.detach())
         tied.sum_local(dict(enumerate(self.blocks)), self.ties)
         if self.training.max_grad_norm is not None:  # what clip_grad_norm_ does over the (tied) model
-            clip_([p for m in self.blocks for p in m.parameters()], sum_of_squares(counted_params(self.blocks)),
-                  self.training.max_grad_norm)
+            norm = total_norm([p.grad for p in counted_params(self.blocks) if p.grad is not None])
+            clip_([p for m in self.blocks for p in m.parameters()], norm, self.training.max_grad_norm)
         for b, opt in self.optimizers.items():
             opt.step()
             opt.zero_grad(set_to_none=True)

@@ -42,7 +42,7 @@ from actors import placement, probe
 from actors import user_code
 from actors.materialize import materialize
 from actors.tied import TiedGrads, tie_table
-from actors.training import StepHooks, norm_contributors, schedulers_for
+from actors.training import NormLayout, StepHooks, norm_contributors, schedulers_for
 from actors.execution import Executor
 from actors.checkpoint import host_copy
 from actors.job_spec import JobSpec, cpu_threads
@@ -74,6 +74,8 @@ class StageWorker(WorkerCheckpoints):
         self.schedulers: dict[int, Any] = {}  # block -> LR scheduler of its optimizer (actors/training.py)
         self.copies = HostCopies()  # own, neighbour and checkpoint copies for recovery in place
         self.aborted = False  # communicators closed after a failed iteration (until the next group is formed)
+        self.norm_layout: NormLayout | None = None  # the model's clip_grad_norm_ order (actors/training.py)
+        self.hooks: StepHooks | None = None  # owns the norm and tied groups of the current plan
 
     # ----- setup -----
     def endpoint(self) -> tuple[str, int]:
@@ -130,6 +132,7 @@ class StageWorker(WorkerCheckpoints):
         # meta-built models: only this device's blocks get real weights (actors/materialize.py)
         modules = {b: materialize(blocks[b], torch_device, spec.seed, f"block{b}") for b in mine}
         self.ties = tie_table(blocks)
+        self.norm_layout = NormLayout.of(blocks)
         del blocks  # the other devices' blocks: only needed for the identical RNG stream and the probe
         optimizers = {b: user_code.optimizer(spec.optimizer_factory, m.parameters(), b) for b, m in modules.items() if any(True for _ in m.parameters())}
         init_group(host, port, rank_of[device], len(rank_of), backend_for(torch_device), spec.pg_timeout_s, torch_device)
@@ -138,7 +141,7 @@ class StageWorker(WorkerCheckpoints):
         groups = replica_groups(plan, rank_of, timeout_s=spec.pg_timeout_s)
         links = link_groups(directed_links(schedule), rank_of, timeout_s=spec.pg_timeout_s)
         self.schedulers = schedulers_for(spec.training, optimizers)
-        hooks = self._step_hooks(spec, plan, device, rank_of, modules)
+        hooks = self._step_hooks(spec, plan, device, rank_of, modules, torch_device)
         warm_up(device, rank_of, links, groups, torch_device)
         self.executor = self._executor(
             spec, plan, device, rank_of, schedule.programs.get(device, ()), modules, optimizers, groups, boundary,
@@ -179,9 +182,13 @@ class StageWorker(WorkerCheckpoints):
         return [self.run_iteration(first + i) for i in range(count)]
 
     def _step_hooks(self, spec: JobSpec, plan: Plan, device: int, rank_of: dict[int, int],
-                    modules: dict[int, nn.Module]) -> StepHooks | None:
+                    modules: dict[int, nn.Module], torch_device: torch.device) -> StepHooks | None:
         """Tied-gradient sums, global-norm clipping and LR schedules of this plan (a collective:
-        every member creates the same groups in the same order)."""
+        every member creates the same groups in the same order). The previous plan's hooks' groups
+        are destroyed first: each NCCL communicator holds GPU memory and a stream for its life."""
+        if self.hooks is not None:
+            destroy_groups(self.hooks.groups())  # gone already if the default group was re-created
+            self.hooks = None
         make = lambda ranks: new_group(ranks, spec.pg_timeout_s)  # noqa: E731
         tied = TiedGrads.build(self.ties, plan, device, rank_of, modules, make)
         agree = spec.training.max_grad_norm is not None or spec.training.loss_scale is not None  # needs every stage
@@ -189,7 +196,9 @@ class StageWorker(WorkerCheckpoints):
         if tied is None and not agree and not self.schedulers:
             return None
         every = [p for m in modules.values() for p in m.parameters()]
-        return StepHooks(spec.training, tied, norm_contributors(plan, device, modules), every, norm_group, self.schedulers, plan)
+        self.hooks = StepHooks(spec.training, tied, norm_contributors(plan, device, modules), every, norm_group, self.schedulers,
+                               plan, torch_device, self.norm_layout)
+        return self.hooks
 
     def _install(self, hooks: StepHooks | None) -> None:
         ex = self._ready()
@@ -214,6 +223,7 @@ class StageWorker(WorkerCheckpoints):
         # (a gc.collect here would cost most of a second; reference counting frees them at once).
         if self.executor is not None:
             self.executor.drop_communicators()
+        self.hooks = None  # its norm and tied groups too
         abort_communicators()
         self.aborted = True
 
@@ -274,6 +284,7 @@ class StageWorker(WorkerCheckpoints):
             built = user_code.blocks(spec.model_factory)
             boundary, batch_rows = probe_boundaries(built, inputs), int(inputs.shape[0])
             self.ties = tie_table(built)
+            self.norm_layout = NormLayout.of(built)
         elif ex is not None:
             spec, boundary, batch_rows, torch_device = ex.spec, ex.boundary, ex.batch_rows, ex.torch_device
             if ex.cuda and self.steady:  # state hand-over and the next first iteration get the setup bound back
@@ -338,7 +349,7 @@ class StageWorker(WorkerCheckpoints):
         kept = {b: s for b, s in previous.items() if b in optimizers}
         fresh = schedulers_for(spec.training, {b: o for b, o in optimizers.items() if b not in kept}, self.completed_step + 1)
         self.schedulers = {**kept, **fresh}
-        hooks = self._step_hooks(spec, plan, device, rank_of, modules)
+        hooks = self._step_hooks(spec, plan, device, rank_of, modules, torch_device)
         self.executor = self._executor(
             spec, plan, device, rank_of, schedule.programs.get(device, ()), modules, optimizers, groups, boundary,
             batch_rows, torch_device, links=links,

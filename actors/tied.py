@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
-import torch.distributed as dist
 from torch import Tensor, nn
 
 from actors.materialize import TIE
+from actors.training import Reduce, all_reduce_sum
 
 
 @dataclass(frozen=True)
@@ -100,8 +100,9 @@ class TiedGrads:
     def __init__(
         self, table: dict[str, list[tuple[int, str]]], holders: dict[str, list[int]], device: int,
         first_replica_blocks: set[int], modules: dict[int, nn.Module], groups: dict[str, Any],
+        reduce: Reduce = all_reduce_sum,
     ) -> None:
-        self.device, self.modules, self.groups = device, modules, groups
+        self.device, self.modules, self.groups, self.reduce = device, modules, groups, reduce
         self.local = {k: [(b, n) for b, n in copies if b in modules] for k, copies in table.items()}
         self.local = {k: v for k, v in self.local.items() if v}
         self.contributes = first_replica_blocks
@@ -139,6 +140,6 @@ class TiedGrads:
             if total is None:
                 total = torch.zeros_like(params[0])
             if key in self.groups:
-                dist.all_reduce(total, op=dist.ReduceOp.SUM, group=self.groups[key])
+                self.reduce(total, self.groups[key])  # on the parameters' device, like the gradients
             for p in params:
                 p.grad = total.clone()

@@ -21,6 +21,7 @@ boundary's dtype does not depend on what ran inside and the meta-device probe kn
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
@@ -43,29 +44,29 @@ class LossScale:
 
 
 class Scaler:
-    """One worker's copy of the loss scale. Every stage holds the same value because every
-    stage updates it from the same, all-reduced, found-infinite flag."""
+    """One worker's copy of the loss scale, on the stage's device. Every stage holds the same value
+    because every stage updates it from the same, all-reduced, found-infinite flag.
 
-    def __init__(self, config: LossScale) -> None:
+    Why on the device: the scale multiplies every last-stage loss and unscales every gradient; a
+    host tensor would be copied host -> device at each of those (a synchronising copy on CUDA).
+    The update is ``GradScaler``'s own kernel (``torch._amp_update_scale_``), so it needs no host
+    read of the flag either."""
+
+    def __init__(self, config: LossScale, device: torch.device) -> None:
         self.config = config
-        self.scale = torch.tensor(config.init_scale, dtype=torch.float32)
-        self.tracker = 0
+        self.scale = torch.full((), config.init_scale, dtype=torch.float32, device=device)
+        self.tracker = torch.zeros((), dtype=torch.int32, device=device)
 
     def scale_loss(self, loss: Tensor) -> Tensor:
-        return loss * self.scale.to(loss.device)
+        return loss * self.scale
 
     def inv(self) -> Tensor:
-        return self.scale.double().reciprocal().float()
+        return self.scale.double().reciprocal().float()  # GradScaler.unscale_'s inverse
 
-    def update(self, found_inf: bool) -> None:
-        if found_inf:
-            self.scale = self.scale * self.config.backoff_factor
-            self.tracker = 0
-        else:
-            self.tracker += 1
-            if self.tracker == self.config.growth_interval:
-                self.scale = self.scale * self.config.growth_factor
-                self.tracker = 0
+    def update(self, found_inf: Tensor) -> None:
+        """``found_inf``: the all-reduced count of stages that found inf/nan gradients (0: none)."""
+        torch._amp_update_scale_(self.scale, self.tracker, found_inf, self.config.growth_factor,
+                                 self.config.backoff_factor, self.config.growth_interval)
 
 
 @dataclass(frozen=True)
@@ -86,64 +87,169 @@ class TrainingOptions:
 def counted_params(modules: Iterable[nn.Module]) -> list[nn.Parameter]:
     """Parameters whose gradients count toward the global norm: a tied weight's copies other
     than its owner's are left out (the tied model has one such parameter)."""
+    return [p for _, _, p in _counted(dict(enumerate(modules)))]
+
+
+def _counted(modules: dict[int, nn.Module]) -> list[tuple[int, str, nn.Parameter]]:
     out = []
-    for m in modules:
-        for p in m.parameters():
+    for b in sorted(modules):
+        for name, p in modules[b].named_parameters():
             tie = getattr(p, TIE, None)
             if tie is None or tie.owner is None:
-                out.append(p)
+                out.append((b, name, p))
     return out
 
 
-def sum_of_squares(params: Sequence[nn.Parameter]) -> Tensor:
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return torch.zeros((), dtype=torch.float32)
-    return torch.stack([torch.linalg.vector_norm(g, 2.0, dtype=torch.float32) for g in grads]).square().sum()
+@dataclass(frozen=True)
+class NormLayout:
+    """Where each counted parameter's gradient norm sits in the vector whose 2-norm
+    ``clip_grad_norm_`` takes over the stock model.
+
+    ``clip_grad_norm_`` computes one norm per gradient, grouped by (device, dtype) in first-seen
+    order, then the 2-norm of those norms stacked. Summing squared norms instead (the obvious
+    distributed form) is the same number up to rounding — but a last-bit difference in the clip
+    coefficient moves a weight by one fp32 ulp, and under bf16 autocast that flips the weight's
+    bf16 rounding, a 2^-8 relative change that training amplifies (issue #26: 1e-2 after 10
+    steps with ``max_grad_norm=1``). So every stage writes its norms at these slots, one
+    all-reduce (each slot has exactly one non-zero contributor, so the sum is exact in any order)
+    assembles the very vector torch stacks, and every stage takes its norm the same way.
+    Assumes the blocks' counted parameters, in block order, are the stock model's parameters
+    in ``parameters()`` order (true of ``sequential_blocks``, ``split_at`` and the HF cutter).
+    """
+
+    slots: dict[tuple[int, str], int]  # (block, parameter name) -> index in the stacked norms
+    dtype: torch.dtype  # the stacked norms' dtype (torch.stack promotes mixed dtypes)
+
+    @classmethod
+    def of(cls, blocks: Sequence[nn.Module]) -> "NormLayout":
+        counted = _counted(dict(enumerate(blocks)))
+        order = sorted(range(len(counted)), key=lambda i: ([p.dtype for _, _, p in counted].index(counted[i][2].dtype), i))
+        slots = {(counted[i][0], counted[i][1]): k for k, i in enumerate(order)}
+        dtypes = [p.dtype for _, _, p in counted if p.dtype.is_floating_point]
+        return cls(slots, functools.reduce(torch.promote_types, dtypes) if dtypes else torch.float32)
+
+    @property
+    def carrier(self) -> torch.dtype:
+        """The all-reduced vector's dtype: holds every norm exactly (bf16/fp16 norms in fp32) and
+        is one every backend reduces (gloo has no bf16 sums on every version)."""
+        return torch.promote_types(self.dtype, torch.float32)
+
+    def __len__(self) -> int:
+        return len(self.slots)
 
 
-def clip_(params: Iterable[nn.Parameter], total_sq: Tensor, max_norm: float) -> None:
-    """Scale gradients as ``clip_grad_norm_`` does for a total norm of ``sqrt(total_sq)``."""
-    coef = torch.clamp(max_norm / (total_sq.sqrt() + 1e-6), max=1.0)
-    for p in params:
-        if p.grad is not None:
-            p.grad.mul_(coef.to(p.grad.device, p.grad.dtype))
+def total_norm(grads: Sequence[Tensor]) -> Tensor:
+    """The 2-norm ``clip_grad_norm_`` computes over ``grads`` (torch's own function, one process)."""
+    return torch.nn.utils.get_total_norm(grads, 2.0)
+
+
+def clip_(params: Iterable[nn.Parameter], norm: Tensor, max_norm: float) -> None:
+    """Scale gradients as ``clip_grad_norm_`` does for a total norm ``norm`` (torch's own code)."""
+    torch.nn.utils.clip_grads_with_norm_(list(params), max_norm, norm)
+
+
+def _norms_by_dtype(grads: list[Tensor]) -> list[Tensor]:
+    """Per-gradient 2-norms in ``grads``' order, each computed as ``clip_grad_norm_`` does
+    (``torch._foreach_norm`` over a (device, dtype) group; a tensor's norm does not depend on
+    the other tensors of its group)."""
+    out: list[Tensor | None] = [None] * len(grads)
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    for i, g in enumerate(grads):
+        groups.setdefault((g.device, g.dtype), []).append(i)
+    for idx in groups.values():
+        for i, n in zip(idx, torch._foreach_norm([grads[i] for i in idx], 2.0)):
+            out[i] = n
+    return [n for n in out if n is not None]
+
+
+Reduce = Callable[[Tensor, Any], None]
+
+
+def all_reduce_sum(tensor: Tensor, group: Any) -> None:
+    """The collective of the step hooks: a sum over ``group``. ``tensor`` must live on the device
+    the group's backend serves — the stage's device (NCCL refuses host tensors)."""
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
 
 
 class StepHooks:
-    """One worker's part in the collective pre-step work of an iteration (see module docstring)."""
+    """One worker's part in the collective pre-step work of an iteration (see module docstring).
 
-    def __init__(self, options: TrainingOptions, tied: Any, counted: list[nn.Parameter], every: list[nn.Parameter],
-                 norm_group: Any, schedulers: dict[int, Any], plan: Any) -> None:
+    Everything stays on the stage's device and crosses the stages in ONE all-reduce per step:
+    a vector of the counted gradients' norms at their :class:`NormLayout` slots plus, with loss
+    scaling, the found-infinite flag in its last element. The only host read is that flag (with
+    loss scaling: whether to step is a host decision, as in ``GradScaler.step``)."""
+
+    def __init__(self, options: TrainingOptions, tied: Any, counted: list[tuple[int, str, nn.Parameter]],
+                 every: list[nn.Parameter], norm_group: Any, schedulers: dict[int, Any], plan: Any,
+                 device: torch.device, layout: NormLayout | None, reduce: Reduce = all_reduce_sum) -> None:
         self.options, self.tied, self.counted, self.every = options, tied, counted, every
         self.norm_group, self.schedulers, self.plan = norm_group, schedulers, plan
-        self.scaler = Scaler(options.loss_scale) if options.loss_scale is not None else None
+        self.device, self.layout, self.reduce = device, layout, reduce
+        self.scaler = Scaler(options.loss_scale, device) if options.loss_scale is not None else None
+        if options.max_grad_norm is not None and layout is None:
+            raise ValueError("clipping needs the model's NormLayout")
+        slots = [layout.slots[(b, n)] for b, n, _ in counted] if layout is not None and options.max_grad_norm is not None else []
+        self.slot_index = torch.tensor(slots, dtype=torch.long, device=device)
         self.before_done, self.stepping = -1, True
+
+    def prepare(self, step: int) -> Tensor | None:
+        """This step's device work, no host read: :meth:`contribution`, the one all-reduce,
+        :meth:`finish`. Returns the reduced found-infinite count (``None`` without loss scaling)."""
+        vec = self.contribution(step)
+        if vec is None:
+            return None
+        if self.norm_group is not None:
+            self.reduce(vec, self.norm_group)
+        return self.finish(vec)
+
+    def contribution(self, step: int) -> Tensor | None:
+        """Tied sums, unscaling (``GradScaler.unscale_``'s kernel per (device, dtype)), and this
+        worker's vector: its counted gradients' norms at their slots, the found flag last."""
+        if self.tied is not None:
+            self.tied.before_step(step)
+        clipping = self.options.max_grad_norm is not None and self.layout is not None
+        width = (len(self.layout) if clipping and self.layout is not None else 0) + (self.scaler is not None)
+        if width == 0:
+            return None
+        vec = torch.zeros(width, dtype=self.layout.carrier if self.layout is not None else torch.float32, device=self.device)
+        if self.scaler is not None:
+            found = torch.zeros(1, dtype=torch.float32, device=self.device)
+            groups: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
+            for p in self.every:
+                if p.grad is not None:
+                    groups.setdefault((p.grad.device, p.grad.dtype), []).append(p.grad)
+            inv = self.scaler.inv()
+            for same in groups.values():
+                torch._amp_foreach_non_finite_check_and_unscale_(same, found, inv)
+            vec[-1:].copy_(found)
+        if clipping:
+            mine = [(i, p.grad) for i, (_, _, p) in enumerate(self.counted) if p.grad is not None]
+            if mine:
+                norms = torch.stack(_norms_by_dtype([g for _, g in mine])).to(vec.dtype)
+                index = self.slot_index if len(mine) == len(self.counted) else self.slot_index[[i for i, _ in mine]]
+                vec.index_copy_(0, index, norms)
+        return vec
+
+    def finish(self, vec: Tensor) -> Tensor | None:
+        """With the all-reduced vector: clip every gradient (overflowed or not, as
+        ``clip_grad_norm_`` after ``GradScaler.unscale_`` does) and update the scale."""
+        if self.options.max_grad_norm is not None and self.layout is not None:
+            norm = torch.linalg.vector_norm(vec[:len(self.layout)].to(self.layout.dtype), 2.0)  # as torch.stack(norms)
+            clip_(self.every, norm, self.options.max_grad_norm)
+        if self.scaler is None:
+            return None
+        flag = vec[-1:].float()
+        self.scaler.update(flag)
+        return flag
 
     def before(self, step: int) -> bool:
         """Prepare the gradients for this iteration's optimizer steps; ``False``: skip them (fp16
         gradients overflowed on some stage: every stage skips, as GradScaler.step does)."""
         if step == self.before_done:
             return self.stepping
-        self.before_done, self.stepping = step, True
-        if self.tied is not None:
-            self.tied.before_step(step)
-        if self.scaler is not None:
-            inv = self.scaler.inv()
-            found = torch.zeros((), dtype=torch.float32)
-            for p in self.every:
-                if p.grad is not None:
-                    p.grad.mul_(inv.to(p.grad.device))
-                    found += (~torch.isfinite(p.grad)).any().float().cpu()
-            if self.norm_group is not None:
-                dist.all_reduce(found, op=dist.ReduceOp.SUM, group=self.norm_group)
-            self.stepping = bool(found.item() == 0)
-            self.scaler.update(not self.stepping)
-        if self.options.max_grad_norm is not None and self.stepping:
-            total = sum_of_squares(self.counted)
-            if self.norm_group is not None:
-                dist.all_reduce(total, op=dist.ReduceOp.SUM, group=self.norm_group)
-            clip_(self.every, total, self.options.max_grad_norm)
+        self.before_done = step
+        flag = self.prepare(step)
+        self.stepping = flag is None or float(flag.item()) == 0.0  # the step's one host read
         return self.stepping
 
     def after(self, stage: int) -> None:
@@ -153,6 +259,12 @@ class StepHooks:
         for b in range(s.first, s.last):
             if b in self.schedulers:
                 self.schedulers[b].step()
+
+    def groups(self) -> list[Any]:
+        """The process groups these hooks own (the norm group and the tied weights' groups): a
+        live move that builds new hooks destroys these."""
+        own = [] if self.norm_group is None else [self.norm_group]
+        return own + ([] if self.tied is None else list(self.tied.groups.values()))
 
 
 def schedulers_for(options: TrainingOptions, optimizers: dict[int, torch.optim.Optimizer], completed: int = 0) -> dict[int, Any]:
@@ -169,11 +281,12 @@ def schedulers_for(options: TrainingOptions, optimizers: dict[int, torch.optim.O
     return out
 
 
-def norm_contributors(plan: Any, device: int, modules: dict[int, nn.Module]) -> list[nn.Parameter]:
-    """This device's share of the global norm: blocks of stages it is the first replica of."""
-    mine = [modules[b] for j in plan.stages_of_device(device) if plan.stages[j].devices[0] == device
-            for b in range(plan.stages[j].first, plan.stages[j].last) if b in modules]
-    return counted_params(mine)
+def norm_contributors(plan: Any, device: int, modules: dict[int, nn.Module]) -> list[tuple[int, str, nn.Parameter]]:
+    """This device's share of the global norm, as (block, name, parameter): blocks of stages it
+    is the first replica of (a replica's gradients equal its first replica's after the all-reduce)."""
+    mine = {b: modules[b] for j in plan.stages_of_device(device) if plan.stages[j].devices[0] == device
+            for b in range(plan.stages[j].first, plan.stages[j].last) if b in modules}
+    return _counted(mine)
 
 
 # ----- factory wrappers (picklable: they travel to the stage actors) -----

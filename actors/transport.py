@@ -35,7 +35,8 @@ from orchestrator.schedule.ir import Range, intersect, replica_range, split_rang
 
 __all__ = [
     "Range", "intersect", "replica_range", "split_range", "unit_range", "stage_rows", "tag", "select_device",
-    "link_groups", "replica_groups", "warm_up", "destroy_groups", "shorten_timeouts", "abort_communicators",
+    "local_cuda_index", "link_groups", "replica_groups", "warm_up", "destroy_groups", "shorten_timeouts",
+    "abort_communicators",
 ]
 
 RENDEZVOUS_TIMEOUT_S = 120.0
@@ -87,24 +88,43 @@ def select_device() -> torch.device:
     masking (the default) the local CUDA index is its position in that list (usually 0), and with
     ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES=1`` the physical index itself. ``set_device``
     makes every later allocation, kernel and NCCL communicator use it, so nothing silently lands on
-    ``cuda:0``.
+    ``cuda:0``. The index arithmetic is :func:`local_cuda_index`.
     """
     if not torch.cuda.is_available():
         return torch.device("cpu")
-    index = 0
     try:
         import ray
 
         gpu_ids = [str(g) for g in ray.get_gpu_ids()] if ray.is_initialized() else []
     except Exception:  # noqa: BLE001 - outside a Ray actor: the current device
         gpu_ids = []
-    if gpu_ids:
-        visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
-        index = visible.index(gpu_ids[0]) if gpu_ids[0] in visible else int(gpu_ids[0])
-    if index >= torch.cuda.device_count():
-        raise RuntimeError(f"Ray assigned GPU {gpu_ids[:1]} but this process sees {torch.cuda.device_count()} CUDA device(s)")
+    index = local_cuda_index(gpu_ids, os.environ.get("CUDA_VISIBLE_DEVICES"), torch.cuda.device_count())
     torch.cuda.set_device(index)
     return torch.device("cuda", index)
+
+
+def local_cuda_index(gpu_ids: list[str], visible: str | None, count: int) -> int:
+    """This process's CUDA index of the first GPU Ray assigned (``gpu_ids``), given
+    ``CUDA_VISIBLE_DEVICES`` (``visible``) and how many devices CUDA shows (``count``).
+
+    Ray's ids and the visible list may be indices or GPU UUIDs (``GPU-8f2c...``, or ``MIG-...``,
+    as Ray reports them when the node's ``CUDA_VISIBLE_DEVICES`` names GPUs by UUID): an id is
+    looked up in the list; only a numeric id absent from it is an index itself. Anything else is
+    one clear error naming both, never a bare ``ValueError``.
+    """
+    if not gpu_ids:
+        return 0
+    listed = [v.strip() for v in (visible or "").split(",") if v.strip()]
+    want = gpu_ids[0]
+    if want in listed:
+        index = listed.index(want)
+    elif want.isdigit():
+        index = int(want)
+    else:
+        raise RuntimeError(f"Ray assigned GPU {want!r} but CUDA_VISIBLE_DEVICES={visible or ''!r} does not list it")
+    if index >= count:
+        raise RuntimeError(f"Ray assigned GPU {want!r} but this process sees {count} CUDA device(s)")
+    return index
 
 
 def nccl_environment() -> None:
@@ -124,6 +144,10 @@ def nccl_environment() -> None:
     ended by this watchdog first, so the job falls back to a full restart (untested on GPUs).
     Users may override either setting.
     """
+    if os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1":  # orchestrator/schedule/nccl.py: 41 of 78 plan shapes hang
+        from orchestrator.core.errors import UserError
+
+        raise UserError("CUDA_DEVICE_MAX_CONNECTIONS=1 serialises the per-link NCCL communicators and can hang the pipeline; unset it")
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "0")
 

@@ -178,8 +178,10 @@ def watcher_rows() -> list[Row]:
     from cloud.preemption import watcher_for
 
     routes: dict[str, Callable[[str, str, dict[str, str]], tuple[Any, ...]]] = {
+        # a rebalance recommendation (an early warning, no deadline) and the interruption notice
         "aws": lambda m, p, h: (200, "T") if m == "PUT" else (
-            (200, {"noticeTime": "2026-11-01T07:59:30Z"}) if p.endswith("/rebalance") else (404, "")),
+            (200, {"noticeTime": "2026-11-01T07:59:30Z"}) if p.endswith("/rebalance")
+            else (200, {"action": "terminate", "time": "2026-11-01T08:02:00Z"})),
         "gcp": lambda m, p, h: (200, "TRUE", {"ETag": "e1"}),
         "azure": lambda m, p, h: (200, {"Events": [{"EventType": "Preempt", "NotBefore": "Mon, 19 Sep 2016 18:29:47 GMT"}]}),
     }
@@ -198,9 +200,10 @@ def watcher_rows() -> list[Row]:
                 watcher = watcher_for(cloud, lambda d: got.set(), base_url=server.url, poll_interval_s=0.02).start()
                 fired = got.wait(5)
                 watcher.stop()
+            early = "".join(f"; early warning '{kind}'" for kind, _ in watcher.warnings)
             rows.append({"cloud": cloud, "case": "preemption watcher, dead HTTP(S)_PROXY in the environment",
                          "rows_in": len(server.requests), "offers_out": 0,
-                         "note": f"notice '{watcher.notice}' delivered" if fired else "NO NOTICE"})
+                         "note": (f"notice '{watcher.notice}' delivered" if fired else "NO NOTICE") + early})
     finally:
         for key, value in saved.items():
             if value is None:

@@ -144,7 +144,7 @@ def ours_times(args: Any, world: int, iters: int) -> tuple[list[float], float]:
         times = []
         for _ in range(args.rounds):
             t0 = time.perf_counter()
-            trainer.fit(iters)
+            trainer.fit(trainer.step + iters)
             times.append((time.perf_counter() - t0) / iters)
         predicted = plan.predicted_iteration_s or float("nan")
         return times, predicted

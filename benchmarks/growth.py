@@ -59,9 +59,9 @@ def run(mode: str, steps: int, width: int, tmp: Path) -> dict[str, Any]:
         t0 = time.perf_counter()
         moved = job.move(target).bytes_moved if mode == "live move" else 0.0
         if mode != "live move":
-            job.handle.restart(target, from_checkpoint=False)
+            job.restart_on(target, job.checkpoint_now("planned restart"), tuple(sorted(job.alive)))
         stall = time.perf_counter() - t0
-        job.fit(steps - 6)
+        job.fit(steps)  # to step `steps`
         state_mb = sum(p.numel() * 4 for p in job.trainer.state_dicts()[1].values()) * 2 * 8 / 1e6
         return {"mode": mode, "width": width, "state_mb": state_mb, "moved_mb": moved / 1e6, "stall_s": stall, "before_s": before,
                 "after_s": statistics.median(job.iteration_s[-8:]), "restarts": job.restarts, "diff": job.max_abs_diff()}

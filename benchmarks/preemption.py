@@ -57,7 +57,7 @@ def run_case(devices: int, case: str, live: bool, steps: int, at: int, out: Path
     finally:
         job.close()
     handled = [e for e in result.events if e["event"] in ("preemption_handled",)]
-    resumed = [e for e in result.events if e["event"] == "resumed"]
+    resumed = [e for e in result.events if e["event"] in ("resumed", "recovered")]
     lost = handled[0]["lost_steps"] if handled else sum(e["lost_steps"] for e in resumed)
     stall = handled[0]["stall_s"] if handled else sum(e.get("stall_s", 0.0) for e in resumed)
     iteration = handled[0]["iteration_s"] if handled else (resumed[0].get("iteration_s", float("nan")) if resumed else float("nan"))

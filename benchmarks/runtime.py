@@ -232,13 +232,13 @@ class Ours:
         self.inside: dict[bool, list[float]] = {}  # per run() block: median iteration time inside the actors
 
     def step(self) -> Any:
-        return self.trainer.fit(1).metrics[0]
+        return self.trainer.fit(self.trainer.step + 1).metrics[0]
 
     def run(self, n: int, pipelined: bool) -> tuple[list[float], float]:
         """``fit(n)``: (per-iteration seconds as ``fit`` measures them, i.e. between consecutive
         completions on the driver; the whole call's wall time)."""
         self.trainer.pipelined_dispatch = pipelined
-        result = self.trainer.fit(n)
+        result = self.trainer.fit(self.trainer.step + n)
         self.inside.setdefault(pipelined, []).append(
             statistics.median(max(m.busy_s[d] + m.bubble_s[d] for d in m.busy_s) for m in result.metrics))
         return [m.iteration_s for m in result.metrics], result.wall_s

@@ -75,7 +75,7 @@ def _rounds(ours: Any, theirs: Any, n: int, rounds: int) -> tuple[dict[str, list
             elif who == "ours" or chunked:
                 if chunked:
                     ours.trainer.iterations_per_call = per_call if who == "ours" else 1
-                result = ours.trainer.fit(n)
+                result = ours.trainer.fit(ours.trainer.step + n)
                 med[who].append(statistics.median(m.iteration_s for m in result.metrics))
                 wall[who].append(result.wall_s / n)
                 if who == "ours":

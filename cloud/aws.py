@@ -110,7 +110,13 @@ class AwsPriceSource:
         return sorted(str(r["RegionName"]) for r in answer.get("Regions", []))
 
     def gpu_info(self, region: str, instance_types: Sequence[str]) -> dict[str, tuple[str, int]]:
-        """instance type -> (GPU model, GPU count) from describe_instance_types."""
+        """instance type -> (GPU model, GPU count) from describe_instance_types, corrected.
+
+        The API's GPU ``Name`` is not a model a user can ask for: it answers "A100" for p4de (an
+        A100-80GB) and "NVIDIA" for p5e/p5en (H200). The instance table wins where it knows the type
+        (as SkyPilot's fetcher does); otherwise the GPU memory tells the 80 GB A100 and the H200
+        apart; a type whose model still cannot be told is left out with a note in ``skipped``.
+        """
         kwargs: dict[str, Any] = {}
         if instance_types:
             kwargs["Filters"] = [{"Name": "instance-type", "Values": list(instance_types)}]
@@ -119,8 +125,15 @@ class AwsPriceSource:
             for item in page.get("InstanceTypes", []):
                 gpus = item.get("GpuInfo", {}).get("Gpus", [])
                 count = sum(int(g.get("Count", 0)) for g in gpus)
-                if count:
-                    info[str(item["InstanceType"])] = (normalize_gpu(str(gpus[0]["Name"])), count)
+                if not count:
+                    continue
+                itype = str(item["InstanceType"])
+                model = INSTANCE_GPUS["aws"].get(itype, (gpu_model(gpus[0]), count))[0]
+                if model in GENERIC_GPU_NAMES:
+                    self.skipped.append(f"aws: {itype} ({region}): GPU model not told by describe_instance_types "
+                                        f"(Name {gpus[0].get('Name')!r}); add it to cloud.records.INSTANCE_GPUS")
+                    continue
+                info[itype] = (model, count)
         return info
 
     def on_demand(self, region: str, instance_types: Sequence[str]) -> dict[str, float]:
@@ -157,8 +170,8 @@ class AwsPriceSource:
         self, region: str, instance_types: Sequence[str], start: datetime | None, end: datetime
     ) -> list[PriceRecord]:
         """All records of one region, or a :class:`CloudError` (never a partial list)."""
-        gpus = {t: g for t, g in INSTANCE_GPUS["aws"].items() if t in instance_types}
-        gpus.update(self.gpu_info(region, instance_types))
+        gpus = self.gpu_info(region, instance_types)
+        gpus.update({t: g for t, g in INSTANCE_GPUS["aws"].items() if t in instance_types or t in gpus})
         out: list[PriceRecord] = []
         for item in self.spot(region, instance_types, start, end):
             itype = str(item["InstanceType"])
@@ -230,6 +243,22 @@ def _price(where: str, value: object) -> float:
     if not math.isfinite(price) or price < 0:
         raise CloudError("aws", where, f"price is not a number: {str(value)[:40]!r}")
     return price
+
+
+#: GPU names that are a vendor, not a model (p5e/p5en answer "NVIDIA").
+GENERIC_GPU_NAMES = frozenset({"NVIDIA", "", "GPU"})
+
+
+def gpu_model(gpu: Mapping[str, Any]) -> str:
+    """The model of one ``GpuInfo.Gpus`` entry: its name, told apart by memory where the name is
+    ambiguous (an "A100" with 80 GB is an A100-80GB; an unnamed 141 GB NVIDIA part is an H200)."""
+    name = normalize_gpu(str(gpu.get("Name", "")))
+    mib = int(gpu.get("MemoryInfo", {}).get("SizeInMiB", 0) or 0)
+    if name == "A100" and mib >= 80 * 1024:
+        return "A100-80GB"
+    if name in GENERIC_GPU_NAMES and 140 * 1024 <= mib <= 144 * 1024:
+        return "H200"
+    return name
 
 
 def _stamp(item: Mapping[str, Any]) -> datetime:

@@ -46,6 +46,18 @@ _FAMILIES: tuple[tuple[re.Pattern[str], str], ...] = (
 )
 
 
+#: Sizes that carry a slice of one GPU (NVadsA10_v5: 1/6, 1/3, 1/2 of an A10). Priced as a whole GPU they
+#: would look 2-6x cheaper per GPU than they are; a pipeline stage needs whole devices, so they are left out.
+_PARTIAL = re.compile(r"^Standard_NV(6|12|18)ads_A10_v5$", re.I)
+_PARTIAL_SHARE = {"6": "1/6", "12": "1/3", "18": "1/2"}
+
+
+def partial_gpu(size: str) -> str | None:
+    """``"1/6"`` for a size that has a fraction of one GPU, else None."""
+    m = _PARTIAL.match(normalize_azure_size(size))
+    return _PARTIAL_SHARE[m.group(1)] if m else None
+
+
 def gpu_model(size: str) -> str | None:
     """GPU model of an Azure size from its family, or None when the family is not known."""
     name = normalize_azure_size(size)
@@ -146,6 +158,10 @@ class AzurePriceSource:
                 continue
             name = normalize_azure_size(str(sku.name))
             model = gpu_model(name)
+            share = partial_gpu(name)
+            if share is not None:
+                self.skipped.append(f"azure: {name} ({region}) has {share} of an {model}, not a whole GPU: left out")
+                continue
             if model is None:
                 self.skipped.append(f"azure: resource_skus.list ({region}): unknown GPU family of {name} not priced")
                 continue

@@ -35,6 +35,14 @@ from .sources import call, google_retry, short
 COMPUTE_SERVICE_ID = "6F81-5844-456A"  # "Compute Engine" in the Cloud Billing Catalog
 #: Most vCPUs an N1 host may have per attached GPU (GCP GPU docs); used to pick legal hosts.
 N1_MAX_VCPUS_PER_GPU: dict[str, int] = {"P100": 16, "V100": 12, "T4": 24, "P4": 24}
+#: vCPUs per attached GPU of the N1 host a user would pick: as many as the matching AWS instance
+#: gives each GPU (p3.2xlarge: 8 per V100; g4dn.xlarge: 4 per T4). The cheapest *legal* host (1 vCPU
+#: per V100) makes GCP look cheaper than AWS for a machine nobody trains on. Standard shapes only
+#: (3.75 GB per vCPU), as the AWS instances carry. Configurable per source.
+N1_VCPUS_PER_GPU: dict[str, int] = {"P100": 8, "V100": 8, "T4": 4, "P4": 4}
+N1_MIN_GB_PER_VCPU = 3.75
+#: Machine types GCP offers only as Spot or Flex-start, never on demand.
+SPOT_ONLY: frozenset[str] = frozenset({"a3-highgpu-1g", "a3-highgpu-2g", "a3-highgpu-4g"})
 #: acceleratorType name -> (GPU model, catalog SKU key). Only these are priced.
 ACCELERATORS: dict[str, tuple[str, str]] = {
     "nvidia-tesla-t4": ("T4", "T4"), "nvidia-tesla-v100": ("V100", "V100"), "nvidia-tesla-p100": ("P100", "P100"),
@@ -47,7 +55,7 @@ DEPRECATED: frozenset[str] = frozenset({"nvidia-tesla-k80"})
 #: Virtual-workstation variants carry a licence; the job does not want them.
 _VWS = re.compile(r"-vws$")
 _GPU_SKU = re.compile(
-    r"^(?:Spot Preemptible )?(?:Nvidia )?(?:Tesla )?(?P<model>[A-Z]\d+[A-Z]?)(?: (?P<mem>\d+GB))?(?P<mega> Mega)? GPU "
+    r"^(?:Spot Preemptible )?(?:Nvidia )?(?:Tesla )?(?P<model>[A-Z]\d+[A-Z]?)(?P<mega0> Mega)?(?: (?P<mem>\d+GB))?(?P<mega> Mega)? GPU "
     r"(?:attached to Spot Preemptible VMs )?running in ", re.I)
 _HOST_SKU = re.compile(
     r"^(?:Spot Preemptible )?(?P<family>N1 Predefined|A2|A3 ?Ultra|A3 ?Mega|A3 ?Edge|A3|G2) Instance (?P<kind>Core|Ram) "
@@ -63,18 +71,24 @@ def host_family(instance_type: str) -> str:
     return prefix
 
 
-def host_options(gpu: str, count: int, hosts: pd.DataFrame, zone: str, min_vcpus_per_gpu: int = 1) -> pd.DataFrame:
+def host_options(gpu: str, count: int, hosts: pd.DataFrame, zone: str, min_vcpus_per_gpu: int | None = None) -> pd.DataFrame:
     """Host VMs in ``zone`` that can carry ``count`` x ``gpu`` (``hosts`` has instance_type, vcpus...).
 
     Built-in GPUs (A100, H100, H200, L4) need a machine type whose built-in GPUs are exactly
     ``count`` x ``gpu``; N1-attached GPUs allow N1 hosts with
-    ``count * min_vcpus_per_gpu <= vCPUs <= N1_MAX_VCPUS_PER_GPU[gpu] * count``.
+    ``count * min_vcpus_per_gpu <= vCPUs <= N1_MAX_VCPUS_PER_GPU[gpu] * count`` (default minimum:
+    :data:`N1_VCPUS_PER_GPU`, a host sized as a user would) and at least
+    :data:`N1_MIN_GB_PER_VCPU` of memory per vCPU where ``hosts`` says (a ``memory_gb`` column).
     """
     in_zone = hosts[hosts.zone == zone] if "zone" in hosts and zone else hosts
     if gpu in N1_MAX_VCPUS_PER_GPU:
+        least = N1_VCPUS_PER_GPU.get(gpu, 1) if min_vcpus_per_gpu is None else min_vcpus_per_gpu
         limit = min(96, N1_MAX_VCPUS_PER_GPU[gpu] * count)
         n1 = in_zone[in_zone.instance_type.str.startswith("n1-")]
-        return n1[(n1.vcpus >= count * min_vcpus_per_gpu) & (n1.vcpus <= limit)]
+        fits = (n1.vcpus >= count * least) & (n1.vcpus <= limit)
+        if "memory_gb" in n1:
+            fits &= n1.memory_gb >= n1.vcpus * N1_MIN_GB_PER_VCPU - 1e-6
+        return n1[fits]
     built_in = {t for t, g in INSTANCE_GPUS["gcp"].items() if g == (gpu, count)}
     return in_zone[in_zone.instance_type.isin(built_in)]
 
@@ -84,6 +98,9 @@ class Rates:
     """Per-region unit prices read from the Billing Catalog: (kind, region, spot) -> USD/h (RAM: per GiB h)."""
 
     table: Mapping[tuple[str, str, bool], float]
+    unmatched: tuple[str, ...] = ()
+    """GPU SKU descriptions not understood (a new variant such as "H100 80GB Plus GPU"): reported in
+    ``skipped``, never silently dropped."""
 
     def get(self, kind: str, region: str, spot: bool) -> float | None:
         return self.table.get((kind, region, spot))
@@ -93,7 +110,7 @@ def sku_kind(description: str) -> str | None:
     """``gpu:H100-80GB``, ``a3-core``, ``n1-ram``... for a catalog description, else None."""
     gpu = _GPU_SKU.match(description)
     if gpu:
-        key = gpu["model"].upper() + (f"-{gpu['mem'].upper()}" if gpu["mem"] else "") + ("-MEGA" if gpu["mega"] else "")
+        key = gpu["model"].upper() + (f"-{gpu['mem'].upper()}" if gpu["mem"] else "") + ("-MEGA" if gpu["mega"] or gpu["mega0"] else "")
         return f"gpu:{key}"
     host = _HOST_SKU.match(description)
     if host:
@@ -105,12 +122,16 @@ def sku_kind(description: str) -> str | None:
 def parse_skus(skus: Sequence[Mapping[str, Any]]) -> Rates:
     """Unit prices from Billing Catalog SKUs in their JSON shape (commitments, DWS, sole tenancy ignored)."""
     table: dict[tuple[str, str, bool], float] = {}
+    unmatched: set[str] = set()
     for sku in skus:
         usage = sku.get("category", {}).get("usageType", "")
         if usage not in ("OnDemand", "Preemptible"):
             continue
-        kind = sku_kind(str(sku.get("description", "")))
+        text = str(sku.get("description", ""))
+        kind = sku_kind(text)
         infos = sku.get("pricingInfo") or []
+        if kind is None and _LOOKS_LIKE_GPU.search(text) and not _NOT_A_VM_GPU.search(text):
+            unmatched.add(text)
         if kind is None or not infos:
             continue
         rates = infos[-1].get("pricingExpression", {}).get("tieredRates") or []
@@ -124,7 +145,11 @@ def parse_skus(skus: Sequence[Mapping[str, Any]]) -> Rates:
                              f"price of {sku.get('skuId', '?')} is not a number: {money!r}"[:200]) from None
         for region in sku.get("serviceRegions", []):
             table[(kind, str(region), usage == "Preemptible")] = price
-    return Rates(table)
+    return Rates(table, tuple(sorted(unmatched)))
+
+
+_LOOKS_LIKE_GPU = re.compile(r"\bGPU\b.*running in ", re.I)
+_NOT_A_VM_GPU = re.compile(r"Virtual Workstation|Commitment|DWS|Sole Tenancy|Reserved", re.I)
 
 
 def classify(exc: BaseException) -> str | None:
@@ -252,6 +277,8 @@ class GcpPriceSource:
         """Catalog prices now (the catalog has no history; ``start`` is ignored)."""
         when = utc(end) if end else datetime.now(timezone.utc)
         rates = parse_skus(self.skus())
+        self.skipped.extend(f"gcp: cloudbilling.services.skus.list: GPU SKU {d!r} not understood: not priced"
+                            for d in rates.unmatched)
         hosts = self.machine_types()
         accels = self.accelerators()
         records: list[PriceRecord] = []
@@ -272,6 +299,8 @@ class GcpPriceSource:
                     options = host_options(gpu, count, zone_hosts, zone) if count <= max_cards else zone_hosts[:0]
                     # the Mega H100 is its own accelerator (and SKU) and comes only on a3-megagpu
                     options = options[options.instance_type.str.startswith("a3-megagpu") == sku.endswith("-MEGA")]
+                    if not spot:  # a3-highgpu-1g/2g/4g: Spot or Flex-start only
+                        options = options[~options.instance_type.isin(SPOT_ONLY)]
                     if instance_types:
                         options = options[options.instance_type.isin(instance_types)]
                     if options.empty:

@@ -11,8 +11,10 @@ same code.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 
 import numpy as np
 import pandas as pd
@@ -82,7 +84,47 @@ class Migrate:
             raise CloudInputError("a move must be expected to save money")
 
 
+@dataclass(frozen=True, slots=True)
+class MigrationSkipped:
+    """A move the prices called for but that is not taken: the prices it rests on are older than
+    the limit (``age_s`` > ``max_age_s``). The job records it (``migration_skipped``) and trains on;
+    ``refresh`` says what would make the prices current again."""
+
+    reason: str
+    age_s: float
+    max_age_s: float
+    target: Offer
+    refresh: str = "orchestrator prices refresh --cloud CLOUD (or --skypilot CATALOG)"
+
+
 MigrationDecision = KeepOffer | Migrate
+
+#: Default age limit of prices that may drive an automatic move: SkyPilot's CI rebuilds its catalog
+#: every 7 hours; a day leaves room for one missed refresh and still refuses a months-old snapshot.
+DEFAULT_MAX_PRICE_AGE_S = 24 * 3600.0
+
+
+def prices_age_s(decision: Migrate, current: Offer, now: datetime) -> float | None:
+    """Age of the oldest price a move rests on (the current offer's and the target's); None: unknown."""
+    ages = [current.age_s(now), decision.target.age_s(now)]
+    return None if None in ages else max(a for a in ages if a is not None)
+
+
+def check_fresh(decision: Migrate, current: Offer, now: datetime,
+                max_age_s: float = DEFAULT_MAX_PRICE_AGE_S) -> Migrate | MigrationSkipped:
+    """``decision``, unless the move rests on prices older than ``max_age_s`` (or of unknown age):
+    then a :class:`MigrationSkipped` saying how old they are. Forced moves (the current offer is
+    gone) are not the caller's to skip and should not be passed here."""
+    if not math.isfinite(max_age_s) or max_age_s < 0:
+        raise CloudInputError(f"price age limit must be a finite number of seconds >= 0, got {max_age_s}")
+    age = prices_age_s(decision, current, now)
+    if age is not None and age <= max_age_s:
+        return decision
+    shown = "unknown" if age is None else f"{age:.0f} s"
+    return MigrationSkipped(f"skipped: prices too old (age {shown} > limit {max_age_s:.0f} s); "
+                            f"would have moved to {decision.target.label()}",
+                            float("inf") if age is None else round(age, 3), max_age_s, decision.target,
+                            f"orchestrator prices refresh --cloud {decision.target.cloud}")
 
 
 def egress_usd_per_gb(src_cloud: np.ndarray, src_region: np.ndarray, dst_cloud: np.ndarray, dst_region: np.ndarray) -> np.ndarray:
@@ -100,16 +142,20 @@ def move_scores(
     egress_per_gb: np.ndarray,
     risk_per_hour: np.ndarray,
     costs: MigrationCosts,
+    lost_h: np.ndarray | None = None,
 ) -> tuple[np.ndarray, float]:
     """Expected total USD to finish ``remaining`` samples on each candidate (moving there), and
     the expected cost of staying. Unavailable candidates (NaN price, zero throughput) get +inf.
 
     Preemption risk inflates run time: each preemption loses ``lost_h_per_preemption`` hours,
     so the expected hours are ``h / (1 - rate * lost)`` (capped when the risk is absurd).
+    ``lost_h``: hours lost per preemption per candidate (default ``costs.lost_h_per_preemption()``
+    for all), e.g. with each offer's own time to obtain it again.
     """
+    lost = costs.lost_h_per_preemption() if lost_h is None else lost_h
     with np.errstate(divide="ignore", invalid="ignore"):
         hours = remaining / (throughput * 3600.0)
-        slowdown = 1.0 / np.clip(1.0 - risk_per_hour * costs.lost_h_per_preemption(), 0.05, 1.0)
+        slowdown = 1.0 / np.clip(1.0 - risk_per_hour * lost, 0.05, 1.0)
         run = hours * slowdown * price
         # The upload is paid on the current instance; when it is gone (forced move, NaN price) the
         # upload happens within the notice and costs nothing extra, and must not poison every
@@ -167,8 +213,10 @@ def plan_migration(
     if best == idx:
         return KeepOffer(f"no target saves more than max(${costs.min_saving_usd:g}, {costs.hysteresis:.0%}) of ${stay:.2f}")
     target = table.iloc[best]
+    seen = target.get("observed_at")
     offer = Offer(str(target.cloud), str(target.region), str(target.zone), str(target.instance_type),
-                  str(target.gpu_type), int(target.gpu_count), bool(target.spot), float(target.usd_per_hour))
+                  str(target.gpu_type), int(target.gpu_count), bool(target.spot), float(target.usd_per_hour),
+                  None if seen is None or pd.isna(seen) else pd.Timestamp(seen).to_pydatetime())
     if not np.isfinite(stay):
         return Migrate(offer, "current offer is no longer available", 0.0)
     return Migrate(offer, f"expected ${move[best]:.2f} to finish there vs ${stay:.2f} here, migration costs included",

@@ -1,10 +1,13 @@
 """Preemption notices from each cloud's instance metadata service, delivered to a callback.
 
 A spot VM gets a short warning before it is taken away (AWS: 2 minutes, GCP: ~30 s, Azure: at
-least 30 s). The job manager wants one thing: "you must be gone by <deadline>", so it can write
-a checkpoint and ask the migration planner where to go. Each watcher speaks its cloud's protocol,
-polls on a daemon thread with bounded per-request timeouts, calls the callback once, and stops
-cleanly on :meth:`PreemptionWatcher.stop`. The base URL is injectable for tests.
+least 30 s; a GCE GPU VM, which runs with ``onHostMaintenance: TERMINATE``, gets an hour before
+host maintenance stops it). The job manager wants "you must be gone by <deadline>", so it can
+evacuate or checkpoint; each watcher speaks its cloud's protocol, polls on a daemon thread with
+bounded per-request timeouts, calls ``callback(deadline)`` for each *new* deadline and keeps
+watching (a later notice, or a changed deadline, is delivered too) until
+:meth:`PreemptionWatcher.stop`. Early warnings that set no deadline go to ``on_warning(kind, at)``
+instead. The base URL is injectable for tests.
 
 Three things a real VM needs that a test on a laptop does not show:
 
@@ -14,7 +17,10 @@ Three things a real VM needs that a test on a laptop does not show:
 - A watcher that cannot reach its endpoint protects nothing, so ``warn_after`` consecutive
   failures log a WARNING (once, until it recovers) instead of DEBUG lines nobody reads.
 - AWS sends a *rebalance recommendation* before (or instead of) the 2-minute interruption
-  notice; it is delivered as an early notice with a conservative deadline.
+  notice. It is a reason to prefer moving, not a deadline (most are never followed by an
+  interruption): it goes to ``on_warning("rebalance", noticeTime)``, never to ``callback``.
+- Azure's first Scheduled Events call starts the service on the VM and can take up to two
+  minutes; it gets ``first_request_timeout_s`` (120 s), later calls the normal timeout.
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ def _opener() -> urllib.request.OpenerDirector:
     return urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 Callback = Callable[[datetime], None]
+#: ``on_warning(kind, at)``: an early warning with no deadline (``"rebalance"``, ``"maintenance-migrate"``).
+WarningCallback = Callable[[str, datetime], None]
 
 
 class MetadataError(OSError):
@@ -60,7 +68,7 @@ class PreemptionWatcher:
 
     def __init__(self, callback: Callback, base_url: str = METADATA_URL, poll_interval_s: float = 5.0,
                  request_timeout_s: float = 2.0, clock: Callable[[], datetime] | None = None,
-                 warn_after: int = 3) -> None:
+                 warn_after: int = 3, on_warning: WarningCallback | None = None) -> None:
         if poll_interval_s <= 0 or request_timeout_s <= 0 or warn_after < 1:
             raise ValueError("poll interval and request timeout must be positive, warn_after at least 1")
         self.callback = callback
@@ -74,6 +82,17 @@ class PreemptionWatcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.fired: datetime | None = None
+        self.on_warning = on_warning
+        self.warnings: list[tuple[str, datetime]] = []
+
+    def warn(self, kind: str, at: datetime) -> None:
+        """Deliver an early warning once per (kind, time); it sets no deadline."""
+        if (kind, at) in self.warnings:
+            return
+        self.warnings.append((kind, at))
+        log.info("%s: early warning %r at %s (no deadline)", self.cloud, kind, at.isoformat())
+        if self.on_warning is not None:
+            self.on_warning(kind, at)
 
     def check(self) -> datetime | None:
         raise NotImplementedError
@@ -130,12 +149,12 @@ class PreemptionWatcher:
         return deadline
 
     def _run(self) -> None:
+        """Poll until stopped; each new or changed deadline reaches ``callback`` once."""
         while not self._stop.is_set():
             deadline = self.poll_once()
-            if deadline is not None:
+            if deadline is not None and deadline != self.fired:
                 self.fired = deadline
                 self.callback(deadline)
-                return
             self._stop.wait(self.poll_interval_s)
 
 
@@ -143,8 +162,8 @@ class AwsSpotWatcher(PreemptionWatcher):
     """IMDSv2: PUT a session token, then GET ``spot/instance-action`` (404 = none) and
     ``events/recommendations/rebalance`` (404 = none) with it.
 
-    A rebalance recommendation has no deadline of its own; the interruption that may follow
-    comes with two minutes' notice, so its deadline is ``max(noticeTime, now) + 2 min``.
+    A rebalance recommendation has no deadline of its own (an interruption, if one follows, comes
+    with its own two-minute notice): it is an early warning (:meth:`warn`), not a deadline.
     """
 
     cloud = "aws"
@@ -178,9 +197,7 @@ class AwsSpotWatcher(PreemptionWatcher):
             return None
         status, body = self._get("/latest/meta-data/events/recommendations/rebalance")
         if status == 200:
-            notice_time = utc(str(json.loads(body)["noticeTime"]))
-            self.notice = "rebalance"
-            return max(notice_time, self.clock()) + timedelta(seconds=self.interruption_notice_s)
+            self.warn("rebalance", utc(str(json.loads(body)["noticeTime"])))
         return None
 
 
@@ -191,15 +208,24 @@ class GcpPreemptionWatcher(PreemptionWatcher):
     ``?wait_for_change=true&last_etag=<etag>`` until the value changes (or ``timeout_sec``), so
     a flip is seen at once without a busy loop. GCP gives ~30 s from the flip to TRUE, so the
     deadline is now + ``notice_s``.
+
+    ``instance/maintenance-event`` is read on every poll too: GPU VMs run with
+    ``onHostMaintenance: TERMINATE``, so ``TERMINATE_ON_HOST_MAINTENANCE`` is a deadline
+    (``maintenance_notice_s``, an hour, from when it was first seen); ``MIGRATE_ON_HOST_MAINTENANCE``
+    is an early warning.
     """
 
     cloud = "gcp"
     notice_s = 30.0
+    maintenance_notice_s = 3600.0
     path = "/computeMetadata/v1/instance/preempted"
+    maintenance_path = "/computeMetadata/v1/instance/maintenance-event"
 
     def __init__(self, callback: Callback, base_url: str = GCP_METADATA_URL, **kwargs: object) -> None:
         super().__init__(callback, base_url, **kwargs)  # type: ignore[arg-type]
         self.etag: str | None = None
+        self._preempted_at: datetime | None = None  # the deadline of this preemption, fixed when first seen
+        self._maintenance_at: datetime | None = None
 
     def check(self) -> datetime | None:
         path, timeout = self.path, self.request_timeout_s
@@ -213,7 +239,23 @@ class GcpPreemptionWatcher(PreemptionWatcher):
             self.etag = etag.strip()
         if body.decode().strip().upper() == "TRUE":
             self.notice = "preempted"
-            return self.clock() + timedelta(seconds=self.notice_s)
+            if self._preempted_at is None:
+                self._preempted_at = self.clock() + timedelta(seconds=self.notice_s)
+            return self._preempted_at
+        self._preempted_at = None
+        return self._maintenance()
+
+    def _maintenance(self) -> datetime | None:
+        _, body, _ = self._request(self.maintenance_path, {"Metadata-Flavor": "Google"})
+        event = body.decode().strip().upper()
+        if event.startswith("TERMINATE"):
+            self.notice = "maintenance-terminate"
+            if self._maintenance_at is None:
+                self._maintenance_at = self.clock() + timedelta(seconds=self.maintenance_notice_s)
+            return self._maintenance_at
+        self._maintenance_at = None
+        if event.startswith("MIGRATE"):
+            self.warn("maintenance-migrate", self.clock())
         return None
 
 
@@ -222,9 +264,13 @@ class AzureScheduledEventsWatcher(PreemptionWatcher):
 
     cloud = "azure"
     path = "/metadata/scheduledevents?api-version=2020-07-01"
+    first_request_timeout_s = 120.0
+    answered = False
 
     def check(self) -> datetime | None:
-        _, body, _ = self._request(self.path, {"Metadata": "true"})
+        timeout = None if self.answered else max(self.first_request_timeout_s, self.request_timeout_s)
+        _, body, _ = self._request(self.path, {"Metadata": "true"}, timeout=timeout)
+        self.answered = True
         events = json.loads(body).get("Events", [])
         for event in events:
             if event.get("EventType") == "Preempt":

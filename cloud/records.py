@@ -70,7 +70,8 @@ INSTANCE_GPUS: dict[str, dict[str, tuple[str, int]]] = {
     },
 }
 
-_GPU_ALIASES = {"A10": "A10G", "A10G": "A10G", "A100-SXM4-40GB": "A100", "A100-40GB": "A100"}
+# A10 (Azure's NVadsA10_v5) and A10G (AWS's g5) are different parts: no alias between them.
+_GPU_ALIASES = {"A100-SXM4-40GB": "A100", "A100-40GB": "A100", "A100-SXM4-80GB": "A100-80GB", "A100-80G": "A100-80GB"}
 
 
 def normalize_gpu(name: str) -> str:
@@ -176,8 +177,13 @@ class Offer:
     gpu_count: int
     spot: bool
     usd_per_hour: float
+    observed_at: datetime | None = None
+    """When this price was read (a refresh, an import, a trace line); None: unknown. Decisions
+    report it and refuse to move automatically on a price older than their limit."""
 
     def __post_init__(self) -> None:
+        if self.observed_at is not None:
+            object.__setattr__(self, "observed_at", utc(self.observed_at))
         if self.gpu_count <= 0:
             raise CloudInputError(f"offer {self.instance_type}: needs at least one GPU")
         if not math.isfinite(self.usd_per_hour) or self.usd_per_hour <= 0:
@@ -186,6 +192,17 @@ class Offer:
     @property
     def key(self) -> tuple[str, str, str, str, bool]:
         return (self.cloud, self.region, self.zone, self.instance_type, self.spot)
+
+    def age_s(self, now: datetime) -> float | None:
+        """Seconds since this price was read, or None when nobody knows when it was."""
+        return None if self.observed_at is None else max(0.0, (utc(now) - self.observed_at).total_seconds())
+
+    def as_event(self) -> dict[str, object]:
+        """The offer as an event-log field (``job_started``'s ``offer``)."""
+        return {"cloud": self.cloud, "region": self.region, "zone": self.zone, "instance_type": self.instance_type,
+                "gpu_type": self.gpu_type, "gpu_count": self.gpu_count, "spot": self.spot,
+                "usd_per_hour": self.usd_per_hour,
+                "observed_at": self.observed_at.isoformat() if self.observed_at else None}
 
     def label(self) -> str:
         kind = "spot" if self.spot else "on-demand"

@@ -54,7 +54,8 @@ class ReplayPolicy:
     clouds: tuple[str, ...] = ("aws",)
     gpu_types: tuple[str, ...] = ()
     max_gpus: int = 1
-    spot: bool = True
+    spot: bool | None = True
+    """Spot offers, on-demand ones (False) or both (None)."""
     initial: str = "best_value"
     dynamic: bool = False
     costs: MigrationCosts = field(default_factory=MigrationCosts)
@@ -78,7 +79,9 @@ class ReplayResult:
 
 
 def candidate_mask(meta: pd.DataFrame, policy: ReplayPolicy) -> np.ndarray:
-    mask = meta.cloud.isin(policy.clouds) & (meta.gpu_count <= policy.max_gpus) & (meta.spot == policy.spot)
+    mask = meta.cloud.isin(policy.clouds) & (meta.gpu_count <= policy.max_gpus)
+    if policy.spot is not None:
+        mask &= meta.spot == policy.spot
     if policy.gpu_types:
         mask &= meta.gpu_type.isin([normalize_gpu(g) for g in policy.gpu_types])
     return mask.to_numpy()

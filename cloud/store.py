@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterable, Sequence
+import zlib
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -84,6 +86,28 @@ def write_frame_atomic(frame: pd.DataFrame, path: Path) -> None:
         raise
 
 
+def offer_of(row: Mapping[Any, Any] | pd.Series) -> Offer:
+    """One row of a price frame as an :class:`Offer` (with its ``observed_at``)."""
+    seen = row["observed_at"]
+    return Offer(str(row["cloud"]), str(row["region"]), str(row["zone"]), str(row["instance_type"]),
+                 str(row["gpu_type"]), int(row["gpu_count"]), bool(row["spot"]), float(row["usd_per_hour"]),
+                 None if seen is None or pd.isna(seen) else pd.Timestamp(seen).to_pydatetime())
+
+
+def latest_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """The latest row of every offer in ``frame`` (any price frame; normalised first).
+
+    Every decision goes through here: a catalog holding several observations of one offer (a
+    trace, a cache refreshed twice, a re-import) must not let an old cheap row win.
+    """
+    return PriceStore(frame).latest()
+
+
+def ages_s(observed_at: pd.Series, now: datetime) -> pd.Series:
+    """Seconds between each ``observed_at`` and ``now`` (never negative)."""
+    return ((pd.Timestamp(utc(now)) - observed_at).dt.total_seconds()).clip(lower=0.0)
+
+
 @dataclass(frozen=True)
 class PriceStore:
     """An immutable table of price observations (see :data:`cloud.records.SCHEMA`)."""
@@ -108,10 +132,16 @@ class PriceStore:
         p = Path(path)
         if not p.exists():
             return cls.empty()
+        if not p.is_file():
+            raise CloudInputError(f"{p}: price cache is not a regular file")
         try:
-            return cls(pd.read_csv(p, keep_default_na=False, dtype={"zone": str, "region": str}))
-        except (pd.errors.ParserError, UnicodeDecodeError, EOFError, OSError) as exc:
-            raise CloudInputError(f"{p}: unreadable price cache ({exc})") from None
+            return cls(normalize(pd.read_csv(p, keep_default_na=False, dtype={"zone": str, "region": str}), str(p)))
+        except CloudInputError as exc:
+            raise CloudInputError(f"corrupt price cache: {exc}; delete it or run `orchestrator prices refresh`") from None
+        except (pd.errors.ParserError, UnicodeDecodeError, EOFError, OSError, ValueError, zlib.error) as exc:
+            first = (str(exc).strip().splitlines() or [""])[0][:120]
+            raise CloudInputError(f"{p}: corrupt price cache ({type(exc).__name__}: {first}); delete it or run "
+                                  "`orchestrator prices refresh`") from None
 
     def save(self, path: Path | str) -> None:
         write_frame_atomic(self.frame, Path(path))
@@ -214,18 +244,15 @@ class PriceStore:
             f = f[f.timestamp <= pd.Timestamp(at)]
         if f.empty:
             return f
-        last = f.sort_values("timestamp", kind="stable").groupby(SERIES_KEY, sort=False).tail(1)
+        # ties on ``timestamp`` (a catalog re-imported, a snapshot re-stamped) go to the later read
+        last = f.sort_values(["timestamp", "observed_at"], kind="stable").groupby(SERIES_KEY, sort=False).tail(1)
         return last.sort_values(["usd_per_hour", *SERIES_KEY], kind="stable").reset_index(drop=True)
 
     def offers(self, at: datetime | pd.Timestamp | None = None) -> list[Offer]:
         """:func:`latest` as :class:`Offer` values (rows with no GPU or a zero price dropped)."""
         rows = self.latest(at)
         rows = rows[(rows.gpu_count > 0) & (rows.usd_per_hour > 0)]
-        return [
-            Offer(str(r["cloud"]), str(r["region"]), str(r["zone"]), str(r["instance_type"]), str(r["gpu_type"]),
-                  int(r["gpu_count"]), bool(r["spot"]), float(r["usd_per_hour"]))
-            for r in rows.to_dict("records")
-        ]
+        return [offer_of(r) for r in rows.to_dict("records")]
 
     def grid(self, freq: str = "1h", start: datetime | None = None, end: datetime | None = None) -> pd.DataFrame:
         """Price of every series on a regular time grid (rows: times, columns: series; NaN = unknown).

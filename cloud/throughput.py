@@ -9,7 +9,6 @@ extrapolated from one GPU with a stated scaling efficiency.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +39,8 @@ class ThroughputTable:
             raise CloudInputError(f"scaling efficiency must be in (0, 1], got {self.scaling_efficiency}")
         clean: dict[tuple[str, str, int], float] = {}
         for (model, gpu, count), value in self.table.items():
+            if not str(model).strip() or not normalize_gpu(str(gpu)):
+                raise CloudInputError(f"throughput entry {model!r} on {gpu!r}: empty model or GPU name")
             if count <= 0 or not np.isfinite(value) or value < 0:
                 raise CloudInputError(f"throughput of {model} on {count}x{gpu}: bad value {value!r}")
             clean[(str(model), normalize_gpu(gpu), int(count))] = float(value)
@@ -69,31 +70,56 @@ class ThroughputTable:
 
     @classmethod
     def from_oracle_json(cls, path: Path | str, scaling_efficiency: float = 1.0) -> ThroughputTable:
-        """The thesis' ``oracle_throughputs.json``: gpu -> job -> {"null": isolated throughput, ...}."""
-        try:
-            payload = json.loads(Path(path).read_text())
-            table = {(job, gpu, 1): float(v["null"]) for gpu, jobs in payload.items() for job, v in jobs.items()}
-        except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
-            raise CloudInputError(f"{path}: not an oracle throughput JSON ({type(exc).__name__}: {exc})") from None
+        """The thesis' ``oracle_throughputs.json``: gpu -> job -> {"null": isolated throughput, ...}.
+
+        The shape is checked level by level; a value that is not a number (a string, a bool, a
+        list, null) is named with its path, not coerced.
+        """
+        from .importers import read_json
+
+        payload = read_json(Path(path), "an oracle throughput JSON")
+        if not isinstance(payload, dict):
+            raise CloudInputError(f"{path}: not an oracle throughput JSON (top level is a {type(payload).__name__}, not an object of GPU types)")
+        table: dict[tuple[str, str, int], float] = {}
+        for gpu, jobs in payload.items():
+            if not isinstance(jobs, dict):
+                raise CloudInputError(f"{path}: [{gpu!r}] is a {type(jobs).__name__}, not an object of jobs")
+            for job, value in jobs.items():
+                if not isinstance(value, dict) or "null" not in value:
+                    raise CloudInputError(f"{path}: [{gpu!r}][{job!r}] needs an object with a \"null\" throughput")
+                number = value["null"]
+                if isinstance(number, bool) or not isinstance(number, (int, float)):
+                    raise CloudInputError(f"{path}: [{gpu!r}][{job!r}][\"null\"] is a {type(number).__name__}, not a number")
+                table[(job, gpu, 1)] = float(number)
         return cls(table, scaling_efficiency)
 
     @classmethod
     def from_csv(cls, path: Path | str, scaling_efficiency: float = 1.0) -> ThroughputTable:
         """A CSV with columns ``model, gpu_type, gpu_count, throughput``."""
         try:
-            frame = pd.read_csv(path)
-            rows = zip(frame.model, frame.gpu_type, frame.gpu_count.astype(int), frame.throughput.astype(float))
-            return cls({(m, g, int(c)): float(t) for m, g, c, t in rows}, scaling_efficiency)
-        except (OSError, pd.errors.ParserError, AttributeError, ValueError) as exc:
-            if isinstance(exc, CloudInputError):
-                raise
-            raise CloudInputError(f"{path}: need columns model, gpu_type, gpu_count, throughput ({exc})") from None
+            frame = pd.read_csv(path, dtype=str, keep_default_na=False, encoding="utf-8")
+        except (OSError, pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
+            raise CloudInputError(f"{path}: unreadable throughput CSV ({type(exc).__name__})") from None
+        need = ["model", "gpu_type", "gpu_count", "throughput"]
+        missing = [c for c in need if c not in frame.columns]
+        if missing:
+            raise CloudInputError(f"{path}: need columns model, gpu_type, gpu_count, throughput (missing {', '.join(missing)})")
+        table: dict[tuple[str, str, int], float] = {}
+        for line, (m, g, c, t) in enumerate(zip(frame.model, frame.gpu_type, frame.gpu_count, frame.throughput), start=2):
+            try:
+                count, value = int(c), float(t)
+            except ValueError:
+                raise CloudInputError(f"{path}: line {line}: gpu_count {c!r} / throughput {t!r} are not numbers") from None
+            table[(m, g, count)] = value
+        return cls(table, scaling_efficiency)
 
     @classmethod
     def load(cls, path: Path | str, scaling_efficiency: float = 1.0) -> ThroughputTable:
         p = Path(path)
         if not p.exists():
             raise CloudInputError(f"{p}: no such throughput file")
+        if not p.is_file():
+            raise CloudInputError(f"{p}: not a regular file (a folder, FIFO or device is never read)")
         if p.suffix == ".json":
             return cls.from_oracle_json(p, scaling_efficiency)
         return cls.from_csv(p, scaling_efficiency)

@@ -36,6 +36,16 @@ _API = {
     "TrainConfig": "orchestrator.elastic.job_config", "ScalingConfig": "orchestrator.elastic.job_config",
     "RunConfig": "orchestrator.elastic.job_config", "AdaptConfig": "orchestrator.elastic.job_config",
     "SpotConfig": "orchestrator.elastic.job_config", "InjectedNotice": "orchestrator.elastic.job_config",
+    "JobFailed": "orchestrator.elastic.signals", "JobStopped": "orchestrator.elastic.signals",
+    "MigrationRequested": "orchestrator.elastic.signals",
+    "add_job_arguments": "orchestrator.elastic.driver_args", "job_configs": "orchestrator.elastic.driver_args",
+    # training options (torch): what TrainConfig.training and the factories' wrappers take
+    "TrainingOptions": "actors.training", "LossScale": "actors.training", "decay_groups": "actors.training",
+    "autocast_blocks": "actors.training", "ReferenceTrainer": "actors.reference",
+    # plans and rehearsals as data
+    "straight_plan": "orchestrator.core.plan",
+    "FaultSchedule": "orchestrator.adapt.faults", "Slowdown": "orchestrator.adapt.faults", "Throttle": "orchestrator.adapt.faults",
+    "Kill": "orchestrator.adapt.faults", "Join": "orchestrator.adapt.faults",
 }
 
 __all__ = sorted(_API)
@@ -43,7 +53,12 @@ __all__ = sorted(_API)
 if TYPE_CHECKING:  # for type checkers and IDEs only; at run time each name is imported by __getattr__
     from orchestrator.core.cluster import Cluster, flat, load_cluster, two_level
     from orchestrator.core.errors import UserError
-    from orchestrator.core.plan import Plan, ScheduleKind, Stage
+    from actors.reference import ReferenceTrainer
+    from actors.training import LossScale, TrainingOptions, autocast_blocks, decay_groups
+    from orchestrator.adapt.faults import FaultSchedule, Join, Kill, Slowdown, Throttle
+    from orchestrator.core.plan import Plan, ScheduleKind, Stage, straight_plan
+    from orchestrator.elastic.driver_args import add_job_arguments, job_configs
+    from orchestrator.elastic.signals import JobFailed, JobStopped, MigrationRequested
     from orchestrator.core.profile import Block, Profile
     from orchestrator.core.profile_loader import load_profile
     from orchestrator.costmodel.simulator import simulate

@@ -46,7 +46,7 @@ def saved(worker_group: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_restore_under_another_plan_is_exact(worker_group: Any, saved: Path) -> None:
     other = straight_plan([0, 3, 5], 4, ScheduleKind.GPIPE, devices=[(0, 1), (2,)])  # 2 stages, new cut, replicas
     t = trainer(worker_group, plan=other, resume=saved)
-    result = t.fit(3)
+    result = t.fit(6)  # to step 6: three more after the resumed step 3
     assert result.steps == [3, 4, 5]
     reference = ReferenceTrainer.for_plan(THREE, MLP, LOSS, ADAMW, DATA)
     ref_losses = reference.train(6)
@@ -260,12 +260,12 @@ def _copy(src: Path, dst: Path) -> Path:
 def test_background_checkpoint_holds_the_snapshot_not_later_weights(worker_group: Any, tmp_path: Path) -> None:
     """Snapshot at step 2, upload while steps 2-3 train, commit at the end of fit: restores the
     step-2 state bit-exact; before the commit the folder is not a checkpoint."""
-    t = trainer(worker_group, checkpoint_dir=tmp_path)
+    t = trainer(worker_group)  # no checkpoint_dir: fit writes no final checkpoint of its own here
     t.fit(2)
     at_snapshot = t.state_dicts()
-    where = t.save_checkpoint(background=True)
+    where = t.save_checkpoint(tmp_path / "step_00000002", background=True)
     assert not (Path(where) / ckpt.COMMIT).exists() and ckpt.latest(tmp_path) is None
-    t.fit(2)  # weights change while the workers upload; fit commits the upload before it returns
+    t.fit(4)  # weights change while the workers upload; fit commits the upload before it returns
     later = t.state_dicts()
     assert t.finish_checkpoint() is None
     assert ckpt.verify(where)["step"] == 2

@@ -68,12 +68,11 @@ def test_notice_without_room_restarts_from_a_checkpoint_exactly(worker_group: An
         assert "no room" in refused["reason"]
         handled = one(events, "preemption_handled")
         assert handled["mode"] == "restart" and handled["lost_steps"] == 0 and handled["moves"] == []
-        assert one(events, "resumed")["step"] == 5 and one(events, "migration")["forced"] is True
-        # the migration planner may move the whole job to another offer (fresh devices, which the
-        # local rehearsal stands in for with the same slots) or restart on the survivors
-        migration = one(events, "migration")
-        assert migration["target"] != "same placement" or 1 not in job.trainer.plan.devices
-        assert job.trainer.step == 9 and job.max_abs_diff() <= 1e-5
+        # unsupervised, the job cannot move itself to another cluster: it restarts on the survivors
+        relocated = one(events, "relocated")
+        assert one(events, "resumed")["step"] == 5 and relocated["forced"] is True and relocated["devices"] == [0, 2, 3]
+        assert not [e for e in events if e["event"] == "migration"]
+        assert 1 not in job.trainer.plan.devices and job.trainer.step == 9 and job.max_abs_diff() <= 1e-5
     finally:
         job.close()
 
@@ -108,11 +107,12 @@ def test_loss_without_notice_restores_the_newest_checkpoint_and_bad_notices_are_
         assert "deadline passed" in rejected[0]["reason"] and "does not use" in rejected[1]["reason"]
         assert one(events, "worker_failed")["step"] == 6
         # the asynchronous checkpoint of step 4 was committed before the crash: 2 steps lost, not 6
-        assert one(events, "resumed")["step"] == 4 and one(events, "resumed")["lost_steps"] == 2
+        recovered = one(events, "recovered")
+        assert recovered["step"] == 4 and recovered["lost_steps"] == 2 and recovered["mode"] == "restart" and recovered["reason"]
         assert not [e for e in events if e["event"] == "preemption_handled"]
         skipped = one(events, "checkpoint_skipped")  # recorded once, before the restore it was skipped by
         assert skipped["path"].endswith("step_00000050") and "commit marker" in skipped["reason"]
-        assert events.index(skipped) < events.index(one(events, "resumed"))
+        assert events.index(skipped) < events.index(recovered)
         assert job.trainer.step == 9 and job.max_abs_diff() <= 1e-5
     finally:
         job.close()
@@ -140,10 +140,10 @@ def test_evacuated_device_leaves_the_process_group_before_its_deadline(worker_gr
 
 
 @pytest.mark.ray
-def test_short_notice_without_room_migrates_to_a_cheaper_offer_with_fewer_devices_exactly(worker_group: Any, tmp_path: Path) -> None:
-    """Checkpoint → migration → restore (what the old job manager did, now the job's one path):
-    the notice is too short for a checkpoint, so the job resumes from the newest durable one
-    (2 steps lost, redone), on the 3 devices of the cheaper offer the migration planner chose."""
+def test_short_notice_without_room_restarts_on_the_survivors_from_the_newest_durable_checkpoint(worker_group: Any, tmp_path: Path) -> None:
+    """The notice is too short for a checkpoint, so the job resumes from the newest durable one
+    (2 steps lost, redone). A cheaper offer elsewhere would pay, but an unsupervised job cannot go
+    there: it says so and restarts on the survivors of this cluster, exactly."""
     from cloud.records import Offer
 
     aws = Offer("aws", "us-east-1", "us-east-1a", "p3.8xlarge", "V100", 4, True, 3.67)
@@ -161,12 +161,12 @@ def test_short_notice_without_room_migrates_to_a_cheaper_offer_with_fewer_device
     try:
         events = job.fit(9).events
         assert one(events, "notice_too_short")["fallback"].endswith("step_00000004")
-        migration = one(events, "migration")
-        assert migration["forced"] is True and migration["target"].startswith("gcp/") and migration["devices"] == [0, 1, 2]
+        relocated = one(events, "relocated")
+        assert relocated["forced"] is True and relocated["devices"] == [0, 2, 3] and "gcp/" in relocated["detail"]
         assert one(events, "resumed")["step"] == 4 and one(events, "resumed")["lost_steps"] == 2
         handled = one(events, "preemption_handled")
         assert handled["mode"] == "restart" and handled["lost_steps"] == 2
-        assert sorted(job.trainer.plan.devices) == [0, 1, 2] and job.trainer.step == 9
+        assert sorted(job.trainer.plan.devices) == [0, 2, 3] and job.trainer.step == 9
         assert job.max_abs_diff() <= 1e-5
     finally:
         job.close()

@@ -15,7 +15,7 @@ from actors.execution import Executor
 from actors.gpu import dtype_buckets
 from actors.job_spec import JobSpec
 from actors.checkpoint import host_copy
-from actors.transport import select_device
+from actors.transport import local_cuda_index, select_device
 from orchestrator.core.errors import UserError
 from orchestrator.core.plan import Plan, ScheduleKind, Stage, straight_plan
 from orchestrator.schedule import lower
@@ -120,3 +120,25 @@ def _batch(step: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _unused(*_: object) -> None:
     raise AssertionError("not called")
+
+
+@pytest.mark.parametrize("ids, visible, count, want", [
+    (["2"], "2,3", 2, 0),  # Ray's masking: position in the list
+    (["3"], "2,3", 2, 1),
+    (["1"], None, 4, 1),  # RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES: the physical index
+    (["GPU-8f2c1d9e-0000-1111-2222-333344445555"], "GPU-aaaa,GPU-8f2c1d9e-0000-1111-2222-333344445555", 2, 1),
+    (["MIG-5b1c"], "MIG-5b1c", 1, 0),
+    ([], "GPU-aaaa", 1, 0),  # outside Ray: the current device
+])
+def test_local_cuda_index_maps_indices_and_uuids(ids: list[str], visible: str | None, count: int, want: int) -> None:
+    assert local_cuda_index(ids, visible, count) == want
+
+
+@pytest.mark.parametrize("ids, visible, count, message", [
+    (["GPU-8f2c"], "GPU-aaaa", 1, r"Ray assigned GPU 'GPU-8f2c' but CUDA_VISIBLE_DEVICES='GPU-aaaa' does not list it"),
+    (["3"], "0,1", 2, r"sees 2 CUDA device"),
+])
+def test_local_cuda_index_refuses_what_it_cannot_map_in_one_line(ids: list[str], visible: str, count: int, message: str) -> None:
+    with pytest.raises(RuntimeError, match=message) as err:
+        local_cuda_index(ids, visible, count)
+    assert "\n" not in str(err.value)

@@ -64,7 +64,7 @@ def test_a_joined_device_receives_blocks_live_and_training_stays_exact(ray_sessi
     try:
         job.fit(6)  # device 2's worker starts at iteration 3 while training goes on
         wait_until_up(job, 2)
-        events = job.fit(24).events
+        events = job.fit(30).events  # to step 30: 24 more
         before = {d["device"]: d["pid"] for d in events_named(events, "job_started")[0]["devices"]}
         (added,) = events_named(events, "capacity_added")
         assert added["step"] == 3 and [d["device"] for d in added["devices"]] == [2] and added["source"].startswith("rehearsal")

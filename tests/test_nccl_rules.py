@@ -161,3 +161,33 @@ def test_executor_passes_the_directed_link_group_to_isend_and_irecv(monkeypatch:
     assert {(kind, group is links[(0, 1)] if kind == "send" else group is links[(1, 0)]) for kind, _, group in calls} == {
         ("send", True), ("recv", True)}
     assert len(calls) == 4  # two micro-batches: two activations out, two gradients in
+
+
+# ----- issue #29: the step's collectives, warm-up, live-move transfers, one hardware queue -----
+from orchestrator.schedule.nccl import check_ordered_blocking, step_groups  # noqa: E402
+
+
+@pytest.mark.parametrize("plan", SHAPES, ids=lambda p: p.describe())
+def test_runtime_layout_with_step_collectives_and_flag_read_never_hangs(plan: Plan) -> None:
+    """Tied sums (first and last stage hold the embedding), then the one norm/flag all-reduce over
+    every device, then the host read of the overflow flag: no schedule hangs."""
+    tied = [(plan.stages[0].devices[0], plan.stages[-1].devices[0])]
+    check_hang_free(lower(plan), CommLayout("directed", 1, step_host_sync=True), step_groups=step_groups(plan, tied))
+
+
+def test_one_hardware_queue_hangs_the_1f1b_steady_state() -> None:
+    """CUDA_DEVICE_MAX_CONNECTIONS=1 serialises every communicator's kernels: the directed layout
+    loses what it buys (41 of the 78 shapes above hang, as many as with one pair communicator)."""
+    plan = straight_plan([0, 2, 4], 4, ScheduleKind.ONE_F_ONE_B)
+    check_hang_free(lower(plan), CommLayout("directed", 1))
+    with pytest.raises(ScheduleError, match="hangs under NCCL's rules"):
+        check_hang_free(lower(plan), CommLayout("directed", 1, serialised=True))
+
+
+def test_warm_up_and_live_move_transfers_in_one_global_order_complete() -> None:
+    """Every device walks the same list of blocking operations (warm_up: the sorted links, then the
+    replica groups; a live move: the hand-overs in the driver's order)."""
+    plan = Plan((Stage(0, 2, (0, 1)), Stage(2, 3, (2, 3, 4)), Stage(3, 5, (5,))), 4)
+    links = directed_links(lower(plan))
+    check_ordered_blocking([*links, (0, 1), (2, 3, 4)], list(range(6)))
+    check_ordered_blocking([(0, 2), (1, 2), (2, 0), (5, 3)], list(range(6)))

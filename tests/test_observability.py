@@ -14,7 +14,7 @@ def test_event_log_appends_and_redacts(tmp_path: Path) -> None:
     log.emit("migrate", target="aws/us-east-1", credentials={"aws_secret_access_key": "AKIAXXXX"}, api_token="t0k")
     records = log.read()
     assert [r["event"] for r in records] == ["start", "migrate"]
-    assert records[1]["ts"] == 11.5 and records[1]["target"] == "aws/us-east-1"
+    assert records[1]["time"] == 11.5 and records[1]["target"] == "aws/us-east-1"
     text = (tmp_path / "events.jsonl").read_text()
     assert "AKIAXXXX" not in text and "t0k" not in text
     assert redact({"a": {"password": "x", "b": 1}}) == {"a": {"password": "***", "b": 1}}

@@ -151,14 +151,17 @@ def test_bf16_autocast_with_dropout_on_four_stages(worker_group: Any) -> None:
 @pytest.mark.ray
 def test_fp16_loss_scaling_skips_on_every_stage_together(worker_group: Any) -> None:
     """An overflow on some stage skips the step on all of them and backs the scale off, exactly
-    as GradScaler does in one process; clipping applies to the unscaled gradients."""
+    as GradScaler does in one process; clipping applies to the unscaled gradients. A replicated
+    stage joins the one reduction with its first replica's norms only (issue #29: its zero was a
+    host tensor that NCCL refuses; tests/test_gpu_collectives_cpu.py checks the devices)."""
     scale = LossScale(init_scale=2.0 ** 20, growth_interval=2)  # here: 2 overflows, then 2 steps
-    factory = autocast_blocks(partial(hf.causal_lm_blocks, gpt2()), torch.float16)
+    config = gpt2(dropout=0.0)  # replicas split a micro-batch's rows: masks would be drawn per share
+    factory = autocast_blocks(partial(hf.causal_lm_blocks, config), torch.float16)
     options = TrainingOptions(loss_scale=scale, max_grad_norm=0.05)
-    trainer = PipelineTrainer(factory, hf.lm_loss, ADAMW, DATA, MB, plan=straight_plan([0, 1, 2, 3, 4], MB),
-                              workers=worker_group, seed=1, training=options)
+    plan = straight_plan([0, 1, 2, 3, 4], MB, devices=[(0,), (1, 4), (2,), (3,)])
+    trainer = PipelineTrainer(factory, hf.lm_loss, ADAMW, DATA, MB, plan=plan, workers=worker_group, seed=1, training=options)
     trainer.fit(4)
     scales: list[float] = []
-    want = single_process(gpt2(), 4, autocast=torch.float16, loss_scale=scale, max_norm=0.05, scales=scales)
+    want = single_process(config, 4, autocast=torch.float16, loss_scale=scale, max_norm=0.05, scales=scales)
     assert scales[0] < scale.init_scale and len(set(scales)) > 1, scales  # it skipped, then stepped
     assert diff(list(factory()), trainer.state_dicts(), want) < 2e-3

@@ -7,9 +7,13 @@
                                             └──────────── Stay ───────────────────────┘
     any state ──(a device holding blocks died)──▶ RECOVERING ──(next good iteration)──▶ ADAPTING
 
-One :meth:`Controller.step` runs one iteration through the injected :class:`PipelineHandle`,
-folds the metrics into the monitor (:mod:`.monitor`), and — between iterations — acts in the
-current state. Decisions come from pure policies (:mod:`.policies`); the controller only carries
+The controller is a policy: :meth:`Controller.observe` takes one iteration's metrics (with the
+plan and the devices up), folds them into the monitor (:mod:`.monitor`) and returns what to do as
+a typed :class:`Act` (live moves, a restart, dropping replicas) or nothing; whoever runs the job
+carries the act out and hands the measured reports back through :meth:`Controller.acted`, which
+calibrates what moves and restarts really cost. The elastic job's loop drives it that way; over a
+:class:`PipelineHandle` (the simulated pipeline of the tests and benchmarks), :meth:`Controller.step`
+runs one iteration, observes and acts through the handle. Decisions come from pure policies (:mod:`.policies`); the controller only carries
 them out and keeps the few facts a policy must not: the monitor state, the rest of a committed
 multi-move path, and calibrations of what moves and restarts really cost (from their reports).
 
@@ -42,14 +46,14 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Union
 
 from orchestrator.core.cluster import GBPS, Cluster
 from orchestrator.core.plan import Plan
 from orchestrator.core.profile import Profile
 from orchestrator.adapt.estimate import CostModel, Layout
-from orchestrator.adapt.handle import IterationMetrics, PipelineHandle, handover_time, move_transfers
+from orchestrator.adapt.handle import IterationMetrics, MoveReport, PipelineHandle, RestartReport, handover_time, move_transfers
 from orchestrator.costmodel.terms import shipped_bytes, transfer_time
 from orchestrator.adapt.monitor import (
     Observation, initial_state, log_noise, model_cluster, observe, relearn, relearning, settled_links, speed_error,
@@ -66,9 +70,30 @@ from orchestrator.adapt.tried import Check, Tried
 from orchestrator.adapt.states import ControllerConfig, State, StepRecord, Transition  # re-exported
 
 
+@dataclass(frozen=True)
+class Act:
+    """What the controller's decision needs done, in order: ``move`` — one live move per plan of
+    ``plans`` (a path); ``restart`` — stop and restart onto ``plans[0]``; ``drop-replicas`` — a
+    live switch to ``plans[0]`` without the lost devices' replicas."""
+
+    kind: str  # "move" | "path-move" | "restart" | "drop-replicas"
+    plans: tuple[Plan, ...]
+    from_checkpoint: bool = False
+    calibrate: bool = True  # a restart/move the controller chose (not a recovery) teaches it their cost
+
+
+@dataclass(frozen=True)
+class Observed:
+    """:meth:`Controller.observe`'s answer: the record of this iteration's decision and the act to carry out."""
+
+    record: StepRecord
+    act: Act | None
+
+
 @dataclass
 class Controller:
-    handle: PipelineHandle
+    handle: PipelineHandle | None
+    """Only :meth:`step` uses it; :meth:`observe` takes what it needs as arguments."""
     profile: Profile
     config: ControllerConfig = ControllerConfig()
     clock: Callable[[], float] = time.perf_counter
@@ -77,9 +102,25 @@ class Controller:
     transitions: list[Transition] = field(default_factory=list, init=False)
     history: list[StepRecord] = field(default_factory=list, init=False)
 
+    nominal: Cluster | None = None
+    """The nominal cluster (default: the handle's)."""
+    initial_plan: Plan | None = None
+    """The plan training starts on (default: the handle's)."""
+    initial_alive: tuple[int, ...] | None = None
+    """The devices up at the start (default: the handle's)."""
+
     def __post_init__(self) -> None:
+        if self.handle is not None:
+            self.nominal = self.nominal or self.handle.nominal_cluster()
+            self.initial_plan = self.initial_plan or self.handle.current_plan()
+            self.initial_alive = self.initial_alive if self.initial_alive is not None else self.handle.alive_devices()
+        if self.nominal is None or self.initial_plan is None or self.initial_alive is None:
+            raise ValueError("a Controller needs a handle, or the nominal cluster, the starting plan and the devices up")
+        self._nominal: Cluster = self.nominal
+        self._plan: Plan = self.initial_plan  # as of the last observation (or act carried out)
+        self._alive: tuple[int, ...] = tuple(self.initial_alive)
         self._arbiter: Arbiter = self.arbiter or ExplicitArbiter(self.config.arbiter)
-        self._monitor = initial_state(self.handle.nominal_cluster(), self.handle.alive_devices())
+        self._monitor = initial_state(self._nominal, self._alive)
         self._warm = 0
         self._path: tuple[Plan, ...] = ()
         self._cal = Calibration(self.config.move_overhead_s, self.config.restart_fixed_s, alpha=self.config.calibration_alpha)
@@ -96,38 +137,86 @@ class Controller:
         if self.config.plan_ahead:
             # Start-up: plan the nominal cluster now, so the first decision finds it ready (the
             # controller is built before training starts, like the initial plan).
-            plan, alive = self.handle.current_plan(), self.handle.alive_devices()
-            self._replanner.prepare(self.model(), alive, plan, self._replans_wanted(plan, alive), background=False)
+            self._replanner.prepare(self.model(), self._alive, self._plan, self._replans_wanted(self._plan, self._alive), background=False)
 
     # ----- public -----
     def model(self) -> Cluster:
         """The believed cluster (observed speeds and bandwidths) decisions are made on."""
-        return model_cluster(self._monitor, self.handle.nominal_cluster())
+        return model_cluster(self._monitor, self._nominal)
 
     def run(self, steps: int) -> list[StepRecord]:
         return [self.step() for _ in range(steps)]
 
     def step(self) -> StepRecord:
-        record = self._step()
-        if self.config.plan_ahead:
-            plan, alive = self.handle.current_plan(), self.handle.alive_devices()
-            self._replanner.prepare(self.model(), alive, plan, self._replans_wanted(plan, alive), background=True)
+        """One iteration over the handle: run it, observe, carry the act out through the handle."""
+        assert self.handle is not None, "step() drives a handle; a job's loop calls observe() and acted()"
+        metrics = self.handle.run_iteration()
+        out = self.observe(metrics, self.handle.current_plan(), self.handle.alive_devices())
+        if out.act is None:
+            return out.record
+        handle = self.handle
+        if out.act.kind == "restart":
+            reports: list[MoveReport | RestartReport] = [handle.restart(out.act.plans[0], out.act.from_checkpoint)]
+        else:
+            reports = [handle.apply_move(p) for p in out.act.plans]
+        return self.acted(out, reports)
+
+    def observe(self, metrics: IterationMetrics, plan: Plan, alive: tuple[int, ...]) -> Observed:
+        """Fold one iteration's metrics in and decide (``plan``: the plan it ran; ``alive``: the
+        devices up now). With an act, carry it out and report back through :meth:`acted`."""
+        self._plan, self._alive = plan, tuple(alive)
+        out = self._step(metrics)
+        if out.act is None:
+            self.history.append(out.record)
+            self._plan_ahead()
+        return out
+
+    def acted(self, out: Observed, reports: "list[MoveReport | RestartReport] | list[MoveReport] | list[RestartReport]") -> StepRecord:
+        """The measured reports of ``out.act`` (one per move, or the restart's): calibrate the
+        prices of moves and restarts from them and re-learn the devices whose work changed."""
+        act = out.act
+        assert act is not None and len(reports) == (1 if act.kind == "restart" else len(act.plans))
+        spent = 0.0
+        if act.kind == "restart":
+            report = reports[0]
+            assert isinstance(report, RestartReport)
+            if act.calibrate:
+                io = self.restart_cost(act.plans[0], planned=False) - self._cal.restart_fixed_s
+                self._cal = self._cal.after_restart(io, report.downtime_s)
+            spent = report.downtime_s
+            self._plan = act.plans[0]
+        else:
+            for nxt, report in zip(act.plans, reports):
+                assert isinstance(report, MoveReport)
+                if act.calibrate:
+                    model = self.model()
+                    predicted = handover_time(move_transfers(self._plan, nxt, self.profile, model), model)
+                    self._cal = self._cal.after_move(predicted, report.stall_s)
+                    self._monitor = relearn(self._monitor, _work_changed(self._plan, nxt))
+                spent += report.stall_s
+                self._plan = nxt
+        record = replace(out.record, action_s=spent)
+        self.history.append(record)
+        self._plan_ahead()
         return record
+
+    def _plan_ahead(self) -> None:
+        if self.config.plan_ahead:
+            self._replanner.prepare(self.model(), self._alive, self._plan, self._replans_wanted(self._plan, self._alive), background=True)
 
     def close(self) -> None:
         """Stop the background re-planning thread (pending work is dropped)."""
         self._replanner.close()
 
-    def _step(self) -> StepRecord:
+    def _step(self, metrics: IterationMetrics) -> Observed:
         step = self._steps
         self._steps += 1
-        metrics = self.handle.run_iteration()
-        alive = self.handle.alive_devices()
+        alive = self._alive
         known_links = settled_links(self._monitor)  # a link's first samples are no change of the world
         obs = observe(self._monitor, metrics, self.profile, alive, self.config.monitor)
         confirmed = bool(obs.speed_changes or obs.membership_changed or set(obs.link_changes) & known_links)
         self._monitor = obs.state
-        plan = self.handle.current_plan()
+        plan = self._plan
         gone = (set(metrics.lost_devices) | set(obs.disappeared)) & set(plan.devices)
         if metrics.completed and metrics.iteration_s > 0:
             # The iteration time with the machine-wide load factored out (time × common speed):
@@ -155,16 +244,16 @@ class Controller:
         return self._adapt(step, metrics, obs, alive, confirmed)
 
     # ----- states -----
-    def _adapt(self, step: int, metrics: IterationMetrics, obs: Observation, alive: tuple[int, ...], confirmed: bool) -> StepRecord:
+    def _adapt(self, step: int, metrics: IterationMetrics, obs: Observation, alive: tuple[int, ...], confirmed: bool) -> Observed:
         """``confirmed``: the monitor confirmed a change of the world this iteration (a speed, a
         link it knew, the membership)."""
         changed = obs.model_changed or obs.membership_changed
         if self._path and not changed and set(self._path[0].devices) <= set(alive):
             nxt, self._path = self._path[0], self._path[1:]
-            return self._record(step, metrics, None, 0.0, "path-move", self._apply_move(nxt))
+            return self._record(step, metrics, None, 0.0, Act("path-move", (nxt,)))
         self._path = ()
         t0 = self.clock()
-        learning = () if confirmed else relearning(self._monitor, self.handle.current_plan().devices)
+        learning = () if confirmed else relearning(self._monitor, self._plan.devices)
         if learning:  # stays ADAPTING: the decision comes once they have learned
             return self._record(step, metrics, Stay(f"device(s) {list(learning)} re-learning after a move"), self.clock() - t0)
         self._initiative = not confirmed  # read by noise(): a decision on the controller's own initiative
@@ -175,25 +264,22 @@ class Controller:
             return self._record(step, metrics, decision, elapsed)
         option = decision.option
         if option.kind == "restart":
-            report = self.handle.restart(option.steps[0], from_checkpoint=False)
-            io = self.restart_cost(option.steps[0], planned=False) - self._cal.restart_fixed_s
-            self._cal = self._cal.after_restart(io, report.downtime_s)
-            return self._record(step, metrics, decision, elapsed, "restart", report.downtime_s)
+            return self._record(step, metrics, decision, elapsed, Act("restart", (option.steps[0],)))
         # A move on the controller's own initiative (nothing confirmed) is checked afterwards; one
         # answering a confirmed change is not: the world it answers may still be changing under it.
         current_s = option.predicted_s + decision.gain_s
-        self._check = None if confirmed else Check(Layout.of(self.handle.current_plan()), Layout.of(option.steps[-1]),
+        self._check = None if confirmed else Check(Layout.of(self._plan), Layout.of(option.steps[-1]),
                                                  math.log(option.predicted_s / current_s))
         if self.config.moves_per_pause == 0:
-            return self._record(step, metrics, decision, elapsed, "move", self._apply_move(option.steps[-1]))
+            return self._record(step, metrics, decision, elapsed, Act("move", (option.steps[-1],)))
         now = option.steps[: self.config.moves_per_pause]
         self._path = option.steps[len(now):]
-        return self._record(step, metrics, decision, elapsed, "move", sum(self._apply_move(p) for p in now))
+        return self._record(step, metrics, decision, elapsed, Act("move", tuple(now)))
 
-    def _recover(self, step: int, metrics: IterationMetrics, gone: tuple[int, ...], alive: tuple[int, ...]) -> StepRecord:
+    def _recover(self, step: int, metrics: IterationMetrics, gone: tuple[int, ...], alive: tuple[int, ...]) -> Observed:
         self._path = ()
         self._to(step, State.RECOVERING, f"lost device(s) {list(gone) or list(metrics.lost_devices)}")
-        plan = self.handle.current_plan()
+        plan = self._plan
         lost = gone or tuple(metrics.lost_devices)
         model = self.model()
         t0 = self.clock()
@@ -202,18 +288,16 @@ class Controller:
         if isinstance(decision, Continue):
             return self._record(step, metrics, decision, elapsed)
         if isinstance(decision, DropReplicas):
-            report = self.handle.apply_move(decision.plan)
-            return self._record(step, metrics, decision, elapsed, "drop-replicas", report.stall_s)
+            return self._record(step, metrics, decision, elapsed, Act("drop-replicas", (decision.plan,), calibrate=False))
         assert isinstance(decision, Restart)
-        rr = self.handle.restart(decision.plan, decision.from_checkpoint)
-        return self._record(step, metrics, decision, elapsed, "restart", rr.downtime_s)
+        return self._record(step, metrics, decision, elapsed, Act("restart", (decision.plan,), decision.from_checkpoint, calibrate=False))
 
     # ----- deciding -----
     def _decide(self, alive: tuple[int, ...], metrics: IterationMetrics, changed: bool, confirmed: tuple[int, ...] = ()) -> Decision:
         """``changed``: this decision follows a detected change of the model or the membership;
         ``confirmed``: the devices whose speed change the monitor has just confirmed."""
         cfg = self.config
-        plan = self.handle.current_plan()
+        plan = self._plan
         model = self.model()
         current_s = self._sims.iteration_s(plan, model)
         remaining = None if cfg.total_iterations is None else cfg.total_iterations - metrics.iteration - 1
@@ -302,16 +386,7 @@ class Controller:
         io = transfer_time(biggest, 1.0 / (self.config.storage_gbps * GBPS))
         return self._cal.restart_fixed_s + io * (2 if planned else 1)
 
-    # ----- acting and bookkeeping -----
-    def _apply_move(self, plan: Plan) -> float:
-        before = self.handle.current_plan()
-        model = self.model()
-        predicted = handover_time(move_transfers(before, plan, self.profile, model), model)
-        report = self.handle.apply_move(plan)
-        self._cal = self._cal.after_move(predicted, report.stall_s)
-        self._monitor = relearn(self._monitor, _work_changed(before, plan))
-        return report.stall_s
-
+    # ----- bookkeeping -----
     def _check_move(self) -> None:
         """Read the pending :class:`~orchestrator.adapt.tried.Check`: its miss is the model's
         error (a noise floor for predicted gains) until the next check."""
@@ -329,10 +404,10 @@ class Controller:
             self.state = state
 
     def _record(self, step: int, metrics: IterationMetrics, decision: Union[Decision, FailureDecision, None] = None,
-                decision_s: float = 0.0, action: str = "", action_s: float = 0.0) -> StepRecord:
-        rec = StepRecord(step, metrics.iteration, self.state, metrics.iteration_s, metrics.completed, decision, decision_s, action, action_s)
-        self.history.append(rec)
-        return rec
+                decision_s: float = 0.0, act: Act | None = None) -> Observed:
+        rec = StepRecord(step, metrics.iteration, self.state, metrics.iteration_s, metrics.completed, decision, decision_s,
+                         act.kind if act is not None else "")
+        return Observed(rec, act)
 
 
 def _work_changed(before: Plan, after: Plan) -> list[int]:

@@ -83,9 +83,11 @@ class Throttle:
 
 @dataclass(frozen=True, slots=True)
 class Kill:
-    """The actor on ``device`` (or its node) dies during iteration ``at_iteration``."""
+    """The actor on ``device`` (or its node) dies during iteration ``at_iteration``. On the real
+    runtime ``device=None`` means the device of the middle stage at that moment (one that holds
+    blocks, whatever earlier faults left), as a rehearsed notice without devices does."""
 
-    device: int
+    device: int | None
     at_iteration: int
 
     def __post_init__(self) -> None:
@@ -132,6 +134,8 @@ class FaultSchedule:
         for f in self.faults:
             devs = (f.src, f.dst) if isinstance(f, Throttle) else (f.device,)
             for d in devs:
+                if d is None:  # a Kill of "the middle stage's device", resolved when it fires
+                    continue
                 if not 0 <= d < cluster.size:
                     raise UserError(f"{type(f).__name__} names device {d}, but the cluster has {cluster.size}")
 
@@ -142,7 +146,7 @@ class FaultSchedule:
             if isinstance(f, Join) and f.at_iteration <= iteration:
                 alive.add(f.device)
         for f in self.faults:
-            if isinstance(f, Kill) and f.at_iteration < iteration:
+            if isinstance(f, Kill) and f.at_iteration < iteration and f.device is not None:
                 alive.discard(f.device)
         return frozenset(alive)
 
@@ -159,7 +163,7 @@ class FaultSchedule:
                 pairs = [(f.src, f.dst)] + ([(f.dst, f.src)] if f.symmetric else [])
                 for s, d in pairs:
                     bw[s, d] = f.apply(float(base[s, d]) if base[s, d] > 0 else float(nominal.link(s, d)))
-        killed = frozenset(f.device for f in self.faults if isinstance(f, Kill) and f.at_iteration == iteration)
+        killed = frozenset(f.device for f in self.faults if isinstance(f, Kill) and f.at_iteration == iteration and f.device is not None)
         return Conditions(nominal.with_speeds(speeds.tolist()).with_bandwidth(bw), self.alive_at(nominal, iteration), killed)
 
     def __add__(self, other: "FaultSchedule") -> "FaultSchedule":

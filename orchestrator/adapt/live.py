@@ -32,9 +32,10 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence, Union
+from typing import Any, Callable, Sequence, Union
 
 import torch
+from torch import nn
 
 from actors import checkpoint as ckpt
 from actors.group import PipelineActorError, WorkerGroup
@@ -43,6 +44,7 @@ from actors.metrics import MeasuredIteration
 from orchestrator.core.cluster import GBPS, Cluster, flat
 from orchestrator.adapt.controller import Controller, ControllerConfig, StepRecord
 from orchestrator.adapt.faults import FaultSchedule, Join, Kill, Slowdown, Throttle
+from orchestrator.adapt.rehearsal import Rehearsal
 from orchestrator.adapt.handle import IterationMetrics, Link, MoveReport, RestartReport, check_plan_alive, move_transfers
 from orchestrator.adapt.policies import Stay, Switch
 from orchestrator.core.errors import UserError
@@ -61,16 +63,25 @@ def measured_profile(trainer: PipelineTrainer, warmup: int = 2, repeats: int = 5
     so every move is then mispredicted. Timed with the driver's two threads on two shared cores,
     blocks of equal size came out at 2–56 ms where a one-thread worker takes 2.2 ms
     (benchmarks/results/adaptive.md, live section)."""
+    spec = trainer.spec
+    workers = trainer.group.size if trainer.group is not None else len(trainer.plan.devices)
+    return profile_like_workers(spec.model_factory, spec.data_fn, trainer.num_microbatches, spec.seed,
+                                cpu_threads(spec.threads, workers), warmup, repeats)
+
+
+def profile_like_workers(model_factory: Callable[[], list[nn.Module]], data_fn: Callable[[int], Any], num_microbatches: int,
+                         seed: int, threads: int, warmup: int = 2, repeats: int = 5) -> Profile:
+    """The one way the driver times the model's blocks on one micro-batch: with ``threads`` torch
+    threads, as one CPU worker computes (see :func:`measured_profile` for why)."""
+    from actors import user_code
     from orchestrator.profiling.profiler import profile_blocks
 
-    spec = trainer.spec
-    torch.manual_seed(spec.seed)
-    blocks = list(spec.model_factory())
-    inputs, _ = spec.data_fn(0)
-    sample = torch.tensor_split(inputs, trainer.num_microbatches)[0]
-    workers = trainer.group.size if trainer.group is not None else len(trainer.plan.devices)
+    torch.manual_seed(seed)
+    blocks = user_code.blocks(model_factory)
+    inputs, _ = user_code.batch(data_fn, 0)
+    sample = torch.tensor_split(inputs, num_microbatches)[0]
     before = torch.get_num_threads()
-    torch.set_num_threads(cpu_threads(spec.threads, workers))
+    torch.set_num_threads(threads)
     try:
         return profile_blocks(blocks, sample, "live-model", int(sample.shape[0]), warmup=warmup, repeats=repeats, device="cpu")
     finally:
@@ -129,7 +140,7 @@ class RayPipeline:
         self.step_index = 0
         self._dead: set[int] = set()
         self._failed_step: int | None = None
-        self._knobs: dict[int, tuple[float, tuple[tuple[int, float], ...]]] = {}
+        self._rehearsal = Rehearsal(faults, self.cluster)
         alive = self._alive_now()
         if set(plan.devices) - alive:
             raise UserError(f"initial plan uses device(s) {sorted(set(plan.devices) - alive)} that are not up")
@@ -162,7 +173,7 @@ class RayPipeline:
         self.step_index += 1
         plan = self.current_plan()
         group = self._group()
-        killed = {f.device for f in self.faults.faults if isinstance(f, Kill) and f.at_iteration == k} - self._dead
+        killed = {f.device for f in self.faults.faults if isinstance(f, Kill) and f.at_iteration == k and f.device is not None} - self._dead
         for d in sorted(killed):
             if d in plan.devices:
                 group.call("arm_kill", self.trainer.step, devices=[d], what="arm kill")
@@ -259,26 +270,8 @@ class RayPipeline:
                                "live state is inconsistent, restart from a checkpoint instead")
 
     def _push_faults(self, k: int, plan: Plan) -> None:
-        """Send each plan device its slowdown factor and outgoing link delays for step ``k`` (on change only)."""
-        factor: dict[int, float] = {}
-        delays: dict[int, dict[int, float]] = {}
-        for f in self.faults.faults:
-            if isinstance(f, Slowdown) and f.active(k):
-                factor[f.device] = factor.get(f.device, 1.0) * f.factor
-            elif isinstance(f, Throttle) and f.active(k):
-                for s, d in [(f.src, f.dst)] + ([(f.dst, f.src)] if f.symmetric else []):
-                    if f.delay_per_byte is not None:
-                        delay = f.delay_per_byte
-                    else:
-                        assert f.gbps is not None
-                        delay = max(0.0, 1.0 / (f.gbps * GBPS) - 1.0 / self.cluster.link(s, d))
-                    delays.setdefault(s, {})[d] = delay  # the latest active throttle of a link wins
-        group = self._group()
-        for d in plan.devices:
-            want = (factor.get(d, 1.0), tuple(sorted(delays.get(d, {}).items())))
-            if self._knobs.get(d) != want:
-                group.call("set_faults", want[0], dict(want[1]), devices=[d], what="set faults")
-                self._knobs[d] = want
+        """Knobs of step ``k`` to the plan's devices (kills are armed by :meth:`run_iteration`)."""
+        self._rehearsal.push(self._group(), plan, k, kills=False)
 
 
 # ----- the demo's entry point -----

@@ -157,6 +157,42 @@ def on_device_loss(plan: Plan, lost: Sequence[int], alive: Sequence[int], replan
     return Restart(replan(tuple(sorted(alive))), True, f"device(s) {sorted(gone)} held the only copy of their blocks")
 
 
+@dataclass(frozen=True)
+class GiveUp:
+    """The failure budget is spent: the job ends (its newest committed checkpoint stays loadable)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class RecoverInPlace:
+    """The ``survivors`` keep their processes and continue on a plan over them from their own
+    newest snapshot; the dead worker's blocks come from a peer's copy or from storage."""
+
+    dead: tuple[int, ...]
+    survivors: tuple[int, ...]
+    reason: str
+
+
+DeathDecision = Union[GiveUp, RecoverInPlace, Restart]
+
+
+def on_worker_death(failures: int, max_failures: int, plan: Plan, dead: Sequence[int], alive: Sequence[int],
+                    in_place: bool) -> DeathDecision:
+    """After a worker died without notice (``failures`` deaths so far, this one included): give
+    up past the budget; recover in place when the runtime can (``in_place``), one worker died and
+    survivors remain; otherwise restart every worker on the same plan from the newest checkpoint."""
+    if failures > max_failures:
+        return GiveUp(f"{failures} worker deaths exceed max_failures={max_failures}")
+    gone = set(dead)
+    survivors = tuple(sorted(set(alive) - gone))
+    if not in_place:
+        return Restart(plan, True, "recovery in place is not available here: every worker restarts")
+    if len(gone) != 1 or not survivors:
+        return Restart(plan, True, f"{len(gone)} workers died at once" if survivors else "no survivor")
+    return RecoverInPlace(tuple(sorted(gone)), survivors, f"device {min(gone)} died; {len(survivors)} survivors keep their processes")
+
+
 SPEED_AGNOSTIC_PLANNERS = frozenset({"pipedream"})
 """Planners whose raw answer (before polishing) ignores device speeds — PipeDream's DP reads the
 profile, the bandwidth hierarchy and memory only — so a caller may reuse it across speed-only

@@ -332,11 +332,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run_main(fn: Callable[[], object]) -> None:
     """Run a driver script's ``main`` with the command line's error contract: a user mistake is
     one line on stderr and exit 2, never a traceback."""
+    from orchestrator.elastic.signals import EXIT_MIGRATE, JobFailed, JobStopped, MigrationRequested
+
     try:
         fn()
     except (UserError, CloudError) as exc:
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         raise SystemExit(2) from None
+    except JobFailed as exc:  # the failure budget is spent; the newest committed checkpoint stays loadable
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        raise SystemExit(1) from None
+    except MigrationRequested as exc:  # committed; the supervisor resumes the run elsewhere
+        print(f"migrating: {_one_line(exc)}", file=sys.stderr)
+        raise SystemExit(EXIT_MIGRATE) from None
+    except JobStopped as exc:
+        print(f"stopped: {_one_line(exc)}", file=sys.stderr)
+        raise SystemExit(128 + exc.signum) from None
 
 
 def _one_line(exc: BaseException) -> str:

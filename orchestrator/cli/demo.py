@@ -120,7 +120,7 @@ def chapter_job(out: Path, steps: int = 26) -> float:
         result = job.fit(steps)
         for e in result.events:
             if e["event"] in STORY:
-                detail = {k: v for k, v in e.items() if k not in ("ts", "event")}
+                detail = {k: v for k, v in e.items() if k not in ("time", "event")}
                 print(f"  {e['event']:<20} {json.dumps(detail)[:160]}")
         rows = float(job.train.data_fn(0)[0].shape[0])
         tput = [rows / t for t in job.iteration_s if t > 0]

@@ -133,7 +133,7 @@ class Growth:
         for d in devices:
             if d not in self.waiting:
                 continue
-            job.alive.add(d)
+            job.device_joined(d)
             joined.setdefault(self.waiting.pop(d), []).append({"device": d, "node_id": group.identities[d]["node_id"]})
         self.pending += [Joined(tuple(found), source, step) for (source, step), found in joined.items()]
         if joined and job.controller is None:

@@ -9,6 +9,7 @@ line (:class:`~orchestrator.core.errors.UserError`) at construction, before any 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -17,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from actors import storage
+from actors.training import TrainingOptions
 from actors.storage_env import PROTOCOLS, SUPPORTED
 from orchestrator.core.cluster import Cluster
 from orchestrator.adapt.controller import ControllerConfig
@@ -35,6 +37,12 @@ class TrainConfig:
     """``data_fn(step) -> (inputs, targets)``, deterministic in ``step`` (exact restarts need it)."""
     num_microbatches: int = 8
     seed: int = 0
+    training: TrainingOptions = TrainingOptions()
+    """Clipping by the global norm, LR schedules (one per block optimizer), fp16 loss scaling —
+    the same options :class:`~orchestrator.train.trainer.PipelineTrainer` takes. Weight-decay groups
+    and mixed precision wrap the factories (``decay_groups(AdamW, 0.1)``, ``autocast_blocks(factory,
+    torch.bfloat16)``); recomputation is a plan stage's ``recompute`` (planners turn it on for
+    devices over memory)."""
 
     def __post_init__(self) -> None:
         if self.num_microbatches < 1:
@@ -80,30 +88,59 @@ class ScalingConfig:
             raise UserError(f"ScalingConfig: the plan uses device {max(self.plan.devices)} but devices={self.devices}")
 
 
+def _env(name: str) -> str | None:
+    """A setting the supervisor (:mod:`orchestrator.supervise`) hands a driver it started, so that an
+    unmodified driver script runs as one segment of the supervisor's run."""
+    value = os.environ.get(name)
+    return value if value else None
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunConfig:
-    """Where state goes and how much failure is tolerated."""
+    """Where state goes and how much failure is tolerated. The storage location *is* the run
+    (:mod:`orchestrator.elastic.run_record`): a job on a location that holds checkpoints of the same
+    model resumes from the newest committed one; one of another model is refused."""
 
-    storage: str | Path = "checkpoints"
+    storage: str | Path = field(default_factory=lambda: _env("RAYPIPE_STORAGE") or "checkpoints")
     """A local folder or an ``s3://``, ``gs://``, ``az://`` URI (fsspec; credentials and endpoints
-    from each cloud's usual environment variables)."""
+    from each cloud's usual environment variables). Default: ``$RAYPIPE_STORAGE``, else ``checkpoints``."""
     events: str | Path | None = None
-    """JSONL event log (default: ``events.jsonl`` beside a local storage folder, else none)."""
+    """A local JSONL copy of this job's events (default: ``events.jsonl`` beside a local storage
+    folder). Every job also writes its own segment under ``STORAGE/events/``; ``orchestrator events
+    STORAGE`` prints the merged log of the whole run."""
     checkpoint_every: int = 10
     async_checkpoints: bool = True
     """Snapshot to host memory and upload while training continues (commit at the next boundary)."""
     max_failures: int = 3
-    """Worker deaths without notice recovered from the latest checkpoint before giving up."""
+    """Worker deaths without notice the job survives; one more ends it (:class:`JobFailed`)."""
     pipelined: bool = True
     """Submit iteration k+1 before gathering k when no decision is pending."""
     name: str = "elastic"
+    resume: str = field(default_factory=lambda: _env("RAYPIPE_RESUME") or "auto")
+    """``auto``: continue the run at the newest committed checkpoint when there is one; ``never``:
+    start from the seed (refused when the location already holds checkpoints of this run: use
+    another location); ``require``: refuse to start without one. Default ``$RAYPIPE_RESUME``."""
+    run_id: str | None = field(default_factory=lambda: _env("RAYPIPE_RUN_ID"))
+    """The run's id (default: the location's, or a new one); a location of another run is refused."""
+    cluster: str | None = field(default_factory=lambda: _env("RAYPIPE_CLUSTER"))
+    """The cluster id its supervisor gave this job (``None``: not supervised). A supervised job asks
+    its supervisor to migrate (it commits, records the request and stops) instead of restarting in place."""
+    snapshot_every: int = 0
+    """In-memory snapshots every N steps between stored checkpoints (0: off): a death without
+    notice then loses at most the steps since the last snapshot."""
 
     def __post_init__(self) -> None:
-        if self.checkpoint_every < 0 or self.max_failures < 0:
-            raise UserError("RunConfig: checkpoint_every and max_failures must be >= 0")
+        if self.checkpoint_every < 0 or self.max_failures < 0 or self.snapshot_every < 0:
+            raise UserError("RunConfig: checkpoint_every, max_failures and snapshot_every must be >= 0")
         scheme = storage.scheme(self.storage)
         if scheme and scheme not in PROTOCOLS:
             raise UserError(f"RunConfig: unknown storage scheme {scheme!r} in {self.storage} (use {SUPPORTED})")
+        if self.resume not in ("auto", "never", "require"):
+            raise UserError(f"RunConfig: resume={self.resume!r} is not one of auto, never, require")
+
+    @property
+    def supervised(self) -> bool:
+        return self.cluster is not None
 
     def events_path(self) -> Path | None:
         if self.events is not None:
@@ -139,6 +176,20 @@ class InjectedNotice:
             raise UserError("an injected notice needs at_step >= 0 and seconds > 0")
 
 
+def _price_events(text: str | None) -> tuple[tuple[int, float], ...]:
+    """``STEP:FACTOR[,STEP:FACTOR]`` (the supervisor's ``--price-change-at`` rehearsal)."""
+    if not text:
+        return ()
+    out = []
+    for part in text.split(","):
+        step, _, factor = part.partition(":")
+        try:
+            out.append((int(step), float(factor)))
+        except ValueError:
+            raise UserError(f"RAYPIPE_PRICE_EVENTS: {part!r} is not STEP:FACTOR") from None
+    return tuple(out)
+
+
 @dataclass(frozen=True, kw_only=True)
 class SpotConfig:
     """Preemptions and prices: live evacuation when it fits, else checkpoint → migration → restore."""
@@ -155,19 +206,15 @@ class SpotConfig:
     ray_drain_poll_s: float = 5.0
     """Read the node watchers and Ray's drain requests (:mod:`orchestrator.elastic.drain`) this often,
     between iterations; 0: never."""
-    catalog: str | None = None
+    catalog: str | None = field(default_factory=lambda: _env("RAYPIPE_PRICES"))
     """Price file or folder for migration decisions (default: the bundled snapshot)."""
-    cloud_yaml: str | None = None
-    """Write the validated Ray cluster YAML of each migration target into this folder."""
-    ray_up: bool = False
-    """Run ``ray up`` on that YAML (real clouds only; otherwise a dry run)."""
-    offer: Any = None
+    offer: Any = field(default_factory=lambda: _env("RAYPIPE_OFFER"))
     """The :class:`cloud.records.Offer` the job runs on (default: the catalog's cheapest spot offer
     with as many GPUs as the job has devices); migrations are priced against it."""
     migration_check_every: int = 0
     """Ask the migration planner for a cheaper place every N steps (0: only on preemption and
     replayed price changes)."""
-    price_events: tuple[tuple[int, float], ...] = field(default_factory=tuple)
+    price_events: tuple[tuple[int, float], ...] = field(default_factory=lambda: _price_events(_env("RAYPIPE_PRICE_EVENTS")))
     """Rehearsal: (step, factor) — after that step the current offer's price is multiplied by
     ``factor`` in the planner's view, as a replayed price change."""
 

@@ -27,10 +27,12 @@ iteration in flight. Every decision is one line of ``events.jsonl``.
 
 from __future__ import annotations
 
+import signal
 import statistics
 import threading
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Callable
 
 from actors import checkpoint as ckpt
@@ -38,17 +40,21 @@ from actors import storage
 from actors.group import PipelineActorError, WorkerGroup
 from actors.metrics import MeasuredIteration
 from orchestrator.core.cluster import flat
-from orchestrator.adapt.controller import Controller
-from orchestrator.adapt.handle import MoveReport, move_transfers
-from orchestrator.adapt.policies import planner_plan
+from orchestrator.adapt.controller import Act, Controller, Observed
+from orchestrator.adapt.handle import MoveReport, RestartReport, move_transfers
+from orchestrator.adapt.live import to_controller_metrics
+from orchestrator.adapt.rehearsal import Rehearsal
+from orchestrator.adapt.policies import GiveUp, Restart, on_worker_death, planner_plan
 from orchestrator.core.errors import UserError
 from orchestrator.train.discovery import connect
 from orchestrator.elastic.evacuation import Evacuate, Fallback, Notice, check_notice, plan_evacuation
 from orchestrator.elastic.job_config import AdaptConfig, RunConfig, ScalingConfig, SpotConfig, TrainConfig
 from orchestrator.train.fit_result import JobResult
 from orchestrator.elastic.growth import Growth, check_joins
-from orchestrator.elastic.job_spot import JobHandle, profile_model, push_faults, relocate, spot_decision
-from orchestrator.elastic.observability import EventLog
+from orchestrator.elastic.job_spot import profile_model, relocate, spot_decision
+from orchestrator.elastic.run import RunState, open_run
+from orchestrator.elastic.run_record import MigrationRequest
+from orchestrator.elastic.signals import JobFailed, JobStopped, MigrationRequested, StopSignals
 from orchestrator.core.plan import Plan, straight_plan
 from orchestrator.train.trainer import InFlight, PipelineTrainer
 
@@ -71,21 +77,23 @@ class ElasticJob:
         self.train, self.scaling, self.run, self.adapt, self.spot = train, scaling, run, adapt, spot
         self.clock = clock
         storage.check_writable(run.storage)  # unreachable storage / missing credentials: one line, before any actor
+        self.profile = profile_model(train, scaling.devices)
+        # the location is the run: another model's checkpoints are refused here, before anything is written
+        self.opened = open_run(str(run.storage), self.profile, train.num_microbatches, train.seed,
+                               _describe(train.optimizer_factory), run.resume, run.run_id, run.cluster)
         connect(None)  # RAY_ADDRESS (as under `ray job submit`) or the local instance; a dead address is one line
-        self.profile = profile_model(train)
         plan = scaling.plan or planner_plan(self.profile, self.cluster, tuple(range(scaling.devices)),
                                             straight_plan([0, self.profile.num_blocks], train.num_microbatches), scaling.planner,
                                             straight=True)
         self.trainer = PipelineTrainer(train.model_factory, train.loss_fn, train.optimizer_factory, train.data_fn,
                                        train.num_microbatches, plan=plan, checkpoint_dir=run.storage, seed=train.seed,
                                        max_failures=run.max_failures, progress=False, use_gpu=scaling.use_gpu,
-                                       async_checkpoints=run.async_checkpoints, workers=workers)
-        where = run.events_path()
-        self.events = EventLog(where) if where is not None else None
+                                       async_checkpoints=run.async_checkpoints, workers=workers, training=train.training)
+        self.runstate = RunState(str(run.storage), self.opened, run.events_path())
         self._skipped_told = 0  # trainer.skipped_checkpoints already in the event log
         self.alive: set[int] = set(range(scaling.devices))
         self.controller: Controller | None = None
-        self.handle = JobHandle(self)
+        self.rehearsal = Rehearsal(adapt.faults, self.cluster)
         self.iteration_s: list[float] = []
         self.records: list[dict[str, Any]] = []
         self.last_metrics: MeasuredIteration | None = None
@@ -102,13 +110,11 @@ class ElasticJob:
         self.leaving: Notice | None = None
         self._node_watch: Any = None  # orchestrator.elastic.node_watch.NodeWatch while fit runs with spot.watch
         self._saved_at = -1  # the step of the newest checkpoint written (a step is saved once)
-        self.moves = self.restarts = 0
+        self.moves = self.restarts = self.failures = 0
         self.move_pairs: list[tuple[int, int]] = []  # (from, to) of every block hand-over, in order
         self.growth = Growth(self)
         self.prices: Any = None  # job_spot.PriceView, built when first needed
         self.target_steps = 0
-        self.knobs: dict[int, Any] = {}  # rehearsal fault knobs sent to each device
-        self.killed: set[Any] = set()  # rehearsal kills already armed
 
     # ----- inputs -----
     def notify(self, devices: tuple[int, ...], seconds_left: float, source: str = "injected") -> None:
@@ -117,21 +123,28 @@ class ElasticJob:
 
     # ----- the loop -----
     def fit(self, steps: int) -> JobResult:
-        if steps < 1:
-            raise UserError("fit needs at least one step")
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise UserError(f"fit(steps) needs a whole number of steps >= 1, not {steps!r}")
         start = time.perf_counter()
         trainer = self.trainer
         if not trainer.started:
             trainer.start(members=sorted(self.alive), slots={d: d for d in range(self.scaling.devices)}, size=self.scaling.devices)
+            resumed = None
+            if self.opened.resume_from is not None:
+                resumed = trainer.restore(self.opened.resume_from)
+                self._saved_at = resumed
             self.emit("job_started", devices=[{"device": d["device"], "node_id": d["node_id"], "pid": d["pid"]} for d in trainer.devices()],
-                      plan=trainer.plan.describe(), step=trainer.step, storage=str(self.run.storage))
-        if self.adapt.enabled and self.controller is None:
-            config = replace(self.adapt.controller, total_iterations=trainer.step + steps)
-            self.controller = Controller(self.handle, self.profile, config)
-        elif self.controller is not None:  # a later fit: moves pay over this run's iterations
-            self.controller.config = replace(self.controller.config, total_iterations=trainer.step + steps)
-        target = self.target_steps = trainer.step + steps
+                      plan=trainer.plan.describe(), step=trainer.step, storage=str(self.run.storage), run_id=self.runstate.run_id,
+                      cluster=self.run.cluster, resumed_from=resumed)
+            self.runstate.started(trainer.step)
+        target = self.target_steps = steps
         first = trainer.step
+        if self.adapt.enabled and self.controller is None:
+            config = replace(self.adapt.controller, total_iterations=target)
+            self.controller = Controller(None, self.profile, config, nominal=self.cluster, initial_plan=trainer.plan,
+                                         initial_alive=tuple(sorted(self.alive)))
+        elif self.controller is not None:  # a later fit: moves pay over this run's iterations
+            self.controller.config = replace(self.controller.config, total_iterations=target)
         if self.spot.enabled and self.spot.watch:  # one watcher on each node of the job and the driver's
             import ray
 
@@ -139,9 +152,12 @@ class ElasticJob:
 
             nodes = {d["node_id"] for d in trainer.devices()} | {ray.get_runtime_context().get_node_id()}
             self._node_watch = NodeWatch(self.spot.watch, nodes)
+        stop = StopSignals()
         try:
             while trainer.step < target:
-                push_faults(self, trainer.step)
+                if stop.received is not None:
+                    self._stop(stop.received)
+                self.rehearsal.push(trainer.group, trainer.plan, trainer.step)
                 flight = self._ahead or trainer.submit_step()
                 self._ahead = None
                 nxt = trainer.step + 1
@@ -158,16 +174,39 @@ class ElasticJob:
                 except PipelineActorError as exc:  # a worker died in a drained step or during an action
                     self._failed(exc)
             self._drain()
-            trainer.finish_checkpoint()
+            self._commit_final()
             self.growth.finish()
         finally:
+            stop.restore()
             if self._node_watch is not None:
                 self._node_watch.stop()
                 self._node_watch = None
         losses = {s: trainer.history[s] for s in range(first, target) if s in trainer.history}
         self.emit("job_finished", step=trainer.step, plan=trainer.plan.describe(), final_loss=losses.get(target - 1))
-        return JobResult(trainer.step, losses, trainer.plan, self.events.read() if self.events else [],
-                         time.perf_counter() - start, self.moves, self.restarts)
+        self.runstate.ended("finished", trainer.step)
+        return JobResult(trainer.step, losses, trainer.plan, list(self.records), time.perf_counter() - start, self.moves, self.restarts)
+
+    def _commit_final(self) -> None:
+        """The run always ends (or stops) on a committed checkpoint of its last step."""
+        if self._saved_at != self.trainer.step:
+            self.checkpoint_now("final")
+        self._finish_checkpoint()
+
+    def _finish_checkpoint(self) -> str | None:
+        """Wait for a background upload (if any) and commit it; the run record learns of every commit."""
+        where = self.trainer.finish_checkpoint()  # the one place the job commits a background checkpoint
+        if where is not None:
+            self.runstate.committed(self._saved_at, self.trainer.step)
+        return None if where is None else str(where)
+
+    def _stop(self, signum: int) -> None:
+        """SIGTERM (Ray's job stop) or SIGINT: finish the step in flight, commit, record, and leave."""
+        self._drain()
+        self._commit_final()
+        name = signal.Signals(signum).name
+        self.emit("stopped", step=self.trainer.step, signal=name)
+        self.runstate.ended("stopped", self.trainer.step)
+        raise JobStopped(f"stopped by {name} at step {self.trainer.step}; checkpoint committed", signum)
 
     def _hold(self, nxt: int) -> bool:
         """Whether a decision is due after the step before ``nxt``: then nothing is submitted ahead."""
@@ -186,10 +225,11 @@ class ElasticJob:
             # crash from here on loses at most the steps since it
             self._drain()
             t0 = time.perf_counter()
-            where = self.trainer.finish_checkpoint()
+            where = self._finish_checkpoint()
             self.emit("checkpoint_committed", step=self._saved_at, path=str(where), wait_s=round(time.perf_counter() - t0, 4))
         self.iteration_s.append(m.iteration_s)
         self.last_metrics = m
+        self.runstate.progress(self.trainer.step)
         if self.spot.enabled:
             leaving = self.leaving
             if leaving is not None and self.clock() >= leaving.deadline - self.spot.margin_s:
@@ -213,9 +253,10 @@ class ElasticJob:
                 self._preempted(notice)
         self.growth.poll(self.trainer.step)
         if self.controller is not None and self.trainer.step < target:
-            self.handle.stage(m)
+            plan = self.trainer.plan
+            out = self.controller.observe(to_controller_metrics(m, self.trainer.step - 1, plan), plan, tuple(sorted(self.alive)))
             mark = len(self.move_pairs)
-            record = self.controller.step()
+            record = out.record if out.act is None else self.controller.acted(out, self._carry_out(out.act))
             if record.action:
                 self.emit("adapt", step=self.trainer.step, action=record.action, seconds=round(record.action_s, 4),
                           plan=self.trainer.plan.describe(), decision=type(record.decision).__name__)
@@ -260,6 +301,20 @@ class ElasticJob:
         self._last_done = None
 
     # ----- actions -----
+    def _carry_out(self, act: Act) -> list[MoveReport | RestartReport]:
+        """The controller's act: live moves in order, or a restart (a planned one checkpoints first)."""
+        self._drain()
+        if act.kind != "restart":
+            return [self.move(p) for p in act.plans]
+        before, t0 = self.trainer.step, time.perf_counter()  # the downtime counts the planned checkpoint's write
+        source = self.trainer.latest() if act.from_checkpoint else self.checkpoint_now("planned restart")
+        self.restart_on(act.plans[0], source, tuple(sorted(self.alive)))
+        return [RestartReport(time.perf_counter() - t0, before - self.trainer.step, act.plans[0])]
+
+    def device_joined(self, device: int) -> None:
+        """A worker that came up on capacity that joined (growth) is a device of the job from now on."""
+        self.alive.add(device)
+
     def move(self, plan: Plan, members: set[int] | None = None) -> MoveReport:
         """A live switch to ``plan`` (the controller's moves and evacuation steps); ``members``:
         the devices that stay in the job (default: every alive one)."""
@@ -306,23 +361,58 @@ class ElasticJob:
         relocate(self, None, forced=True, reason=decision.reason, notice=notice, iteration_s=iteration_s)
 
     def _failed(self, exc: PipelineActorError) -> None:
-        """A worker died without notice: the failure policy restores the newest checkpoint."""
+        """A worker died without notice: counted once, here; the failure policy decides."""
         if self._ahead is not None:
             self.trainer.discard_step(self._ahead)
             self._ahead = None
         self._last_done = None
-        if self.trainer.failures >= self.run.max_failures:
-            raise exc
-        self.trainer.failures += 1
+        self.failures += 1
         t0, before = time.perf_counter(), self.trainer.step
         recent = self.iteration_s[-5:]
-        self.emit("worker_failed", step=before, error=str(exc).splitlines()[0])
+        dead = (exc.device,) if exc.device >= 0 else ()
+        self.emit("worker_failed", step=before, device=exc.device if exc.device >= 0 else None, failures=self.failures,
+                  error=str(exc).splitlines()[0])
+        plan = self.trainer.plan
+        decision = on_worker_death(self.failures, self.run.max_failures, plan, dead, sorted(self.alive), in_place=False)
+        if isinstance(decision, GiveUp):
+            self.emit("job_failed", step=before, failures=self.failures, max_failures=self.run.max_failures, reason=decision.reason)
+            self.runstate.ended("failed", before)
+            raise JobFailed(f"{decision.reason} (last: {str(exc).splitlines()[0]})") from exc
+        assert isinstance(decision, Restart)  # RecoverInPlace is not offered yet (in_place=False)
         self.alive, self.leaving = set(range(self.growth.placed)), None
-        self.knobs.clear()  # fresh processes: no injected knobs
+        self.rehearsal.forget()  # fresh processes: no injected knobs
         self.trainer.recover(exc)
         self.restarts += 1
-        self.emit("resumed", step=self.trainer.step, lost_steps=before - self.trainer.step, stall_s=round(time.perf_counter() - t0, 4),
-                  iteration_s=round(statistics.median(recent), 4) if recent else None, plan=self.trainer.plan.describe())
+        self.emit("recovered", mode="restart", reason=decision.reason, step=self.trainer.step, lost_steps=before - self.trainer.step,
+                  stall_s=round(time.perf_counter() - t0, 4), iteration_s=round(statistics.median(recent), 4) if recent else None,
+                  plan=self.trainer.plan.describe(),
+                  devices=[{"device": d["device"], "node_id": d["node_id"], "pid": d["pid"]} for d in self.trainer.devices()])
+
+    def restart_on(self, plan: Plan, source: str | Path | None, devices: tuple[int, ...]) -> None:
+        """Every worker configured afresh on ``plan`` over ``devices`` from the checkpoint ``source``."""
+        self.alive, self.leaving = set(devices), None
+        self.rehearsal.forget()
+        self.trainer.restart_on(plan, source, members=sorted(devices), slots=self.slot_map())
+        self.restarts += 1
+        self.iteration_s.clear()
+
+    def commit_pending(self) -> None:
+        """Commit a background checkpoint still uploading (before a restart replaces the workers)."""
+        self._finish_checkpoint()
+
+    def request_migration(self, reason: str, target: str, detail: str, commit: bool = True) -> None:
+        """A supervised job leaves this cluster: commit the step reached (``commit=False``: a notice
+        too short for it, the newest committed step stands), record the request in the run record
+        for the supervisor, and stop (the driver exits :data:`EXIT_MIGRATE`)."""
+        self._drain()
+        if commit:
+            self._commit_final()
+        else:
+            self._finish_checkpoint()
+        step = self.trainer.step if commit else (self.runstate.record.last_committed or 0)
+        self.emit("migration_requested", reason=reason, step=step, target=target, detail=detail, cluster=self.run.cluster)
+        self.runstate.ended("migrating", step, MigrationRequest(reason, step, target))
+        raise MigrationRequested(f"run {self.runstate.run_id} committed step {step} and asks its supervisor to move it to {target} ({reason})")
 
     def slot_map(self) -> dict[int, int]:
         """Device ``d`` is worker slot ``d``, for every device the job has had a worker for."""
@@ -330,8 +420,8 @@ class ElasticJob:
 
     def checkpoint_now(self, why: str) -> str | None:
         if self._saved_at == self.trainer.step:  # saved already (perhaps still uploading): commit and reuse it
-            where = self.trainer.finish_checkpoint() or ckpt.step_dir(str(self.run.storage), self.trainer.step)
-            return str(where)
+            committed = self._finish_checkpoint()
+            return committed if committed is not None else str(ckpt.step_dir(str(self.run.storage), self.trainer.step))
         t0 = time.perf_counter()
         background = self.run.async_checkpoints and why == "periodic"
         try:
@@ -343,6 +433,7 @@ class ElasticJob:
         self._saved_at = self.trainer.step
         if not background:
             self.checkpoint_s = took
+            self.runstate.committed(self.trainer.step, self.trainer.step)
         self.emit("checkpoint", why=why, step=self.trainer.step, path=str(where), stall_s=round(took, 4), background=background)
         return str(where)
 
@@ -360,17 +451,15 @@ class ElasticJob:
         while self._skipped_told < len(skipped):
             s, self._skipped_told = skipped[self._skipped_told], self._skipped_told + 1
             self.emit("checkpoint_skipped", path=s.location, reason=s.reason)
-        record = {"event": event, **fields}
-        self.records.append(record)
-        if self.events is not None:
-            self.events.emit(event, **fields)
+        self.records.append(self.runstate.emit(event, **fields))
 
     def max_abs_diff(self) -> float:
         """Final weights against uninterrupted single-process training on the same data."""
         from actors.reference import ReferenceTrainer, max_difference
 
         t = self.train
-        ref = ReferenceTrainer(t.model_factory, t.loss_fn, t.optimizer_factory, t.data_fn, t.num_microbatches, seed=t.seed)
+        ref = ReferenceTrainer(t.model_factory, t.loss_fn, t.optimizer_factory, t.data_fn, t.num_microbatches, seed=t.seed,
+                               training=t.training)
         ref.train(self.trainer.step)
         return max_difference(self.trainer.state_dicts(), ref.state_dicts())
 
@@ -386,4 +475,13 @@ class ElasticJob:
         self.close()
 
 
-__all__ = ["ElasticJob", "JobResult"]
+def _describe(factory: Any) -> str:
+    """A stable description of an optimizer factory (``functools.partial`` and its arguments)."""
+    func = getattr(factory, "func", factory)
+    name = f"{getattr(func, '__module__', '')}.{getattr(func, '__qualname__', type(func).__name__)}"
+    args = getattr(factory, "args", ())
+    keywords = getattr(factory, "keywords", {})
+    return f"{name}{tuple(args)!r}{sorted(keywords.items())!r}" if (args or keywords) else name
+
+
+__all__ = ["ElasticJob", "JobFailed", "JobResult", "JobStopped"]

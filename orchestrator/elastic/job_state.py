@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from orchestrator.adapt.controller import Controller
     from orchestrator.adapt.handle import MoveReport
     from orchestrator.core.cluster import Cluster
@@ -44,8 +46,6 @@ class JobState(Protocol):
     checkpoint_s: float  # how long a checkpoint took last time
     leaving: Notice | None  # evacuated devices still members of the process group
     prices: Any  # job_spot.PriceView once built
-    knobs: dict[int, Any]  # rehearsal fault knobs sent to each device
-    killed: set[Any]  # rehearsal kills already armed
 
     @property
     def growth(self) -> Placed: ...
@@ -57,3 +57,11 @@ class JobState(Protocol):
     def slot_map(self) -> dict[int, int]: ...
 
     def checkpoint_now(self, why: str) -> str | None: ...
+
+    def restart_on(self, plan: Plan, source: str | Path | None, devices: tuple[int, ...]) -> None: ...
+
+    def commit_pending(self) -> None: ...
+
+    def device_joined(self, device: int) -> None: ...
+
+    def request_migration(self, reason: str, target: str, detail: str, commit: bool = True) -> None: ...

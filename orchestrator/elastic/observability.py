@@ -84,7 +84,7 @@ class EventLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def emit(self, event: str, **fields: Any) -> dict[str, Any]:
-        record = {"ts": self.clock(), "event": event, **redact(fields)}
+        record = {"time": self.clock(), "event": event, **redact(fields)}
         line = json.dumps(record, default=_jsonable)
         with self._lock, open(self.path, "a") as handle:
             handle.write(line + "\n")

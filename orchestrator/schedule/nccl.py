@@ -37,6 +37,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from orchestrator.core.plan import Plan
 from orchestrator.schedule.ir import Action, Kind, Schedule
 from orchestrator.schedule.validate import ScheduleError, render_grid
 
@@ -52,6 +53,8 @@ class CommLayout:
     recv_lookahead: int = 1  # receives are posted this many program actions early (1: at their own action)
     eager_bytes: int = 0  # sends up to this size complete without their receiver (0: every send rendezvous)
     host_sync_compute: bool = False  # a host sync before and after every compute action (a naive timer)
+    serialised: bool = False  # CUDA_DEVICE_MAX_CONNECTIONS=1: every stream of a device feeds one hardware queue
+    step_host_sync: bool = False  # a host read after the step collectives (fp16 loss scaling's overflow flag)
 
     def __post_init__(self) -> None:
         if self.links not in ("directed", "pair"):
@@ -99,11 +102,13 @@ class _Op:
 
 
 def check_hang_free(schedule: Schedule, layout: CommLayout = RUNTIME_LAYOUT,
-           message_bytes: Callable[[Action], int] | None = None) -> None:
+           message_bytes: Callable[[Action], int] | None = None, step_groups: Sequence[tuple[int, ...]] = ()) -> None:
     """Raise :class:`ScheduleError` if ``schedule`` can hang under NCCL's rules and ``layout``.
 
     ``message_bytes(action)`` gives a send's size (default: larger than any buffer, the worst case:
-    an eager send only ever finishes earlier, which cannot create a hang).
+    an eager send only ever finishes earlier, which cannot create a hang). ``step_groups``: the
+    collectives of the optimizer step (:func:`step_groups`), all-reduced in this order by each
+    member before its first STEP action, each on its own communicator.
     """
     ops: list[_Op] = []
     hosts: dict[int, list[tuple[str, int]]] = {}  # device -> host items: ("op", id) | ("sync", 0)
@@ -114,7 +119,7 @@ def check_hang_free(schedule: Schedule, layout: CommLayout = RUNTIME_LAYOUT,
         compute_count = 0
         sent: dict[tuple[int, int], int] = defaultdict(int)
         received: dict[tuple[int, int], int] = defaultdict(int)
-        reduced: dict[tuple[int, ...], int] = defaultdict(int)
+        reduced: dict[tuple, int] = defaultdict(int)
         posted: dict[int, int] = {}
         send_ops: list[int] = []
 
@@ -150,9 +155,20 @@ def check_hang_free(schedule: Schedule, layout: CommLayout = RUNTIME_LAYOUT,
             compute_count += 1
 
         post_before = recv_post_points(program, layout.recv_lookahead)
+        stepped = False
         for i, a in enumerate(program):
             for r in post_before[i]:
                 post(r)
+            if a.kind is Kind.STEP and not stepped:  # StepHooks.before: tied sums, then the norm/flag all-reduce
+                stepped = True
+                for g in step_groups:
+                    if dev in g:
+                        nth = reduced[("S",) + g]
+                        reduced[("S",) + g] += 1
+                        op_id = add(_Op(_COLL, dev, i, (dev, ("S",) + g), compute_count, ("coll", ("S",) + g, nth)))
+                        wait(i, op_id)
+                if layout.step_host_sync:
+                    items.append(("sync", 0))
             if a.kind.is_compute or a.kind is Kind.STEP:
                 compute(i)
             elif a.kind in _RECV:
@@ -175,6 +191,9 @@ def check_hang_free(schedule: Schedule, layout: CommLayout = RUNTIME_LAYOUT,
             wait(len(program), op_id)
         items.append(("sync", 0))
         hosts[dev] = items
+    if layout.serialised:  # one hardware queue per device: every op runs in its host's enqueue order
+        for op in ops:
+            op.stream = (op.device, ("Q",))
     _run(schedule, ops, hosts, by_match, layout)
 
 
@@ -230,7 +249,7 @@ def _run(schedule: Schedule, ops: list[_Op], hosts: dict[int, list[tuple[str, in
                     break
                 op.done = True
                 unfinished[op.device] -= 1
-                if key[1] == ("C",):
+                if ops[queue[head[key]]].kind in (_COMPUTE, _WAIT):
                     compute_done[op.device] += 1
                 head[key] += 1
                 progress = True
@@ -260,3 +279,38 @@ def _describe(schedule: Schedule, op: _Op) -> str:
 def directed_links(schedule: Schedule) -> list[tuple[int, int]]:
     """Every ``(sender, receiver)`` device pair that carries a message in ``schedule``, sorted."""
     return sorted({(dev, a.peer) for dev, program in schedule.programs.items() for a in program if a.kind in _SEND})
+
+
+def step_groups(plan: Plan, tied_holders: Sequence[Sequence[int]] = (), norm: bool = True) -> list[tuple[int, ...]]:
+    """The optimizer step's collectives in the order every worker issues them
+    (:class:`actors.training.StepHooks`): one all-reduce per tied weight over the devices holding
+    a copy (keys sorted), then ONE over all the plan's devices for the norms and the overflow flag
+    (with clipping or loss scaling). Groups of one device need no communication."""
+    out = [tuple(sorted(h)) for h in tied_holders if len(set(h)) > 1]
+    if norm and len(plan.devices) > 1:
+        out.append(tuple(sorted(plan.devices)))
+    return out
+
+
+def check_ordered_blocking(ops: Sequence[tuple[int, ...]], devices: Sequence[int]) -> None:
+    """Warm-up and live-move transfers: every device walks one global list of *blocking*
+    operations (a send/receive pair ``(src, dst)`` or a collective over its members) and takes
+    part in those naming it (:func:`actors.transport.warm_up`, ``StageWorker.live_move``).
+    Each blocks its host until every member started it; raise :class:`ScheduleError` if some
+    device can never finish its part (it cannot when all walk the same order: the earliest
+    unfinished operation always has all its members at it)."""
+    at = {d: 0 for d in devices}
+    mine = {d: [i for i, op in enumerate(ops) if d in op] for d in devices}
+    progress = True
+    while progress:
+        progress = False
+        for i, op in enumerate(ops):
+            members = set(op)
+            if all(at[m] < len(mine[m]) and mine[m][at[m]] == i for m in members):
+                for m in members:
+                    at[m] += 1
+                progress = True
+    stuck = {d: ops[mine[d][at[d]]] for d in devices if at[d] < len(mine[d])}
+    if stuck:
+        raise ScheduleError("blocking operations hang under NCCL's rules: " +
+                            "; ".join(f"device {d} waits in {op}" for d, op in sorted(stuck.items())))

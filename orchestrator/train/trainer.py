@@ -158,7 +158,9 @@ class PipelineTrainer(Checkpointing):
 
     # ----- training -----
     def fit(self, steps: int) -> FitResult:
-        """Train ``steps`` more iterations, restarting from the last checkpoint on worker death.
+        """Train up to step ``steps`` (not ``steps`` more: a resumed trainer continues to the same
+        target; at or past it, return at once), restarting from the last checkpoint on worker death.
+        With a ``checkpoint_dir`` the last step is always committed before ``fit`` returns.
 
         Calls of several iterations (``iterations_per_call``, default 8): each worker runs a run of
         consecutive steps back to back in one remote call (:meth:`StageWorker.run_iterations`), so
@@ -179,13 +181,15 @@ class PipelineTrainer(Checkpointing):
         pipelined, less the driver's own time between runs). Per-step losses, checkpoints and
         failure handling do not depend on either setting.
         """
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise UserError(f"fit(steps) needs a whole number of steps >= 0, not {steps!r}")
         group = self._workers()
-        first, target = self.step, self.step + steps
+        first, target = self.step, max(self.step, steps)
         metrics: dict[int, MeasuredIteration] = {}
         written: list[str] = []
         restarts = 0
-        show = self.progress if self.progress is not None else steps >= 50
-        bar = tqdm(total=steps, disable=not show, desc="pipeline", unit="it")
+        show = self.progress if self.progress is not None else target - first >= 50
+        bar = tqdm(total=target - first, disable=not show, desc="pipeline", unit="it")
         start = time.perf_counter()
         ahead: InFlight | None = None
         last_done: float | None = None  # when the previous run was gathered, if this one was submitted before that
@@ -207,6 +211,7 @@ class PipelineTrainer(Checkpointing):
                     last_done = None
                     if self.failures >= self.max_failures:
                         raise
+                    self.failures += 1
                     restarts += 1
                     self.recover(exc)
                     bar.n = max(0, self.step - first)
@@ -223,6 +228,8 @@ class PipelineTrainer(Checkpointing):
                 group.discard(ahead.refs)
             bar.close()
         self.finish_checkpoint()  # the last background upload commits before fit returns
+        if self.checkpoint_dir is not None and target > first and not self._checkpoint_due(self.step):
+            written.append(str(self.save_checkpoint()))  # the run ends on a committed checkpoint of its last step
         steps_done = list(range(first, target))
         return FitResult(
             steps_done, [self.history[s] for s in steps_done], [metrics[s] for s in steps_done if s in metrics],
@@ -239,9 +246,8 @@ class PipelineTrainer(Checkpointing):
 
     def recover(self, exc: PipelineActorError) -> None:
         """New processes (a broken process group cannot be repaired in place), same plan, state
-        from the newest complete checkpoint (or the seed); counts one failure against
-        ``max_failures``. An upload from a dead worker never commits: its folder stays unmarked."""
-        self.failures += 1
+        from the newest complete checkpoint (or the seed); the caller's loop counts the failure.
+        An upload from a dead worker never commits: its folder stays unmarked."""
         assert self.group is not None
         self.group.restart()
         self.restart_on(self.plan, self.latest())

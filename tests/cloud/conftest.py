@@ -4,6 +4,7 @@ location of the team's shared traces (../shared beside the repo root), skipped w
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -12,7 +13,8 @@ from typing import Any
 
 import pytest
 
-SHARED = Path(__file__).resolve().parents[2].parent / "shared"
+# ``RAYPIPE_SHARED`` where the project is checked out elsewhere than beside ``shared`` (a worktree)
+SHARED = Path(os.environ.get("RAYPIPE_SHARED") or Path(__file__).resolve().parents[2].parent / "shared")
 TRACES = SHARED / "pricing_traces" / "training_on_a_dime"
 
 Route = Callable[[str, str, dict[str, str]], tuple[Any, ...]]

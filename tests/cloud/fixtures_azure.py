@@ -27,6 +27,8 @@ RESOURCE_SKUS = {"value": [
     _sku("Standard_ND96isr_H100_v5", "8", ["1"]),
     _sku("Standard_NC16as_T4_v3", "1", []),
     _sku("Standard_NX12s_v9", "2", []),  # a GPU family we cannot read: reported, not guessed
+    _sku("Standard_NV6ads_A10_v5", "1", ["1"]),  # 1/6 of an A10 although the capability says 1 GPU
+    _sku("Standard_NV36ads_A10_v5", "1", ["1"]),  # one whole A10
     _sku("Standard_D2s_v3", None, ["1"]),
 ]}
 
@@ -56,6 +58,8 @@ PAGE2 = [
     meter("Standard_ND96isr_H100_v5", "ND96isr H100 v5", 98.32, "Virtual Machines NDsH100v5 Series"),
     meter("Standard_ND96isr_H100_v5", "ND96isr H100 v5 Spot", 39.33, "Virtual Machines NDsH100v5 Series"),
     meter("Standard_NX12s_v9", "NX12s v9", 7.0, "Virtual Machines NXv9 Series"),
+    meter("Standard_NV6ads_A10_v5", "NV6ads A10 v5", 0.454, "Virtual Machines NVadsA10 v5 Series"),
+    meter("Standard_NV36ads_A10_v5", "NV36ads A10 v5", 3.20, "Virtual Machines NVadsA10 v5 Series"),
 ]
 
 

@@ -42,7 +42,9 @@ MACHINES = {"kind": "compute#machineTypeAggregatedList", "items": {
         _mt("n1-standard-1", ZONE, 1, 3.75), _mt("n1-standard-8", ZONE, 8, 30), _mt("n1-standard-32", ZONE, 32, 120),
         _mt("g2-standard-4", ZONE, 4, 16), _mt("g2-standard-8", ZONE, 8, 32), _mt("g2-standard-24", ZONE, 24, 96),
         _mt("g2-standard-48", ZONE, 48, 192), _mt("g2-standard-96", ZONE, 96, 384),
-        _mt("a3-highgpu-8g", ZONE, 208, 1872), _mt("a3-megagpu-8g", ZONE, 208, 1872), _mt("e2-small", ZONE, 2, 2)]},
+        _mt("a3-highgpu-8g", ZONE, 208, 1872), _mt("a3-megagpu-8g", ZONE, 208, 1872), _mt("e2-small", ZONE, 2, 2),
+        # Spot / Flex-start only: GCP takes no on-demand request for these shapes
+        _mt("a3-highgpu-1g", ZONE, 26, 234), _mt("a3-highgpu-2g", ZONE, 52, 468)]},
     f"zones/{ZONE_H200}": {"machineTypes": [_mt("a3-ultragpu-8g", ZONE_H200, 224, 2952), _mt("n1-standard-8", ZONE_H200, 8, 30)]},
 }}
 
@@ -72,6 +74,8 @@ GPU_SKUS = [
     sku("Nvidia H100 80GB GPU running in Americas", "OnDemand", 9.7960),
     sku("Nvidia H100 80GB GPU attached to Spot Preemptible VMs running in Americas", "Preemptible", 2.2500),
     sku("Nvidia H100 80GB Mega GPU running in Americas", "OnDemand", 10.2100),
+    # a GPU variant this code does not know: reported in ``skipped``, never silently dropped
+    sku("Nvidia H100 80GB Plus GPU running in Americas", "OnDemand", 11.0600),
     sku("H200 141GB GPU running in Americas", "OnDemand", 10.8500),
     sku("Commitment v1: Nvidia H100 80GB GPU in Americas for 1 Year", "Commit1Yr", 6.17),
     sku("DWS Defined Duration Nvidia H100 80GB GPU running in Americas", "OnDemand", 5.10),

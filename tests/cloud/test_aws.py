@@ -176,3 +176,22 @@ def test_botocore_retries_a_throttled_page_and_pagination_resumes(loopback, monk
 def test_no_retry_loop_left_in_the_sources():
     text = open(os.path.join(os.path.dirname(__file__), "..", "..", "cloud", "sources.py")).read()
     assert "retry_call" not in text and "sleep(" not in text
+
+
+def test_gpu_models_as_describe_instance_types_really_answers(clients):
+    """p4de answers "A100" (it is an A100-80GB), p5e/p5en answer "NVIDIA" (H200): the table wins, memory
+    tells unknown types apart, and a type whose model still cannot be told is left out with a note."""
+    answered = {"p4de.24xlarge": ("A100", 8, 81920), "p5e.48xlarge": ("NVIDIA", 8, 144384),
+                "p5en.48xlarge": ("NVIDIA", 8, 144384), "p4x.24xlarge": ("A100", 8, 81920),
+                "p9.48xlarge": ("NVIDIA", 8, 186368), "p3.8xlarge": ("V100", 4, 16384)}
+    types = list(answered)
+    page = {"InstanceTypes": [{"InstanceType": t, "CurrentGeneration": True,
+                               "GpuInfo": {"Gpus": [{"Name": n, "Manufacturer": "NVIDIA", "Count": c, "MemoryInfo": {"SizeInMiB": m}}],
+                                           "TotalGpuMemoryInMiB": c * m}} for t, (n, c, m) in answered.items()]}
+    clients.stub("ec2", "us-east-1").add_response("describe_instance_types", page,
+                                                  {"Filters": [{"Name": "instance-type", "Values": types}]})
+    source = AwsPriceSource(client_factory=clients)
+    info = source.gpu_info("us-east-1", types)
+    assert info == {"p4de.24xlarge": ("A100-80GB", 8), "p5e.48xlarge": ("H200", 8), "p5en.48xlarge": ("H200", 8),
+                    "p4x.24xlarge": ("A100-80GB", 8), "p3.8xlarge": ("V100", 4)}
+    assert len(source.skipped) == 1 and "p9.48xlarge" in source.skipped[0] and "'NVIDIA'" in source.skipped[0]

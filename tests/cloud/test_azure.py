@@ -57,8 +57,10 @@ def test_names_filters_and_models_from_resource_skus(loopback):
         ("Standard_NC6s_v3", "V100", 1, True, 0.3052),
         ("Standard_ND96isr_H100_v5", "H100", 8, False, 98.32),
         ("Standard_ND96isr_H100_v5", "H100", 8, True, 39.33),
-    ]  # no Windows, Cloud Services, Low Priority, zero-price, restricted or non-GPU rows
-    assert src.skipped == ["azure: resource_skus.list (eastus): unknown GPU family of Standard_NX12s_v9 not priced"]
+        ("Standard_NV36ads_A10_v5", "A10", 1, False, 3.2),  # an A10, not AWS's A10G
+    ]  # no Windows, Cloud Services, Low Priority, zero-price, restricted, non-GPU or fractional-GPU rows
+    assert src.skipped == ["azure: resource_skus.list (eastus): unknown GPU family of Standard_NX12s_v9 not priced",
+                           "azure: Standard_NV6ads_A10_v5 (eastus) has 1/6 of an A10, not a whole GPU: left out"]
     # azure-core retried page 2 once; page 1 was never asked for again
     assert asked == ["first", "second", "second"]
 

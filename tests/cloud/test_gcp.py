@@ -67,12 +67,18 @@ def test_host_family_per_accelerator_and_catalog_names(loopback):
     h200 = got[(fx.ZONE_H200, "H200", 8, False)]
     assert h200.instance_type == "a3-ultragpu-8g"
     assert h200.usd_per_hour == pytest.approx(224 * 0.031 + 2952 * 0.0027 + 8 * 10.85)
-    # V100 on N1: 2 GPUs need >= 2 vCPUs
-    assert got[(zone, "V100", 1, False)].instance_type == "n1-standard-1"
-    assert got[(zone, "V100", 2, False)].instance_type == "n1-standard-8"
+    # V100 on N1, on the host a user would take (8 vCPUs per V100, like AWS p3), never the 1-vCPU legal minimum;
+    # 2 V100s need 16..24 vCPUs: no such host in this zone, so no offer
+    assert got[(zone, "V100", 1, False)].instance_type == "n1-standard-8"
+    assert (zone, "V100", 2, False) not in got
+    # a3-highgpu-1g/2g are Spot (or Flex-start) only: no on-demand offer
+    assert got[(zone, "H100", 1, True)].instance_type == "a3-highgpu-1g" and (zone, "H100", 1, False) not in got
+    assert got[(zone, "H100", 2, True)].instance_type == "a3-highgpu-2g" and (zone, "H100", 2, False) not in got
     # deprecated K80, the virtual-workstation T4 and an unknown accelerator are never offered
     assert {k[1] for k in got} == {"H100", "H200", "L4", "V100", "T4"}
-    assert source.skipped == ["gcp: acceleratorTypes.aggregatedList: unknown accelerator 'nvidia-b300' not priced"]
+    assert source.skipped == [
+        "gcp: cloudbilling.services.skus.list: GPU SKU 'Nvidia H100 80GB Plus GPU running in Americas' not understood: not priced",
+        "gcp: acceleratorTypes.aggregatedList: unknown accelerator 'nvidia-b300' not priced"]
     # T4 has no spot SKU in this catalog: on-demand only; a Mega H100 only on a3-megagpu
     assert not any(k[1] == "T4" and k[3] for k in got)
     mega = [r for r in records if r.instance_type == "a3-megagpu-8g" and not r.spot]
@@ -86,6 +92,8 @@ def test_host_family_per_accelerator_and_catalog_names(loopback):
     ("Nvidia Tesla A100 GPU running in Belgium", "gpu:A100"),
     ("Nvidia A100 80GB GPU running in Americas", "gpu:A100-80GB"),
     ("Nvidia H100 80GB Mega GPU running in Americas", "gpu:H100-80GB-MEGA"),
+    ("Nvidia H100 Mega 80GB GPU running in Americas", "gpu:H100-80GB-MEGA"),
+    ("Nvidia H100 80GB Plus GPU running in Americas", None),
     ("Spot Preemptible G2 Instance Ram running in Americas", "g2-ram"),
     ("N1 Predefined Instance Core running in Americas", "n1-core"),
     ("Commitment v1: Nvidia H100 80GB GPU in Americas for 1 Year", None),

@@ -66,7 +66,7 @@ def test_trace_formats_detected(tmp_path):
     assert azure[azure.instance_type == "Standard_NC24s_v3"].gpu_count.tolist() == [4]
 
 
-def test_skypilot_gcp_gpu_priced_with_cheapest_host(tmp_path):
+def test_skypilot_gcp_gpu_priced_with_a_host_sized_like_aws(tmp_path):
     gcp = tmp_path / "gcp"
     gcp.mkdir()
     (gcp / "vms.csv").write_text(
@@ -79,11 +79,12 @@ def test_skypilot_gcp_gpu_priced_with_cheapest_host(tmp_path):
         "a2-highgpu-1g,A100,1,12,85,,3.67,1.1,us-central1,us-central1-a\n")
     frame = load_any(gcp / "vms.csv")
     od = frame[~frame.spot].set_index(["gpu_type", "gpu_count"])
-    assert od.loc[("V100", 1)].instance_type == "n1-standard-1"
-    assert od.loc[("V100", 1)].usd_per_hour == pytest.approx(2.48 + 0.0475)
-    assert od.loc[("V100", 4)].instance_type == "n1-standard-8"  # 4 GPUs need >= 4 vCPUs
+    # 8 vCPUs per V100 as on AWS p3 (not the 1-vCPU legal minimum that made GCP look cheaper than AWS)
+    assert od.loc[("V100", 1)].instance_type == "n1-standard-8"
+    assert od.loc[("V100", 1)].usd_per_hour == pytest.approx(2.48 + 0.38)
+    assert od.loc[("V100", 4)].instance_type == "n1-standard-32"  # 4 GPUs: 32..48 vCPUs
     assert od.loc[("A100", 1)].usd_per_hour == pytest.approx(3.67)
-    assert frame[frame.spot].set_index(["gpu_type", "gpu_count"]).loc[("V100", 4)].usd_per_hour == pytest.approx(2.96 + 0.08)
+    assert frame[frame.spot].set_index(["gpu_type", "gpu_count"]).loc[("V100", 4)].usd_per_hour == pytest.approx(2.96 + 0.32)
 
 
 def test_skypilot_azure_without_zone_column(tmp_path):

@@ -1,0 +1,165 @@
+"""One job's view of its run: the run record it keeps and the event segment it writes.
+
+:class:`RunState` is the one owner of this job's run record (:mod:`orchestrator.elastic.run_record`) and of
+its event segment under ``STORAGE/events/``; the job loop tells it what happened (started, a step done,
+a checkpoint committed, a migration requested, finished) and it decides when to write. Opening it is where
+a location of another model is refused and where the resume point is found — before any worker
+starts and before anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from actors import checkpoint as ckpt
+from actors import storage
+from orchestrator.core.errors import UserError
+from orchestrator.core.profile import Profile
+from orchestrator.elastic import run_record as rr
+from orchestrator.elastic.observability import EventLog, redact
+
+EVENTS = "events"
+PROGRESS_EVERY_S = 1.0
+
+
+class SegmentLog:
+    """This job's events as one object (or file) under ``STORAGE/events/``, named so that segments
+    sort by start time. A local location is appended to line by line (fsynced); an object store
+    cannot append, so the segment is re-uploaded whole, at most once a second and on ``flush``."""
+
+    def __init__(self, storage_root: str, name: str) -> None:
+        self.where = storage.join(storage_root, EVENTS, name)
+        self.local = storage.is_local(storage_root)
+        if self.local:
+            Path(storage.local_path(self.where)).parent.mkdir(parents=True, exist_ok=True)
+        self._lines: list[str] = []
+        self._uploaded = 0.0
+        self._dirty = False
+        self._lock = threading.Lock()
+
+    def append(self, record: dict[str, Any], force: bool = False) -> None:
+        line = json.dumps(record, default=str)
+        with self._lock:
+            if self.local:
+                with open(storage.local_path(self.where), "a") as handle:
+                    handle.write(line + "\n")
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                return
+            self._lines.append(line)
+            self._dirty = True
+        if force or time.monotonic() - self._uploaded >= PROGRESS_EVERY_S:
+            self.flush()
+
+    def flush(self) -> None:
+        with self._lock:
+            if self.local or not self._dirty:
+                return
+            data = ("\n".join(self._lines) + "\n").encode()
+            self._dirty = False
+            self._uploaded = time.monotonic()
+        storage.write_bytes(self.where, data)
+
+
+@dataclass(frozen=True)
+class Opened:
+    """What opening the run found: the record to continue (or a new one) and where to resume from."""
+
+    record: rr.RunRecord
+    resume_from: str | None  # the newest committed checkpoint to restore, None: start from the seed
+    resume_step: int | None
+    skipped: tuple[ckpt.Skipped, ...]
+
+
+def open_run(root: str, profile: Profile, num_microbatches: int, seed: int, optimizer: str, resume: str,
+             run_id: str | None, cluster: str | None) -> Opened:
+    """Read the location's record and checkpoints and decide: continue, start fresh, or refuse.
+
+    Refusals are one line and happen before anything is written: a location of another model or
+    run; ``resume="require"`` with nothing committed; ``resume="never"`` on a location that already
+    holds this run's checkpoints (training from the seed there would overwrite them)."""
+    model = rr.model_fingerprint(profile)
+    config = rr.config_fingerprint(num_microbatches, seed, optimizer)
+    found = rr.read(root)
+    if found is not None:
+        rr.check_same_run(found, model, run_id, root)
+    latest = ckpt.find_latest(root) if storage.exists(root) else ckpt.Found(None, None, ())
+    if latest.location is not None and found is None:  # checkpoints of an older raypipe: check their model at least
+        manifest = ckpt.read_manifest(latest.location)
+        if int(manifest.get("num_blocks", profile.num_blocks)) != profile.num_blocks:
+            raise UserError(f"{root} holds checkpoints of another model ({manifest.get('num_blocks')} blocks, this job's "
+                            f"model has {profile.num_blocks}); use another storage location")
+    if resume == "require" and latest.location is None:
+        why = f" (newest skipped: {latest.skipped[0].reason})" if latest.skipped else ""
+        raise UserError(f"resume='require': no committed checkpoint under {root}{why}")
+    if resume == "never" and latest.location is not None:
+        raise UserError(f"resume='never': {root} already holds this run's checkpoints (newest: step {latest.step}); "
+                        "use another storage location, or resume='auto'")
+    if found is None:
+        record = rr.RunRecord(run_id or rr.new_run_id(), model, config, cluster=cluster)
+    else:
+        record = rr.updated(found, config_fingerprint=config, cluster=cluster, status="running", migration=None)
+    step = latest.step if latest.location is not None else None
+    return Opened(record, latest.location, step, latest.skipped)
+
+
+class RunState:
+    """The run record and event segment of one job (see the module docstring)."""
+
+    def __init__(self, root: str, opened: Opened, local_events: Path | None) -> None:
+        self.root = root
+        self.record = opened.record
+        self.config_changed = False
+        name = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{self.record.cluster or 'local'}-{os.getpid()}.jsonl"
+        self.segment = SegmentLog(root, name)
+        self.local_events = EventLog(local_events) if local_events is not None else None
+        self._progress_at = 0.0
+
+    @property
+    def run_id(self) -> str:
+        return self.record.run_id
+
+    # ----- events -----
+    def emit(self, event: str, **fields: Any) -> dict[str, Any]:
+        important = event not in ("adapt", "checkpoint", "price_change", "migration_decision")
+        if self.local_events is not None:
+            record = self.local_events.emit(event, **fields)
+        else:
+            record = {"time": time.time(), "event": event, **redact(fields)}
+        self.segment.append(record, force=important)
+        return record
+
+    def read_local(self) -> list[dict[str, Any]]:
+        return self.local_events.read() if self.local_events is not None else []
+
+    # ----- the record -----
+    def _write(self, **changes: Any) -> None:
+        self.record = rr.updated(self.record, **changes)
+        rr.write(self.root, self.record)
+
+    def started(self, step: int) -> None:
+        self._write(steps_done=step, status="running")
+
+    def progress(self, step: int) -> None:
+        """At most once a second: the supervisor follows the run by this."""
+        now = time.monotonic()
+        if now - self._progress_at >= PROGRESS_EVERY_S:
+            self._progress_at = now
+            self._write(steps_done=step)
+
+    def committed(self, step: int, steps_done: int) -> None:
+        self._write(last_committed=step if self.record.last_committed is None else max(step, self.record.last_committed),
+                    steps_done=steps_done)
+
+    def ended(self, status: rr.Status, step: int, migration: rr.MigrationRequest | None = None) -> None:
+        self._write(status=status, steps_done=step, migration=migration)
+        self.segment.flush()
+
+
+__all__ = ["Opened", "RunState", "SegmentLog", "open_run"]
