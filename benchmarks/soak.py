@@ -254,8 +254,10 @@ def main() -> int:
     if args.record:
         out = ROOT / "benchmarks" / "results" / "soak.md"
         out.write_text("# Soak (benchmarks/soak.py)\n\n"
-                       f"`python benchmarks/soak.py --steps {args.steps} --seed {args.seed}` on a 3-node ray.cluster_utils "
-                       f"cluster (load average {os.getloadavg()[0]:.1f} at the end).\n\n```json\n{json.dumps(result, indent=1)}\n```\n")
+                       f"`python benchmarks/soak.py --steps {args.steps} --seed {args.seed} --kinds {','.join(kinds)}` on a 3-node "
+                       f"ray.cluster_utils cluster (load average {os.getloadavg()[0]:.1f} at the end).\n\n"
+                       + (f"Kinds left out: {', '.join(k for k in KINDS if k not in kinds)}.\n\n" if len(kinds) < len(KINDS) else "")
+                       + f"```json\n{json.dumps(result, indent=1)}\n```\n")
     print(json.dumps(result))
     return 0 if result["ok"] else 1
 
