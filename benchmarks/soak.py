@@ -188,8 +188,7 @@ class Soak:
         mark = 0
         try:
             while self.job.trainer.step < self.steps:
-                chunk = min(self.every, self.steps - self.job.trainer.step)
-                self.job.fit(chunk)
+                self.job.fit(min(self.job.trainer.step + self.every, self.steps))  # fit(N) trains to step N
                 self.sample_memory()
                 events = [json.loads(line) for line in self.events_file.read_text().splitlines()]
                 if handled:  # the chunk after the fault completed: handled; the events say how
