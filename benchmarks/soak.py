@@ -83,7 +83,7 @@ class Soak:
         self.job = ElasticJob(train, ScalingConfig(devices=3, max_devices=64, plan=straight_plan([0, 3, 6, 8], 4), node_poll_s=0.1),
                               RunConfig(storage=str(tmp / "ckpt"), events=self.events_file, checkpoint_every=every,
                                         max_failures=steps),
-                              AdaptConfig(controller=ControllerConfig(straight=True, use_moves=False)),
+                              AdaptConfig(controller=ControllerConfig(straight=True)),
                               SpotConfig(enabled=True, margin_s=1.0, ray_drain_poll_s=0.0))
         self.slowed: int | None = None
         self.pids: set[int] = set()
@@ -115,6 +115,8 @@ class Soak:
             self.cluster.remove_node(node)
             self.nodes.remove(node)
             return f"node_removal: node {node.node_id[:12]}"
+        if kind in ("notice_device", "notice_node") and len(plan_devices) < 2:
+            kind = "join"  # a notice for every device the job trains on is a migration to another cluster, not a soak fault
         if kind == "notice_device":
             d = self.rng.choice(plan_devices)
             job.notify((d,), 30.0, "soak")
@@ -122,7 +124,7 @@ class Soak:
         if kind == "notice_node":
             node = self.rng.choice(workers)
             on = tuple(sorted(d for d, n in node_of.items() if n == node.node_id))
-            if not on:
+            if not on or set(plan_devices) <= set(on):
                 return self.inject("notice_device")
             job.notify(on, 30.0, "soak")
             return f"notice_node: devices {list(on)} on node {node.node_id[:12]}"
