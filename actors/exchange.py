@@ -46,6 +46,8 @@ class Exchange(ProgramTables):
     sends: list[tuple[str, int, int, float]]
     recvs: list[tuple[str, int, int, float, float, float]]
     clock: EventClock  # CUDA only: set at the start of each iteration
+    before_step: Any
+    after_step: Any
     t0: float
 
     def _now(self) -> float:
@@ -82,6 +84,16 @@ class Exchange(ProgramTables):
             self.uses[counter] = left
             if left <= 0:
                 (self.out_f if direction == "F" else self.out_b).pop(key, None)
+
+    def drop_communicators(self) -> None:
+        """Forget every handle on a communicator (receives posted, sends in flight, groups, links, the per-action
+        table that caches them, the step hooks' groups) after a failed iteration. Why: a handle keeps its group,
+        and so its sockets, alive; the worker aborts the groups next (:meth:`actors.stage_worker.StageWorker.abort`)
+        and this executor is not run again (a new one comes with the re-formed group)."""
+        self.posted = {}
+        self.pending_sends = deque()
+        self.groups, self.links, self.info = {}, {}, []
+        self.before_step = self.after_step = None
 
     # ----- point-to-point -----
     def _send(self, a: Action) -> None:

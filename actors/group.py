@@ -81,12 +81,13 @@ class WorkerGroup(Starts, WorkerCalls):
 
     # ----- plan -----
     def configure(self, spec: JobSpec, plan: Plan, timeout_s: float = 300.0, members: Sequence[int] | None = None,
-                  slots: Mapping[int, int] | None = None) -> list[dict[str, Any]]:
+                  slots: Mapping[int, int] | None = None, keep_copies: bool = False) -> list[dict[str, Any]]:
         """Point workers at ``plan`` and join them in one process group (fresh blocks from the seed).
 
         Default: the first ``len(plan.devices)`` workers, in device order. ``members`` (a superset
         of the plan's devices) makes idle alive devices ranks too; ``slots`` pins each device to
         an actor slot so a device keeps its process across plans (what live moves rely on).
+        ``keep_copies``: the workers keep their host copies of block state (:meth:`reform` restores from them).
         """
         devices = sorted(set(plan.devices) | set(members or ()))
         if slots is None:  # device i is slot i (the cluster model's order) when the group has it
@@ -103,7 +104,7 @@ class WorkerGroup(Starts, WorkerCalls):
         self.slot_of = {d: slots[d] for d in devices}
         first = self.actor_of(devices[0])
         host, port = waits.get(first.endpoint.remote(), first, self._name(devices[0]), "with its process-group endpoint", timeout_s)
-        refs = [self.actor_of(d).configure.remote(spec, plan.to_dict(), d, self.rank_of, host, port) for d in devices]
+        refs = [self.actor_of(d).configure.remote(spec, plan.to_dict(), d, self.rank_of, host, port, keep_copies) for d in devices]
         used = set(self.slot_of.values())
         idle = [a.shutdown.remote() for i, a in enumerate(self.actors) if i not in used and i not in self.dead]
         out = self.gather(refs, "setup", timeout_s, devices)
@@ -112,6 +113,28 @@ class WorkerGroup(Starts, WorkerCalls):
         except RayActorError:
             pass  # an idle worker that died is nobody's loss
         return out
+
+    def reform(self, spec: JobSpec, plan: Plan, survivors: Sequence[int], timeout_s: float = 300.0) -> list[dict[str, Any]]:
+        """After a death without notice: configure ``plan`` on the surviving workers in their own processes.
+
+        Why not :meth:`configure` as after any failure: that restarts every process of a broken group, which costs
+        seconds per process and all their memory. Here the survivors aborted their communicators when their
+        iteration failed (:meth:`actors.stage_worker.StageWorker.abort`), so a new process group among them forms
+        as for a newcomer, each device keeps its actor slot, and every survivor is a member (the devices ``plan``
+        leaves idle too, so growth and moves can use them). Blocks come fresh from the seed: the caller restores
+        the state (:meth:`orchestrator.train.trainer.PipelineTrainer.recover_in_place`)."""
+        gone = [d for d in survivors if self.slot_of.get(d, d) in self.dead]
+        if gone:
+            raise UserError(f"device(s) {gone} have no live worker")
+        slots = {d: self.slot_of.get(d, d) for d in survivors}
+        self.broken = False
+        return self.configure(spec, plan, timeout_s, members=survivors, slots=slots, keep_copies=True)
+
+    def call_each(self, method: str, args_of: Mapping[int, tuple[Any, ...]], what: str = "", timeout_s: float = 600.0) -> list[Any]:
+        """Call ``method`` on each device of ``args_of`` with its own arguments, in parallel; results in that order."""
+        targets = list(args_of)
+        refs = [getattr(self.actor_of(d), method).remote(*args_of[d]) for d in targets]
+        return self.gather(refs, what or method, timeout_s, targets)
 
     def move(self, plan: Plan, transfers: Sequence[tuple[int, int, int, int]], members: Sequence[int] | None = None,
              timeout_s: float = 300.0, step: int = 0) -> list[dict[str, Any]]:
@@ -131,7 +154,7 @@ class WorkerGroup(Starts, WorkerCalls):
         if any(self.slot_of[d] in self.dead for d in new_members):
             raise UserError(f"device(s) {sorted(d for d in new_members if self.slot_of[d] in self.dead)} have no live worker")
         old_members = set(self.rank_of)
-        rejoin = new_members != sorted(old_members)
+        rejoin = new_members != sorted(old_members) or self.broken  # after a failure the communicators were aborted
         rank_of = {d: i for i, d in enumerate(new_members)} if rejoin else dict(self.rank_of)
         lead = self.actor_of(new_members[0])
         endpoint = waits.get(lead.endpoint.remote(), lead, self._name(new_members[0]), "with its process-group endpoint",

@@ -47,11 +47,12 @@ from actors.execution import Executor
 from actors.checkpoint import host_copy
 from actors.job_spec import JobSpec, cpu_threads
 from actors.worker_checkpoints import WorkerCheckpoints
+from actors.host_copies import HostCopies
 from actors import injection
 from actors.injection import FaultKnobs
 from actors.transport import (
-    MAX_MICROBATCHES, backend_for, destroy_groups, free_endpoint, init_group, link_groups, new_group, replica_groups, select_device,
-    shorten_timeouts, warm_up,
+    MAX_MICROBATCHES, abort_communicators, backend_for, destroy_groups, free_endpoint, init_group, link_groups, new_group,
+    replica_groups, select_device, shorten_timeouts, warm_up,
 )
 from orchestrator.core.errors import UserError
 from orchestrator.core.plan import Plan
@@ -71,6 +72,8 @@ class StageWorker(WorkerCheckpoints):
         self.steady = False  # a first iteration ran under the current communicators
         self.ties: dict[str, list[tuple[int, str]]] = {}  # tied weights' copies (actors/tied.py)
         self.schedulers: dict[int, Any] = {}  # block -> LR scheduler of its optimizer (actors/training.py)
+        self.copies = HostCopies()  # own, neighbour and checkpoint copies for recovery in place
+        self.aborted = False  # communicators closed after a failed iteration (until the next group is formed)
         self.norm_layout: NormLayout | None = None  # the model's clip_grad_norm_ order (actors/training.py)
         self.hooks: StepHooks | None = None  # owns the norm and tied groups of the current plan
 
@@ -103,9 +106,14 @@ class StageWorker(WorkerCheckpoints):
         return out
 
     def configure(
-        self, spec: JobSpec, plan_dict: dict[str, Any], device: int, rank_of: dict[int, int], host: str, port: int
+        self, spec: JobSpec, plan_dict: dict[str, Any], device: int, rank_of: dict[int, int], host: str, port: int,
+        keep_copies: bool = False,
     ) -> dict[str, Any]:
-        """Build this device's blocks and optimizers, join the process group, prepare the program."""
+        """Build this device's blocks and optimizers, join the process group, prepare the program.
+        ``keep_copies``: keep the host copies of block state (a recovery in place restores from them next);
+        otherwise they belong to an earlier job or state and are dropped."""
+        if not keep_copies:
+            self.copies = HostCopies()
         plan = Plan.from_dict(plan_dict)
         if plan.num_microbatches > MAX_MICROBATCHES:
             raise UserError(f"at most {MAX_MICROBATCHES} micro-batches per iteration are supported")
@@ -128,6 +136,7 @@ class StageWorker(WorkerCheckpoints):
         del blocks  # the other devices' blocks: only needed for the identical RNG stream and the probe
         optimizers = {b: user_code.optimizer(spec.optimizer_factory, m.parameters(), b) for b, m in modules.items() if any(True for _ in m.parameters())}
         init_group(host, port, rank_of[device], len(rank_of), backend_for(torch_device), spec.pg_timeout_s, torch_device)
+        self.aborted = False
         schedule = lower(plan)
         groups = replica_groups(plan, rank_of, timeout_s=spec.pg_timeout_s)
         links = link_groups(directed_links(schedule), rank_of, timeout_s=spec.pg_timeout_s)
@@ -147,7 +156,13 @@ class StageWorker(WorkerCheckpoints):
     def run_iteration(self, step: int) -> dict[str, Any]:
         if self.executor is None:
             raise RuntimeError("worker not configured")
-        report = self.executor.run(step)
+        if self.aborted:
+            raise RuntimeError(f"device {self.device_id}: communicators aborted after a failed iteration; reconfigure first")
+        try:
+            report = self.executor.run(step)
+        except BaseException:
+            self.abort()
+            raise
         self.completed_step = step
         if not self.steady:
             self.steady = True
@@ -199,6 +214,18 @@ class StageWorker(WorkerCheckpoints):
         if self.injecting or ex.spec.injected is not None:  # fault injection is opt-in (actors/injection.py)
             injection.install(ex, self.knobs)
         return ex
+
+    def abort(self) -> None:
+        """Give up this iteration's communication: close every communicator at once (see
+        :func:`actors.transport.abort_communicators`), so the peers blocked on this rank fail now
+        instead of at their timeout. The next configure or re-forming move builds a new group."""
+        # The executor's handles would keep the groups, and so their sockets, alive: dropped first
+        # (a gc.collect here would cost most of a second; reference counting frees them at once).
+        if self.executor is not None:
+            self.executor.drop_communicators()
+        self.hooks = None  # its norm and tied groups too
+        abort_communicators()
+        self.aborted = True
 
     # ----- fault injection -----
     def set_faults(self, slowdown: float, send_delay_per_byte: dict[int, float]) -> None:
@@ -275,6 +302,9 @@ class StageWorker(WorkerCheckpoints):
             init_group(endpoint[0], endpoint[1], rank_of[device], len(rank_of), backend_for(torch_device), spec.pg_timeout_s,
                        torch_device)
             groups, old_links = {}, {}
+            self.aborted = False
+        elif self.aborted:
+            raise RuntimeError(f"device {device}: communicators aborted after a failed iteration; a move must re-form the group")
         else:
             wanted = {g for g in plan.device_groups if len(g) > 1}
             groups = {g: h for g, h in old_groups.items() if g in wanted}

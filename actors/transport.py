@@ -36,6 +36,7 @@ from orchestrator.schedule.ir import Range, intersect, replica_range, split_rang
 __all__ = [
     "Range", "intersect", "replica_range", "split_range", "unit_range", "stage_rows", "tag", "select_device",
     "local_cuda_index", "link_groups", "replica_groups", "warm_up", "destroy_groups", "shorten_timeouts",
+    "abort_communicators",
 ]
 
 RENDEZVOUS_TIMEOUT_S = 120.0
@@ -136,8 +137,12 @@ def nccl_environment() -> None:
     pipeline in fresh processes from the latest checkpoint. On GPUs that is the only recovery:
     every rank whose stream depends on the dead peer times out too (the host runs ahead, so in
     practice all of a pipeline's ranks), and re-creating a process group in a process whose NCCL
-    state faulted is not safe. Keeping survivors alive (mode 2 and a re-formed communicator) is
-    not implemented. Users may override either setting.
+    state faulted is not safe. Recovery in place (survivors keep their processes) is therefore a
+    gloo (CPU) path for now: there a failed rank aborts its communicators
+    (:func:`abort_communicators`) and the failure spreads to its peers in milliseconds. On NCCL
+    the abort is the same call, but a survivor blocked on a kernel waiting for a dead peer is
+    ended by this watchdog first, so the job falls back to a full restart (untested on GPUs).
+    Users may override either setting.
     """
     if os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1":  # orchestrator/schedule/nccl.py: 41 of 78 plan shapes hang
         from orchestrator.core.errors import UserError
@@ -234,6 +239,29 @@ def destroy_groups(groups: Iterable[Any]) -> None:
         try:
             dist.destroy_process_group(group)
         except Exception:  # noqa: BLE001 - already gone with its parent group
+            pass
+
+
+def abort_communicators() -> None:
+    """Close every communicator of this process at once, without waiting for their operations.
+
+    Why: after a peer died, a rank blocked in a receive from a *surviving* peer (one that failed
+    the iteration first) would wait for the whole per-operation timeout. A rank that gives up on
+    an iteration aborts its communicators, which closes its sockets (gloo) or aborts its NCCL
+    communicators (not waited for, as NCCL asks after a fault); the ranks blocked on it then fail
+    at once too, so the failure spreads along the waits in milliseconds and every survivor is
+    free for the recovery that re-forms a group among them (:meth:`actors.group.WorkerGroup.reform`).
+    """
+    if not dist.is_initialized():
+        return
+    try:
+        from torch.distributed.distributed_c10d import _abort_process_group
+
+        _abort_process_group()  # every group, the default one included, in one NCCL group call
+    except Exception:  # noqa: BLE001 - a backend without abort: destroying closes its sockets
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - already gone
             pass
 
 

@@ -10,8 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import ray
+
 from actors import checkpoint as ckpt
 from actors.execution import Executor
+from actors.host_copies import HostCopies
+from actors.snapshot import host_copy, snapshot_block
 from actors.training import schedulers_for
 
 
@@ -20,7 +24,10 @@ class WorkerCheckpoints:
 
     device_id: int
     schedulers: dict[int, Any]
+    completed_step: int
+    copies: HostCopies  # host copies of block state for recovery in place (actors/host_copies.py)
     upload: ckpt.BackgroundWrite | None = None  # the asynchronous checkpoint being uploaded
+    upload_step: int = 0  # the step that upload holds
     staged: dict[int, Any] | None = None  # the last uploaded snapshots: warm host buffers for the next one
 
     def _ready(self) -> Executor:  # the worker's configured executor (StageWorker._ready)
@@ -38,13 +45,16 @@ class WorkerCheckpoints:
         if background:  # the parameters are copied by the upload thread, before this worker's next optimizer step
             self.finish_blocks()  # one upload at a time; an earlier one's error surfaces here
             warm = self.staged or {}
+            self.copies.forget(warm)  # the previous checkpoint's host copy is about to be overwritten
+            self.upload_step = self.completed_step + 1
             upload = ckpt.BackgroundWrite(directory, [ckpt.deferred_snapshot(b, ex.modules[b], ex.optimizers.get(b), into=warm.get(b))
                                                       for b in mine], step, ex.spec.run_id)
             self.upload = upload
             ex.snapshot_due = upload.snapshotted
             return []
-        return [ckpt.write_payload(directory, ckpt.snapshot_block(b, ex.modules[b], ex.optimizers.get(b)), step, ex.spec.run_id)
-                for b in mine]
+        snaps = {b: snapshot_block(b, ex.modules[b], ex.optimizers.get(b)) for b in mine}
+        self.copies.keep_checkpoint(self.completed_step + 1, snaps)  # the same state, kept for a recovery in place
+        return [ckpt.write_payload(directory, snap, step, ex.spec.run_id) for snap in snaps.values()]
 
     def _snapshot_taken(self) -> None:
         """Wait until an asynchronous checkpoint's copy of this worker's state exists (before the state is changed
@@ -61,6 +71,7 @@ class WorkerCheckpoints:
         self.staged = None  # kept only from an upload that succeeded
         entries = upload.result()
         self.staged = upload.staged
+        self.copies.keep_checkpoint(self.upload_step, upload.staged)
         return entries
 
     def load_blocks(self, directory: str, manifest: dict[str, Any]) -> int:
@@ -71,7 +82,66 @@ class WorkerCheckpoints:
         for b, module in ex.modules.items():
             payload = ckpt.read_block(directory, entries[b])
             ckpt.restore_block(payload, module, ex.optimizers.get(b), f"{directory.rstrip('/')}/{entries[b]['file']}")
-        if self.schedulers:  # schedules continue from the restored step
-            self.schedulers.clear()
-            self.schedulers.update(schedulers_for(ex.spec.training, ex.optimizers, int(manifest["step"])))
+        self._resume_at(int(manifest["step"]))
         return len(ex.modules)
+
+    def _resume_at(self, step: int) -> None:
+        """After a restore: LR schedules continue from ``step``, which is the next step to run here."""
+        ex = self._ready()
+        if self.schedulers:
+            self.schedulers.clear()
+            self.schedulers.update(schedulers_for(ex.spec.training, ex.optimizers, step))
+        self.completed_step = step - 1
+
+    # ----- host copies (recovery in place; actors/host_copies.py) -----
+    def host_copies(self) -> dict[str, Any]:
+        """What this worker holds: ``{"steps": {step: blocks}, "bytes": n}`` (the driver picks the step to resume)."""
+        self._snapshot_taken()
+        return {"steps": self.copies.inventory(), "bytes": self.copies.nbytes()}
+
+    def snapshot_copies(self, step: int) -> dict[int, Any]:
+        """Snapshot the blocks held here as the state at ``step`` (between iterations) and return them as object
+        refs, owned by this worker, for the neighbour that keeps a copy (:meth:`keep_peer_copy`)."""
+        self._snapshot_taken()
+        ex = self._ready()
+        snaps = self.copies.take(step, ex.modules, ex.optimizers)
+        return {b: ray.put(p) for b, p in snaps.items()}
+
+    def keep_peer_copy(self, step: int, refs: dict[int, Any]) -> int:
+        """Copy a neighbour's snapshot at ``step`` into this process; returns the bytes of copies held here."""
+        self.copies.keep_peer(step, {int(b): p for b, p in zip(refs, ray.get(list(refs.values())))})
+        return self.copies.nbytes()
+
+    def export_copies(self, step: int, blocks: list[int]) -> dict[int, Any]:
+        """This worker's copies of ``blocks`` at ``step`` as object refs (for a survivor that now holds them)."""
+        out: dict[int, Any] = {}
+        for b in blocks:
+            found = self.copies.get(step, b)
+            if found is None:
+                raise RuntimeError(f"device {self.device_id} holds no copy of block {b} at step {step}")
+            out[b] = ray.put(found)
+        return out
+
+    def restore_copies(self, step: int, fetched: dict[int, Any], directory: str | None,
+                       manifest: dict[str, Any] | None) -> dict[str, int]:
+        """Roll every block held here back to ``step``: from this worker's own copy, else from a peer's
+        (``fetched``: block -> object ref), else from the checkpoint at ``directory``. Returns the count per source."""
+        ex = self._ready()
+        entries = {int(e["block"]): e for e in manifest["files"]} if manifest is not None else {}
+        counts = {"own": 0, "peer": 0, "storage": 0}
+        for b, module in ex.modules.items():
+            payload = self.copies.get(step, b)
+            where = "own"
+            if payload is None and b in fetched:
+                payload, where = ray.get(fetched[b]), "peer"
+            if payload is None:
+                if directory is None or b not in entries:
+                    raise RuntimeError(f"device {self.device_id}: no copy of block {b} at step {step} and no checkpoint")
+                payload, where = ckpt.read_block(directory, entries[b]), "storage"
+            else:  # the optimizer keeps the tensors it is given: a copy, so that training never writes into ours
+                payload = host_copy(payload)
+            ckpt.restore_block(payload, module, ex.optimizers.get(b), f"host copy of block {b} at step {step}")
+            counts[where] += 1
+        self.copies.drop_after(step)
+        self._resume_at(step)
+        return counts

@@ -14,6 +14,7 @@ Run: ``.venv/bin/python benchmarks/faults.py [--kills 20] [--quick]``; writes be
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import shutil
 import sys
@@ -29,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from actors import checkpoint as ckpt  # noqa: E402
+from actors.group import PipelineActorError  # noqa: E402
 from actors.injection import arm_kills  # noqa: E402
 from actors.reference import ReferenceTrainer, allclose, max_difference  # noqa: E402
 from orchestrator.core.errors import UserError  # noqa: E402
@@ -68,6 +70,89 @@ def kills(count: int, seed: int, tmp: Path) -> list[str]:
         f"| final weights allclose to uninterrupted single-process | {exact} (max abs diff {max_difference(got, reference.state_dicts()):.1e}) |",
         f"| wall time | {wall:.1f} s ({wall / max(1, result.restarts):.2f} s per recovery incl. training) |",
     ]
+
+
+MODES = ("restart", "in_place", "in_place_snapshots")
+
+
+def unnoticed_death(mode: str, kill_step: int, device: int, tmp: Path, checkpoint_every: int = 4, after: int = 6) -> dict[str, float]:
+    """One death without notice (the ``Kill`` rehearsal: the worker's process exits mid-step) under ``mode``:
+
+    * ``restart``: every worker is replaced and state is read from the newest checkpoint (``PipelineTrainer.recover``);
+    * ``in_place``: the survivors keep their processes and roll back to the newest checkpoint's step from their
+      own host copies, the dead worker's blocks from storage (``recover_in_place``);
+    * ``in_place_snapshots``: the same with an in-memory snapshot after every step (``snapshot_in_memory``).
+
+    ``stall_s``: from the completion of the last step before the death to the completion of the first step after
+    the recovery (detection included); ``lost_steps``: steps computed again; ``iteration_s``: the median step
+    before the death. The trainer's primitives are the ones the job loop calls."""
+    plan = straight_plan([0, 2, 4, 5, 7], 4)
+    survivors = [d for d in plan.devices if d != device]
+    cuts = [0, 2, 4, 7] if device == 3 else [0, 2, 5, 7]
+    rest = straight_plan(cuts, 4, devices=[[d] for d in survivors])
+    trainer = arm_kills(PipelineTrainer(MODEL, loss_fn("mlp"), SGD, DATA, 4, plan=plan, checkpoint_dir=tmp / mode,
+                                        checkpoint_every=checkpoint_every, progress=False), [(kill_step, device)])
+    trainer.start()
+    times: list[float] = []
+    snapshot_s: list[float] = []
+    snapshot_bytes = 0
+    last = time.perf_counter()
+    stall = lost = -1.0
+    died_at = -1
+    while trainer.step < kill_step + after:
+        try:
+            trainer.run_step()
+        except PipelineActorError as exc:
+            died_at = trainer.step
+            if mode == "restart":
+                trainer.recover(exc)
+            else:
+                trainer.recover_in_place([exc.device], rest)
+            lost = died_at - trainer.step
+            trainer.run_step()
+            stall = time.perf_counter() - last
+            last = time.perf_counter()
+            continue
+        if mode == "in_place_snapshots":
+            t = time.perf_counter()
+            snapshot_bytes = max(trainer.snapshot_in_memory().values())
+            snapshot_s.append(time.perf_counter() - t)
+        now = time.perf_counter()
+        if died_at < 0:
+            times.append(now - last)
+        last = now
+    got = trainer.state_dicts()
+    steps = trainer.step
+    trainer.shutdown()
+    reference = ReferenceTrainer(MODEL, loss_fn("mlp"), SGD, DATA, 4)
+    reference.train(steps)
+    iteration = sorted(times[1:])[len(times[1:]) // 2]
+    snap = sorted(snapshot_s)[len(snapshot_s) // 2] if snapshot_s else 0.0
+    return {"stall_s": stall, "lost_steps": lost, "iteration_s": iteration, "max_abs_diff": max_difference(got, reference.state_dicts()),
+            "snapshot_s": snap, "snapshot_bytes": snapshot_bytes}
+
+
+def death_side_by_side(tmp: Path, rounds: int) -> list[str]:
+    """Each mode ``rounds`` times (kills at steps 6, 7, 9, ... on devices 1, 2, 3 in turn); median and range."""
+    rng = random.Random(1)
+    trials = [(rng.choice([5, 6, 7]), 1 + i % 3) for i in range(rounds)]
+    rows = []
+    anchor = None
+    for mode in MODES:
+        runs = [unnoticed_death(mode, step, dev, tmp / f"{mode}{i}") for i, (step, dev) in enumerate(trials)]
+        stalls = sorted(r["stall_s"] for r in runs)
+        its = sorted(r["stall_s"] / r["iteration_s"] for r in runs)
+        lost = [int(r["lost_steps"]) for r in runs]
+        median = stalls[len(stalls) // 2]
+        anchor = anchor or median
+        snap = max(r["snapshot_s"] for r in runs)
+        cost = f"{snap * 1000:.0f} ms, {max(r['snapshot_bytes'] for r in runs) / 1024:.0f} KiB" if snap else "-"
+        iteration = sorted(r["iteration_s"] for r in runs)[len(runs) // 2]
+        rows.append(f"| {mode} | {median:.2f} s ({stalls[0]:.2f}-{stalls[-1]:.2f}) | {its[len(its) // 2]:.0f} ({its[0]:.0f}-{its[-1]:.0f}) "
+                    f"| {', '.join(map(str, lost))} | {anchor / median:.1f}x | {iteration * 1000:.0f} ms | {cost} "
+                    f"| {max(r['max_abs_diff'] for r in runs):.1e} |")
+        print(rows[-1], flush=True)
+    return rows
 
 
 def edge_cases(tmp: Path) -> list[str]:
@@ -134,14 +219,42 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--quick", action="store_true", help="5 kills, sizes up to 100 MB")
+    parser.add_argument("--rounds", type=int, default=3, help="deaths per recovery mode in the side-by-side table")
+    parser.add_argument("--deaths-only", action="store_true",
+                        help="only the side-by-side table; the other sections of faults.md are kept from their last run")
     args = parser.parse_args()
     kills_n = 5 if args.quick else args.kills
     sizes = [10, 100] if args.quick else [10, 100, 300, 1000]
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     tmp = Path(tempfile.mkdtemp(prefix="faults-"))
     try:
+        load = os.getloadavg()[0]
         lines = ["# Reliability (benchmarks/faults.py)", "",
-                 f"Machine: {torch.get_num_threads()} torch threads, local Ray, gloo; 4-stage MLP pipeline, SGD+momentum, checkpoints every 2 steps.", "",
+                 f"Machine: {os.cpu_count()} cores (load average {load:.1f} at the start), {torch.get_num_threads()} torch threads, "
+                 "local Ray, gloo; 4-stage MLP pipeline, SGD+momentum.", "",
+                 "## A death without notice: full restart vs in place vs in place with in-memory snapshots", "",
+                 f"{args.rounds} deaths per mode (the `Kill` rehearsal: a stage worker's process exits mid-step), checkpoints every "
+                 "4 steps (synchronous). Stall: from the completion of the last step before the death to the completion of the "
+                 "first step after the recovery, detection included; in iterations: stall / median step time before the death. "
+                 "Lost steps: steps computed again, per death. In place: the survivors keep their processes, re-form their "
+                 "process group and continue on a 3-stage plan; the dead worker's blocks come from storage (the checkpoint) or "
+                 "from its neighbour's in-memory copy (snapshots).", "",
+                 "Snapshot cost: the median `snapshot_in_memory` call between two steps (own copy, neighbour's copy, "
+                 "synchronous) and the host memory of copies per worker (own and neighbour's, two generations each, "
+                 "checkpoint copies included).", "",
+                 "| recovery | stall (median, range) | stall in iterations | lost steps | vs full restart | step (median) "
+                 "| snapshot cost per step | max abs diff |",
+                 "|---|---|---|---|---|---|---|---|", *death_side_by_side(tmp, args.rounds), ""]
+        if args.deaths_only:
+            out = ROOT / "benchmarks" / "results" / "faults.md"
+            kept = out.read_text().split("## Random actor deaths", 1) if out.exists() else []
+            if len(kept) == 2:
+                lines += ["Sections below: from the last full run (checkpoints every 2 steps).", "", "## Random actor deaths" + kept[1]]
+            text = "\n".join(lines).rstrip("\n") + "\n"
+            print(text)
+            out.write_text(text)
+            return
+        lines += ["Checkpoints every 2 steps below.", "",
                  "## Random actor deaths", "", "| what | result |", "|---|---|", *kills(kills_n, 0, tmp), "",
                  "## Bad checkpoints and notices", "", "| case | handling |", "|---|---|", *edge_cases(tmp), "",
                  "## Notice → durable checkpoint", "", "| model state | written | time | rate |", "|---|---|---|---|",

@@ -55,23 +55,26 @@ def pool(worker_group: Any) -> Iterator[Any]:
 @pytest.mark.ray
 @pytest.mark.parametrize("kind", [ScheduleKind.ONE_F_ONE_B, ScheduleKind.ZB_H1])
 def test_slowdown_and_throttle_show_in_measured_metrics(pool: Any, kind: ScheduleKind) -> None:
+    """Measured seconds on a loaded 2-core box swing several-fold from one iteration to the next (iteration 1 of a
+    run measured device 2 at 5x device 0 with no slowdown at all), so the injected effects are made large enough to
+    stand out of that noise for certain: a 100x slowdown (a sleep of 99x the compute's own CPU seconds, which load
+    does not change) and a 300 ms link delay, compared as medians of three iterations before and after."""
     plan = straight_plan([0, 3, 6, 8], M, kind)  # ZB-H1: the split halves BI and W are slowed too
-    faults = FaultSchedule((Slowdown(2, 4.0, 2), Throttle(0, 1, 2, delay_per_byte=1e-4, symmetric=False)))
+    faults = FaultSchedule((Slowdown(2, 100.0, 4), Throttle(0, 1, 4, delay_per_byte=1.5e-3 / 3, symmetric=False)))
     pipe = make(pool, plan, faults)
-    metrics = [pipe.run_iteration() for _ in range(4)]
+    metrics = [pipe.run_iteration() for _ in range(7)]
     assert all(m.completed for m in metrics)
-    before, after = metrics[1], metrics[3]
-    ratio = lambda m: m.compute_s[2] / m.compute_s[0]  # noqa: E731 - device 0 is the unslowed yardstick
-    assert ratio(after) > 2.0 * ratio(before), (before.compute_s, after.compute_s)
-    # the unslowed device stays well below the slowed one's 4x (3x bound: margin for a loaded CI box)
-    assert after.compute_s[1] < 3.0 * before.compute_s[1] * (after.compute_s[0] / before.compute_s[0]) + 1e-3
-    # 0->1 carries 11 rows x 16 floats per iteration: the delay adds 70 ms to it, not to 1->0. A
-    # transfer span also covers time the receiver was busy elsewhere, so part of the delay hides in it.
-    assert after.link_s[(0, 1)] >= before.link_s[(0, 1)] + 0.5 * 1e-4 * after.link_bytes[(0, 1)]
-    grew = lambda link: after.link_s[link] - before.link_s[link]  # noqa: E731
-    assert grew((1, 0)) < grew((0, 1))  # the delay is on 0->1 only (what each link's time gained, not its total)
+    before, after = metrics[1:4], metrics[4:7]
+    med = lambda ms, f: sorted(f(m) for m in ms)[1]  # noqa: E731 - median of three
+    growth = {d: med(after, lambda m: m.compute_s[d]) / med(before, lambda m: m.compute_s[d]) for d in (0, 1, 2)}
+    assert growth[2] > 3.0 * max(growth[0], growth[1]), growth  # the slowed device, and only it
+    # 0->1 carries 11 rows x 16 floats per iteration: the delay adds about 350 ms to it, not to 1->0. A transfer
+    # span also covers time the receiver was busy elsewhere, so part of the delay hides in it.
+    link = lambda ms, k: med(ms, lambda m: m.link_s[k])  # noqa: E731
+    assert link(after, (0, 1)) >= link(before, (0, 1)) + 0.5 * 5e-4 * after[0].link_bytes[(0, 1)]
+    assert link(after, (1, 0)) - link(before, (1, 0)) < link(after, (0, 1)) - link(before, (0, 1))  # on 0->1 only
     # sleeping never changes a gradient
-    assert allclose(pipe.trainer.state_dicts(), reference_after(plan, 4).state_dicts())
+    assert allclose(pipe.trainer.state_dicts(), reference_after(plan, 7).state_dicts())
 
 
 @pytest.mark.ray

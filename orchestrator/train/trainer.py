@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 import ray
 import torch
@@ -28,6 +28,7 @@ from tqdm import tqdm
 from actors import checkpoint as ckpt
 from actors import storage
 from actors import user_code
+from actors import waits
 from actors.group import PipelineActorError, WorkerGroup
 from actors.metrics import MeasuredIteration, combine, combine_run
 from actors.job_spec import JobSpec
@@ -36,6 +37,7 @@ from actors.ray_session import ensure_ray
 from orchestrator.core.cluster import Cluster
 from orchestrator.core.errors import UserError
 from orchestrator.core.plan import Plan
+from orchestrator.train import recovery
 from orchestrator.train.checkpointing import Checkpointing
 from orchestrator.train.fit_result import FitResult, InFlight
 
@@ -335,3 +337,77 @@ class PipelineTrainer(Checkpointing):
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+    # ----- recovery in place (orchestrator/train/recovery.py chooses; these carry it out) -----
+    def snapshot_in_memory(self) -> dict[int, int]:
+        """Every worker snapshots its blocks at the current step into host memory and the next device in the ring
+        keeps a copy (Gemini-style), so a death without notice loses only the steps since; returns the host bytes
+        of copies held per device. Between iterations only (no step in flight): synchronous, two calls per worker."""
+        group = self._workers()
+        devices = group.plan_devices()
+        refs = dict(zip(devices, group.call("snapshot_copies", self.step, devices=devices, what="in-memory snapshot")))
+        neighbours = recovery.ring_neighbours(devices, {d: str(group.identities[group.slot_of[d]].get("node_id", d)) for d in devices})
+        kept: dict[int, dict[int, Any]] = {}  # keeper -> block -> ref of the owner's snapshot
+        for owner, keeper in neighbours.items():
+            kept.setdefault(keeper, {}).update(refs[owner])
+        held = group.call_each("keep_peer_copy", {k: (self.step, r) for k, r in kept.items()}, "neighbour's snapshot copy")
+        sizes = {k: int(b) for k, b in zip(kept, held)}
+        rest = [d for d in devices if d not in sizes]  # keeps no neighbour's copy (alone, or all on one node)
+        sizes.update({d: int(r["bytes"]) for d, r in zip(rest, group.call("host_copies", devices=rest))} if rest else {})
+        return {d: sizes[d] for d in devices}
+
+    def recover_in_place(self, dead: Collection[int], plan: Plan) -> recovery.InPlaceRecovery:
+        """After workers died without notice (``dead``, and any on a node that left; every step in flight discarded):
+        the survivors keep their processes, re-form their process group among themselves on ``plan`` (a plan over
+        survivors), and roll back to the newest restorable step from host copies (their own, a neighbour's on
+        another node) or the newest committed checkpoint. Several deaths at once (a node) are recovered in place too:
+        blocks whose every copy died come from storage, at the checkpoint's step.
+        Raises :class:`~orchestrator.train.recovery.InPlaceImpossible` (with a one-line ``reason``) when it cannot:
+        then :meth:`recover` restarts everything as before."""
+        t0 = time.perf_counter()
+        group = self._workers()
+        lost = group.unreachable_slots()  # a node that went away takes all its workers
+        gone = sorted({int(d) for d in dead} | {d for d in group.rank_of if group.slot_of.get(d, d) in lost})
+        survivors = sorted(d for d in group.rank_of if d not in gone)
+        missing = sorted(set(plan.devices) - set(survivors))
+        if missing or not survivors:
+            raise recovery.InPlaceImpossible(f"the plan uses device(s) {missing} that have no live worker")
+        late = group.unresponsive(survivors, waits.stretched(10.0))  # each finishes (fails) its iteration first
+        if late:
+            raise recovery.InPlaceImpossible(f"survivor(s) {sorted(late)} did not answer after the death of {gone}")
+        copies = {d: {int(s): b for s, b in r["steps"].items()}
+                  for d, r in zip(survivors, group.call("host_copies", devices=survivors, what="host copies"))}
+        self._uploading = None  # an upload the dead worker was part of never commits
+        stored = self.latest()
+        manifest = ckpt.verify(str(stored)) if stored is not None else None
+        stored_step = int(manifest["step"]) if manifest is not None else None
+        step = recovery.restorable_step(copies, self.plan.num_blocks, stored_step)
+        group.reform(self.spec, plan, survivors, self.iteration_timeout_s)
+        self.plan = plan
+        if step is None:  # nothing kept anywhere: the seed, as a restart without checkpoint
+            self.step = 0
+            return recovery.InPlaceRecovery(0, "seed", {}, {}, tuple(self._survivors()), time.perf_counter() - t0)
+        sources = recovery.block_sources(step, plan, copies, stored_step)
+        wanted: dict[int, list[int]] = {}
+        for device, blocks in sources.items():
+            for b, holder in blocks.items():
+                if holder not in (device, recovery.STORAGE):
+                    wanted.setdefault(holder, []).append(b)
+        exported: dict[int, Any] = {}
+        if wanted:
+            for part in group.call_each("export_copies", {h: (step, sorted(set(bs))) for h, bs in wanted.items()}, "export copies"):
+                exported.update(part)
+        args = {d: (step, {b: exported[b] for b, h in blocks.items() if h not in (d, recovery.STORAGE)},
+                    str(stored) if stored is not None else None, manifest)
+                for d, blocks in sources.items()}
+        counts: dict[str, int] = {}
+        for part in group.call_each("restore_copies", args, f"roll back to step {step}", self.iteration_timeout_s):
+            for k, v in part.items():
+                counts[k] = counts.get(k, 0) + v
+        self.step = step
+        held = {d: int(r["bytes"]) for d, r in zip(survivors, group.call("host_copies", devices=survivors))}
+        return recovery.InPlaceRecovery(step, recovery.source_of(sources), counts, held, tuple(self._survivors()),
+                                        time.perf_counter() - t0)
+
+    def _survivors(self) -> list[dict[str, Any]]:
+        return [{"device": d["device"], "node_id": d["node_id"], "pid": d["pid"]} for d in self.devices()]

@@ -1,0 +1,117 @@
+"""A worker's host copies of block state: what a recovery in place restores from without reading storage.
+
+Why in memory: after a worker dies without notice the survivors keep their processes
+(:meth:`orchestrator.train.trainer.PipelineTrainer.recover_in_place`); each rolls back from a copy it
+already holds, and the dead worker's blocks come from a neighbour's copy (Gemini, SOSP'23: restoring
+from peers' memory is an order of magnitude faster than from storage) or, failing that, from the
+newest committed checkpoint. Three things put copies here, all keyed ``step -> block -> payload``
+(the :func:`actors.snapshot.snapshot_block` format, which is also what a checkpoint file holds):
+
+* **own snapshots** (``RunConfig.snapshot_every``): the blocks this worker holds, at a step;
+* **a neighbour's snapshots**: the same from the next device in the ring, copied into this process
+  (a reference would die with its owner);
+* **checkpoint copies**: the host snapshot a checkpoint was written from (synchronous) or uploaded
+  from (asynchronous, once its upload finished) is that step's state too, at no extra cost.
+
+Two generations of each are kept: a death while the newest is being taken (the owner's copy new, the
+neighbour's still old) still leaves an older step that is complete. Buffers of the oldest own or
+neighbour generation are reused for the next one (no page faults, steady memory); checkpoint copies
+are never written into (the next asynchronous upload reuses them itself, so they are dropped first:
+:meth:`HostCopies.forget`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+from torch import Tensor, nn
+
+from actors.snapshot import host_copy, snapshot_block
+
+GENERATIONS = 2
+Payload = Mapping[str, Any]
+
+
+class HostCopies:
+    """Own, neighbour and checkpoint copies of block state held by one worker (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._own: dict[int, dict[int, Payload]] = {}  # step -> block -> payload (snapshots and checkpoint copies)
+        self._peer: dict[int, dict[int, Payload]] = {}  # step -> block -> payload (the neighbour's snapshots)
+        self._reusable: set[int] = set()  # own steps whose buffers this store may overwrite (snapshots only)
+
+    # ----- taking -----
+    def take(self, step: int, modules: Mapping[int, nn.Module], optimizers: Mapping[int, torch.optim.Optimizer]) -> dict[int, Payload]:
+        """Snapshot ``modules`` (and their optimizers) as the state at ``step``; returns the new payloads."""
+        warm = self._evict(self._own, step, self._reusable)
+        snaps: dict[int, Payload] = {b: snapshot_block(b, m, optimizers.get(b), into=warm.get(b)) for b, m in modules.items()}
+        self._own[step] = snaps
+        self._reusable.add(step)
+        return snaps
+
+    def keep_checkpoint(self, step: int, payloads: Mapping[int, Payload]) -> None:
+        """The host snapshot a checkpoint at ``step`` was written from (not copied; never overwritten here)."""
+        self._evict(self._own, step, self._reusable)
+        self._own.setdefault(step, {}).update(payloads)
+        self._reusable.discard(step)
+
+    def keep_peer(self, step: int, payloads: Mapping[int, Payload]) -> None:
+        """A neighbour's snapshot at ``step``, copied into this process's own memory."""
+        warm = self._evict(self._peer, step, None)
+        self._peer[step] = {b: host_copy(p, into=warm.get(b)) for b, p in payloads.items()}
+
+    def forget(self, payloads: Mapping[int, Payload]) -> None:
+        """Drop every checkpoint copy that shares a payload with ``payloads`` (buffers about to be reused)."""
+        ids = {id(p) for p in payloads.values()}
+        for step in [s for s, held in self._own.items() if any(id(p) in ids for p in held.values())]:
+            del self._own[step]
+            self._reusable.discard(step)
+
+    def drop_after(self, step: int) -> None:
+        """Forget copies of steps after ``step`` (a recovery resumed there)."""
+        for held in (self._own, self._peer):
+            for s in [s for s in held if s > step]:
+                del held[s]
+        self._reusable &= set(self._own)
+
+    # ----- reading -----
+    def get(self, step: int, block: int) -> Payload | None:
+        """This worker's copy of ``block`` at ``step`` (own first, then the neighbour's), or ``None``."""
+        found = self._own.get(step, {}).get(block)
+        return found if found is not None else self._peer.get(step, {}).get(block)
+
+    def inventory(self) -> dict[int, list[int]]:
+        """``step -> blocks`` this worker holds a copy of (own or neighbour's)."""
+        steps = set(self._own) | set(self._peer)
+        return {s: sorted(set(self._own.get(s, {})) | set(self._peer.get(s, {}))) for s in sorted(steps)}
+
+    def nbytes(self) -> int:
+        """Host bytes held in copies (what the snapshots cost; checkpoint copies included)."""
+        return sum(_tensor_bytes(p) for held in (self._own, self._peer) for step in held.values() for p in step.values())
+
+    # ----- generations -----
+    @staticmethod
+    def _evict(held: dict[int, dict[int, Payload]], step: int, reusable: set[int] | None) -> dict[int, Payload]:
+        """Make room for ``step`` (at most :data:`GENERATIONS` steps); returns the evicted generation's payloads
+        when their buffers may be reused (``reusable``: the steps whose may; ``None``: all)."""
+        held.pop(step, None)
+        warm: dict[int, Payload] = {}
+        while len(held) >= GENERATIONS:
+            oldest = min(held)
+            gone = held.pop(oldest)
+            if reusable is None or oldest in reusable:
+                warm = gone
+            if reusable is not None:
+                reusable.discard(oldest)
+        return warm
+
+
+def _tensor_bytes(item: Any) -> int:
+    if isinstance(item, Tensor):
+        return item.numel() * item.element_size()
+    if isinstance(item, Mapping):
+        return sum(_tensor_bytes(v) for v in item.values())
+    if isinstance(item, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in item)
+    return 0

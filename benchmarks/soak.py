@@ -1,0 +1,267 @@
+"""A soak: one ElasticJob through hundreds of steps with a seeded fault about every 10 steps, on 3 Ray nodes.
+
+Why: each recovery path is tested on its own elsewhere; only a long run with every kind of fault, one after the
+other, shows that they compose — that the weights stay exact, that nothing is left behind (Ray actors, placement
+groups, processes) and that the survivors' memory does not grow with every fault.
+
+The cluster is a real ``ray.cluster_utils.Cluster`` (a head with 1 CPU, two worker nodes with 2 CPUs each: five
+CPU devices on three nodes). Between chunks of ``--every`` steps (one ``ElasticJob.fit`` each) the seeded schedule
+draws one fault: an unnoticed worker death (``ray.kill`` of a stage actor: its next call sees Ray's actor death), a
+node removal (``Cluster.remove_node``: all its workers die), a preemption notice for one device or for a whole node
+(``ElasticJob.notify``), a node join (``Cluster.add_node``: growth) or a slowdown of one device (the workers'
+injection knob, lifted one chunk later). Each kind is drawn once early, in a seeded order, then at random. The last
+line is one JSON object: ``max_abs_diff`` against uninterrupted single-process training, ``faults`` (count per
+kind), ``handled`` (per fault: its kind, step, and the job's events that followed it), ``leaked``, the survivors'
+resident memory from step 50 to the end, and ``ok``.
+
+    python benchmarks/soak.py --steps 500 --seed 7          # writes benchmarks/results/soak.md with --record
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+KINDS = ("death", "node_removal", "notice_device", "notice_node", "join", "slowdown")
+WIDTHS = (8, 16, 16, 16, 16, 16, 16, 16, 4)
+
+
+def schedule(steps: int, every: int, seed: int, kinds: tuple[str, ...] = KINDS) -> list[tuple[int, str]]:
+    """``(step, kind)``: every kind once in a seeded order, then seeded random kinds, one per ``every`` steps."""
+    rng = random.Random(seed)
+    first = list(kinds)
+    rng.shuffle(first)
+    at = list(range(every, steps, every))
+    return [(s, first[i] if i < len(first) else rng.choice(kinds)) for i, s in enumerate(at)]
+
+
+def rss_kib(pid: int) -> int | None:
+    """Resident memory of a local process (every node of a ``cluster_utils`` cluster is on this machine)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+class Soak:
+    """The cluster, the job and the faults (see the module docstring)."""
+
+    def __init__(self, steps: int, seed: int, every: int, tmp: Path, kinds: tuple[str, ...] = KINDS) -> None:
+        import ray
+        from ray.cluster_utils import Cluster
+
+        from orchestrator import AdaptConfig, ElasticJob, RunConfig, ScalingConfig, SpotConfig, TrainConfig
+        from orchestrator.adapt.controller import ControllerConfig
+        from orchestrator.core.plan import straight_plan
+        from orchestrator.profiling.models import example_batch, loss_fn, mlp
+
+        self.steps, self.every, self.kinds, self.rng = steps, every, kinds, random.Random(seed + 1)
+        self.cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+        self.nodes = [self.cluster.add_node(num_cpus=2) for _ in range(2)]
+        self.cluster.wait_for_nodes()
+        ray.init(address=self.cluster.address, log_to_driver=False)
+        train = TrainConfig(model_factory=partial(mlp, WIDTHS), loss_fn=loss_fn("mlp"),
+                            optimizer_factory=partial(torch.optim.SGD, lr=0.05, momentum=0.9),
+                            data_fn=partial(example_batch, "mlp", 12, widths=WIDTHS), num_microbatches=4)
+        self.events_file = tmp / "events.jsonl"
+        self.job = ElasticJob(train, ScalingConfig(devices=3, max_devices=64, plan=straight_plan([0, 3, 6, 8], 4), node_poll_s=0.1),
+                              RunConfig(storage=str(tmp / "ckpt"), events=self.events_file, checkpoint_every=every,
+                                        max_failures=steps),
+                              AdaptConfig(controller=ControllerConfig(straight=True)),
+                              SpotConfig(enabled=True, margin_s=1.0, ray_drain_poll_s=0.0))
+        self.slowed: int | None = None
+        self.pids: set[int] = set()
+        self.memory: dict[int, int] = {}  # pid -> RSS KiB at step 50 (or when first seen after it)
+
+    # ----- faults -----
+    def inject(self, kind: str) -> str:
+        """Carry out one fault between chunks; returns what was done (or why another kind stood in)."""
+        job = self.job
+        plan_devices = list(job.trainer.plan.devices)
+        group = job.trainer.group
+        assert group is not None
+        workers = [n for n in self.nodes if n in self.cluster.worker_nodes]
+        node_of = {d: group.slots[group.slot_of.get(d, d)].node_id for d in job.alive}
+        if kind in ("node_removal", "notice_node") and len(workers) < 2:
+            kind = "join"  # keep a node to train on: add capacity instead
+        busy = [n for n in workers if n.node_id in {node_of[d] for d in plan_devices if d in node_of}]
+        workers = busy or workers  # a node the job trains on, where there is one: the fault reaches it
+        if kind == "death" and len(plan_devices) < 2:
+            kind = "slowdown"
+        if kind == "death":
+            d = self.rng.choice(plan_devices)
+            import ray
+
+            ray.kill(group.actor_of(d), no_restart=True)
+            return f"death: device {d}'s actor killed"
+        if kind == "node_removal":
+            node = self.rng.choice(workers)
+            self.cluster.remove_node(node)
+            self.nodes.remove(node)
+            return f"node_removal: node {node.node_id[:12]}"
+        if kind in ("notice_device", "notice_node") and len(plan_devices) < 2:
+            kind = "join"  # a notice for every device the job trains on is a migration to another cluster, not a soak fault
+        if kind == "notice_device":
+            d = self.rng.choice(plan_devices)
+            job.notify((d,), 30.0, "soak")
+            return f"notice_device: device {d}"
+        if kind == "notice_node":
+            node = self.rng.choice(workers)
+            on = tuple(sorted(d for d, n in node_of.items() if n == node.node_id))
+            if not on or set(plan_devices) <= set(on):
+                return self.inject("notice_device")
+            job.notify(on, 30.0, "soak")
+            return f"notice_node: devices {list(on)} on node {node.node_id[:12]}"
+        if kind == "join":
+            self.nodes.append(self.cluster.add_node(num_cpus=2))
+            self.cluster.wait_for_nodes()
+            return f"join: node {self.nodes[-1].node_id[:12]}"
+        d = self.rng.choice(plan_devices)
+        group.call("set_faults", 4.0, {}, devices=[d], what="soak slowdown")
+        self.slowed = d
+        return f"slowdown: device {d} 4x"
+
+    def lift_slowdown(self) -> None:
+        group = self.job.trainer.group
+        if self.slowed is not None and group is not None and self.slowed in self.job.trainer.plan.devices:
+            try:
+                group.call("set_faults", 1.0, {}, devices=[self.slowed], what="soak slowdown lifted")
+            except Exception:  # noqa: BLE001 - its worker may have died since
+                pass
+        self.slowed = None
+
+    # ----- measurement -----
+    def sample_memory(self) -> None:
+        pids = {int(d["pid"]) for d in self.job.trainer.devices()}
+        self.pids |= pids
+        if self.job.trainer.step >= 50:
+            for pid in pids:
+                if pid not in self.memory:
+                    found = rss_kib(pid)
+                    if found is not None:
+                        self.memory[pid] = found
+
+    def memory_growth(self) -> dict[str, Any]:
+        pids = {int(d["pid"]) for d in self.job.trainer.devices()}
+        now = {pid: rss_kib(pid) for pid in pids if pid in self.memory}
+        growth = {str(pid): round(kib / self.memory[pid] - 1.0, 4) for pid, kib in now.items() if kib}
+        return {"from_step_50_kib": {str(p): self.memory[p] for p in now}, "end_kib": {str(p): k for p, k in now.items()},
+                "max_growth": max(growth.values()) if growth else None}
+
+    def leaked(self) -> list[str]:
+        """Ray actors and placement groups of the run still alive after it ended, and its worker processes."""
+        import ray
+        import ray._private.state as state
+
+        out: list[str] = []
+        deadline = time.monotonic() + 30
+        while True:  # a killed actor's process can take a moment to go
+            actors = [a for a in state.actors().values() if a.get("ActorClassName") == "StageWorker" and a.get("State") == "ALIVE"]
+            alive = [p for p in sorted(self.pids) if rss_kib(p) is not None]
+            if (not actors and not alive) or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        out += [f"actor {a['ActorID'][:12]} (pid {a.get('Pid')})" for a in actors]
+        out += [f"placement group {pg_id[:12]}" for pg_id, pg in ray.util.placement_group_table().items() if pg.get("state") == "CREATED"]
+        out += [f"process {p}" for p in alive]
+        return out
+
+    def run(self) -> dict[str, Any]:
+        handled: list[dict[str, Any]] = []
+        counts = {k: 0 for k in KINDS}
+        plan = dict(schedule(self.steps, self.every, self.rng.randrange(1 << 30), self.kinds))
+        error = None
+        mark = 0
+        try:
+            while self.job.trainer.step < self.steps:
+                self.job.fit(min(self.job.trainer.step + self.every, self.steps))  # fit(N) trains to step N
+                self.sample_memory()
+                events = [json.loads(line) for line in self.events_file.read_text().splitlines()]
+                if handled:  # the chunk after the fault completed: handled; the events say how
+                    handled[-1]["completed"] = True
+                    handled[-1]["events"] = sorted({e["event"] for e in events[mark:]} - {"job_finished", "adapt"})
+                    handled[-1]["modes"] = sorted({str(e.get("mode")) for e in events[mark:] if "mode" in e})
+                mark = len(events)
+                self.lift_slowdown()
+                kind = plan.get(self.job.trainer.step)
+                if kind is None or self.job.trainer.step >= self.steps:
+                    continue
+                done = self.inject(kind)
+                counts[done.split(":")[0]] += 1
+                handled.append({"step": self.job.trainer.step, "fault": done})
+        except Exception as exc:  # noqa: BLE001 - reported in the JSON line, exit 1
+            error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        diff = self.job.max_abs_diff() if error is None else None
+        memory = self.memory_growth() if error is None else {}
+        self.job.close()
+        leaked = self.leaked()
+        ok = (error is None and diff is not None and diff <= 1e-5 and not leaked and all(counts[k] for k in self.kinds)
+              and (memory.get("max_growth") is None or memory["max_growth"] <= 0.10))
+        return {"steps": self.job.trainer.step, "max_abs_diff": diff, "faults": counts, "handled": handled, "leaked": leaked,
+                "memory": memory, "error": error, "ok": ok}
+
+    def close(self) -> None:
+        import ray
+
+        ray.shutdown()
+        self.cluster.shutdown()
+        current = Path("/tmp/ray/ray_current_cluster")  # never leave later ray.init() calls pointing here
+        if current.exists() and current.read_text().strip() == self.cluster.address:
+            current.unlink()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=500)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--every", type=int, default=10, help="steps between faults")
+    parser.add_argument("--kinds", default=",".join(KINDS), help=f"fault kinds to draw from (default: all of {', '.join(KINDS)})")
+    parser.add_argument("--record", action="store_true", help="write benchmarks/results/soak.md")
+    args = parser.parse_args()
+    kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown or not kinds:
+        print(f"error: --kinds {args.kinds!r}: unknown kind(s) {unknown} (choose from {', '.join(KINDS)})", file=sys.stderr)
+        return 2
+    if args.steps < 2 * args.every or args.every < 2:
+        print(f"error: --steps {args.steps} must be at least twice --every {args.every} (and --every at least 2)", file=sys.stderr)
+        return 2
+    os.environ.pop("RAY_ADDRESS", None)  # the soak's own cluster, never one the caller points at
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
+        soak = Soak(args.steps, args.seed, args.every, Path(tmp), kinds)
+        try:
+            result = soak.run()
+        finally:
+            soak.close()
+    result["wall_s"] = round(time.perf_counter() - t0, 1)
+    result["seed"] = args.seed
+    if args.record:
+        out = ROOT / "benchmarks" / "results" / "soak.md"
+        out.write_text("# Soak (benchmarks/soak.py)\n\n"
+                       f"`python benchmarks/soak.py --steps {args.steps} --seed {args.seed} --kinds {','.join(kinds)}` on a 3-node "
+                       f"ray.cluster_utils cluster (load average {os.getloadavg()[0]:.1f} at the end).\n\n"
+                       + (f"Kinds left out: {', '.join(k for k in KINDS if k not in kinds)}.\n\n" if len(kinds) < len(KINDS) else "")
+                       + f"```json\n{json.dumps(result, indent=1)}\n```\n")
+    print(json.dumps(result))
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""Recovery in place after a death without notice, at the trainer level.
+
+A stage worker dies mid-step (the ``Kill`` rehearsal: its process exits); the survivors keep their processes,
+re-form a process group among themselves on a plan over survivors, roll back to the newest restorable step from
+host copies (their own, a neighbour's) or the committed checkpoint, and training goes on — exactly as
+single-process training with the same micro-batches.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import torch
+
+from actors.group import PipelineActorError
+from actors.injection import arm_kills
+from actors.reference import ReferenceTrainer, allclose, max_difference
+from orchestrator.core.plan import Plan, straight_plan
+from orchestrator.profiling.models import example_batch, loss_fn, mlp
+from orchestrator.train.recovery import InPlaceImpossible, InPlaceRecovery
+from orchestrator.train.trainer import PipelineTrainer
+
+WIDTHS = (8, 16, 16, 16, 16, 16, 16, 16, 4)
+MLP = partial(mlp, WIDTHS)
+DATA = partial(example_batch, "mlp", 11, widths=WIDTHS)
+ADAM = partial(torch.optim.Adam, lr=0.01)
+M = 4
+PLAN = straight_plan([0, 2, 4, 6, 8], M)  # devices 0-3, two blocks each
+SURVIVORS = straight_plan([0, 3, 6, 8], M, devices=[[0], [2], [3]])  # device 1 gone
+
+
+@pytest.fixture
+def pool(worker_group: Any) -> Iterator[Any]:
+    """The shared pool, with any worker a test killed replaced afterwards."""
+    yield worker_group
+    worker_group.respawn(sorted(worker_group.dead))
+    worker_group.broken = False
+
+
+def trainer_on(pool: Any, tmp: Path | None = None, every: int = 0) -> PipelineTrainer:
+    return PipelineTrainer(MLP, loss_fn("mlp"), ADAM, DATA, M, plan=PLAN, workers=pool, pg_timeout_s=60,
+                           checkpoint_dir=tmp, checkpoint_every=every)
+
+
+def train_through_a_death(trainer: PipelineTrainer, steps: int, snapshots: bool = False) -> list[InPlaceRecovery]:
+    """``steps`` steps with ``run_step``; each death is recovered in place onto SURVIVORS."""
+    done: list[InPlaceRecovery] = []
+    while trainer.step < steps:
+        try:
+            trainer.run_step()
+        except PipelineActorError as exc:
+            assert exc.died, exc
+            done.append(trainer.recover_in_place([exc.device], SURVIVORS))
+            continue
+        if snapshots:
+            trainer.snapshot_in_memory()
+    return done
+
+
+def check_exact(trainer: PipelineTrainer, steps: int) -> None:
+    ref = ReferenceTrainer.for_plan(PLAN, MLP, loss_fn("mlp"), ADAM, DATA)
+    ref.train(steps)
+    got, want = trainer.state_dicts(), ref.state_dicts()
+    assert allclose(got, want), max_difference(got, want)
+
+
+@pytest.mark.ray
+def test_a_death_with_snapshots_every_step_loses_no_step_and_keeps_the_survivors(pool: Any) -> None:
+    trainer = arm_kills(trainer_on(pool), [(4, 1)])
+    trainer.start()
+    pids = {d["device"]: d["pid"] for d in trainer.devices()}
+    held = trainer.snapshot_in_memory()
+    assert set(held) == {0, 1, 2, 3} and all(b > 0 for b in held.values())  # own + a neighbour's copy each
+    [rec] = train_through_a_death(trainer, 7, snapshots=True)
+    assert rec.resumed_step == 4  # the snapshot after step 3: nothing lost
+    assert rec.source == "peer" and rec.blocks_from["peer"] >= 1  # device 1's blocks came from device 2's memory
+    assert {d["device"]: d["pid"] for d in rec.devices} == {d: pids[d] for d in (0, 2, 3)}  # same processes
+    assert {s["device"]: s["pid"] for s in pool.call("status", devices=[0, 2, 3])} == {d: pids[d] for d in (0, 2, 3)}
+    assert trainer.plan == SURVIVORS and set(rec.snapshot_bytes) == {0, 2, 3}
+    check_exact(trainer, 7)
+
+
+@pytest.mark.ray
+def test_a_death_without_snapshots_rolls_back_to_the_checkpoint_from_host_copies_and_storage(pool: Any, tmp_path: Path) -> None:
+    trainer = arm_kills(trainer_on(pool, tmp_path, every=2), [(3, 1)])
+    [rec] = train_through_a_death(trainer, 6)
+    assert rec.resumed_step == 2 and rec.source == "storage"
+    # the survivors' own blocks from the host copy their checkpoint was written from; device 1's from storage
+    assert rec.blocks_from["own"] >= 4 and rec.blocks_from["storage"] >= 1, rec.blocks_from
+    check_exact(trainer, 6)
+
+
+@pytest.mark.ray
+def test_a_death_with_nothing_kept_resumes_from_the_seed_in_place(pool: Any) -> None:
+    trainer = arm_kills(trainer_on(pool), [(2, 1)])
+    [rec] = train_through_a_death(trainer, 4)
+    assert rec.resumed_step == 0 and rec.source == "seed"
+    check_exact(trainer, 4)
+
+
+@pytest.mark.ray
+def test_two_deaths_at_once_lose_their_copies_together_and_roll_back_to_the_checkpoint_in_place(pool: Any, tmp_path: Path) -> None:
+    """Devices 1 and 2 die together (as a node's would): device 1's snapshot copy was on device 2, so its blocks
+    come from the committed checkpoint, and the two survivors continue in their own processes, exactly."""
+    trainer = trainer_on(pool, tmp_path, every=2)
+    trainer.start()
+    pids = {d["device"]: d["pid"] for d in trainer.devices()}
+    for _ in range(5):
+        trainer.run_step()
+        trainer.snapshot_in_memory()
+    pool.kill_worker(1)
+    pool.kill_worker(2)
+    with pytest.raises(PipelineActorError):
+        trainer.run_step()
+    rec = trainer.recover_in_place([1], straight_plan([0, 4, 8], M, devices=[[0], [3]]))
+    assert rec.resumed_step == 4 and rec.source == "storage", rec
+    assert {d["device"]: d["pid"] for d in rec.devices} == {0: pids[0], 3: pids[3]}
+    while trainer.step < 7:
+        trainer.run_step()
+    check_exact(trainer, 7)
+
+
+@pytest.mark.ray
+def test_a_plan_over_a_dead_device_is_refused_with_a_reason(pool: Any) -> None:
+    trainer = trainer_on(pool)
+    trainer.start()
+    trainer.run_step()
+    pool.kill_worker(1)
+    with pytest.raises(PipelineActorError):
+        trainer.run_step()
+    with pytest.raises(InPlaceImpossible) as err:
+        trainer.recover_in_place([1], PLAN)
+    assert "no live worker" in err.value.reason and "[1]" in err.value.reason
