@@ -108,7 +108,10 @@ def test_loss_without_notice_restores_the_newest_checkpoint_and_bad_notices_are_
         assert one(events, "worker_failed")["step"] == 6
         # the asynchronous checkpoint of step 4 was committed before the crash: 2 steps lost, not 6
         recovered = one(events, "recovered")
-        assert recovered["step"] == 4 and recovered["lost_steps"] == 2 and recovered["mode"] == "restart" and recovered["reason"]
+        assert recovered["step"] == 4 and recovered["lost_steps"] == 2 and recovered["mode"] == "in_place" and recovered["reason"]
+        pids = {d["device"]: d["pid"] for d in one(events, "job_started")["devices"]}
+        assert sorted(d["device"] for d in recovered["devices"]) == [0, 1, 3]  # the survivors kept their processes
+        assert all(d["pid"] == pids[d["device"]] for d in recovered["devices"]) and recovered["stall_s"] > 0
         assert not [e for e in events if e["event"] == "preemption_handled"]
         skipped = one(events, "checkpoint_skipped")  # recorded once, before the restore it was skipped by
         assert skipped["path"].endswith("step_00000050") and "commit marker" in skipped["reason"]

@@ -179,18 +179,22 @@ DeathDecision = Union[GiveUp, RecoverInPlace, Restart]
 
 def on_worker_death(failures: int, max_failures: int, plan: Plan, dead: Sequence[int], alive: Sequence[int],
                     in_place: bool) -> DeathDecision:
-    """After a worker died without notice (``failures`` deaths so far, this one included): give
-    up past the budget; recover in place when the runtime can (``in_place``), one worker died and
-    survivors remain; otherwise restart every worker on the same plan from the newest checkpoint."""
+    """After workers died without notice (``failures`` deaths so far, this one included): give up
+    past the budget; recover in place when it is on (``in_place``), the dead are known and workers
+    survive (the runtime may still find it impossible: then the caller restarts); otherwise restart
+    every worker on the same plan from the newest checkpoint."""
     if failures > max_failures:
         return GiveUp(f"{failures} worker deaths exceed max_failures={max_failures}")
     gone = set(dead)
     survivors = tuple(sorted(set(alive) - gone))
     if not in_place:
-        return Restart(plan, True, "recovery in place is not available here: every worker restarts")
-    if len(gone) != 1 or not survivors:
-        return Restart(plan, True, f"{len(gone)} workers died at once" if survivors else "no survivor")
-    return RecoverInPlace(tuple(sorted(gone)), survivors, f"device {min(gone)} died; {len(survivors)} survivors keep their processes")
+        return Restart(plan, True, "recovery in place is switched off: every worker restarts")
+    if not gone:
+        return Restart(plan, True, "the dead worker is not known: every worker restarts")
+    if not survivors:
+        return Restart(plan, True, "no survivor")
+    return RecoverInPlace(tuple(sorted(gone)), survivors,
+                          f"device(s) {sorted(gone)} died; {len(survivors)} survivors keep their processes")
 
 
 SPEED_AGNOSTIC_PLANNERS = frozenset({"pipedream"})

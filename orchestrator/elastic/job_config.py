@@ -146,8 +146,12 @@ class RunConfig:
     """The cluster id its supervisor gave this job (``None``: not supervised). A supervised job asks
     its supervisor to migrate (it commits, records the request and stops) instead of restarting in place."""
     snapshot_every: int = 0
-    """In-memory snapshots every N steps between stored checkpoints (0: off): a death without
-    notice then loses at most the steps since the last snapshot."""
+    """In-memory snapshots every N steps between stored checkpoints (0: off): each worker keeps its
+    blocks' state in host memory and a neighbour (on another node where there is one) keeps a copy,
+    so a death without notice loses at most the steps since the last snapshot."""
+    recover_in_place: bool = True
+    """A death without notice: the survivors keep their processes and roll back from host copies
+    (off, or when impossible: every worker restarts from the newest checkpoint)."""
 
     def __post_init__(self) -> None:
         where = "RunConfig"
@@ -159,6 +163,7 @@ class RunConfig:
         limits.count(self.snapshot_every, where, "snapshot_every", minimum=0, maximum=10**9)
         limits.flag(self.async_checkpoints, where, "async_checkpoints")
         limits.flag(self.pipelined, where, "pipelined")
+        limits.flag(self.recover_in_place, where, "recover_in_place")
         if not limits.text(self.name, where, "name").strip():
             raise UserError(f"{where}: name must not be empty")
         if self.resume not in ("auto", "never", "require"):

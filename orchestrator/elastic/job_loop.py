@@ -46,7 +46,7 @@ from orchestrator.adapt.controller import Act, Controller, Observed
 from orchestrator.adapt.handle import MoveReport, RestartReport, move_transfers
 from orchestrator.adapt.live import to_controller_metrics
 from orchestrator.adapt.rehearsal import Rehearsal
-from orchestrator.adapt.policies import GiveUp, Restart, on_worker_death, planner_plan
+from orchestrator.adapt.policies import DeathDecision, GiveUp, RecoverInPlace, Restart, on_worker_death, planner_plan
 from orchestrator.core.errors import UserError
 from orchestrator.train.discovery import connect
 from orchestrator.elastic.evacuation import Evacuate, Fallback, Notice, check_notice, plan_evacuation
@@ -59,6 +59,7 @@ from orchestrator.elastic.run import RunState, open_run
 from orchestrator.elastic.run_record import MigrationRequest
 from orchestrator.elastic.signals import JobFailed, JobStopped, MigrationRequested, StopSignals
 from orchestrator.core.plan import Plan, straight_plan
+from orchestrator.train.recovery import InPlaceImpossible
 from orchestrator.train.trainer import InFlight, PipelineTrainer
 
 
@@ -120,6 +121,7 @@ class ElasticJob:
         self._node_watch: Any = None  # orchestrator.elastic.node_watch.NodeWatch while fit runs with spot.watch
         self._saved_at = -1  # the step of the newest checkpoint written (a step is saved once)
         self.moves = self.restarts = self.failures = 0
+        self._snapshot_told = False
         self.move_pairs: list[tuple[int, int]] = []  # (from, to) of every block hand-over, in order
         self.growth = Growth(self)
         self.prices: Any = None  # job_spot.PriceView, built when first needed
@@ -253,7 +255,7 @@ class ElasticJob:
 
     def _hold(self, nxt: int) -> bool:
         """Whether a decision is due after the step before ``nxt``: then nothing is submitted ahead."""
-        due = self.trainer.upload_pending or self._checkpoint_due(nxt) or bool(self._notices)
+        due = self.trainer.upload_pending or self._checkpoint_due(nxt) or self._snapshot_due(nxt) or bool(self._notices)
         due |= any(n.at_step == nxt for n in self.spot.notices)
         due |= self.spot.enabled and (any(s == nxt for s, _ in self.spot.price_events) or self._migration_due(nxt))
         due |= any(f.at_iteration in (nxt, nxt + 1) or getattr(f, "until_iteration", None) in (nxt, nxt + 1)
@@ -315,6 +317,13 @@ class ElasticJob:
         if self._checkpoint_due(self.trainer.step) and self.trainer.step < target and self._saved_at != self.trainer.step:
             self._finish_in_flight()
             self.checkpoint_now("periodic")
+        if self._snapshot_due(self.trainer.step) and self.trainer.step < target:
+            self._finish_in_flight()
+            held = self.trainer.snapshot_in_memory()
+            if not self._snapshot_told:  # what in-memory snapshots cost, once
+                self._snapshot_told = True
+                self.emit("snapshots", step=self.trainer.step, every=self.run.snapshot_every,
+                          bytes_per_worker={str(d): int(b) for d, b in held.items()})
 
     def _poll_signals(self) -> None:
         """Notices from outside, every ``ray_drain_poll_s``: the cloud watchers on the job's nodes
@@ -419,16 +428,34 @@ class ElasticJob:
         self.failures += 1
         t0, before = self._done_at or time.perf_counter(), self.trainer.step
         recent = self.iteration_s[-5:]
-        dead = (exc.device,) if exc.device >= 0 else ()
-        self.emit("worker_failed", step=before, device=exc.device if exc.device >= 0 else None, failures=self.failures,
+        assert self.trainer.group is not None
+        # the worker that failed, and every worker whose node left with it (slot d runs device d)
+        dead = sorted(({exc.device} if exc.device >= 0 else set()) | (self.alive & self.trainer.group.unreachable_slots()))
+        self.emit("worker_failed", step=before, device=exc.device if exc.device >= 0 else None, dead=dead, failures=self.failures,
                   error=str(exc).splitlines()[0])
         plan = self.trainer.plan
-        decision = on_worker_death(self.failures, self.run.max_failures, plan, dead, sorted(self.alive), in_place=False)
+        decision: DeathDecision = on_worker_death(self.failures, self.run.max_failures, plan, dead, sorted(self.alive),
+                                                  in_place=self.run.recover_in_place)
         if isinstance(decision, GiveUp):
             self.emit("job_failed", step=before, failures=self.failures, max_failures=self.run.max_failures, reason=decision.reason)
             self.runstate.ended("failed", before)
             raise JobFailed(f"{decision.reason} (last: {str(exc).splitlines()[0]})") from exc
-        assert isinstance(decision, Restart)  # RecoverInPlace is not offered yet (in_place=False)
+        if isinstance(decision, RecoverInPlace):
+            survivors_plan = planner_plan(self.profile, self.cluster, decision.survivors, plan, self.scaling.planner, straight=True)
+            try:
+                rec = self.trainer.recover_in_place(decision.dead, survivors_plan)
+            except InPlaceImpossible as why:
+                decision = Restart(plan, True, f"recovery in place impossible: {why.reason}")
+            else:
+                self.alive, self.leaving = set(decision.survivors), None  # the survivors keep their processes (and knobs)
+                self._recovering = (t0, {"mode": "in_place", "reason": decision.reason, "step": rec.resumed_step,
+                                         "lost_steps": before - rec.resumed_step, "source": rec.source,
+                                         "blocks_from": dict(rec.blocks_from),
+                                         "snapshot_bytes": {str(d): int(b) for d, b in rec.snapshot_bytes.items()},
+                                         "iteration_s": round(statistics.median(recent), 4) if recent else None,
+                                         "plan": self.trainer.plan.describe(), "devices": [dict(d) for d in rec.devices]})
+                return
+        assert isinstance(decision, Restart)
         self.alive, self.leaving = set(range(self.growth.placed)), None
         self.rehearsal.forget()  # fresh processes: no injected knobs
         self.trainer.recover(exc)
@@ -496,6 +523,10 @@ class ElasticJob:
             self.runstate.committed(self.trainer.step, self.trainer.step)
         self.emit("checkpoint", why=why, step=self.trainer.step, path=str(where), stall_s=round(took, 4), background=background)
         return str(where)
+
+    def _snapshot_due(self, done: int) -> bool:
+        every = self.run.snapshot_every
+        return bool(every) and done % every == 0
 
     def _checkpoint_due(self, done: int) -> bool:
         every = self.run.checkpoint_every
