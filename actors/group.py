@@ -96,6 +96,10 @@ class WorkerGroup(Starts, WorkerCalls):
             raise UserError(f"plan needs {len(devices)} workers but the group has {self.size}")
         if self.broken:
             self.restart()
+        up = {n["NodeID"] for n in ray.nodes() if n.get("Alive")} if any(slots[d] in self.dead for d in devices) else set()
+        respawnable = sorted(slots[d] for d in devices if slots[d] in self.dead and self.slots[slots[d]].node_id in up)
+        if respawnable:  # a fresh configuration of a pool that lost workers (recovered in place before): new processes
+            self.respawn(respawnable)
         if any(slots[d] in self.dead for d in devices):
             raise UserError(f"device(s) {sorted(d for d in devices if slots[d] in self.dead)} have no live worker")
         self._check_nccl(spec, plan)
