@@ -203,3 +203,8 @@ def test_old_prices_never_move_the_run_and_only_the_newest_row_of_an_offer_count
     skipped = [e for e in events if e["event"] == "migration_skipped"]
     assert skipped and all(e["target"] == "local/cluster-c/cluster-c (spot)" and e["age_s"] > e["max_age_s"] for e in skipped)
     assert not [e for e in events if e["event"] == "migration_requested"] and j.trainer.step == 4
+
+
+def test_more_devices_than_blocks_is_one_line_before_any_worker_starts(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="devices=6 but the model has 3 blocks"):
+        job(None, tmp_path, devices=6, plan_cuts=[0, 1, 2, 3], widths=(8, 16, 16, 4))

@@ -82,6 +82,9 @@ class ElasticJob:
         self.clock = clock
         storage.check_writable(run.storage)  # unreachable storage / missing credentials: one line, before any actor
         self.profile = profile_model(train, scaling.devices)
+        if scaling.devices > self.profile.num_blocks:  # a worker per device would hold nothing, and cost its memory
+            raise UserError(f"ScalingConfig: devices={scaling.devices} but the model has {self.profile.num_blocks} blocks; "
+                            f"at most {self.profile.num_blocks} devices can hold blocks (cut it finer or use fewer devices)")
         # the location is the run: another model's checkpoints are refused here, before anything is written
         self.opened = open_run(str(run.storage), self.profile, train.num_microbatches, train.seed,
                                _describe(train.optimizer_factory), run.resume, run.run_id, run.cluster)
