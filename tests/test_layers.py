@@ -31,8 +31,9 @@ RANK = {
     "orchestrator.train": 5,
     "orchestrator.adapt": 6,
     "orchestrator.elastic": 7,
-    "orchestrator.cli": 8,
-    "orchestrator": 9,  # the package's own __init__: the public API, loaded lazily
+    "orchestrator.supervise": 8,  # outside the training cluster: provisions, submits, migrates, relaunches jobs
+    "orchestrator.cli": 9,
+    "orchestrator": 10,  # the package's own __init__: the public API, loaded lazily
 }
 PACKAGES = ("orchestrator", "actors", "cloud")
 
