@@ -147,7 +147,7 @@ def version(data: Mapping[str, Any], where: str, known: Collection[int], default
 def devices(n: int, where: str = "cluster") -> int:
     """Refuse a device count above :data:`MAX_DEVICES` before any n×n matrix is allocated."""
     if n > MAX_DEVICES:
-        gib = n * n * 8 * 3 / 2**30
+        gib = n * n * 8 * 3 / 2**30 if n < 10**12 else float("inf")  # an int that large overflows the float division
         raise UserError(
             f"{where}: {n} devices need about {gib:.1f} GiB and O(n^3) routing; the limit is {MAX_DEVICES} devices"
         )
