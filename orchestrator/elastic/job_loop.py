@@ -59,7 +59,7 @@ from orchestrator.elastic.run import RunState, open_run
 from orchestrator.elastic.run_record import MigrationRequest
 from orchestrator.elastic.signals import JobFailed, JobStopped, MigrationRequested, StopSignals
 from orchestrator.core.plan import Plan, straight_plan
-from orchestrator.train.recovery import InPlaceImpossible
+from orchestrator.train.recovery import InPlaceImpossible, InPlaceRecovery
 from orchestrator.train.trainer import InFlight, PipelineTrainer
 
 
@@ -444,13 +444,12 @@ class ElasticJob:
             self.runstate.ended("failed", before)
             raise JobFailed(f"{decision.reason} (last: {str(exc).splitlines()[0]})") from exc
         if isinstance(decision, RecoverInPlace):
-            survivors_plan = planner_plan(self.profile, self.cluster, decision.survivors, plan, self.scaling.planner, straight=True)
             try:
-                rec = self.trainer.recover_in_place(decision.dead, survivors_plan)
+                rec = self._recover_in_place(decision)
             except InPlaceImpossible as why:
                 decision = Restart(plan, True, f"recovery in place impossible: {why.reason}")
             else:
-                self.alive, self.leaving = set(decision.survivors), None  # the survivors keep their processes (and knobs)
+                self.alive, self.leaving = {int(str(d["device"])) for d in rec.devices}, None  # the survivors keep their processes
                 self._recovering = (t0, {"mode": "in_place", "reason": decision.reason, "step": rec.resumed_step,
                                          "lost_steps": before - rec.resumed_step, "source": rec.source,
                                          "blocks_from": dict(rec.blocks_from),
@@ -468,6 +467,24 @@ class ElasticJob:
                                  "iteration_s": round(statistics.median(recent), 4) if recent else None,
                                  "plan": self.trainer.plan.describe(),
                                  "devices": [{"device": d["device"], "node_id": d["node_id"], "pid": d["pid"]} for d in self.trainer.devices()]})
+
+    def _recover_in_place(self, decision: RecoverInPlace) -> InPlaceRecovery:
+        """The survivors continue on a plan re-made for them. A node that left takes all its workers,
+        and Ray may report the node gone only after the first worker's error: then the plan is made
+        again for the survivors Ray knows of now, once."""
+        assert self.trainer.group is not None
+        dead, survivors = set(decision.dead), decision.survivors
+        for attempt in range(2):
+            plan = planner_plan(self.profile, self.cluster, survivors, self.trainer.plan, self.scaling.planner, straight=True)
+            try:
+                return self.trainer.recover_in_place(sorted(dead), plan)
+            except InPlaceImpossible:
+                more = (set(survivors) & self.trainer.group.unreachable_slots()) - dead
+                if attempt or not more or not set(survivors) - more:
+                    raise
+                dead |= more
+                survivors = tuple(sorted(set(survivors) - more))
+        raise AssertionError("unreachable")
 
     def _recovered(self, interrupted: bool = False) -> None:
         """The ``recovered`` event of the last recovery, once the first step after it completed: its
