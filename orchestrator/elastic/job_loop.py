@@ -300,6 +300,7 @@ class ElasticJob:
                 self._finish_in_flight()
                 self._preempted(notice)
         self.growth.poll(self.trainer.step)
+        self._idle_lost()
         if self.controller is not None and self.trainer.step < target:
             plan = self.trainer.plan
             out = self.controller.observe(to_controller_metrics(m, self.trainer.step - 1, plan), plan, tuple(sorted(self.alive)))
@@ -467,6 +468,19 @@ class ElasticJob:
                                  "iteration_s": round(statistics.median(recent), 4) if recent else None,
                                  "plan": self.trainer.plan.describe(),
                                  "devices": [{"device": d["device"], "node_id": d["node_id"], "pid": d["pid"]} for d in self.trainer.devices()]})
+
+    def _idle_lost(self) -> None:
+        """Devices without blocks whose node left (a node that joined, or an evacuated device's) stop being
+        members now: nobody computes on them, so no step fails for them, and the next re-formation of the
+        process group would wait for them. Read at the growth poll's pace (growth on) or every step."""
+        group = self.trainer.group
+        if group is None or self.scaling.max_devices is None:
+            return
+        idle = self.alive - set(self.trainer.plan.devices)
+        gone = sorted(idle & group.unreachable_slots()) if idle else []
+        if gone:
+            self.alive -= set(gone)
+            self.emit("capacity_lost", step=self.trainer.step, devices=gone, reason="their node left; they held no blocks")
 
     def _recover_in_place(self, decision: RecoverInPlace) -> InPlaceRecovery:
         """The survivors continue on a plan re-made for them. A node that left takes all its workers,
