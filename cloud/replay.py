@@ -136,17 +136,29 @@ def replay_job(
                 path.append(_label(trace.meta, cur))
             elif gone:
                 raise CloudInputError(f"policy {policy.name}: no offer left at {trace.times[min(step, len(prices) - 1)]}")
-        price, left = float(row[cur]), dt
-        if busy > 0:
-            used = min(busy, left)
-            cost, busy, left, elapsed = cost + used * price, busy - used, left - used, elapsed + used
-        if left > 0:
-            need = remaining / (tput[cur] * 3600)
-            used = min(left, need)
-            cost, elapsed = cost + used * price, elapsed + used
-            remaining = 0.0 if used >= need else remaining - used * tput[cur] * 3600
+        spent, took, busy, remaining, _ = advance(dt, busy, float(row[cur]), remaining, tput[cur] * 3600)
+        cost, elapsed = cost + spent, elapsed + took
         step += 1
     return ReplayResult(policy.name, cost, elapsed, migrations, step <= len(prices), tuple(path))
+
+
+def advance(dt: float, busy: float, price: float, remaining: float, samples_per_h: float) -> tuple[float, float, float, float, float]:
+    """One replay step of ``dt`` hours on one offer at ``price`` $/h: first what is left of a restart
+    (``busy`` hours), then training on the ``remaining`` samples. The one rule both replays (prices
+    only, prices and availability) charge time by. Returns (cost, hours, busy left, samples left,
+    hours trained)."""
+    cost = hours = 0.0
+    left = dt
+    if busy > 0:
+        used = min(busy, left)
+        cost, busy, left, hours = cost + used * price, busy - used, left - used, hours + used
+    trained = 0.0
+    if left > 0:
+        need = remaining / samples_per_h
+        trained = min(left, need)
+        cost, hours = cost + trained * price, hours + trained
+        remaining = 0.0 if trained >= need else remaining - trained * samples_per_h
+    return cost, hours, busy, remaining, trained
 
 
 def _utc(value: pd.Timestamp | str) -> pd.Timestamp:

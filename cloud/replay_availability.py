@@ -25,7 +25,7 @@ import pandas as pd
 from .availability import UNWATCHED, AvailabilityModel, Key, observed_truth
 from .errors import CloudInputError
 from .migration import MigrationCosts, choose, egress_usd_per_gb, move_scores
-from .replay import FREE_MOVES, ReplayPolicy, candidate_mask
+from .replay import FREE_MOVES, ReplayPolicy, advance, candidate_mask
 from .store import SERIES_KEY, PriceStore
 from .throughput import ThroughputTable
 
@@ -219,15 +219,10 @@ def replay_available(market: Market, policy: ReplayPolicy, throughputs: Throughp
                 cost, elapsed = cost + costs.upload_h * row[cur], elapsed + costs.upload_h
                 cur, busy, placed_at, migrations = target, costs.resume_h, step, migrations + 1
                 path.append(_label(market.meta, cur))
-        price, left = float(row[cur]), dt
-        if busy > 0:
-            used = min(busy, left)
-            cost, busy, left, elapsed = cost + used * price, busy - used, left - used, elapsed + used
-        if left > 0:
-            need = remaining / (tput[cur] * 3600)
-            used = min(left, need)
-            cost, elapsed, since_ckpt_h = cost + used * price, elapsed + used, since_ckpt_h + used
-            remaining = 0.0 if used >= need else remaining - used * tput[cur] * 3600
+        spent, took, busy, remaining, trained = advance(dt, busy, float(row[cur]), remaining, tput[cur] * 3600)
+        cost, elapsed = cost + spent, elapsed + took
+        if trained > 0:
+            since_ckpt_h += trained
             if since_ckpt_h * 3600 >= costs.checkpoint_interval_s:
                 since_ckpt_h = 0.0
         step += 1
