@@ -126,7 +126,7 @@ class WorkerGroup(Starts, WorkerCalls):
         iteration failed (:meth:`actors.stage_worker.StageWorker.abort`), so a new process group among them forms
         as for a newcomer, each device keeps its actor slot, and every survivor is a member (the devices ``plan``
         leaves idle too, so growth and moves can use them). Blocks come fresh from the seed: the caller restores
-        the state (:meth:`orchestrator.train.trainer.PipelineTrainer.recover_in_place`)."""
+        the state (:meth:`orchestrator.train.runtime.PipelineRuntime.recover_in_place`)."""
         gone = [d for d in survivors if self.slot_of.get(d, d) in self.dead]
         if gone:
             raise UserError(f"device(s) {gone} have no live worker")

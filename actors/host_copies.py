@@ -1,7 +1,7 @@
 """A worker's host copies of block state: what a recovery in place restores from without reading storage.
 
 Why in memory: after a worker dies without notice the survivors keep their processes
-(:meth:`orchestrator.train.trainer.PipelineTrainer.recover_in_place`); each rolls back from a copy it
+(:meth:`orchestrator.train.runtime.PipelineRuntime.recover_in_place`); each rolls back from a copy it
 already holds, and the dead worker's blocks come from a neighbour's copy (Gemini, SOSP'23: restoring
 from peers' memory is an order of magnitude faster than from storage) or, failing that, from the
 newest committed checkpoint. Three things put copies here, all keyed ``step -> block -> payload``

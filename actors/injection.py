@@ -136,32 +136,10 @@ def _killing(ex: "Executor", handler: Callable[[Action], None]) -> Callable[[Act
     return run
 
 
-def arm_kills(trainer: Any, kills: Iterable[tuple[int, int]]) -> Any:
-    """Opt-in crash rehearsal on a :class:`~orchestrator.train.trainer.PipelineTrainer` (a test or a
-    benchmark installs it; the trainer itself knows nothing of it): for each ``(step, device)``
-    that device's worker dies halfway through that step, once. Returns ``trainer``.
-
-    The kills travel to the workers in the job spec (installed by every executor built from it).
-    The trainer's recovery is wrapped so that a kill that fired is dropped from the spec before the
-    fresh processes are configured: which fired is read off the run of steps being gathered when
-    the failure surfaced (the device that died, or any kill of that run when only a peer's error
-    surfaced)."""
-    trainer.spec = with_kills(trainer.spec, kills_of(trainer.spec) | frozenset(kills))
-    gathering: list[tuple[int, int]] = []
-    complete_run, recover = trainer.complete_run, trainer.recover
-
-    def completing(flight: Any, since: float | None = None) -> Any:
-        gathering[:] = [(flight.step, flight.step + flight.count)]
-        out = complete_run(flight, since)
-        gathering.clear()
-        return out
-
-    def recovering(exc: Any) -> None:
-        lo, hi = gathering[0] if gathering else (trainer.step, trainer.step + 1)
-        gathering.clear()
-        fired = {(s, d) for s, d in kills_of(trainer.spec) if lo <= s < hi and (d == exc.device or not exc.died)}
-        trainer.spec = with_kills(trainer.spec, kills_of(trainer.spec) - fired)
-        recover(exc)
-
-    trainer.complete_run, trainer.recover = completing, recovering
-    return trainer
+def arm_kills(runtime: Any, kills: Iterable[tuple[int, int]]) -> Any:
+    """Opt-in crash rehearsal on a :class:`~orchestrator.train.runtime.PipelineRuntime` (a test or a benchmark
+    arms it): for each ``(step, device)`` that device's worker dies halfway through that step, once. Goes through the
+    runtime's own interface (:meth:`~orchestrator.train.runtime.PipelineRuntime.rehearse_kills`), which drops a kill
+    that fired before fresh processes are configured. Returns ``runtime``."""
+    runtime.rehearse_kills(kills)
+    return runtime

@@ -12,7 +12,7 @@ the embedded local instance as many as the job asks for (``local_slots``), since
 slots are logical workers that share the machine's cores — their ``share`` (cores per slot,
 at most 1) is what the cluster model turns into speed.
 
-Node changes: :class:`NodeWatcher` diffs Ray's node table between polls and turns a node that
+Node changes: :class:`NodeTable` diffs Ray's node table between polls and turns a node that
 went away into the slots lost and a new node into slots gained, for the job's failure and
 growth policies.
 """
@@ -150,7 +150,7 @@ def model_token(accelerator: str) -> str:
     return head if any(c.isdigit() for c in head) else ""
 
 
-class NodeWatcher:
+class NodeTable:
     """Turns changes in Ray's node table into slots lost and slots gained (polled by the job loop).
 
     Per node: a node that stays keeps its slots (its count is not re-derived), a node that went

@@ -145,7 +145,7 @@ def live_runs(seeds: tuple[int, ...] = LIVE_SEEDS, base: float = LIVE_BASE) -> t
 
     from actors.group import WorkerGroup
     from orchestrator.adapt.live import RayPipeline, run_adaptive
-    from orchestrator.train.trainer import PipelineTrainer
+    from orchestrator.train.runtime import PipelineRuntime
 
     if not ray.is_initialized():
         ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
@@ -154,8 +154,8 @@ def live_runs(seeds: tuple[int, ...] = LIVE_SEEDS, base: float = LIVE_BASE) -> t
     cluster = flat(4, 10)
     static_plan = straight_plan([0, 2, 4, 6, 8], LIVE_M)
 
-    def trainer(plan: Plan, seed: int = 0) -> PipelineTrainer:
-        return PipelineTrainer(_live_model, F.mse_loss, _live_optimizer, _live_data, LIVE_M, plan=plan, workers=group, pg_timeout_s=60,
+    def trainer(plan: Plan, seed: int = 0) -> PipelineRuntime:
+        return PipelineRuntime(_live_model, F.mse_loss, _live_optimizer, _live_data, LIVE_M, plan=plan, workers=group, pg_timeout_s=60,
                                seed=seed)
 
     profile = _robust_profile(lambda: trainer(static_plan))

@@ -36,7 +36,8 @@ from actors.reference import ReferenceTrainer, allclose, max_difference  # noqa:
 from orchestrator.core.errors import UserError  # noqa: E402
 from orchestrator.profiling.models import example_batch, loss_fn, mlp  # noqa: E402
 from orchestrator.core.plan import straight_plan  # noqa: E402
-from orchestrator.train.trainer import PipelineTrainer  # noqa: E402
+from orchestrator.elastic.fixed_plan import PipelineTrainer  # noqa: E402
+from orchestrator.train.runtime import PipelineRuntime  # noqa: E402
 
 WIDTHS = (8, 32, 32, 32, 32, 32, 32, 4)
 MODEL = partial(mlp, WIDTHS)
@@ -78,7 +79,7 @@ MODES = ("restart", "in_place", "in_place_snapshots")
 def unnoticed_death(mode: str, kill_step: int, device: int, tmp: Path, checkpoint_every: int = 4, after: int = 6) -> dict[str, float]:
     """One death without notice (the ``Kill`` rehearsal: the worker's process exits mid-step) under ``mode``:
 
-    * ``restart``: every worker is replaced and state is read from the newest checkpoint (``PipelineTrainer.recover``);
+    * ``restart``: every worker is replaced and state is read from the newest checkpoint (``PipelineRuntime.recover``);
     * ``in_place``: the survivors keep their processes and roll back to the newest checkpoint's step from their
       own host copies, the dead worker's blocks from storage (``recover_in_place``);
     * ``in_place_snapshots``: the same with an in-memory snapshot after every step (``snapshot_in_memory``).
@@ -90,9 +91,15 @@ def unnoticed_death(mode: str, kill_step: int, device: int, tmp: Path, checkpoin
     survivors = [d for d in plan.devices if d != device]
     cuts = [0, 2, 4, 7] if device == 3 else [0, 2, 5, 7]
     rest = straight_plan(cuts, 4, devices=[[d] for d in survivors])
-    trainer = arm_kills(PipelineTrainer(MODEL, loss_fn("mlp"), SGD, DATA, 4, plan=plan, checkpoint_dir=tmp / mode,
-                                        checkpoint_every=checkpoint_every, progress=False), [(kill_step, device)])
+    trainer = arm_kills(PipelineRuntime(MODEL, loss_fn("mlp"), SGD, DATA, 4, plan=plan, checkpoint_dir=tmp / mode),
+                        [(kill_step, device)])
     trainer.start()
+
+    def one_step() -> None:  # the runtime's primitives, a checkpoint every ``checkpoint_every`` steps
+        trainer.complete_step(trainer.submit_step())
+        if trainer.step % checkpoint_every == 0:
+            trainer.save_checkpoint()
+
     times: list[float] = []
     snapshot_s: list[float] = []
     snapshot_bytes = 0
@@ -101,7 +108,7 @@ def unnoticed_death(mode: str, kill_step: int, device: int, tmp: Path, checkpoin
     died_at = -1
     while trainer.step < kill_step + after:
         try:
-            trainer.run_step()
+            one_step()
         except PipelineActorError as exc:
             died_at = trainer.step
             if mode == "restart":
@@ -109,7 +116,7 @@ def unnoticed_death(mode: str, kill_step: int, device: int, tmp: Path, checkpoin
             else:
                 trainer.recover_in_place([exc.device], rest)
             lost = died_at - trainer.step
-            trainer.run_step()
+            one_step()
             stall = time.perf_counter() - last
             last = time.perf_counter()
             continue

@@ -43,14 +43,14 @@ def record(iterations: int, bounds: list[int]) -> dict[str, object]:
     from actors.group import WorkerGroup
     from adaptive_live import LIVE_M, _live_data, _live_model, _live_optimizer
     from orchestrator.adapt.live import RayPipeline, measured_profile
-    from orchestrator.train.trainer import PipelineTrainer
+    from orchestrator.train.runtime import PipelineRuntime
 
     if not ray.is_initialized():
         ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     group = WorkerGroup(4, use_gpu=False)
     plan = straight_plan(bounds, LIVE_M)
-    trainer = PipelineTrainer(_live_model, F.mse_loss, _live_optimizer, _live_data, LIVE_M, plan=plan, workers=group, pg_timeout_s=60)
-    profile = measured_profile(PipelineTrainer(_live_model, F.mse_loss, _live_optimizer, _live_data, LIVE_M, plan=plan,
+    trainer = PipelineRuntime(_live_model, F.mse_loss, _live_optimizer, _live_data, LIVE_M, plan=plan, workers=group, pg_timeout_s=60)
+    profile = measured_profile(PipelineRuntime(_live_model, F.mse_loss, _live_optimizer, _live_data, LIVE_M, plan=plan,
                                                workers=group, pg_timeout_s=60))
     pipe = RayPipeline(trainer, flat(4, 10), FaultSchedule(), profile)
     pipe.run_iteration()  # warm-up, not recorded

@@ -40,7 +40,7 @@ def main() -> None:
                         data_fn=partial(example_batch, "tiny_transformer", args.rows, **gpt), num_microbatches=8)
     with ElasticJob(train, *job_configs(args)) as job:
         result = job.fit(args.steps)
-        print(f"{result.steps} steps; {result.moves} live move(s), {result.restarts} restart(s); final loss {result.final_loss:.4f}")
+        print(f"{result.step} steps; {result.moves} live move(s), {result.restarts} restart(s); final loss {result.final_loss:.4f}")
         if args.verify:
             print(f"max_abs_diff={job.max_abs_diff():.3e}")
 

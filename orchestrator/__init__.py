@@ -31,7 +31,7 @@ _API = {
     "profile_blocks": "orchestrator.profiling.profiler", "sequential_blocks": "orchestrator.profiling.modules",
     "split_at": "orchestrator.profiling.modules",
     # training (torch, Ray)
-    "PipelineTrainer": "orchestrator.train.trainer",
+    "PipelineTrainer": "orchestrator.elastic.fixed_plan",
     "ElasticJob": "orchestrator.elastic.job_loop", "JobResult": "orchestrator.elastic.job_loop",
     "TrainConfig": "orchestrator.elastic.job_config", "ScalingConfig": "orchestrator.elastic.job_config",
     "RunConfig": "orchestrator.elastic.job_config", "AdaptConfig": "orchestrator.elastic.job_config",
@@ -68,7 +68,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs only; at run time each name is i
     from orchestrator.planners.options import PlannerOptions
     from orchestrator.profiling.modules import sequential_blocks, split_at
     from orchestrator.profiling.profiler import profile_blocks
-    from orchestrator.train.trainer import PipelineTrainer
+    from orchestrator.elastic.fixed_plan import PipelineTrainer
 
 
 def __getattr__(name: str) -> Any:

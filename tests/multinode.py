@@ -68,13 +68,13 @@ def placement(tmp: Path) -> dict[str, Any]:
 def _placement(cluster: Any, workers: list[Any], tmp: Path) -> dict[str, Any]:
     import ray
 
-    from actors.placement import NodeWatcher
+    from actors.placement import NodeTable
     from actors.reference import ReferenceTrainer, max_difference
     from orchestrator.adapt.controller import Controller, ControllerConfig
     from orchestrator.adapt.live import RayPipeline
     from orchestrator.profiling.models import example_batch, loss_fn, mlp
     from orchestrator.core.plan import straight_plan
-    from orchestrator.train.trainer import PipelineTrainer
+    from orchestrator.train.runtime import PipelineRuntime
 
     out: dict[str, Any] = {"nodes": [n.node_id for n in [cluster.head_node, *workers]]}
     env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -92,16 +92,15 @@ def _placement(cluster: Any, workers: list[Any], tmp: Path) -> dict[str, Any]:
     out["example_actor_nodes"] = {str(pid): node for pid, node in actor_table().items()}
     model, data, sgd = partial(mlp, WIDTHS), partial(example_batch, "mlp", 10, widths=WIDTHS), partial(torch.optim.SGD, lr=0.1)
     plan = straight_plan([0, 2, 4, 5, 6, 8], 5)
-    trainer = PipelineTrainer(model, loss_fn("mlp"), sgd, data, 5, plan=plan, checkpoint_dir=tmp / "ckpt",
-                              checkpoint_every=1, pg_timeout_s=15, progress=False)
-    pipe = RayPipeline(trainer, timeout_s=120)
+    trainer = PipelineRuntime(model, loss_fn("mlp"), sgd, data, 5, plan=plan, checkpoint_dir=tmp / "ckpt", pg_timeout_s=15)
+    pipe = RayPipeline(trainer, timeout_s=120, checkpoint_every=1)
     controller = Controller(pipe, pipe.profile, ControllerConfig(straight=True))
     records = [controller.step() for _ in range(2)]
     out["devices"] = trainer.devices()
     out["state_api"] = {str(pid): node for pid, node in stage_actor_nodes().items()}
     out["worker_pids"] = {str(d): s["pid"] for d, s in zip(plan.devices, trainer.group.identities)}
     out["slot_nodes"] = [slot.node_id for slot in trainer.group.slots]
-    watcher = NodeWatcher("cpu")
+    watcher = NodeTable("cpu")
     doomed = workers[1].node_id
     cluster.remove_node(workers[1])
     for _ in range(4):

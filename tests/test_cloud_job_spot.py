@@ -25,7 +25,7 @@ NOW = datetime(2026, 11, 26, 12, tzinfo=timezone.utc)
 
 @dataclass
 class Job:
-    """The attributes of a JobState these two functions read, and an event log they write."""
+    """The attributes of a JobView these two functions read, and an event log they write."""
 
     spot: SpotConfig
     scaling: ScalingConfig = field(default_factory=lambda: ScalingConfig(devices=2))

@@ -8,7 +8,7 @@ import pytest
 
 from orchestrator.core.cluster import flat
 from orchestrator.adapt import (
-    ArbiterConfig, Controller, ControllerConfig, Stay, FaultSchedule, Join, Kill, PipelineHandle, SimulatedCosts, SimulatedPipeline, Slowdown, State, Switch,
+    ArbiterConfig, Controller, ControllerConfig, Stay, FaultSchedule, Join, Kill, PipelineHandle, SimulatedCosts, SimulatedPipeline, Slowdown, ControllerState, Switch,
     full_replan, scenario,
 )
 from orchestrator.core.plan import Plan, Stage, straight_plan
@@ -45,8 +45,8 @@ def test_noise_alone_causes_no_switch() -> None:
     pipe, ctl = make(FaultSchedule())
     records = ctl.run(60)
     assert [r.action for r in records if r.action] == []
-    assert ctl.state is State.STEADY
-    assert [(t.before, t.after) for t in ctl.transitions] == [(State.WARMUP, State.ADAPTING), (State.ADAPTING, State.STEADY)]
+    assert ctl.state is ControllerState.STEADY
+    assert [(t.before, t.after) for t in ctl.transitions] == [(ControllerState.WARMUP, ControllerState.ADAPTING), (ControllerState.ADAPTING, ControllerState.STEADY)]
     assert pipe.current_plan() == BALANCED
 
 
@@ -54,12 +54,12 @@ def test_slowdown_is_detected_and_fixed_by_moves() -> None:
     faults = scenario([Slowdown(1, 2.0, 10)])
     pipe, ctl = make(faults)
     records = ctl.run(30)
-    assert all(r.state in (State.WARMUP, State.STEADY, State.ADAPTING) for r in records)
+    assert all(r.state in (ControllerState.WARMUP, ControllerState.STEADY, ControllerState.ADAPTING) for r in records)
     change = next(t for t in ctl.transitions if t.step >= 10)
-    assert change.before is State.STEADY and change.after is State.ADAPTING and change.step <= 12 and "[1]" in change.reason
+    assert change.before is ControllerState.STEADY and change.after is ControllerState.ADAPTING and change.step <= 12 and "[1]" in change.reason
     moves = [r for r in records if r.action in ("move", "path-move")]
     assert moves and all(r.step >= 10 for r in moves)
-    assert ctl.state is State.STEADY
+    assert ctl.state is ControllerState.STEADY
     for r in records:
         if isinstance(r.decision, Switch) or r.decision is not None:
             assert r.decision_s == pytest.approx(1e-3)  # the injected clock, read twice per decision
@@ -92,10 +92,10 @@ def test_loss_of_a_stage_restarts_on_live_devices_from_checkpoint() -> None:
     pipe, ctl = make(scenario([Kill(2, 6)]))
     records = ctl.run(12)
     failed = records[6]
-    assert not failed.completed and failed.state is State.RECOVERING and failed.action == "restart"
+    assert not failed.completed and failed.state is ControllerState.RECOVERING and failed.action == "restart"
     assert 2 not in pipe.current_plan().devices and set(pipe.current_plan().devices) <= {0, 1, 3}
-    assert records[7].state in (State.ADAPTING, State.STEADY)
-    assert (State.RECOVERING, State.ADAPTING) in [(t.before, t.after) for t in ctl.transitions]
+    assert records[7].state in (ControllerState.ADAPTING, ControllerState.STEADY)
+    assert (ControllerState.RECOVERING, ControllerState.ADAPTING) in [(t.before, t.after) for t in ctl.transitions]
     assert records[7].iteration == 4  # iterations 4 and 5 are redone from the checkpoint at 4
 
 

@@ -168,9 +168,9 @@ def test_common_mode_is_no_device_change() -> None:
 def test_relearn_takes_a_new_baseline_silently() -> None:
     """After a move a device's observed speed is a new baseline, learnt without reporting; a
     fall after that is reported as usual."""
-    from orchestrator.adapt.monitor import MonitorState, relearn
+    from orchestrator.adapt.monitor import Beliefs, relearn
 
-    state = relearn(MonitorState({0: LEARNED}), [0])
+    state = relearn(Beliefs({0: LEARNED}), [0])
     track = state.speeds[0]
     hits = []
     for i, v in enumerate([1.4] * 6 + [0.7] * 4):
@@ -184,9 +184,9 @@ def test_relearn_includes_the_links() -> None:
     """A link's observed time depends on when its receiver gets to the data, which a move changes
     for the whole pipeline: after a move every link's level is learnt again silently, and none is a
     settled link (whose change counts as the world's) meanwhile; no move, nothing re-learnt."""
-    from orchestrator.adapt.monitor import MonitorState, relearn, settled_links
+    from orchestrator.adapt.monitor import Beliefs, relearn, settled_links
 
-    before = MonitorState({0: LEARNED, 1: LEARNED, 2: LEARNED}, {(0, 1): LEARNED, (1, 2): LEARNED})
+    before = Beliefs({0: LEARNED, 1: LEARNED, 2: LEARNED}, {(0, 1): LEARNED, (1, 2): LEARNED})
     assert relearn(before, []) == before and settled_links(before) == {(0, 1), (1, 2)}
     state = relearn(before, [0])
     assert state.links[(0, 1)].silent and state.links[(1, 2)].silent and not state.speeds[1].silent

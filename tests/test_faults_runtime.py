@@ -18,11 +18,11 @@ import torch
 
 from actors.reference import ReferenceTrainer, allclose, max_difference
 from orchestrator.core.cluster import flat
-from orchestrator.adapt import Controller, ControllerConfig, FaultSchedule, Kill, Slowdown, State, Throttle
+from orchestrator.adapt import Controller, ControllerConfig, FaultSchedule, Kill, Slowdown, ControllerState, Throttle
 from orchestrator.adapt.live import RayPipeline, run_adaptive
 from orchestrator.profiling.models import example_batch, loss_fn, mlp
 from orchestrator.core.plan import Plan, ScheduleKind, Stage, straight_plan
-from orchestrator.train.trainer import PipelineTrainer
+from orchestrator.train.runtime import PipelineRuntime
 
 WIDTHS = (8, 16, 16, 16, 16, 16, 16, 16, 4)
 MLP = partial(mlp, WIDTHS)
@@ -33,9 +33,9 @@ STILL = ControllerConfig(use_moves=False)  # failure handling only: no speculati
 
 
 def make(group: Any, plan: Plan, faults: FaultSchedule, tmp: Path | None = None, **kw: Any) -> RayPipeline:
-    trainer = PipelineTrainer(MLP, loss_fn("mlp"), ADAM, DATA, M, plan=plan, workers=group, pg_timeout_s=6,
-                              checkpoint_dir=tmp, checkpoint_every=2 if tmp else 0, **kw)
-    return RayPipeline(trainer, flat(4, 10), faults)
+    trainer = PipelineRuntime(MLP, loss_fn("mlp"), ADAM, DATA, M, plan=plan, workers=group, pg_timeout_s=6,
+                              checkpoint_dir=tmp, **kw)
+    return RayPipeline(trainer, flat(4, 10), faults, checkpoint_every=2 if tmp else 0)
 
 
 def reference_after(plan: Plan, steps: int) -> ReferenceTrainer:
@@ -85,7 +85,7 @@ def test_kill_of_a_replica_drops_it_and_continues_live(pool: Any) -> None:
     ctl = Controller(pipe, pipe.profile, STILL)
     records = ctl.run(4)
     failed = records[2]
-    assert not failed.completed and failed.state is State.RECOVERING and failed.action == "drop-replicas"
+    assert not failed.completed and failed.state is ControllerState.RECOVERING and failed.action == "drop-replicas"
     assert pipe.current_plan().devices == (0, 2) and pipe.alive_devices() == (0, 2, 3)
     assert records[3].completed and records[3].iteration == 2  # only the failed iteration is redone
     assert {s["device"]: s["pid"] for s in pool.call("status", devices=[0, 2])} == survivors  # kept their processes
@@ -101,7 +101,7 @@ def test_kill_of_the_only_holder_restarts_from_checkpoint(pool: Any, tmp_path: P
     ctl = Controller(pipe, pipe.profile, STILL)
     records = ctl.run(6)
     failed = records[3]
-    assert not failed.completed and failed.action == "restart" and failed.state is State.RECOVERING
+    assert not failed.completed and failed.action == "restart" and failed.state is ControllerState.RECOVERING
     assert 1 not in pipe.current_plan().devices and set(pipe.current_plan().devices) <= {0, 2, 3}
     assert records[4].iteration == 2  # the checkpoint holds steps 0-1, so iteration 2 is redone
     assert pipe.iteration == 4
@@ -113,7 +113,7 @@ def test_kill_of_the_only_holder_restarts_from_checkpoint(pool: Any, tmp_path: P
 def test_run_adaptive_reports_events(pool: Any) -> None:
     """The demo's entry point: per-step throughput and the injected fault as an event."""
     plan = straight_plan([0, 4, 8], M)
-    trainer = PipelineTrainer(MLP, loss_fn("mlp"), ADAM, DATA, M, plan=plan, workers=pool, pg_timeout_s=6)
+    trainer = PipelineRuntime(MLP, loss_fn("mlp"), ADAM, DATA, M, plan=plan, workers=pool, pg_timeout_s=6)
     run = run_adaptive(trainer, ControllerConfig(straight=True, warmup_iterations=2), 4, [Slowdown(1, 2.0, 2)], cluster=flat(4, 10))
     assert len(run.samples_per_s) == 4 and all(t > 0 for t in run.samples_per_s)
     assert [e.kind for e in run.events if e.kind == "slowdown"] == ["slowdown"]

@@ -24,7 +24,7 @@ from orchestrator.adapt.live import RayPipeline
 from orchestrator.profiling.models import example_batch, loss_fn, mlp
 from orchestrator.core.plan import Plan, Stage, straight_plan
 from orchestrator.core.profile import Block, Profile
-from orchestrator.train.trainer import PipelineTrainer
+from orchestrator.train.runtime import PipelineRuntime
 
 WIDTHS = (8, 16, 16, 16, 16, 16, 16, 16, 4)  # 8 blocks
 MLP = partial(mlp, WIDTHS)
@@ -41,7 +41,7 @@ def param_profile() -> Profile:
 
 
 def handle(group: Any, plan: Plan, cluster_size: int = 4, faults: FaultSchedule = FaultSchedule()) -> RayPipeline:
-    trainer = PipelineTrainer(MLP, loss_fn("mlp"), ADAM, DATA, M, plan=plan, workers=group, pg_timeout_s=20)
+    trainer = PipelineRuntime(MLP, loss_fn("mlp"), ADAM, DATA, M, plan=plan, workers=group, pg_timeout_s=20)
     return RayPipeline(trainer, flat(cluster_size, 10), faults, param_profile())
 
 

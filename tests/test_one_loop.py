@@ -1,4 +1,4 @@
-"""One loop: the job's layers call downwards only.
+"""One loop: the job's layers call downwards only, and only the loop dispatches iterations.
 
 The elastic job's loop (``orchestrator/elastic``) drives the runtime (``actors``,
 ``orchestrator/train``) and asks the policies (``orchestrator/adapt``); none of those may call back
@@ -86,3 +86,25 @@ def test_no_lower_layer_calls_into_the_job_loop(worker_group: Any, tmp_path: Pat
     assert job.trainer.step == 6
     assert not tracer.found, "\n".join(tracer.found[:10])
     assert job.controller is not None and len(job.controller.history) >= 4, decided
+
+
+DISPATCH = ("submit_step", "complete_step", "complete_run")
+# the controller's real-runtime handle (orchestrator/adapt/live.py) still runs one step per call of its own
+# for run_adaptive's benchmarks and the live-move tests; nothing else may
+HARNESS = {"orchestrator/adapt/live.py"}
+
+
+def test_only_the_loop_dispatches_iterations() -> None:
+    """Every call of the runtime's dispatch primitives in the packages is in the one loop (or the runtime itself)."""
+    import ast
+
+    callers: dict[str, list[str]] = {}
+    for top in ("orchestrator", "actors", "cloud"):
+        for path in (ROOT / top).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in DISPATCH:
+                    callers.setdefault(str(path.relative_to(ROOT)), []).append(f"{node.func.attr}:{node.lineno}")
+    assert "orchestrator/elastic/loop.py" in callers  # the check sees the loop's own calls
+    strays = {f: calls for f, calls in callers.items()
+              if f not in {"orchestrator/elastic/loop.py", "orchestrator/train/runtime.py"} | HARNESS}
+    assert not strays, strays

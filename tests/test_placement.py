@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from actors.placement import NodeWatcher, Slot, check_identity, discover, node_accelerator, probe_pairs
+from actors.placement import NodeTable, Slot, check_identity, discover, node_accelerator, probe_pairs
 from actors.probe import prior_speed
 from orchestrator.core.cluster import GBPS
 from orchestrator.train.discovery import link_matrix
@@ -76,12 +76,12 @@ def test_identity_must_match_the_slot() -> None:
         check_identity(0, slot, {"node_id": "node-a", "accelerator": "A100", "gpu_ids": []})
 
 
-def test_node_watcher_reports_lost_and_gained_slots_per_node(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_node_table_reports_lost_and_gained_slots_per_node(monkeypatch: pytest.MonkeyPatch) -> None:
     import ray
 
     table = [node("h", 1, head=True), node("w1", 2), node("w2", 2)]
     monkeypatch.setattr(ray, "nodes", lambda: table)
-    watcher = NodeWatcher("cpu")
+    watcher = NodeTable("cpu")
     assert watcher.poll(table) == ([], [])
     after = [table[0], table[1], node("w3", 4)]
     lost, gained = watcher.poll(after)

@@ -21,7 +21,7 @@ from actors.reference import ReferenceTrainer, allclose, max_difference
 from orchestrator.core.plan import Plan, straight_plan
 from orchestrator.profiling.models import example_batch, loss_fn, mlp
 from orchestrator.train.recovery import InPlaceImpossible, InPlaceRecovery
-from orchestrator.train.trainer import PipelineTrainer
+from orchestrator.train.runtime import PipelineRuntime
 
 WIDTHS = (8, 16, 16, 16, 16, 16, 16, 16, 4)
 MLP = partial(mlp, WIDTHS)
@@ -40,17 +40,24 @@ def pool(worker_group: Any) -> Iterator[Any]:
     worker_group.broken = False
 
 
-def trainer_on(pool: Any, tmp: Path | None = None, every: int = 0) -> PipelineTrainer:
-    return PipelineTrainer(MLP, loss_fn("mlp"), ADAM, DATA, M, plan=PLAN, workers=pool, pg_timeout_s=60,
-                           checkpoint_dir=tmp, checkpoint_every=every)
+def trainer_on(pool: Any, tmp: Path | None = None) -> PipelineRuntime:
+    """The runtime alone: its recovery primitives are under test."""
+    return PipelineRuntime(MLP, loss_fn("mlp"), ADAM, DATA, M, plan=PLAN, workers=pool, pg_timeout_s=60, checkpoint_dir=tmp)
 
 
-def train_through_a_death(trainer: PipelineTrainer, steps: int, snapshots: bool = False) -> list[InPlaceRecovery]:
-    """``steps`` steps with ``run_step``; each death is recovered in place onto SURVIVORS."""
+def one_step(runtime: PipelineRuntime, every: int = 0) -> None:
+    """One step through the runtime's primitives, then a checkpoint if one is due every ``every`` steps."""
+    runtime.complete_step(runtime.submit_step())
+    if every and runtime.step % every == 0:
+        runtime.save_checkpoint()
+
+
+def train_through_a_death(trainer: PipelineRuntime, steps: int, snapshots: bool = False, every: int = 0) -> list[InPlaceRecovery]:
+    """``steps`` steps with ``one_step``; each death is recovered in place onto SURVIVORS."""
     done: list[InPlaceRecovery] = []
     while trainer.step < steps:
         try:
-            trainer.run_step()
+            one_step(trainer, every)
         except PipelineActorError as exc:
             assert exc.died, exc
             done.append(trainer.recover_in_place([exc.device], SURVIVORS))
@@ -60,7 +67,7 @@ def train_through_a_death(trainer: PipelineTrainer, steps: int, snapshots: bool 
     return done
 
 
-def check_exact(trainer: PipelineTrainer, steps: int) -> None:
+def check_exact(trainer: PipelineRuntime, steps: int) -> None:
     ref = ReferenceTrainer.for_plan(PLAN, MLP, loss_fn("mlp"), ADAM, DATA)
     ref.train(steps)
     got, want = trainer.state_dicts(), ref.state_dicts()
@@ -85,8 +92,8 @@ def test_a_death_with_snapshots_every_step_loses_no_step_and_keeps_the_survivors
 
 @pytest.mark.ray
 def test_a_death_without_snapshots_rolls_back_to_the_checkpoint_from_host_copies_and_storage(pool: Any, tmp_path: Path) -> None:
-    trainer = arm_kills(trainer_on(pool, tmp_path, every=2), [(3, 1)])
-    [rec] = train_through_a_death(trainer, 6)
+    trainer = arm_kills(trainer_on(pool, tmp_path), [(3, 1)])
+    [rec] = train_through_a_death(trainer, 6, every=2)
     assert rec.resumed_step == 2 and rec.source == "storage"
     # the survivors' own blocks from the host copy their checkpoint was written from; device 1's from storage
     assert rec.blocks_from["own"] >= 4 and rec.blocks_from["storage"] >= 1, rec.blocks_from
@@ -105,21 +112,21 @@ def test_a_death_with_nothing_kept_resumes_from_the_seed_in_place(pool: Any) -> 
 def test_two_deaths_at_once_lose_their_copies_together_and_roll_back_to_the_checkpoint_in_place(pool: Any, tmp_path: Path) -> None:
     """Devices 1 and 2 die together (as a node's would): device 1's snapshot copy was on device 2, so its blocks
     come from the committed checkpoint, and the two survivors continue in their own processes, exactly."""
-    trainer = trainer_on(pool, tmp_path, every=2)
+    trainer = trainer_on(pool, tmp_path)
     trainer.start()
     pids = {d["device"]: d["pid"] for d in trainer.devices()}
     for _ in range(5):
-        trainer.run_step()
+        one_step(trainer, every=2)
         trainer.snapshot_in_memory()
     pool.kill_worker(1)
     pool.kill_worker(2)
     with pytest.raises(PipelineActorError):
-        trainer.run_step()
+        one_step(trainer, every=2)
     rec = trainer.recover_in_place([1], straight_plan([0, 4, 8], M, devices=[[0], [3]]))
     assert rec.resumed_step == 4 and rec.source == "storage", rec
     assert {d["device"]: d["pid"] for d in rec.devices} == {0: pids[0], 3: pids[3]}
     while trainer.step < 7:
-        trainer.run_step()
+        one_step(trainer, every=2)
     check_exact(trainer, 7)
 
 
@@ -127,10 +134,10 @@ def test_two_deaths_at_once_lose_their_copies_together_and_roll_back_to_the_chec
 def test_a_plan_over_a_dead_device_is_refused_with_a_reason(pool: Any) -> None:
     trainer = trainer_on(pool)
     trainer.start()
-    trainer.run_step()
+    one_step(trainer)
     pool.kill_worker(1)
     with pytest.raises(PipelineActorError):
-        trainer.run_step()
+        one_step(trainer)
     with pytest.raises(InPlaceImpossible) as err:
         trainer.recover_in_place([1], PLAN)
     assert "no live worker" in err.value.reason and "[1]" in err.value.reason

@@ -71,7 +71,7 @@ def test_a_second_job_resumes_the_run_on_another_plan_and_ends_on_a_committed_ch
         assert resumed["resumed_from"] == 5 and resumed["step"] == 5 and resumed["run_id"] == started(result.events)[0]["run_id"]
         assert sorted(result.losses) == [5, 6, 7, 8] and second.trainer.step == 9
         assert second.max_abs_diff() <= 1e-5  # against 9 uninterrupted steps
-        assert second.fit(9).steps == 9 and second.fit(4).steps == 9  # at or past the target: at once
+        assert second.fit(9).step == 9 and second.fit(4).step == 9  # at or past the target: at once
     finally:
         second.close()
     assert ckpt.latest(tmp_path / "ckpt").name == "step_00000009"  # type: ignore[union-attr]

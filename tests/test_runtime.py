@@ -25,7 +25,7 @@ from actors.transport import intersect, replica_range, split_range, unit_range
 from orchestrator.profiling.models import example_batch, loss_fn, mlp, tiny_transformer
 from orchestrator.core.plan import Plan, ScheduleKind, interleave, straight_plan
 from orchestrator.schedule.lowering import peers
-from orchestrator.train.trainer import PipelineTrainer
+from orchestrator.elastic.fixed_plan import PipelineTrainer
 
 WIDTHS = (8, 16, 16, 16, 16, 16, 16, 16, 4)  # 8 blocks
 MLP = partial(mlp, WIDTHS)
@@ -160,6 +160,24 @@ def test_restarts_from_last_checkpoint_after_death(worker_group: Any, tmp_path: 
     ref_losses = reference.train(5)
     assert allclose(trainer.state_dicts(), reference.state_dicts())
     assert result.losses == pytest.approx(ref_losses, rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.ray
+def test_a_fixed_plan_counts_each_death_once_and_the_budget_spans_fits(worker_group: Any, tmp_path: Path) -> None:
+    """``max_failures=1``: the first death (fit 1) is survived by a restart, the second (fit 2) ends training: each
+    death is counted once, by the loop, and the budget is the trainer's, not one fit's."""
+    plan = straight_plan([0, 3, 6, 8], 3)
+    trainer = arm_kills(PipelineTrainer(MLP, loss_fn("mlp"), SGD, MLP_DATA, 3, plan=plan, workers=worker_group,
+                                        checkpoint_dir=tmp_path, checkpoint_every=1, max_failures=1, pg_timeout_s=20),
+                        {(1, 1), (3, 2)})
+    try:
+        assert trainer.fit(2).restarts == 1 and trainer.failures == 1
+        with pytest.raises(PipelineActorError, match="died during step 3"):
+            trainer.fit(5)
+        assert trainer.failures == 2 and trainer.step == 3
+    finally:
+        worker_group.respawn(sorted(worker_group.dead))
+        worker_group.broken = False
 
 
 # ----- row arithmetic (no Ray) -----

@@ -6,11 +6,11 @@ move through the :class:`PipelineHandle` the runtime implements. See ``controlle
 state machine and ``handle.py`` for the runtime contract.
 """
 
-from orchestrator.adapt.controller import Controller, ControllerConfig, State, StepRecord, Transition
+from orchestrator.adapt.controller import Controller, ControllerConfig, ControllerState, StepRecord, Transition
 from orchestrator.adapt.estimate import CostModel, Layout
 from orchestrator.adapt.faults import FaultSchedule, Join, Kill, Slowdown, Throttle, scenario, set_inter_node_bandwidth
 from orchestrator.adapt.handle import IterationMetrics, MoveReport, PipelineHandle, RestartReport, move_transfers, handover_time
-from orchestrator.adapt.monitor import MonitorConfig, MonitorState, Track, model_cluster, observe, update_track
+from orchestrator.adapt.monitor import MonitorConfig, Beliefs, Track, model_cluster, observe, update_track
 from orchestrator.adapt.moves import Move, MoveKind, path_to, walk, workers_touched
 from orchestrator.adapt.policies import (
     ArbiterConfig, Continue, DropReplicas, ExplicitArbiter, Option, Restart, Stay, Switch, full_replan, on_device_loss, should_switch,
@@ -19,8 +19,8 @@ from orchestrator.adapt.simulated import NoiseTrace, SimulatedCosts, SimulatedPi
 
 __all__ = [
     "ArbiterConfig", "Continue", "Controller", "ControllerConfig", "CostModel", "DropReplicas", "ExplicitArbiter", "FaultSchedule",
-    "IterationMetrics", "Join", "Kill", "Layout", "MonitorConfig", "MonitorState", "Move", "MoveKind", "MoveReport", "NoiseTrace", "Option",
-    "PipelineHandle", "Restart", "RestartReport", "SimulatedCosts", "SimulatedPipeline", "Slowdown", "State", "Stay", "StepRecord",
+    "IterationMetrics", "Join", "Kill", "Layout", "MonitorConfig", "Beliefs", "Move", "MoveKind", "MoveReport", "NoiseTrace", "Option",
+    "PipelineHandle", "Restart", "RestartReport", "SimulatedCosts", "SimulatedPipeline", "Slowdown", "ControllerState", "Stay", "StepRecord",
     "Switch", "Throttle", "Track", "Transition", "full_replan", "model_cluster", "move_transfers", "observe",
     "on_device_loss", "path_to", "scenario", "set_inter_node_bandwidth", "should_switch", "handover_time", "update_track", "walk",
     "workers_touched",

@@ -67,7 +67,7 @@ from orchestrator.adapt.policies import (
 from orchestrator.adapt.calibration import Calibration
 from orchestrator.adapt.replan import Replanner
 from orchestrator.adapt.tried import Check, Tried
-from orchestrator.adapt.states import ControllerConfig, State, StepRecord, Transition  # re-exported
+from orchestrator.adapt.states import ControllerConfig, ControllerState, StepRecord, Transition  # re-exported
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ class Controller:
     config: ControllerConfig = ControllerConfig()
     clock: Callable[[], float] = time.perf_counter
     arbiter: Arbiter | None = None
-    state: State = field(default=State.WARMUP, init=False)
+    state: ControllerState = field(default=ControllerState.WARMUP, init=False)
     transitions: list[Transition] = field(default_factory=list, init=False)
     history: list[StepRecord] = field(default_factory=list, init=False)
 
@@ -234,17 +234,17 @@ class Controller:
             self._check_move()
         if not metrics.completed or gone:
             return self._recover(step, metrics, tuple(sorted(gone)), alive)
-        if self.state is State.WARMUP:
+        if self.state is ControllerState.WARMUP:
             self._warm += 1
             if self._warm < self.config.warmup_iterations:
                 return self._record(step, metrics)
-            self._to(step, State.ADAPTING, "warm-up done")
-        elif self.state is State.RECOVERING:
-            self._to(step, State.ADAPTING, "recovered")
-        elif self.state is State.STEADY:
+            self._to(step, ControllerState.ADAPTING, "warm-up done")
+        elif self.state is ControllerState.RECOVERING:
+            self._to(step, ControllerState.ADAPTING, "recovered")
+        elif self.state is ControllerState.STEADY:
             if not (obs.model_changed or obs.appeared):
                 return self._record(step, metrics)
-            self._to(step, State.ADAPTING, _why(obs))
+            self._to(step, ControllerState.ADAPTING, _why(obs))
         return self._adapt(step, metrics, obs, alive, confirmed)
 
     # ----- states -----
@@ -264,7 +264,7 @@ class Controller:
         decision = self._decide(alive, metrics, changed, obs.speed_changes)
         elapsed = self.clock() - t0
         if isinstance(decision, Stay):
-            self._to(step, State.STEADY, decision.reason)
+            self._to(step, ControllerState.STEADY, decision.reason)
             return self._record(step, metrics, decision, elapsed)
         option = decision.option
         if option.kind == "restart":
@@ -282,7 +282,7 @@ class Controller:
 
     def _recover(self, step: int, metrics: IterationMetrics, gone: tuple[int, ...], alive: tuple[int, ...]) -> Observed:
         self._path = ()
-        self._to(step, State.RECOVERING, f"lost device(s) {list(gone) or list(metrics.lost_devices)}")
+        self._to(step, ControllerState.RECOVERING, f"lost device(s) {list(gone) or list(metrics.lost_devices)}")
         plan = self._plan
         lost = gone or tuple(metrics.lost_devices)
         model = self.model()
@@ -402,7 +402,7 @@ class Controller:
             if error is not None:
                 self._model_error = error
 
-    def _to(self, step: int, state: State, reason: str) -> None:
+    def _to(self, step: int, state: ControllerState, reason: str) -> None:
         if state is not self.state:
             self.transitions.append(Transition(step, self.state, state, reason))
             self.state = state

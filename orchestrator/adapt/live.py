@@ -1,5 +1,5 @@
 """The adaptive controller over the real Ray runtime: :class:`RayPipeline` implements
-:class:`~orchestrator.adapt.handle.PipelineHandle` on a :class:`PipelineTrainer`.
+:class:`~orchestrator.adapt.handle.PipelineHandle` on a :class:`PipelineRuntime`.
 
 Why a separate handle and not methods on the trainer: the trainer is the user-facing ``fit``
 loop (retries, progress bar, checkpoints); the controller needs one iteration at a time, the
@@ -51,10 +51,10 @@ from orchestrator.core.errors import UserError
 from orchestrator.core.plan import Plan
 from orchestrator.core.profile import Profile
 from orchestrator.schedule.ir import COMPUTE_KINDS
-from orchestrator.train.trainer import PipelineTrainer
+from orchestrator.train.runtime import PipelineRuntime
 
 
-def measured_profile(trainer: PipelineTrainer, warmup: int = 2, repeats: int = 5) -> Profile:
+def measured_profile(trainer: PipelineRuntime, warmup: int = 2, repeats: int = 5) -> Profile:
     """Profile the trainer's model on one micro-batch here (what the controller's cost model
     rescales by each device's observed speed), with as many torch threads as one of its CPU
     workers computes with. Why: the monitor reads a device's speed as profiled seconds over
@@ -118,7 +118,7 @@ def to_controller_metrics(m: MeasuredIteration, iteration: int, plan: Plan, lost
 
 
 class RayPipeline:
-    """:class:`PipelineHandle` over a :class:`PipelineTrainer` (see the module docstring).
+    """:class:`PipelineHandle` over a :class:`PipelineRuntime` (see the module docstring).
 
     ``cluster``: the nominal cluster (device ``d`` = worker slot ``d``; default: ``flat`` over
     the plan's devices at 10 Gb/s — the monitor adopts measured links on first sight anyway).
@@ -126,13 +126,16 @@ class RayPipeline:
     by calls to :meth:`run_iteration` like the simulated pipeline's.
     """
 
-    def __init__(self, trainer: PipelineTrainer, cluster: Cluster | None = None, faults: FaultSchedule = FaultSchedule(),
-                 profile: Profile | None = None, timeout_s: float = 300.0) -> None:
+    def __init__(self, trainer: PipelineRuntime, cluster: Cluster | None = None, faults: FaultSchedule = FaultSchedule(),
+                 profile: Profile | None = None, timeout_s: float = 300.0, checkpoint_every: int = 0) -> None:
         plan = trainer.plan
         self.cluster = cluster if cluster is not None else flat(max(plan.devices) + 1, 10.0)
         plan.check_against(plan.num_blocks, self.cluster.size)
         faults.validate(self.cluster)
         self.trainer, self.faults, self.timeout_s = trainer, faults, timeout_s
+        if checkpoint_every and trainer.checkpoint_dir is None:
+            raise UserError("checkpoint_every needs the trainer's checkpoint_dir")
+        self.checkpoint_every = checkpoint_every  # what a restart "from checkpoint" goes back to
         self.profile = profile if profile is not None else measured_profile(trainer)
         if self.profile.num_blocks != plan.num_blocks:
             raise UserError(f"the profile has {self.profile.num_blocks} blocks but the plan covers {plan.num_blocks}")
@@ -187,7 +190,7 @@ class RayPipeline:
         self._reported_alive = set(alive)
         t0 = time.perf_counter()
         try:
-            m = self.trainer.run_step()
+            m = self.trainer.complete_step(self.trainer.submit_step())
         except PipelineActorError as exc:
             if not (exc.died or killed & set(plan.devices)):
                 raise
@@ -206,6 +209,8 @@ class RayPipeline:
             self.log.append(("failed", k, spent))
             return IterationMetrics(self.trainer.step, spent, plan, completed=False, lost_devices=lost, new_devices=new)
         self.last_measured = m
+        if self.checkpoint_every and self.trainer.step % self.checkpoint_every == 0:
+            self.trainer.save_checkpoint()
         self.log.append(("iteration", k, m.iteration_s))
         return to_controller_metrics(m, self.trainer.step - 1, plan, lost, new)
 
@@ -321,7 +326,7 @@ def _fault_events(faults: FaultSchedule, steps: int) -> list[AdaptiveEvent]:
     return out
 
 
-def run_adaptive(trainer_or_handle: Union[PipelineTrainer, RayPipeline], controller_config: ControllerConfig,
+def run_adaptive(trainer_or_handle: Union[PipelineRuntime, RayPipeline], controller_config: ControllerConfig,
                  iterations: int, faults: FaultSchedule | Sequence[Any] = FaultSchedule(), *,
                  profile: Profile | None = None, cluster: Cluster | None = None) -> AdaptiveRun:
     """Drive ``iterations`` controller steps over the real runtime with ``faults`` injected.

@@ -198,7 +198,7 @@ def update_log(track: Track, lv: float, cfg: MonitorConfig) -> tuple[Track, bool
 
 
 @dataclass(frozen=True)
-class MonitorState:
+class Beliefs:
     """Beliefs after some iterations. Mappings are never mutated; updates build new ones."""
 
     speeds: Mapping[int, Track] = field(default_factory=dict)
@@ -215,7 +215,7 @@ class MonitorState:
 
 @dataclass(frozen=True)
 class Observation:
-    state: MonitorState
+    state: Beliefs
     speed_changes: tuple[int, ...] = ()
     link_changes: tuple[Link, ...] = ()
     appeared: tuple[int, ...] = ()
@@ -233,10 +233,10 @@ class Observation:
         return bool(self.appeared or self.disappeared)
 
 
-def initial_state(nominal: Cluster, alive: tuple[int, ...]) -> MonitorState:
+def initial_state(nominal: Cluster, alive: tuple[int, ...]) -> Beliefs:
     """Prior beliefs: the nominal speeds, no observed links."""
     speeds = {d: Track(math.log(nominal.devices[d].speed), math.log(nominal.devices[d].speed)) for d in range(nominal.size)}
-    return MonitorState(speeds, {}, frozenset(alive))
+    return Beliefs(speeds, {}, frozenset(alive))
 
 
 def expected_compute(plan: Plan, profile: Profile) -> dict[int, float]:
@@ -250,7 +250,7 @@ def expected_compute(plan: Plan, profile: Profile) -> dict[int, float]:
     return out
 
 
-def observe(state: MonitorState, metrics: IterationMetrics, profile: Profile, alive: tuple[int, ...],
+def observe(state: Beliefs, metrics: IterationMetrics, profile: Profile, alive: tuple[int, ...],
             cfg: MonitorConfig) -> Observation:
     """Fold one iteration's metrics and the current membership into the beliefs."""
     now = frozenset(alive)
@@ -293,12 +293,12 @@ def observe(state: MonitorState, metrics: IterationMetrics, profile: Profile, al
         links[link], changed = update_track(seen_track, bw, cfg)
         if changed:
             link_changes.append(link)
-    new_state = MonitorState(speeds, links, now, level)
+    new_state = Beliefs(speeds, links, now, level)
     common_log = state.level.ref + common if logs and cfg.common_mode else 0.0
     return Observation(new_state, tuple(speed_changes), tuple(link_changes), appeared, disappeared, common_log)
 
 
-def relearn(state: MonitorState, devices: Sequence[int]) -> MonitorState:
+def relearn(state: Beliefs, devices: Sequence[int]) -> Beliefs:
     """The devices whose work a move changed learn their speed again, silently: what a device
     is observed to do depends a little on *which* blocks it runs (a block the profile times
     apart from how the runtime runs it — the model's first block computes no input gradient —
@@ -320,20 +320,20 @@ def relearn(state: MonitorState, devices: Sequence[int]) -> MonitorState:
     return replace(state, speeds=speeds, links=links)
 
 
-def settled_links(state: MonitorState) -> frozenset[Link]:
+def settled_links(state: Beliefs) -> frozenset[Link]:
     """Links whose level is learned (past ``LEARNING`` samples, not re-learning): a change of one
     of these is a change of the world; a link's first samples only teach its level."""
     return frozenset(k for k, t in state.links.items() if len(t.recent) >= LEARNING and not t.silent)
 
 
-def relearning(state: MonitorState, devices: Sequence[int]) -> tuple[int, ...]:
+def relearning(state: Beliefs, devices: Sequence[int]) -> tuple[int, ...]:
     """Those of ``devices`` still learning their speed on new work after a move (fewer than
     ``LEARNING`` samples since :func:`relearn`): their belief rests on one or two samples of
     blocks whose profile error it has not yet absorbed, so a decision on it would chase the move."""
     return tuple(d for d in devices if d in state.speeds and state.speeds[d].silent and len(state.speeds[d].recent) < LEARNING)
 
 
-def speed_error(state: MonitorState, devices: Sequence[int]) -> float:
+def speed_error(state: Beliefs, devices: Sequence[int]) -> float:
     """The largest standard error (log) of the believed relative speeds of ``devices``: a track's
     noise over the square root of the samples its level rests on. A level just learned or just
     confirmed from a few noisy samples is uncertain by about that much, so a plan's predicted
@@ -346,7 +346,7 @@ def speed_error(state: MonitorState, devices: Sequence[int]) -> float:
     return out
 
 
-def model_cluster(state: MonitorState, nominal: Cluster) -> Cluster:
+def model_cluster(state: Beliefs, nominal: Cluster) -> Cluster:
     """The cluster the controller plans on: believed speeds and bandwidths, nominal ids.
 
     A device never timed (idle since it joined; one re-learning after a move keeps its belief) is believed as fast, relative to its nominal

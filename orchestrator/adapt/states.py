@@ -14,7 +14,7 @@ from orchestrator.adapt.monitor import MonitorConfig
 from orchestrator.adapt.policies import ArbiterConfig, Decision, FailureDecision
 
 
-class State(str, Enum):
+class ControllerState(str, Enum):
     WARMUP = "warmup"
     STEADY = "steady"
     ADAPTING = "adapting"
@@ -74,8 +74,8 @@ class ControllerConfig:
 @dataclass(frozen=True)
 class Transition:
     step: int
-    before: State
-    after: State
+    before: ControllerState
+    after: ControllerState
     reason: str
 
 
@@ -83,7 +83,7 @@ class Transition:
 class StepRecord:
     step: int
     iteration: int
-    state: State  # after the step
+    state: ControllerState  # after the step
     iteration_s: float
     completed: bool
     decision: Union[Decision, FailureDecision, None] = None

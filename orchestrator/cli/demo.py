@@ -142,7 +142,7 @@ def chapter_job(out: Path, steps: int = 26) -> float:
         diff = job.max_abs_diff()
     handled = [e for e in result.events if e["event"] == "preemption_handled"]
     summary = ", ".join(f"{e['mode']} (lost {e['lost_steps']}, stall {e['stall_s']:.2f} s)" for e in handled)
-    print(f"steps {result.steps}; live moves {result.moves}; restarts {result.restarts}; preemptions: {summary}")
+    print(f"steps {result.step}; live moves {result.moves}; restarts {result.restarts}; preemptions: {summary}")
     print(f"final weights vs uninterrupted single-process training: max |diff| = {diff:.2e} "
           f"({'allclose: exact' if diff < 1e-5 else 'NOT EXACT'})")
     print(f"events -> {out / 'events.jsonl'}; throughput plot -> {out / 'throughput.png'}")

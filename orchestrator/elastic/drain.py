@@ -33,7 +33,7 @@ def draining_nodes() -> dict[str, float | None]:
 def drain_notices(draining: Mapping[str, float | None], devices: Iterable[Mapping[str, object]], now: float | None = None,
                   default_s: float = DEFAULT_DRAIN_S) -> list[tuple[tuple[int, ...], float, str]]:
     """``(devices, seconds_left, source)`` per draining node that runs some of ``devices``
-    (``[{"device", "node_id"}]``, as :meth:`PipelineTrainer.devices` reports them)."""
+    (``[{"device", "node_id"}]``, as :meth:`PipelineRuntime.devices` reports them)."""
     now = time.time() if now is None else now
     by_node: dict[str, list[int]] = {}
     for d in devices:

@@ -1,6 +1,6 @@
 """Capacity gain → live growth: devices that join get stage actors, and blocks when it pays.
 
-Signals, read between iterations: Ray's node table (:class:`actors.placement.NodeWatcher`: a
+Signals, read between iterations: Ray's node table (:class:`actors.placement.NodeTable`: a
 new node with the job's kind of device brings one slot per GPU, or per CPU), every
 ``ScalingConfig.node_poll_s``; and rehearsed joins (:class:`~orchestrator.adapt.faults.Join`
 in ``AdaptConfig.faults``, at the iteration they name), as injected notices rehearse preemptions.
@@ -30,14 +30,14 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
-from actors.placement import NodeWatcher, Slot, discover
+from actors.placement import NodeTable, Slot, discover
 from orchestrator.adapt.controller import StepRecord
 from orchestrator.adapt.faults import Join
 from orchestrator.adapt.policies import Stay, Switch
 from orchestrator.core.errors import UserError
 
 if TYPE_CHECKING:
-    from orchestrator.elastic.job_state import JobState
+    from orchestrator.elastic.job_view import JobView
 
 
 @dataclass(frozen=True)
@@ -62,11 +62,11 @@ def check_joins(faults: Sequence[Any], devices: int, capacity: int) -> None:
 class Growth:
     """The job's capacity watch and its joins (see the module docstring)."""
 
-    def __init__(self, job: "JobState") -> None:
+    def __init__(self, job: "JobView") -> None:
         self.job = job
         self.placed = job.scaling.devices  # device ids below this have (had) a worker
         self.enabled = job.scaling.capacity > job.scaling.devices
-        self.watcher: NodeWatcher | None = None
+        self.node_table: NodeTable | None = None
         self.polled = 0.0
         self.fired: set[Join] = set()
         self.waiting: dict[int, tuple[str, int]] = {}  # device -> (source, step): its worker is starting
@@ -84,12 +84,12 @@ class Growth:
             if isinstance(f, Join) and f.at_iteration <= step and f not in self.fired:
                 self.fired.add(f)
                 self.join([None], f"rehearsal: device {f.device} joins", step)
-        if job.scaling.node_poll_s and self.watcher is None:  # the nodes there now are the job's start
-            self.watcher = NodeWatcher("gpu" if group.use_gpu else "cpu")
+        if job.scaling.node_poll_s and self.node_table is None:  # the nodes there now are the job's start
+            self.node_table = NodeTable("gpu" if group.use_gpu else "cpu")
             self.polled = time.monotonic()
-        elif self.watcher is not None and time.monotonic() - self.polled >= job.scaling.node_poll_s:
+        elif self.node_table is not None and time.monotonic() - self.polled >= job.scaling.node_poll_s:
             self.polled = time.monotonic()
-            _, gained = self.watcher.poll()
+            _, gained = self.node_table.poll()
             if gained:
                 nodes = ", ".join(sorted({s.node_id[:12] for s in gained}))
                 self.join(list(gained), f"ray: node {nodes} added", step)

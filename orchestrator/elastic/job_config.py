@@ -42,7 +42,7 @@ class TrainConfig:
     seed: int = 0
     training: TrainingOptions = TrainingOptions()
     """Clipping by the global norm, LR schedules (one per block optimizer), fp16 loss scaling —
-    the same options :class:`~orchestrator.train.trainer.PipelineTrainer` takes. Weight-decay groups
+    the same options :class:`~orchestrator.train.runtime.PipelineRuntime` takes. Weight-decay groups
     and mixed precision wrap the factories (``decay_groups(AdamW, 0.1)``, ``autocast_blocks(factory,
     torch.bfloat16)``); recomputation is a plan stage's ``recompute`` (planners turn it on for
     devices over memory)."""
@@ -253,7 +253,7 @@ class SpotConfig:
     notices: tuple[InjectedNotice, ...] = ()
     watch: str | None = None
     """``aws``/``gcp``/``azure``: a watcher of that cloud's metadata service on every node of the
-    job (and the driver's), polled between iterations (:mod:`orchestrator.elastic.node_watch`)."""
+    job (and the driver's), polled between iterations (:mod:`orchestrator.elastic.notice_watchers`)."""
     ray_drain_poll_s: float = 5.0
     """Read the node watchers and Ray's drain requests (:mod:`orchestrator.elastic.drain`) this often,
     between iterations; 0: never."""

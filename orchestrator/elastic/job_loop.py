@@ -6,18 +6,21 @@
                      AdaptConfig(), SpotConfig(notices=(InjectedNotice(10, 30.0),)))
     result = job.fit(24)
 
-The loop runs iterations with pipelined dispatch (iteration k+1 is submitted before k is
-gathered) on a :class:`~orchestrator.train.trainer.PipelineTrainer`, which owns the workers, the plan,
-the step and the checkpoints. Between iterations the policies return decision values and the loop
-carries them out through the trainer's public methods:
+The job is the one training loop (:class:`~orchestrator.elastic.loop.TrainingLoop`: pipelined dispatch,
+iteration k+1 submitted before k is gathered; failures counted once) over a
+:class:`~orchestrator.train.runtime.PipelineRuntime`, which owns the workers, the plan, the step and the
+checkpoints, with every policy on: this class is the loop's :class:`~orchestrator.elastic.loop.Policies`.
+Between iterations the policies return decision values and the job carries them out through the runtime's
+primitives:
 
 - the controller's arbiter (:mod:`orchestrator.adapt`): stay, or live two-worker moves;
 - the evacuation policy (:func:`~orchestrator.elastic.evacuation.plan_evacuation`) on a preemption
   notice: live moves off the doomed devices with an asynchronous insurance checkpoint, or
   checkpoint → migration → restore with the reason recorded;
 - the spot policy (:mod:`cloud.migration`): stay, or migrate when a price change makes it pay;
-- the failure policy: a worker death without notice restores the newest checkpoint
-  (:meth:`PipelineTrainer.recover`, the one recovery path) until ``max_failures``;
+- the failure policy (:func:`~orchestrator.adapt.policies.on_worker_death`): after a death without notice the
+  survivors recover in place, or every worker restarts from the newest checkpoint, or the job gives up past
+  ``max_failures``;
 - growth (:mod:`orchestrator.elastic.growth`): devices that join get stage actors, and blocks by the
   arbiter's live moves when that pays.
 
@@ -35,7 +38,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from actors import checkpoint as ckpt
 from actors import storage
@@ -60,7 +63,8 @@ from orchestrator.elastic.run_record import MigrationRequest
 from orchestrator.elastic.signals import JobFailed, JobStopped, MigrationRequested, StopSignals
 from orchestrator.core.plan import Plan, straight_plan
 from orchestrator.train.recovery import InPlaceImpossible, InPlaceRecovery
-from orchestrator.train.trainer import InFlight, PipelineTrainer
+from orchestrator.train.runtime import PipelineRuntime
+from orchestrator.elastic.loop import TrainingLoop
 
 
 class ElasticJob:
@@ -95,11 +99,11 @@ class ElasticJob:
         plan = scaling.plan or planner_plan(self.profile, self.cluster, tuple(range(scaling.devices)),
                                             straight_plan([0, self.profile.num_blocks], train.num_microbatches), scaling.planner,
                                             straight=True)
-        self.trainer = PipelineTrainer(train.model_factory, train.loss_fn, train.optimizer_factory, train.data_fn,
+        self.trainer = PipelineRuntime(train.model_factory, train.loss_fn, train.optimizer_factory, train.data_fn,
                                        train.num_microbatches, plan=plan, checkpoint_dir=run.storage, seed=train.seed,
-                                       max_failures=run.max_failures, progress=False, use_gpu=scaling.use_gpu,
-                                       async_checkpoints=run.async_checkpoints, workers=workers, training=train.training,
+                                       use_gpu=scaling.use_gpu, workers=workers, training=train.training,
                                        run_id=self.opened.record.run_id)
+        self.loop = TrainingLoop(self.trainer, self, run.pipelined)  # dispatches, counts failures; this job decides
         self.runstate = RunState(str(run.storage), self.opened, run.events_path())
         self._skipped_told = 0  # trainer.skipped_checkpoints already in the event log
         self.alive: set[int] = set(range(scaling.devices))
@@ -110,9 +114,7 @@ class ElasticJob:
         self.last_metrics: MeasuredIteration | None = None
         self._notices: list[Notice] = []
         self._lock = threading.Lock()
-        self._ahead: InFlight | None = None
-        self._last_done: float | None = None
-        self._done_at: float | None = None  # when the newest step completed (a recovery's stall runs from it)
+        self._stop_signals: StopSignals | None = None  # SIGTERM/SIGINT while fit runs
         self._recovering: tuple[float, dict[str, Any]] | None = None  # a recovery's event, due when a step completes after it
         self.checkpoint_s = 1.0
         self._fired: set[int] = set()  # injected notices already delivered
@@ -121,9 +123,9 @@ class ElasticJob:
         # evacuated devices (their notice) still members of the process group, idle: they leave it
         # before their deadline or at the next re-formation, not during the evacuation's stall
         self.leaving: Notice | None = None
-        self._node_watch: Any = None  # orchestrator.elastic.node_watch.NodeWatch while fit runs with spot.watch
+        self._notice_watchers: Any = None  # orchestrator.elastic.notice_watchers.NoticeWatchers while fit runs with spot.watch
         self._saved_at = -1  # the step of the newest checkpoint written (a step is saved once)
-        self.moves = self.restarts = self.failures = 0
+        self.moves = self.restarts = 0
         self._snapshot_told = False
         self.move_pairs: list[tuple[int, int]] = []  # (from, to) of every block hand-over, in order
         self.growth = Growth(self)
@@ -145,24 +147,16 @@ class ElasticJob:
         target = self.target_steps = steps
         first = self.trainer.step
         self._watch(target)
-        stop = StopSignals()
+        self._stop_signals = stop = StopSignals()
         try:
-            while self.trainer.step < target:
-                if stop.received is not None:
-                    self._stop(stop.received)
-                m = self._step(target)
-                if m is None:  # a worker died: the failure policy recovered (or the job ended)
-                    continue
-                try:
-                    self._after(m, target)
-                except PipelineActorError as exc:  # a worker died in a step finished for an action, or during one
-                    self._failed(exc)
+            self.loop.run(target)
             self._finish()
         finally:
             stop.restore()
-            if self._node_watch is not None:
-                self._node_watch.stop()
-                self._node_watch = None
+            self._stop_signals = None
+            if self._notice_watchers is not None:
+                self._notice_watchers.stop()
+                self._notice_watchers = None
         losses = {s: self.trainer.history[s] for s in range(first, target) if s in self.trainer.history}
         self.emit("job_finished", step=self.trainer.step, plan=self.trainer.plan.describe(), final_loss=losses.get(target - 1))
         self.runstate.ended("finished", self.trainer.step)
@@ -194,34 +188,42 @@ class ElasticJob:
         if self.spot.enabled and self.spot.watch:  # one watcher on each node of the job and the driver's
             import ray
 
-            from orchestrator.elastic.node_watch import NodeWatch
+            from orchestrator.elastic.notice_watchers import NoticeWatchers
 
             nodes = {d["node_id"] for d in self.trainer.devices()} | {ray.get_runtime_context().get_node_id()}
-            self._node_watch = NodeWatch(self.spot.watch, nodes)
+            self._notice_watchers = NoticeWatchers(self.spot.watch, nodes)
 
-    def _step(self, target: int) -> MeasuredIteration | None:
-        """Complete the next step, with the one after it submitted first when no decision is due
-        (pipelined dispatch); a worker's death goes to the failure policy (``None``)."""
-        trainer = self.trainer
-        self.rehearsal.push(trainer.group, trainer.plan, trainer.step)
-        flight = self._ahead or trainer.submit_step()
-        self._ahead = None
-        nxt = trainer.step + 1
-        if self.run.pipelined and nxt < target and not self._hold(nxt):
-            self._ahead = trainer.submit_step(nxt)
-        try:
-            m = trainer.complete_step(flight, self._last_done)
-        except PipelineActorError as exc:
-            self._failed(exc)
-            return None
-        self._done_at = time.perf_counter()
-        self._last_done = self._done_at if self._ahead is not None else None
+    # ----- the loop's questions (orchestrator.elastic.loop.Policies) -----
+    @property
+    def failures(self) -> int:
+        """Worker deaths so far (counted by the loop, once each)."""
+        return self.loop.failures
+
+    def before(self, step: int) -> None:
+        """A stop signal ends the job here; the rehearsal's knobs for ``step`` reach the workers."""
+        if self._stop_signals is not None and self._stop_signals.received is not None:
+            self._stop(self._stop_signals.received)
+        self.rehearsal.push(self.trainer.group, self.trainer.plan, step)
+
+    def run_length(self, step: int, target: int) -> int:
+        return 1  # the policies observe every step
+
+    def hold(self, done: int, target: int) -> bool:
+        return self._hold(done)
+
+    def completed(self, run: Sequence[MeasuredIteration]) -> None:
+        self.iteration_s.extend(m.iteration_s for m in run)
         if self._recovering is not None:
             self._recovered()
-        return m
+
+    def between(self, run: Sequence[MeasuredIteration], target: int) -> None:
+        self._after(run[-1], target)
+
+    def failed(self, exc: PipelineActorError, failures: int) -> None:
+        self._failed(exc, failures)
 
     def _finish(self) -> None:
-        self._finish_in_flight()
+        self.loop.finish_in_flight()
         if self._recovering is not None:
             self._recovered()
         self._commit_final()
@@ -249,7 +251,7 @@ class ElasticJob:
 
     def _stop(self, signum: int) -> None:
         """SIGTERM (Ray's job stop) or SIGINT: finish the step in flight, commit, record, and leave."""
-        self._finish_in_flight()
+        self.loop.finish_in_flight()
         self._commit_final()
         name = signal.Signals(signum).name
         self.emit("stopped", step=self.trainer.step, signal=name)
@@ -271,17 +273,16 @@ class ElasticJob:
         if self.trainer.upload_pending and step > self._saved_at:
             # a background checkpoint uploaded during the step after it: commit it now, so that a
             # crash from here on loses at most the steps since it
-            self._finish_in_flight()
+            self.loop.finish_in_flight()
             t0 = time.perf_counter()
             where = self._finish_checkpoint()
             self.emit("checkpoint_committed", step=self._saved_at, path=str(where), wait_s=round(time.perf_counter() - t0, 4))
-        self.iteration_s.append(m.iteration_s)
         self.last_metrics = m
         self.runstate.progress(self.trainer.step)
         if self.spot.enabled:
             leaving = self.leaving
             if leaving is not None and self.clock() >= leaving.deadline - self.spot.margin_s:
-                self._finish_in_flight()
+                self.loop.finish_in_flight()
                 t0 = time.perf_counter()
                 self.switch_live(self.trainer.plan)  # the process group is re-formed without them
                 self.leaving = None
@@ -297,7 +298,7 @@ class ElasticJob:
             with self._lock:
                 notices, self._notices = self._notices, []
             for notice in notices:
-                self._finish_in_flight()
+                self.loop.finish_in_flight()
                 self._preempted(notice)
         self.growth.poll(self.trainer.step)
         self._idle_lost()
@@ -316,13 +317,13 @@ class ElasticJob:
                 self.emit("migration_skipped", step=self.trainer.step, reason=move.reason, age_s=move.age_s,
                           max_age_s=move.max_age_s, target=move.target.label(), refresh=move.refresh)
             elif move is not None:
-                self._finish_in_flight()
+                self.loop.finish_in_flight()
                 relocate(self, move, forced=False, reason="price")
         if self._checkpoint_due(self.trainer.step) and self.trainer.step < target and self._saved_at != self.trainer.step:
-            self._finish_in_flight()
+            self.loop.finish_in_flight()
             self.checkpoint_now("periodic")
         if self._snapshot_due(self.trainer.step) and self.trainer.step < target:
-            self._finish_in_flight()
+            self.loop.finish_in_flight()
             held = self.trainer.snapshot_in_memory()
             if not self._snapshot_told:  # what in-memory snapshots cost, once
                 self._snapshot_told = True
@@ -341,9 +342,9 @@ class ElasticJob:
         from orchestrator.elastic.drain import drain_notices, draining_nodes
 
         where = self.trainer.devices()
-        if self._node_watch is not None:
-            self._node_watch.watch(d["node_id"] for d in where)  # nodes that joined since fit started
-            for node, deadline in self._node_watch.poll():
+        if self._notice_watchers is not None:
+            self._notice_watchers.watch(d["node_id"] for d in where)  # nodes that joined since fit started
+            for node, deadline in self._notice_watchers.poll():
                 here = tuple(int(d["device"]) for d in where if d["node_id"] == node and d["device"] in self.alive)
                 self.notify(here or tuple(sorted(self.alive)), deadline - time.time(), f"{self.spot.watch} notice on node {node[:12]}")
         draining = {n: d for n, d in draining_nodes().items() if n not in self._drained}
@@ -352,19 +353,10 @@ class ElasticJob:
                 self.notify(tuple(d for d in devices if d in self.alive), left, source)
             self._drained |= set(draining)
 
-    def _finish_in_flight(self) -> None:
-        """Finish the iteration in flight (if any) so that an action can run."""
-        if self._ahead is not None:
-            flight, self._ahead = self._ahead, None
-            m = self.trainer.complete_step(flight, self._last_done)
-            self.iteration_s.append(m.iteration_s)
-            self._done_at = time.perf_counter()
-        self._last_done = None
-
     # ----- actions -----
     def _carry_out(self, act: Act) -> list[MoveReport | RestartReport]:
         """The controller's act: live moves in order, or a restart (a planned one checkpoints first)."""
-        self._finish_in_flight()
+        self.loop.finish_in_flight()
         if act.kind != "restart":
             return [self.switch_live(p) for p in act.plans]
         before, t0 = self.trainer.step, time.perf_counter()  # the downtime counts the planned checkpoint's write
@@ -379,7 +371,7 @@ class ElasticJob:
     def switch_live(self, plan: Plan, members: set[int] | None = None) -> MoveReport:
         """A live switch to ``plan`` (the controller's moves and evacuation steps); ``members``:
         the devices that stay in the job (default: every alive one)."""
-        self._finish_in_flight()
+        self.loop.finish_in_flight()
         t0 = time.perf_counter()
         before = self.trainer.plan
         gone = frozenset(set(range(self.cluster.size)) - self.alive)
@@ -421,27 +413,23 @@ class ElasticJob:
         self.emit("evacuation_refused", reason=decision.reason, devices=list(notice.devices))
         relocate(self, None, forced=True, reason=decision.reason, notice=notice, iteration_s=iteration_s)
 
-    def _failed(self, exc: PipelineActorError) -> None:
-        """A worker died without notice: counted once, here; the failure policy decides."""
-        if self._ahead is not None:
-            self.trainer.discard_step(self._ahead)
-            self._ahead = None
-        self._last_done = None
+    def _failed(self, exc: PipelineActorError, failures: int) -> None:
+        """A worker died without notice (the loop counted it and discarded what was in flight): the failure
+        policy decides, the job carries it out."""
         if self._recovering is not None:  # died again before a step completed after the last recovery
             self._recovered(interrupted=True)
-        self.failures += 1
-        t0, before = self._done_at or time.perf_counter(), self.trainer.step
+        t0, before = self.loop.done_at or time.perf_counter(), self.trainer.step
         recent = self.iteration_s[-5:]
         assert self.trainer.group is not None
         # the worker that failed, and every worker whose node left with it (slot d runs device d)
         dead = sorted(({exc.device} if exc.device >= 0 else set()) | (self.alive & self.trainer.group.unreachable_slots()))
-        self.emit("worker_failed", step=before, device=exc.device if exc.device >= 0 else None, dead=dead, failures=self.failures,
+        self.emit("worker_failed", step=before, device=exc.device if exc.device >= 0 else None, dead=dead, failures=failures,
                   error=str(exc).splitlines()[0])
         plan = self.trainer.plan
-        decision: DeathDecision = on_worker_death(self.failures, self.run.max_failures, plan, dead, sorted(self.alive),
+        decision: DeathDecision = on_worker_death(failures, self.run.max_failures, plan, dead, sorted(self.alive),
                                                   in_place=self.run.recover_in_place)
         if isinstance(decision, GiveUp):
-            self.emit("job_failed", step=before, failures=self.failures, max_failures=self.run.max_failures, reason=decision.reason)
+            self.emit("job_failed", step=before, failures=failures, max_failures=self.run.max_failures, reason=decision.reason)
             self.runstate.ended("failed", before)
             raise JobFailed(f"{decision.reason} (last: {str(exc).splitlines()[0]})") from exc
         if isinstance(decision, RecoverInPlace):
@@ -525,7 +513,7 @@ class ElasticJob:
         """A supervised job leaves this cluster: commit the step reached (``commit=False``: a notice
         too short for it, the newest committed step stands), record the request in the run record
         for the supervisor, and stop (the driver exits :data:`EXIT_MIGRATE`)."""
-        self._finish_in_flight()
+        self.loop.finish_in_flight()
         if commit:
             self._commit_final()
         else:

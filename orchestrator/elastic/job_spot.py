@@ -1,5 +1,5 @@
 """The spot side of :class:`~orchestrator.elastic.job_loop.ElasticJob` (the job as a
-:class:`~orchestrator.elastic.job_state.JobState`).
+:class:`~orchestrator.elastic.job_view.JobView`).
 
 - :func:`spot_decision`: the cloud module's migration planner asked between iterations (and on
   a preemption) over a :class:`PriceView` of the catalog; replayed price changes update it.
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from cloud.throughput import ThroughputTable
     from orchestrator.elastic.evacuation import Notice
     from orchestrator.elastic.job_config import TrainConfig
-    from orchestrator.elastic.job_state import JobState
+    from orchestrator.elastic.job_view import JobView
 
 
 @dataclass
@@ -47,7 +47,7 @@ class PriceView:
         return self.current.age_s(now)
 
 
-def price_view(job: "JobState", stamp_now: "datetime | None" = None) -> PriceView:
+def price_view(job: "JobView", stamp_now: "datetime | None" = None) -> PriceView:
     """Built on first use (it plans the model for every GPU type of the catalog).
 
     Only the latest observation of each offer counts (an old cheap row of an offer that is
@@ -84,7 +84,7 @@ def price_view(job: "JobState", stamp_now: "datetime | None" = None) -> PriceVie
     return view
 
 
-def spot_decision(job: "JobState", step: int, preempted: bool = False, max_price_age_s: float | None = None,
+def spot_decision(job: "JobView", step: int, preempted: bool = False, max_price_age_s: float | None = None,
                   now: "datetime | None" = None,
                   preemption_rates: "Mapping[tuple[str, str, str, int], float] | None" = None,
                   ) -> "Migrate | MigrationSkipped | None":
@@ -135,7 +135,7 @@ def spot_decision(job: "JobState", step: int, preempted: bool = False, max_price
     return decision
 
 
-def relocate(job: "JobState", decision: Any, forced: bool, reason: str, notice: "Notice | None" = None,
+def relocate(job: "JobView", decision: Any, forced: bool, reason: str, notice: "Notice | None" = None,
              iteration_s: float = 0.0) -> None:
     """Checkpoint, then leave this placement: the one path for preemptions that cannot be evacuated
     and for migrations that pay (``decision``: a :class:`cloud.migration.Migrate` or None).

@@ -65,7 +65,7 @@ def names_of(blocks: Sequence[nn.Module]) -> NameMap:
 
 
 def user_state_dict(blocks: Sequence[nn.Module], weights: Mapping[int, Mapping[str, Tensor]]) -> dict[str, Tensor]:
-    """The user's state dict from block-keyed ``weights`` (``PipelineTrainer.state_dicts()`` or a
+    """The user's state dict from block-keyed ``weights`` (``PipelineRuntime.state_dicts()`` or a
     checkpoint's): every key of the user's model, tied keys sharing one tensor. A key no block
     holds (a parameter the model's forward never uses, so no cut placed it) is one line naming it."""
     names = names_of(blocks)

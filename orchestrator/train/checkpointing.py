@@ -1,7 +1,7 @@
 """The trainer's checkpoint I/O: save (at once, or snapshot now and upload in the background),
 commit, and restore under any plan.
 
-A mixin of :class:`~orchestrator.train.trainer.PipelineTrainer`, apart so that the trainer module is
+A mixin of :class:`~orchestrator.train.runtime.PipelineRuntime`, apart so that the runtime module is
 about running steps: every block is written by the worker that holds it, from its own node
 (replica 0 of each stage), and the driver writes only the manifest and the commit marker, last
 (:mod:`actors.checkpoint` owns the format).

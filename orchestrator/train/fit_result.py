@@ -19,6 +19,7 @@ class FitResult:
     """What ``fit`` did: per-step loss and measured metrics, restarts and checkpoints written."""
 
     steps: list[int]
+    """The steps this ``fit`` trained (the indices of ``losses``)."""
     losses: list[float]
     metrics: list[MeasuredIteration]
     plan: Plan
@@ -58,9 +59,10 @@ class InFlight:
 
 @dataclass
 class JobResult:
-    """What one ``fit`` did: losses per step, the plan at the end, events and counts."""
+    """What one ``fit`` did: the step reached, losses per step, the plan at the end, events and counts."""
 
-    steps: int
+    step: int
+    """The step training reached (steps done), as ``runtime.step``: ``fit(N)`` trains to step ``N``."""
     losses: dict[int, float]
     plan: Plan
     events: list[dict[str, Any]] = field(default_factory=list)

@@ -1,6 +1,6 @@
 """Recovery in place after a death without notice: which step to resume, where each block comes from.
 
-Why a module of pure functions: the trainer's :meth:`~orchestrator.train.trainer.PipelineTrainer.recover_in_place`
+Why a module of pure functions: the trainer's :meth:`~orchestrator.train.runtime.PipelineRuntime.recover_in_place`
 carries a recovery out (abort, re-form, restore); the choices it makes are data in, data out, and tested without
 Ray. The step is the newest one whose every block is somewhere: in a survivor's host copy (its own snapshot, a
 neighbour's copy it holds, or the host copy of a checkpoint it wrote) or in the newest committed checkpoint. Each

@@ -19,14 +19,14 @@ if TYPE_CHECKING:
     from orchestrator.core.profile import Profile
     from orchestrator.elastic.evacuation import Notice
     from orchestrator.elastic.job_config import AdaptConfig, RunConfig, ScalingConfig, SpotConfig, TrainConfig
-    from orchestrator.train.trainer import PipelineTrainer
+    from orchestrator.train.runtime import PipelineRuntime
 
 
 class Placed(Protocol):
     placed: int  # device ids below this have (had) a stage worker
 
 
-class JobState(Protocol):
+class JobView(Protocol):
     """The running job, as its parts see it (``ElasticJob`` satisfies it)."""
 
     train: TrainConfig
@@ -36,7 +36,7 @@ class JobState(Protocol):
     spot: SpotConfig
     cluster: Cluster
     profile: Profile
-    trainer: PipelineTrainer
+    trainer: PipelineRuntime
     controller: Controller | None
     clock: Callable[[], float]
     alive: set[int]  # devices whose workers train

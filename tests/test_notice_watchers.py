@@ -16,8 +16,8 @@ import pytest
 
 
 @pytest.mark.ray
-def test_a_node_watcher_reports_its_nodes_notice(ray_session: Any) -> None:
-    from orchestrator.elastic.node_watch import NodeWatch
+def test_notice_watchers_report_their_nodes_notice(ray_session: Any) -> None:
+    from orchestrator.elastic.notice_watchers import NoticeWatchers
 
     state = {"preempted": "FALSE"}
 
@@ -36,7 +36,7 @@ def test_a_node_watcher_reports_its_nodes_notice(ray_session: Any) -> None:
     server = ThreadingHTTPServer(("127.0.0.1", 0), Metadata)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     node = ray_session.get_runtime_context().get_node_id()
-    watch = NodeWatch("gcp", [node], base_url=f"http://127.0.0.1:{server.server_port}", poll_interval_s=0.2)
+    watch = NoticeWatchers("gcp", [node], base_url=f"http://127.0.0.1:{server.server_port}", poll_interval_s=0.2)
     try:
         assert watch.poll(timeout_s=30.0) == []
         state["preempted"] = "TRUE"

@@ -1,36 +1,35 @@
-"""``PipelineTrainer``: pipeline-parallel training on Ray actors, driven by a :class:`Plan`.
+"""``PipelineRuntime``: a plan's stage actors on Ray and the primitives that drive them.
 
-Shaped like Ray Train's ``TorchTrainer`` (construct with factories, call ``fit``, get a result
-and checkpoints back), but the workers are pipeline stages, not data-parallel copies::
+The runtime runs what it is told and decides nothing: start, submit a step (or a run of consecutive steps) and
+complete it, move blocks live to another plan, restart or recover after a death, save, commit and restore
+checkpoints, snapshot in memory. When to do which is the one training loop's
+(:class:`~orchestrator.elastic.loop.TrainingLoop`) and its policies'; the user-facing fixed-plan trainer
+(:class:`~orchestrator.elastic.fixed_plan.PipelineTrainer`) is that loop over this runtime.
 
-    trainer = PipelineTrainer(model_factory, loss_fn, lambda p: torch.optim.AdamW(p, 1e-3),
-                              data_fn, num_microbatches=8, checkpoint_dir="ckpt", checkpoint_every=100)
-    result = trainer.fit(1000)
-
-The driver only sends "run iteration ``step``" to every worker and gathers small reports; the
-workers fetch their own data (``data_fn(step)``, deterministic in ``step``) and exchange
-activations and gradients directly over ``torch.distributed``, so no tensor per micro-batch ever
-passes through the driver or the object store. Without a ``plan`` the model is profiled here and
-a planner from :mod:`orchestrator.planners` chooses one for the live Ray cluster.
+The driver only sends "run iteration ``step``" to every worker and gathers small reports; the workers fetch their
+own data (``data_fn(step)``, deterministic in ``step``) and exchange activations and gradients directly over
+``torch.distributed``, so no tensor per micro-batch ever passes through the driver or the object store. Without a
+``plan`` the model is profiled here and a planner from :mod:`orchestrator.planners` chooses one for the live Ray
+cluster.
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Callable, Collection, Mapping, Sequence
+from typing import Any, Callable, Collection, Iterable, Mapping, Sequence
 
 import ray
 import torch
 from torch import Tensor, nn
-from tqdm import tqdm
 
 from actors import checkpoint as ckpt
+from actors import injection
 from actors import storage
 from actors import user_code
 from actors import waits
 from actors.group import PipelineActorError, WorkerGroup
-from actors.metrics import MeasuredIteration, combine, combine_run
+from actors.metrics import MeasuredIteration, combine_run
 from actors.job_spec import JobSpec
 from actors.training import TrainingOptions
 from actors.ray_session import ensure_ray
@@ -39,11 +38,11 @@ from orchestrator.core.errors import UserError
 from orchestrator.core.plan import Plan
 from orchestrator.train import recovery
 from orchestrator.train.checkpointing import Checkpointing
-from orchestrator.train.fit_result import FitResult, InFlight
+from orchestrator.train.fit_result import InFlight
 
 
-class PipelineTrainer(Checkpointing):
-    """Pipeline-parallel trainer; see the module docstring for the data and control flow."""
+class PipelineRuntime(Checkpointing):
+    """A plan's stage workers and their primitives; see the module docstring for the data and control flow."""
 
     def __init__(
         self,
@@ -56,19 +55,13 @@ class PipelineTrainer(Checkpointing):
         planner: str = "pipedream",
         cluster: Cluster | None = None,
         checkpoint_dir: str | Path | None = None,
-        checkpoint_every: int = 0,
-        max_failures: int = 0,
         seed: int = 0,
         resume: str | Path | None = None,
-        progress: bool | None = None,
         iteration_timeout_s: float = 600.0,
         pg_timeout_s: float = 120.0,
         workers: WorkerGroup | None = None,
         use_gpu: bool | None = None,
-        pipelined_dispatch: bool = True,
-        iterations_per_call: int = 8,
         validate: bool = True,
-        async_checkpoints: bool = False,
         training: TrainingOptions | None = None,
         run_id: str = "",
     ) -> None:
@@ -76,8 +69,6 @@ class PipelineTrainer(Checkpointing):
         :func:`actors.user_code.validate_job`): one model build, one probe row, two ``data_fn(0)``.
         ``training``: gradient clipping by the global norm and LR schedules
         (:class:`actors.training.TrainingOptions`)."""
-        if checkpoint_every and checkpoint_dir is None:
-            raise UserError("checkpoint_every needs a checkpoint_dir")
         if validate:
             user_code.validate_job(model_factory, loss_fn, optimizer_factory, data_fn, num_microbatches, checkpoint_dir, seed)
         self.spec = JobSpec(model_factory, loss_fn, optimizer_factory, data_fn, seed, pg_timeout_s, training=training or TrainingOptions(),
@@ -98,19 +89,13 @@ class PipelineTrainer(Checkpointing):
             else Path(storage.local_path(checkpoint_dir)))
         self.skipped_checkpoints: list[ckpt.Skipped] = []  # damaged ones passed over by resume/recovery, with reasons
         self._uploading: tuple[str | Path, int, int, dict[str, Any], dict[str, Any], list[int]] | None = None
-        self.checkpoint_every, self.max_failures = checkpoint_every, max_failures
-        self.progress, self.iteration_timeout_s = progress, iteration_timeout_s
+        self.iteration_timeout_s = iteration_timeout_s
         self.resume = resume
-        self.pipelined_dispatch = pipelined_dispatch
-        self.iterations_per_call = iterations_per_call  # fit: consecutive steps per remote call (see fit)
-        # periodic checkpoints snapshot the blocks and upload while the next steps train; each
-        # commits when the next one starts or when fit returns (see save_checkpoint(background=))
-        self.async_checkpoints = async_checkpoints
         self.group = workers if workers is not None else self._probed
         self._owns_group = workers is None
         self._started = False
         self.step = 0
-        self.failures = 0
+        self._failed_run: tuple[int, int] | None = None  # the steps being gathered when a worker failed
         self.history: dict[int, float] = {}
 
     # ----- setup -----
@@ -136,122 +121,17 @@ class PipelineTrainer(Checkpointing):
             self.restore(self.resume)
             self.resume = None
 
-    def run_step(self) -> MeasuredIteration:
-        """Exactly one iteration of ``self.plan`` (no retry: a failure propagates as
-        :class:`PipelineActorError`), then a checkpoint if one is due. The adaptive controller's
-        handle drives training through this, one step at a time, between its decisions."""
-        group = self._workers()
-        t = time.perf_counter()
-        reports = group.call("run_iteration", self.step, what=f"step {self.step}", timeout_s=self.iteration_timeout_s)
-        m = combine(reports, time.perf_counter() - t)
-        self.history[self.step] = m.loss
-        self.step += 1
-        if self._checkpoint_due(self.step):
-            self.save_checkpoint()
-        return m
-
-    def _checkpoint_due(self, done: int) -> bool:
-        """Whether a checkpoint is written once ``done`` steps have completed."""
-        return bool(self.checkpoint_every) and done % self.checkpoint_every == 0
-
     def _workers(self) -> WorkerGroup:
         self._ensure_started()
         assert self.group is not None
         return self.group
-
-    # ----- training -----
-    def fit(self, steps: int) -> FitResult:
-        """Train up to step ``steps`` (not ``steps`` more: a resumed trainer continues to the same
-        target; at or past it, return at once), restarting from the last checkpoint on worker death.
-        With a ``checkpoint_dir`` the last step is always committed before ``fit`` returns.
-
-        Calls of several iterations (``iterations_per_call``, default 8): each worker runs a run of
-        consecutive steps back to back in one remote call (:meth:`StageWorker.run_iterations`), so
-        Ray's per-call work (task hand-off in the worker, the driver's gather) is paid once per
-        run instead of once per iteration. A run never crosses a checkpoint and never passes the
-        last step. Pipelined dispatch (``pipelined_dispatch=True``, the default): run ``k + 1`` is
-        submitted to every worker before run ``k``'s results are gathered, so the workers start it
-        as soon as they finish ``k`` (each runs one call at a time, in submission order) instead of
-        waiting for the driver's round trip; not across a checkpoint. If a run fails, the next is
-        cancelled or ignored (see :meth:`WorkerGroup.discard`) and recovery is as without it.
-
-        ``metrics[k].iteration_s``: the time between the completions of step ``k - 1`` and ``k``.
-        The first step of a run is timed on the driver from the later of "run submitted" and
-        "previous run gathered" (submit-to-gather when nothing was in flight: the first run, and
-        the one after a checkpoint or a restart) to "run gathered", less the later steps of the
-        run, which are timed on the workers' clocks (completion = the last device to finish).
-        Summed, they are the training wall time less checkpoint writes and restarts (and, when not
-        pipelined, less the driver's own time between runs). Per-step losses, checkpoints and
-        failure handling do not depend on either setting.
-        """
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            raise UserError(f"fit(steps) needs a whole number of steps >= 0, not {steps!r}")
-        group = self._workers()
-        first, target = self.step, max(self.step, steps)
-        metrics: dict[int, MeasuredIteration] = {}
-        written: list[str] = []
-        restarts = 0
-        show = self.progress if self.progress is not None else target - first >= 50
-        bar = tqdm(total=target - first, disable=not show, desc="pipeline", unit="it")
-        start = time.perf_counter()
-        ahead: InFlight | None = None
-        last_done: float | None = None  # when the previous run was gathered, if this one was submitted before that
-        try:
-            while self.step < target:
-                step = self.step
-                try:
-                    flight = ahead if ahead is not None and ahead.step == step else self.submit_step(step, self._run_end(step, target) - step)
-                    ahead = None
-                    end = step + flight.count
-                    if self.pipelined_dispatch and end < target and not self._checkpoint_due(end):
-                        ahead = self.submit_step(end, self._run_end(end, target) - end)
-                    run = self.complete_run(flight, last_done)
-                    last_done = time.perf_counter() if ahead is not None else None
-                except PipelineActorError as exc:
-                    if ahead is not None:
-                        group.discard(ahead.refs)
-                        ahead = None
-                    last_done = None
-                    if self.failures >= self.max_failures:
-                        raise
-                    self.failures += 1
-                    restarts += 1
-                    self.recover(exc)
-                    bar.n = max(0, self.step - first)
-                    bar.refresh()
-                    continue
-                for k, m in enumerate(run):
-                    metrics[step + k] = m
-                bar.update(len(run))
-                bar.set_postfix(loss=f"{run[-1].loss:.4f}")
-                if self._checkpoint_due(self.step):
-                    written.append(str(self.save_checkpoint(background=self.async_checkpoints)))
-        finally:
-            if ahead is not None:  # an error other than a worker failure left a run in flight
-                group.discard(ahead.refs)
-            bar.close()
-        self.finish_checkpoint()  # the last background upload commits before fit returns
-        if self.checkpoint_dir is not None and target > first and not self._checkpoint_due(self.step):
-            written.append(str(self.save_checkpoint()))  # the run ends on a committed checkpoint of its last step
-        steps_done = list(range(first, target))
-        return FitResult(
-            steps_done, [self.history[s] for s in steps_done], [metrics[s] for s in steps_done if s in metrics],
-            self.plan, restarts, written, time.perf_counter() - start, {d["device"]: d["node_id"] for d in self.devices()},
-        )
-
-    def _run_end(self, step: int, target: int) -> int:
-        """End (exclusive) of the run of steps one call executes from ``step``: at most
-        ``iterations_per_call`` steps, never past ``target`` or a checkpoint."""
-        end = min(target, step + max(1, self.iterations_per_call))
-        if self.checkpoint_every:
-            end = min(end, (step // self.checkpoint_every + 1) * self.checkpoint_every)
-        return end
 
     def recover(self, exc: PipelineActorError) -> None:
         """New processes (a broken process group cannot be repaired in place), same plan, state
         from the newest complete checkpoint (or the seed); the caller's loop counts the failure.
         An upload from a dead worker never commits: its folder stays unmarked."""
         assert self.group is not None
+        self._drop_fired_kills({exc.device} if exc.died else None)
         self.group.restart()
         self.restart_on(self.plan, self.latest())
 
@@ -270,18 +150,40 @@ class PipelineTrainer(Checkpointing):
         return self.complete_run(flight, since)[0]
 
     def complete_run(self, flight: "InFlight", since: float | None = None) -> list[MeasuredIteration]:
-        """Gather the run ``flight`` started (see :meth:`fit` for how its steps are timed), record
+        """Gather the run ``flight`` started (see :mod:`orchestrator.elastic.loop` for how its steps are timed), record
         the losses and advance past it."""
         assert flight.step == self.step, (flight.step, self.step)
         end = flight.step + flight.count
         what = f"steps {flight.step}-{end - 1}" if flight.count > 1 else f"step {flight.step}"
-        reports = self._workers().gather(flight.refs, what, self.iteration_timeout_s * flight.count, flight.devices)  # bound per step
+        try:
+            reports = self._workers().gather(flight.refs, what, self.iteration_timeout_s * flight.count, flight.devices)  # bound per step
+        except PipelineActorError:
+            self._failed_run = (flight.step, end)
+            raise
         elapsed = time.perf_counter() - max(flight.submitted, since if since is not None else flight.submitted)
         run = combine_run(reports, elapsed)
         for m in run:
             self.history[self.step] = m.loss
             self.step += 1
         return run
+
+    # ----- rehearsal: the runtime's interface for injected crashes (actors.injection) -----
+    def rehearse_kills(self, kills: Iterable[tuple[int, int]]) -> None:
+        """Arm crashes: for each ``(step, device)`` that device's worker dies halfway through that step, once. The
+        kills travel in the job spec (every executor built from it installs them, fresh processes included)."""
+        self.spec = injection.with_kills(self.spec, injection.kills_of(self.spec) | frozenset(kills))
+
+    def _drop_fired_kills(self, dead: Collection[int] | None) -> None:
+        """Before a recovery configures workers: the kills of the run being gathered when the failure surfaced that
+        fired (those of the ``dead`` devices; ``None``: only a peer's error surfaced, every kill of that run) are
+        dropped, so a replayed step does not die again."""
+        armed = injection.kills_of(self.spec)
+        lo, hi = self._failed_run or (self.step, self.step + 1)
+        self._failed_run = None
+        if not armed:
+            return
+        fired = {(s, d) for s, d in armed if lo <= s < hi and (dead is None or d in dead)}
+        self.spec = injection.with_kills(self.spec, armed - fired)
 
     def discard_step(self, flight: "InFlight") -> None:
         self._workers().discard(flight.refs)
@@ -332,7 +234,7 @@ class PipelineTrainer(Checkpointing):
             self.group = None
         self._started = False
 
-    def __enter__(self) -> "PipelineTrainer":
+    def __enter__(self) -> "PipelineRuntime":
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -369,6 +271,7 @@ class PipelineTrainer(Checkpointing):
         lost = group.unreachable_slots()  # a node that went away takes all its workers
         gone = sorted({int(d) for d in dead} | {d for d in group.rank_of if group.slot_of.get(d, d) in lost})
         survivors = sorted(d for d in group.rank_of if d not in gone)
+        self._drop_fired_kills(gone)
         missing = sorted(set(plan.devices) - set(survivors))
         if missing or not survivors:
             raise recovery.InPlaceImpossible(f"the plan uses device(s) {missing} that have no live worker")

@@ -3,7 +3,7 @@
 A spot notice appears in the metadata service of the VM that is going away, and the driver
 usually runs elsewhere (the head node). So one lightweight actor (no CPU reserved) is pinned to
 each node that runs stage actors; it runs the cloud's watcher (:mod:`cloud.preemption`) and keeps
-the deadline it saw. The job's loop polls them between iterations (:meth:`NodeWatch.poll`, one
+the deadline it saw. The job's loop polls them between iterations (:meth:`NoticeWatchers.poll`, one
 short round trip) and turns each deadline into a notice for the devices on that node.
 """
 
@@ -35,7 +35,7 @@ class _Watcher:
         self.watcher.stop()
 
 
-class NodeWatch:
+class NoticeWatchers:
     """One watcher actor per node in ``node_ids`` (hard node affinity, zero CPUs)."""
 
     def __init__(self, cloud: str, node_ids: Iterable[str], **options: Any) -> None:
