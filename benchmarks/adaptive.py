@@ -12,7 +12,7 @@ co-located jobs halving one GPU each at iterations 20/40; a 4-stage pipeline wit
 for a 100-block model. Run: ``python benchmarks/adaptive.py`` (writes results/adaptive.md).
 
 LIVE (``live_slowdown``): the same 4-stage scenario on this machine through the Ray runtime's
-:class:`orchestrator.adapt.live.RayPipeline` — four stage actors training an MLP of width 1024 (Adam),
+:class:`orchestrator.elastic.harness.RayPipeline` — four stage actors training an MLP of width 1024 (Adam),
 one slowed 2x by the runtime's slowdown injection, the controller moving blocks live, over
 several seeds; after each run, the plans it ran, the static plan and fresh re-plans for the
 slowed conditions are measured side by side on the same pipeline (:func:`live_runs`); and runs

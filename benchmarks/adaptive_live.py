@@ -144,7 +144,7 @@ def live_runs(seeds: tuple[int, ...] = LIVE_SEEDS, base: float = LIVE_BASE) -> t
     import torch.nn.functional as F
 
     from actors.group import WorkerGroup
-    from orchestrator.adapt.live import RayPipeline, run_adaptive
+    from orchestrator.elastic.harness import RayPipeline, run_adaptive
     from orchestrator.train.runtime import PipelineRuntime
 
     if not ray.is_initialized():

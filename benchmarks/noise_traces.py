@@ -42,7 +42,8 @@ def record(iterations: int, bounds: list[int]) -> dict[str, object]:
 
     from actors.group import WorkerGroup
     from adaptive_live import LIVE_M, _live_data, _live_model, _live_optimizer
-    from orchestrator.adapt.live import RayPipeline, measured_profile
+    from orchestrator.adapt.live import measured_profile
+    from orchestrator.elastic.harness import RayPipeline
     from orchestrator.train.runtime import PipelineRuntime
 
     if not ray.is_initialized():

@@ -71,7 +71,7 @@ def _placement(cluster: Any, workers: list[Any], tmp: Path) -> dict[str, Any]:
     from actors.placement import NodeTable
     from actors.reference import ReferenceTrainer, max_difference
     from orchestrator.adapt.controller import Controller, ControllerConfig
-    from orchestrator.adapt.live import RayPipeline
+    from orchestrator.elastic.harness import RayPipeline
     from orchestrator.profiling.models import example_batch, loss_fn, mlp
     from orchestrator.core.plan import straight_plan
     from orchestrator.train.runtime import PipelineRuntime

@@ -19,7 +19,7 @@ import torch
 from actors.reference import ReferenceTrainer, allclose, max_difference
 from orchestrator.core.cluster import flat
 from orchestrator.adapt import Controller, ControllerConfig, FaultSchedule, Kill, Slowdown, ControllerState, Throttle
-from orchestrator.adapt.live import RayPipeline, run_adaptive
+from orchestrator.elastic.harness import RayPipeline, run_adaptive
 from orchestrator.profiling.models import example_batch, loss_fn, mlp
 from orchestrator.core.plan import Plan, ScheduleKind, Stage, straight_plan
 from orchestrator.train.runtime import PipelineRuntime

@@ -20,7 +20,7 @@ from actors.reference import ReferenceTrainer, allclose, max_difference
 from orchestrator.core.cluster import flat
 from orchestrator.adapt import FaultSchedule, Join, PipelineHandle, move_transfers
 from orchestrator.adapt.handle import SHIPPED_STATE_FACTOR
-from orchestrator.adapt.live import RayPipeline
+from orchestrator.elastic.harness import RayPipeline
 from orchestrator.profiling.models import example_batch, loss_fn, mlp
 from orchestrator.core.plan import Plan, Stage, straight_plan
 from orchestrator.core.profile import Block, Profile

@@ -45,7 +45,7 @@ from actors import storage
 from actors.group import PipelineActorError, WorkerGroup
 from actors.metrics import MeasuredIteration
 from orchestrator.core.cluster import flat
-from orchestrator.adapt.controller import Act, Controller, Observed
+from orchestrator.adapt.controller import Act, Controller
 from orchestrator.adapt.handle import MoveReport, RestartReport, move_transfers
 from orchestrator.adapt.live import to_controller_metrics
 from orchestrator.adapt.rehearsal import Rehearsal

@@ -109,7 +109,7 @@ class PipelineRuntime(Checkpointing):
 
     def start(self, members: Sequence[int] | None = None, slots: Mapping[int, int] | None = None, size: int | None = None) -> None:
         """Create (if needed) and configure the workers. ``members``/``slots``: see
-        :meth:`WorkerGroup.configure` — the live handle (:mod:`orchestrator.adapt.live`) pins device
+        :meth:`WorkerGroup.configure` — the controller's harness (:mod:`orchestrator.elastic.harness`) pins device
         ``d`` to worker ``d`` and makes every alive device a rank so it can move blocks live."""
         if not ray.is_initialized():
             ensure_ray()
