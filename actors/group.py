@@ -118,6 +118,11 @@ class WorkerGroup(Starts, WorkerCalls):
             pass  # an idle worker that died is nobody's loss
         return out
 
+    def deaths_known(self) -> None:
+        """The caller knows which workers died and configures the survivors next: the group is not broken any more,
+        so :meth:`configure` keeps the survivors' processes instead of restarting every worker."""
+        self.broken = False
+
     def reform(self, spec: JobSpec, plan: Plan, survivors: Sequence[int], timeout_s: float = 300.0) -> list[dict[str, Any]]:
         """After a death without notice: configure ``plan`` on the surviving workers in their own processes.
 

@@ -172,7 +172,7 @@ def live_runs(seeds: tuple[int, ...] = LIVE_SEEDS, base: float = LIVE_BASE) -> t
         fresh_candidates = {same.setdefault(p.describe(), p)
                             for p in (full_replan(profile, c, range(4), static_plan, straight=True) for c in (truth, run.controller.model()))}
         after = sorted({p for p in in_force[LIVE_CHANGE:]} | {static_plan} | fresh_candidates, key=lambda p: p.describe())
-        pipe.faults = scenario(_base(base) + [Slowdown(1, 2.0, 0)])
+        pipe.set_faults(scenario(_base(base) + [Slowdown(1, 2.0, 0)]))
         rounds = _paired(pipe, after, PAIRED_ROUNDS, PAIRED_ITERATIONS)
         tput = {p: statistics.median(v) for p, v in rounds.items()}
         fresh_plan = max(fresh_candidates, key=lambda p: tput[p])

@@ -1,4 +1,4 @@
-"""The job's spot decisions over a price catalog (``price_view`` / ``spot_decision``), without Ray:
+"""The job's spot decisions over a price catalog (``build_price_view`` / ``spot_decision``), without Ray:
 only the latest observation of an offer counts, the current offer carries when its price was read,
 a move on prices older than the limit comes back as ``MigrationSkipped``, and learned preemption
 rates keep a job off a cheap offer that is taken away every hour."""
@@ -17,7 +17,7 @@ from cloud.migration import Migrate, MigrationSkipped
 from cloud.records import PriceRecord
 from cloud.store import PriceStore
 from orchestrator.elastic.job_config import ScalingConfig, SpotConfig
-from orchestrator.elastic.job_spot import price_view, spot_decision
+from orchestrator.elastic.job_spot import PriceView, build_price_view, spot_decision
 from tests.helpers import uniform_profile
 
 NOW = datetime(2026, 11, 26, 12, tzinfo=timezone.utc)
@@ -38,6 +38,11 @@ class Job:
     def emit(self, kind: str, **fields: Any) -> None:
         self.events.append((kind, fields))
 
+    def price_view(self) -> PriceView:  # built once, as the job does
+        if self.prices is None:
+            self.prices = build_price_view(self)  # type: ignore[arg-type]
+        return self.prices
+
 
 def rec(zone: str, itype: str, count: int, price: float, days_ago: float) -> PriceRecord:
     t = NOW - timedelta(days=days_ago)
@@ -54,7 +59,7 @@ def test_an_old_cheap_row_of_an_offer_that_is_expensive_now_never_wins(tmp_path)
     rows = [rec("us-east-1a", "p3.8xlarge", 2, 2.0, 0.1),  # where the job runs (2 GPUs)
             rec("us-east-1b", "p3.16xlarge", 8, 0.5, 60), rec("us-east-1b", "p3.16xlarge", 8, 80.0, 0.1)]
     job = Job(SpotConfig(catalog=catalog(tmp_path, rows), migration_check_every=1))
-    view = price_view(job)
+    view = job.price_view()
     assert len(view.offers) == 2 and view.offers[view.offers.gpu_count == 8].usd_per_hour.tolist() == [80.0]
     assert view.current.instance_type == "p3.8xlarge" and view.current.observed_at == NOW - timedelta(days=0.1)
     assert view.current.as_event()["observed_at"] == (NOW - timedelta(days=0.1)).isoformat()

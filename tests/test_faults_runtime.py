@@ -49,7 +49,7 @@ def pool(worker_group: Any) -> Iterator[Any]:
     """The shared pool, with any worker a test killed replaced afterwards."""
     yield worker_group
     worker_group.respawn(sorted(worker_group.dead))
-    worker_group.broken = False
+    worker_group.deaths_known()
 
 
 @pytest.mark.ray

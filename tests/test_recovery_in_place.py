@@ -37,7 +37,7 @@ def pool(worker_group: Any) -> Iterator[Any]:
     """The shared pool, with any worker a test killed replaced afterwards."""
     yield worker_group
     worker_group.respawn(sorted(worker_group.dead))
-    worker_group.broken = False
+    worker_group.deaths_known()
 
 
 def trainer_on(pool: Any, tmp: Path | None = None) -> PipelineRuntime:

@@ -177,7 +177,7 @@ def test_a_fixed_plan_counts_each_death_once_and_the_budget_spans_fits(worker_gr
         assert trainer.failures == 2 and trainer.step == 3
     finally:
         worker_group.respawn(sorted(worker_group.dead))
-        worker_group.broken = False
+        worker_group.deaths_known()
 
 
 # ----- row arithmetic (no Ray) -----

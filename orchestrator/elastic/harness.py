@@ -118,6 +118,13 @@ class RayPipeline:
             raise UserError("pass a trainer that has not started yet: the handle pins device d to worker d")
         trainer.start(members=sorted(alive), slots={d: d for d in range(self.cluster.size)}, size=self.cluster.size)
 
+    def set_faults(self, faults: FaultSchedule) -> None:
+        """Rehearse ``faults`` from now on, indexed by calls to :meth:`run_iteration` as before (the knobs pushed
+        and the kills armed come from it: the rehearsal is rebuilt with it)."""
+        faults.validate(self.cluster)
+        self.faults = faults
+        self._rehearsal = Rehearsal(faults, self.cluster)
+
     # ----- PipelineHandle -----
     def current_plan(self) -> Plan:
         return self.trainer.plan
@@ -203,7 +210,7 @@ class RayPipeline:
             source = trainer.save_checkpoint(ckpt.step_dir(base, trainer.step))
         else:
             source = trainer.latest()
-        group.broken = False  # the dead are known; survivors' failed tasks drain before the new setup
+        group.deaths_known()  # survivors' failed tasks drain before the new setup
         # no checkpoint yet (source None): the seed is the last consistent state
         trainer.restart_on(new_plan, source, members=sorted(self._alive_now()), slots={d: d for d in range(self.cluster.size)})
         self._failed_step = None
@@ -298,8 +305,7 @@ def run_adaptive(trainer_or_handle: Union[PipelineRuntime, RayPipeline], control
     schedule = faults if isinstance(faults, FaultSchedule) else FaultSchedule(tuple(faults))
     if isinstance(trainer_or_handle, RayPipeline):
         handle = trainer_or_handle
-        schedule.validate(handle.cluster)
-        handle.faults = schedule
+        handle.set_faults(schedule)
     else:
         handle = RayPipeline(trainer_or_handle, cluster, schedule, profile)
     controller = Controller(handle, handle.profile, controller_config)

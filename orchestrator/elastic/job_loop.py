@@ -57,7 +57,7 @@ from orchestrator.elastic.job_config import AdaptConfig, RunConfig, ScalingConfi
 from orchestrator.train.fit_result import JobResult
 from orchestrator.elastic.growth import Growth, check_joins
 from cloud.migration import MigrationSkipped
-from orchestrator.elastic.job_spot import price_view, profile_model, relocate, spot_decision
+from orchestrator.elastic.job_spot import PriceView, build_price_view, profile_model, relocate, spot_decision
 from orchestrator.elastic.run import RunState, open_run
 from orchestrator.elastic.run_record import MigrationRequest
 from orchestrator.elastic.signals import JobFailed, JobStopped, MigrationRequested, StopSignals
@@ -129,7 +129,7 @@ class ElasticJob:
         self._snapshot_told = False
         self.move_pairs: list[tuple[int, int]] = []  # (from, to) of every block hand-over, in order
         self.growth = Growth(self)
-        self.prices: Any = None  # job_spot.PriceView, built when first needed
+        self._prices: PriceView | None = None  # built on first use (price_view)
         self.target_steps = 0
 
     # ----- inputs -----
@@ -234,7 +234,7 @@ class ElasticJob:
         if not (self.spot.enabled and self.spot.catalog):
             return None
         stamp = datetime.now(timezone.utc) if self.spot.price_events else None
-        return price_view(self, stamp_now=stamp).current.as_event()
+        return self.price_view(stamp_now=stamp).current.as_event()
 
     def _commit_final(self) -> None:
         """The run always ends (or stops) on a committed checkpoint of its last step."""
@@ -522,6 +522,12 @@ class ElasticJob:
         self.emit("migration_requested", reason=reason, step=step, target=target, detail=detail, cluster=self.run.cluster)
         self.runstate.ended("migrating", step, MigrationRequest(reason, step, target))
         raise MigrationRequested(f"run {self.runstate.run_id} committed step {step} and asks its supervisor to move it to {target} ({reason})")
+
+    def price_view(self, stamp_now: datetime | None = None) -> PriceView:
+        """The job's view of the price catalog, built once (see :func:`~orchestrator.elastic.job_spot.build_price_view`)."""
+        if self._prices is None:
+            self._prices = build_price_view(self, stamp_now)
+        return self._prices
 
     def slot_map(self) -> dict[int, int]:
         """Device ``d`` is worker slot ``d``, for every device the job has had a worker for."""

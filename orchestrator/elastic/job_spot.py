@@ -47,41 +47,39 @@ class PriceView:
         return self.current.age_s(now)
 
 
-def price_view(job: "JobView", stamp_now: "datetime | None" = None) -> PriceView:
-    """Built on first use (it plans the model for every GPU type of the catalog).
+def build_price_view(job: "JobView", stamp_now: "datetime | None" = None) -> PriceView:
+    """The job's view of the price catalog (it plans the model for every GPU type of the catalog, so the job
+    builds it once, on first use: :meth:`~orchestrator.elastic.job_loop.ElasticJob.price_view`).
 
     Only the latest observation of each offer counts (an old cheap row of an offer that is
     expensive now never wins). ``stamp_now``: a rehearsal's price file is stamped as read at that
     time (``observed_at``) when the view is built, so replayed prices count as fresh.
     """
-    if job.prices is None:
-        from cloud.importers import load_any, load_snapshot
-        from cloud.store import latest_rows, offer_of
+    from cloud.importers import load_any, load_snapshot
+    from cloud.store import latest_rows, offer_of
 
-        spot = job.spot
-        offers = latest_rows(load_any(spot.catalog) if spot.catalog else load_snapshot())
-        if stamp_now is not None:
-            import pandas as pd
+    spot = job.spot
+    offers = latest_rows(load_any(spot.catalog) if spot.catalog else load_snapshot())
+    if stamp_now is not None:
+        import pandas as pd
 
-            offers = offers.assign(observed_at=pd.Timestamp(stamp_now))
-        # a pipeline needs devices to spread over: targets with at least two GPUs (or the job's count)
-        offers = offers[(offers.gpu_count >= min(2, job.scaling.devices)) & (offers.usd_per_hour > 0)].reset_index(drop=True)
-        current = spot.offer
-        if isinstance(current, str):  # a label (the supervisor's RAYPIPE_OFFER): the newest row of that offer
-            label = current
-            named = [o for o in (offer_of(r) for r in offers.to_dict("records")) if o.label() == label]
-            if not named:
-                raise UserError(f"SpotConfig.offer: no offer {label!r} in the price catalog")
-            current = named[-1]
-        if current is None:
-            rows = offers[offers.spot & (offers.gpu_count == job.scaling.devices)].sort_values("usd_per_hour", kind="stable")
-            if rows.empty:
-                raise UserError(f"the price catalog has no spot offer with {job.scaling.devices} GPUs to start from")
-            current = offer_of(rows.iloc[0])
-        gpus = {(str(g), int(c)) for g, c in zip(offers.gpu_type, offers.gpu_count)}
-        job.prices = PriceView(offers, current, simulated_throughputs(job.profile, gpus, job.train.num_microbatches))
-    view: PriceView = job.prices
-    return view
+        offers = offers.assign(observed_at=pd.Timestamp(stamp_now))
+    # a pipeline needs devices to spread over: targets with at least two GPUs (or the job's count)
+    offers = offers[(offers.gpu_count >= min(2, job.scaling.devices)) & (offers.usd_per_hour > 0)].reset_index(drop=True)
+    current = spot.offer
+    if isinstance(current, str):  # a label (the supervisor's RAYPIPE_OFFER): the newest row of that offer
+        label = current
+        named = [o for o in (offer_of(r) for r in offers.to_dict("records")) if o.label() == label]
+        if not named:
+            raise UserError(f"SpotConfig.offer: no offer {label!r} in the price catalog")
+        current = named[-1]
+    if current is None:
+        rows = offers[offers.spot & (offers.gpu_count == job.scaling.devices)].sort_values("usd_per_hour", kind="stable")
+        if rows.empty:
+            raise UserError(f"the price catalog has no spot offer with {job.scaling.devices} GPUs to start from")
+        current = offer_of(rows.iloc[0])
+    gpus = {(str(g), int(c)) for g, c in zip(offers.gpu_type, offers.gpu_count)}
+    return PriceView(offers, current, simulated_throughputs(job.profile, gpus, job.train.num_microbatches))
 
 
 def spot_decision(job: "JobView", step: int, preempted: bool = False, max_price_age_s: float | None = None,
@@ -111,7 +109,7 @@ def spot_decision(job: "JobView", step: int, preempted: bool = False, max_price_
     due = preempted or bool(changes) or bool(spot.migration_check_every and step % spot.migration_check_every == 0)
     if not due:
         return None
-    view = price_view(job)
+    view = job.price_view()
     cur = view.current
     same = (view.offers.cloud == cur.cloud) & (view.offers.region == cur.region) & (view.offers.zone == cur.zone) \
         & (view.offers.instance_type == cur.instance_type) & (view.offers.spot == cur.spot)
@@ -169,7 +167,7 @@ def relocate(job: "JobView", decision: Any, forced: bool, reason: str, notice: "
     if forced and job.spot.enabled:
         decision = spot_decision(job, trainer.step, preempted=True)
     if job.run.supervised and (decision is not None or not survivors):
-        target = decision.target.label() if decision is not None else price_view(job).current.label()
+        target = decision.target.label() if decision is not None else job.price_view().current.label()
         job.request_migration(reason, target, getattr(decision, "reason", "this placement is going away"), commit=room)
     devices = tuple(survivors or range(job.growth.placed))  # this cluster: the survivors, or the same devices afresh
     job.emit("relocated", reason=reason, forced=forced, step=before, devices=list(devices),

@@ -45,7 +45,6 @@ class JobView(Protocol):
     target_steps: int  # the step the running fit ends at
     checkpoint_s: float  # how long a checkpoint took last time
     leaving: Notice | None  # evacuated devices still members of the process group
-    prices: Any  # job_spot.PriceView once built
 
     @property
     def growth(self) -> Placed: ...
@@ -55,6 +54,8 @@ class JobView(Protocol):
     def switch_live(self, plan: Plan, members: set[int] | None = None) -> MoveReport: ...
 
     def slot_map(self) -> dict[int, int]: ...
+
+    def price_view(self) -> Any: ...  # job_spot.PriceView, built once by the job
 
     def checkpoint_now(self, why: str) -> str | None: ...
 
