@@ -7,7 +7,7 @@ The public API is the short list in ``__all__``; everything else is reached thro
 
 The one entry point for training is :class:`ElasticJob` (configured by :class:`TrainConfig`,
 :class:`ScalingConfig`, :class:`RunConfig`, :class:`AdaptConfig` and :class:`SpotConfig`); :class:`PipelineTrainer`
-is the runtime layer under it, for a fixed plan without policies.
+is the same loop for a fixed plan with the policies off; both run on :class:`PipelineRuntime`, the runtime's primitives.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ _API = {
     "profile_blocks": "orchestrator.profiling.profiler", "sequential_blocks": "orchestrator.profiling.modules",
     "split_at": "orchestrator.profiling.modules",
     # training (torch, Ray)
-    "PipelineTrainer": "orchestrator.elastic.fixed_plan",
+    "PipelineTrainer": "orchestrator.elastic.fixed_plan", "PipelineRuntime": "orchestrator.train.runtime",
     "ElasticJob": "orchestrator.elastic.job_loop", "JobResult": "orchestrator.elastic.job_loop",
     "TrainConfig": "orchestrator.elastic.job_config", "ScalingConfig": "orchestrator.elastic.job_config",
     "RunConfig": "orchestrator.elastic.job_config", "AdaptConfig": "orchestrator.elastic.job_config",
@@ -69,6 +69,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs only; at run time each name is i
     from orchestrator.profiling.modules import sequential_blocks, split_at
     from orchestrator.profiling.profiler import profile_blocks
     from orchestrator.elastic.fixed_plan import PipelineTrainer
+    from orchestrator.train.runtime import PipelineRuntime
 
 
 def __getattr__(name: str) -> Any:
