@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Callable, Collection, Iterable, Mapping, Sequence
+from typing import Any, Callable, Collection, Iterable, Mapping, Sequence, overload
 
 import ray
 import torch
@@ -25,7 +25,6 @@ from torch import Tensor, nn
 
 from actors import checkpoint as ckpt
 from actors import injection
-from actors import storage
 from actors import user_code
 from actors import waits
 from actors.group import PipelineActorError, WorkerGroup
@@ -37,11 +36,11 @@ from orchestrator.core.cluster import Cluster
 from orchestrator.core.errors import UserError
 from orchestrator.core.plan import Plan
 from orchestrator.train import recovery
-from orchestrator.train.checkpointing import Checkpointing
+from orchestrator.train.checkpointing import Checkpoints
 from orchestrator.train.fit_result import InFlight
 
 
-class PipelineRuntime(Checkpointing):
+class PipelineRuntime:
     """A plan's stage workers and their primitives; see the module docstring for the data and control flow."""
 
     def __init__(
@@ -83,12 +82,7 @@ class PipelineRuntime(Checkpointing):
         self.plan = plan
         if self.plan.num_microbatches != num_microbatches:
             raise UserError(f"the plan has {self.plan.num_microbatches} micro-batches but num_microbatches={num_microbatches}")
-        # a local folder stays a Path; a storage URI (s3://, gs://, az://) stays a string
-        self.checkpoint_dir: str | Path | None = (
-            None if checkpoint_dir is None else checkpoint_dir if isinstance(checkpoint_dir, str) and not storage.is_local(checkpoint_dir)
-            else Path(storage.local_path(checkpoint_dir)))
-        self.skipped_checkpoints: list[ckpt.Skipped] = []  # damaged ones passed over by resume/recovery, with reasons
-        self._uploading: tuple[str | Path, int, int, dict[str, Any], dict[str, Any], list[int]] | None = None
+        self.checkpoints = Checkpoints(checkpoint_dir)  # owns where they go, the upload in flight, the damaged ones
         self.iteration_timeout_s = iteration_timeout_s
         self.resume = resume
         self.group = workers if workers is not None else self._probed
@@ -200,13 +194,52 @@ class PipelineRuntime(Checkpointing):
         """The same (or, if broken, fresh) processes on ``plan``, state from the checkpoint at
         ``source`` (``None``: the seed); returns the step training resumes at."""
         group = self._workers()
-        self._uploading = None
+        self.checkpoints.abandon()
         self.plan = plan
         group.configure(self.spec, plan, self.iteration_timeout_s, members=members, slots=slots)
         if source is None:
             self.step = 0
             return 0
         return self.restore(source)
+
+    # ----- checkpoints (orchestrator.train.checkpointing owns their state) -----
+    @property
+    def checkpoint_dir(self) -> str | Path | None:
+        return self.checkpoints.directory
+
+    @property
+    def skipped_checkpoints(self) -> list[ckpt.Skipped]:
+        """Damaged checkpoints a resume or recovery passed over, with reasons (for the caller's event log)."""
+        return self.checkpoints.skipped
+
+    @overload
+    def save_checkpoint(self, directory: Path, background: bool = False) -> Path: ...
+    @overload
+    def save_checkpoint(self, directory: str | Path | None = None, background: bool = False) -> str | Path: ...
+    def save_checkpoint(self, directory: str | Path | None = None, background: bool = False) -> str | Path:
+        """A checkpoint of the current step (see :meth:`Checkpoints.save`; ``background``: committed by
+        :meth:`finish_checkpoint`)."""
+        return self.checkpoints.save(self._workers(), self.spec, self.plan, self.step, self.history, directory, background)
+
+    @property
+    def upload_pending(self) -> bool:
+        return self.checkpoints.pending
+
+    def finish_checkpoint(self) -> str | Path | None:
+        """Wait for the background checkpoint (if any) and commit it; returns its location."""
+        return self.checkpoints.finish(self._workers(), self.spec)
+
+    def latest(self) -> str | Path | None:
+        return self.checkpoints.latest()
+
+    def restore(self, source: str | Path) -> int:
+        """Load a checkpoint taken under ANY plan of the same model (``"latest"``, ``"latest_or_fresh"`` or a
+        location; see :meth:`Checkpoints.load`); returns the step training resumes at."""
+        loaded = self.checkpoints.load(self._workers(), self.plan.num_blocks, source)
+        if loaded is not None:
+            self.step, losses = loaded
+            self.history.update(losses)
+        return self.step
 
     # ----- inspection -----
     def devices(self) -> list[dict[str, Any]]:
@@ -280,7 +313,7 @@ class PipelineRuntime(Checkpointing):
             raise recovery.InPlaceImpossible(f"survivor(s) {sorted(late)} did not answer after the death of {gone}")
         copies = {d: {int(s): b for s, b in r["steps"].items()}
                   for d, r in zip(survivors, group.call("host_copies", devices=survivors, what="host copies"))}
-        self._uploading = None  # an upload the dead worker was part of never commits
+        self.checkpoints.abandon()  # an upload the dead worker was part of never commits
         stored = self.latest()
         manifest = ckpt.verify(str(stored)) if stored is not None else None
         stored_step = int(manifest["step"]) if manifest is not None else None
