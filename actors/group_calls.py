@@ -64,8 +64,12 @@ class WorkerCalls:
     def unreachable_slots(self) -> set[int]:
         """Actor slots known dead or whose node has left the cluster (a removed or failed node
         takes every worker on it; the first error names only one of them)."""
+        return set(self.dead) | self.node_lost_slots()
+
+    def node_lost_slots(self) -> set[int]:
+        """Actor slots whose node has left the cluster: no worker can be (re)started there."""
         alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
-        return set(self.dead) | {i for i, slot in enumerate(self.slots) if slot.node_id not in alive}
+        return {i for i, slot in enumerate(self.slots) if slot.node_id not in alive}
 
     def actor_of(self, device: int) -> Any:
         return self.actors[self.slot_of[device]]

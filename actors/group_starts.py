@@ -13,7 +13,7 @@ be respawned in place (a replaced node); capacity that joins gets workers in new
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import ray
 from ray.exceptions import RayActorError, RayTaskError
@@ -39,14 +39,19 @@ class Starts:
     start_timeout_s: float
     _starting: dict[Any, tuple[int, float]]
 
-    def _start(self) -> None:
+    node_lost_slots: Callable[[], set[int]]  # actors.group_calls.WorkerCalls
+
+    def _start(self, skip: Sequence[int] = ()) -> None:
+        """A worker on every slot but those in ``skip`` (slots whose node is gone: dead, with no actor)."""
         remote = ray.remote(StageWorker)
-        self.actors = [remote.options(max_concurrency=1, **actor_options(s, self.cpus_per_worker)).remote()  # type: ignore[attr-defined]
-                       for s in self.slots]
-        self.dead = set()
+        self.actors = [None if i in skip else remote.options(max_concurrency=1, **actor_options(s, self.cpus_per_worker)).remote()  # type: ignore[attr-defined]
+                       for i, s in enumerate(self.slots)]
+        self.dead = set(skip)
         self.broken = False
         self._starting = {}
-        self.identities = self._await(list(range(len(self.actors))))
+        live = [i for i in range(len(self.actors)) if i not in self.dead]
+        found = dict(zip(live, self._await(live))) if live else {}
+        self.identities = [found.get(i, {}) for i in range(len(self.actors))]
 
     def _await(self, indices: list[int]) -> list[dict[str, Any]]:
         """Wait for the workers at ``indices`` to start and check each runs where its slot says."""
@@ -79,9 +84,12 @@ class Starts:
                             f"{last_line(exc)}") from None
 
     def restart(self) -> None:
-        """Kill every worker (a broken process group cannot be repaired in place) and start fresh ones."""
+        """Kill every worker (a broken process group cannot be repaired in place) and start fresh ones, except on
+        slots whose node has left the cluster: a hard node affinity to a removed node can never be scheduled
+        (Ray raises ``ActorUnschedulableError``), so those slots stay dead and a plan must do without them."""
+        lost = self.node_lost_slots()
         self._kill()
-        self._start()
+        self._start(sorted(lost))
 
     def shutdown(self) -> None:
         self._kill()
@@ -89,7 +97,7 @@ class Starts:
     def _kill(self, indices: Sequence[int] | None = None) -> None:
         """Kill the workers at ``indices`` (default: all of them, and forget them)."""
         for i, actor in enumerate(self.actors):
-            if indices is not None and i not in indices:
+            if actor is None or (indices is not None and i not in indices):
                 continue
             try:
                 ray.kill(actor, no_restart=True)

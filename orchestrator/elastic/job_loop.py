@@ -438,7 +438,7 @@ class ElasticJob:
             except InPlaceImpossible as why:
                 decision = Restart(plan, True, f"recovery in place impossible: {why.reason}")
             else:
-                self.alive, self.leaving = {int(str(d["device"])) for d in rec.devices}, None  # the survivors keep their processes
+                self.alive, self.leaving = set(rec.members), None  # the survivors keep their processes, idle ones too
                 self._recovering = (t0, {"mode": "in_place", "reason": decision.reason, "step": rec.resumed_step,
                                          "lost_steps": before - rec.resumed_step, "source": rec.source,
                                          "blocks_from": dict(rec.blocks_from),
@@ -447,15 +447,22 @@ class ElasticJob:
                                          "plan": self.trainer.plan.describe(), "devices": [dict(d) for d in rec.devices]})
                 return
         assert isinstance(decision, Restart)
-        self.alive, self.leaving = set(range(self.growth.placed)), None
+        # every device the job has had a worker for, but those whose node left: no worker can start there
+        self.alive, self.leaving = set(range(self.growth.placed)) - self.trainer.group.node_lost_slots(), None
         self.rehearsal.forget()  # fresh processes: no injected knobs
-        self.trainer.recover(exc)
+        self.trainer.recover(exc, self._reachable(plan), sorted(self.alive), self.slot_map())
         self.restarts += 1
         self._recovering = (t0, {"mode": "restart", "reason": decision.reason, "step": self.trainer.step,
                                  "lost_steps": before - self.trainer.step,
                                  "iteration_s": round(statistics.median(recent), 4) if recent else None,
                                  "plan": self.trainer.plan.describe(),
                                  "devices": [{"device": d["device"], "node_id": d["node_id"], "pid": d["pid"]} for d in self.trainer.devices()]})
+
+    def _reachable(self, plan: Plan) -> Plan:
+        """``plan``, or (if it uses a device whose node left) a plan re-made over the alive devices."""
+        if set(plan.devices) <= self.alive:
+            return plan
+        return planner_plan(self.profile, self.cluster, tuple(sorted(self.alive)), plan, self.scaling.planner, straight=True)
 
     def _idle_lost(self) -> None:
         """Devices without blocks whose node left (a node that joined, or an evacuated device's) stop being
@@ -479,7 +486,7 @@ class ElasticJob:
         for attempt in range(2):
             plan = planner_plan(self.profile, self.cluster, survivors, self.trainer.plan, self.scaling.planner, straight=True)
             try:
-                return self.trainer.recover_in_place(sorted(dead), plan)
+                return self.trainer.recover_in_place(sorted(dead), plan, survivors)
             except InPlaceImpossible:
                 more = (set(survivors) & self.trainer.group.unreachable_slots()) - dead
                 if attempt or not more or not set(survivors) - more:

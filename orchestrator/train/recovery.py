@@ -31,8 +31,9 @@ class InPlaceImpossible(RuntimeError):
 class InPlaceRecovery:
     """What a recovery in place did: the step training resumes at, where the state came from (``snapshot``: every
     block from its own device's copy; ``peer``: some from a peer's memory; ``storage``: some from the checkpoint;
-    ``seed``: nothing to restore), blocks per source, host bytes of copies held per device, the survivors
-    (``{"device", "node_id", "pid"}``: the same processes as before) and the seconds it took."""
+    ``seed``: nothing to restore), blocks per source, host bytes of copies held per device, the survivors the plan
+    uses (``{"device", "node_id", "pid"}``: the same processes as before), the seconds it took, and every surviving
+    member of the new process group (``members``: the plan's devices and the idle ones, which stay the job's)."""
 
     resumed_step: int
     source: str
@@ -40,6 +41,7 @@ class InPlaceRecovery:
     snapshot_bytes: Mapping[int, int] = field(default_factory=dict)
     devices: tuple[Mapping[str, object], ...] = ()
     seconds: float = 0.0
+    members: tuple[int, ...] = ()
 
 
 def restorable_step(copies: Mapping[int, Mapping[int, Sequence[int]]], num_blocks: int, stored_step: int | None) -> int | None:

@@ -120,14 +120,16 @@ class PipelineRuntime:
         assert self.group is not None
         return self.group
 
-    def recover(self, exc: PipelineActorError) -> None:
-        """New processes (a broken process group cannot be repaired in place), same plan, state
-        from the newest complete checkpoint (or the seed); the caller's loop counts the failure.
-        An upload from a dead worker never commits: its folder stays unmarked."""
+    def recover(self, exc: PipelineActorError, plan: Plan | None = None, members: Sequence[int] | None = None,
+                slots: Mapping[int, int] | None = None) -> None:
+        """New processes (a broken process group cannot be repaired in place), the same plan (or ``plan``, one
+        without the devices whose node left: no worker restarts there), state from the newest complete
+        checkpoint (or the seed); the caller's loop counts the failure. An upload from a dead worker never
+        commits: its folder stays unmarked. ``members``, ``slots``: as :meth:`restart_on`."""
         assert self.group is not None
         self._drop_fired_kills({exc.device} if exc.died else None)
         self.group.restart()
-        self.restart_on(self.plan, self.latest())
+        self.restart_on(plan or self.plan, self.latest(), members, slots)
 
     # ----- primitives of the job loop (orchestrator.elastic.job_loop) and the live handle -----
     def submit_step(self, step: int | None = None, count: int = 1) -> "InFlight":
@@ -291,19 +293,25 @@ class PipelineRuntime:
         sizes.update({d: int(r["bytes"]) for d, r in zip(rest, group.call("host_copies", devices=rest))} if rest else {})
         return {d: sizes[d] for d in devices}
 
-    def recover_in_place(self, dead: Collection[int], plan: Plan) -> recovery.InPlaceRecovery:
+    def recover_in_place(self, dead: Collection[int], plan: Plan, alive: Collection[int] | None = None) -> recovery.InPlaceRecovery:
         """After workers died without notice (``dead``, and any on a node that left; every step in flight discarded):
         the survivors keep their processes, re-form their process group among themselves on ``plan`` (a plan over
         survivors), and roll back to the newest restorable step from host copies (their own, a neighbour's on
         another node) or the newest committed checkpoint. Several deaths at once (a node) are recovered in place too:
         blocks whose every copy died come from storage, at the checkpoint's step.
+        ``alive``: the devices the caller counts on (default: the process group's members); an idle device that
+        joined and is not a member yet survives too (device ``d`` is slot ``d``), an evacuated one still a member
+        but not counted on does not (it is left out of the new group).
         Raises :class:`~orchestrator.train.recovery.InPlaceImpossible` (with a one-line ``reason``) when it cannot:
         then :meth:`recover` restarts everything as before."""
         t0 = time.perf_counter()
         group = self._workers()
+        counted = sorted(group.rank_of if alive is None else {int(d) for d in alive})
+        for d in counted:
+            group.slot_of.setdefault(d, d)
         lost = group.unreachable_slots()  # a node that went away takes all its workers
-        gone = sorted({int(d) for d in dead} | {d for d in group.rank_of if group.slot_of.get(d, d) in lost})
-        survivors = sorted(d for d in group.rank_of if d not in gone)
+        gone = sorted({int(d) for d in dead} | {d for d in counted if group.slot_of[d] in lost})
+        survivors = [d for d in counted if d not in gone]
         self._drop_fired_kills(gone)
         missing = sorted(set(plan.devices) - set(survivors))
         if missing or not survivors:
@@ -322,7 +330,7 @@ class PipelineRuntime:
         self.plan = plan
         if step is None:  # nothing kept anywhere: the seed, as a restart without checkpoint
             self.step = 0
-            return recovery.InPlaceRecovery(0, "seed", {}, {}, tuple(self._survivors()), time.perf_counter() - t0)
+            return recovery.InPlaceRecovery(0, "seed", {}, {}, tuple(self._survivors()), time.perf_counter() - t0, tuple(survivors))
         sources = recovery.block_sources(step, plan, copies, stored_step)
         wanted: dict[int, list[int]] = {}
         for device, blocks in sources.items():
@@ -343,7 +351,7 @@ class PipelineRuntime:
         self.step = step
         held = {d: int(r["bytes"]) for d, r in zip(survivors, group.call("host_copies", devices=survivors))}
         return recovery.InPlaceRecovery(step, recovery.source_of(sources), counts, held, tuple(self._survivors()),
-                                        time.perf_counter() - t0)
+                                        time.perf_counter() - t0, tuple(survivors))
 
     def _survivors(self) -> list[dict[str, Any]]:
         return [{"device": d["device"], "node_id": d["node_id"], "pid": d["pid"]} for d in self.devices()]
