@@ -114,7 +114,7 @@ class BackgroundWrite:
     The thread runs at the lowest CPU priority while nobody waits for it (:class:`actors.snapshot.UploadPriority`):
     copying, serialising, hashing and writing use the cores training leaves idle (on a GPU, or in a
     pipeline's bubbles); where training keeps every core busy, the copy runs when the step waits for
-    it (at normal priority then), so the stall is at most that copy. After the upload the snapshots stay in :attr:`staged`, so the next
+    it (at normal priority then), so the stall is at most that copy. Once taken the snapshots are in :attr:`staged` (and stay there), so the next
     checkpoint copies into warm host buffers (``deferred_snapshot(into=...)``) instead of faulting
     in fresh pages — the reuse torch.distributed.checkpoint's async stager offers as a cache.
     """
@@ -139,13 +139,15 @@ class BackgroundWrite:
         try:
             try:
                 taken = [p() if callable(p) else p for p in self._payloads]
+                # the step's state on the host from now on, read-only: a recovery in place may roll back to it
+                # while the upload still runs (HostCopies), and the next checkpoint copies into its buffers
+                self.staged = {int(p["block"]): p for p in taken}
             finally:
                 self.snapshotted.set()  # the step may go on: the copies exist, or the error is recorded below
             self._payloads = []
             self._priority.lower(copied=True)  # again, if a step waiting for the copy had raised it
             for payload in taken:
                 self.entries.append(write_payload(self.directory, payload, self.step, self.run_id))
-            self.staged = {int(p["block"]): p for p in taken}
         except BaseException as exc:  # noqa: BLE001 - handed to the caller of result()
             self.error = exc
         finally:

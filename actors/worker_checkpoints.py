@@ -95,8 +95,15 @@ class WorkerCheckpoints:
 
     # ----- host copies (recovery in place; actors/host_copies.py) -----
     def host_copies(self) -> dict[str, Any]:
-        """What this worker holds: ``{"steps": {step: blocks}, "bytes": n}`` (the driver picks the step to resume)."""
+        """What this worker holds: ``{"steps": {step: blocks}, "bytes": n}`` (the driver picks the step to resume).
+
+        An asynchronous checkpoint still uploading counts: its snapshot is that step's state on this host already,
+        so a death during the upload can roll back to the step being uploaded (when every block has a copy there)
+        instead of the previous committed checkpoint's."""
         self._snapshot_taken()
+        upload = self.upload
+        if upload is not None and upload.staged:  # every block's copy taken (the thread sets them all at once)
+            self.copies.keep_checkpoint(self.upload_step, upload.staged)
         return {"steps": self.copies.inventory(), "bytes": self.copies.nbytes()}
 
     def snapshot_copies(self, step: int) -> dict[int, Any]:

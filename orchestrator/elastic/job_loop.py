@@ -425,6 +425,8 @@ class ElasticJob:
         dead = sorted(({exc.device} if exc.device >= 0 else set()) | (self.alive & self.trainer.group.unreachable_slots()))
         self.emit("worker_failed", step=before, device=exc.device if exc.device >= 0 else None, dead=dead, failures=failures,
                   error=str(exc).splitlines()[0])
+        if self.trainer.upload_pending:  # either recovery discards the upload (it never commits): save that step again when due
+            self._saved_at = -1
         plan = self.trainer.plan
         decision: DeathDecision = on_worker_death(failures, self.run.max_failures, plan, dead, sorted(self.alive),
                                                   in_place=self.run.recover_in_place)
