@@ -12,9 +12,15 @@ node removal (``Cluster.remove_node``: all its workers die), a preemption notice
 injection knob, lifted one chunk later). Each kind is drawn once early, in a seeded order, then at random. The last
 line is one JSON object: ``max_abs_diff`` against uninterrupted single-process training, ``faults`` (count per
 kind), ``handled`` (per fault: its kind, step, and the job's events that followed it), ``leaked``, the survivors'
-resident memory from step 50 to the end, and ``ok``.
+resident memory from step 50 to the end, the goodput (samples per second over the whole run, recoveries included)
+and ``ok``.
+
+``--trace LOGS`` replaces the seeded faults by the losses and joins of two spot offers in the thesis's availability
+logs (:mod:`benchmarks.soak_trace`), time-compressed, and replays the same trace twice — with recovery in place, then
+with full restarts only (``RunConfig(recover_in_place=False)``) — to report the two goodputs side by side.
 
     python benchmarks/soak.py --steps 500 --seed 7          # writes benchmarks/results/soak.md with --record
+    python benchmarks/soak.py --steps 100 --trace ../shared/pricing_traces/training_on_a_dime/logs
 """
 
 from __future__ import annotations
@@ -28,12 +34,14 @@ import tempfile
 import time
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from benchmarks.soak_trace import TraceEvent, compression, trace_schedule  # noqa: E402
 
 KINDS = ("death", "node_removal", "notice_device", "notice_node", "join", "slowdown")
 WIDTHS = (8, 16, 16, 16, 16, 16, 16, 16, 4)
@@ -65,7 +73,7 @@ def rss_kib(pid: int) -> int | None:
 class Soak:
     """The cluster, the job and the faults (see the module docstring)."""
 
-    def __init__(self, steps: int, seed: int, every: int, tmp: Path, kinds: tuple[str, ...] = KINDS) -> None:
+    def __init__(self, steps: int, seed: int, every: int, tmp: Path, kinds: tuple[str, ...] = KINDS, in_place: bool = True) -> None:
         import ray
         from ray.cluster_utils import Cluster
 
@@ -85,12 +93,14 @@ class Soak:
         self.events_file = tmp / "events.jsonl"
         self.job = ElasticJob(train, ScalingConfig(devices=5, max_devices=64, plan=straight_plan([0, 2, 3, 5, 6, 8], 4), node_poll_s=0.1),
                               RunConfig(storage=str(tmp / "ckpt"), events=self.events_file, checkpoint_every=every,
-                                        max_failures=steps),
+                                        max_failures=steps, recover_in_place=in_place),
                               AdaptConfig(controller=ControllerConfig(straight=True)),
                               SpotConfig(enabled=True, margin_s=1.0, ray_drain_poll_s=0.0))
         self.slowed: int | None = None
         self.pids: set[int] = set()
         self.memory: dict[int, int] = {}  # pid -> RSS KiB at step 50 (or when first seen after it)
+        self.offer_nodes: dict[int, Any] = dict(enumerate(self.nodes))  # --trace: the node standing for each offer
+        self.batch = int(train.data_fn(0)[0].shape[0])  # samples per step
 
     # ----- faults -----
     def inject(self, kind: str) -> str:
@@ -140,6 +150,21 @@ class Soak:
         self.slowed = d
         return f"slowdown: device {d} 4x"
 
+    def replay(self, event: TraceEvent) -> str:
+        """One loss or join of the trace (a loss of a node already gone, or a join of one there, changes nothing)."""
+        node = self.offer_nodes.get(event.slot)
+        if event.kind == "loss" and node is not None:
+            self.cluster.remove_node(node)
+            self.nodes.remove(node)
+            del self.offer_nodes[event.slot]
+            return f"node_removal: {event.offer} preempted at {event.at}"
+        if event.kind == "join" and node is None:
+            self.offer_nodes[event.slot] = self.cluster.add_node(num_cpus=2)
+            self.nodes.append(self.offer_nodes[event.slot])
+            self.cluster.wait_for_nodes()
+            return f"join: {event.offer} up at {event.at}"
+        return f"none: {event.offer} {event.kind} at {event.at} (no change)"
+
     def lift_slowdown(self) -> None:
         group = self.job.trainer.group
         if self.slowed is not None and group is not None and self.slowed in self.job.trainer.plan.devices:
@@ -185,12 +210,17 @@ class Soak:
         out += [f"process {p}" for p in alive]
         return out
 
-    def run(self) -> dict[str, Any]:
+    def run(self, trace: Sequence[TraceEvent] | None = None) -> dict[str, Any]:
+        """The seeded faults (or the ``trace``'s losses and joins) between chunks; the result line's fields."""
         handled: list[dict[str, Any]] = []
         counts = {k: 0 for k in KINDS}
-        plan = dict(schedule(self.steps, self.every, self.rng.randrange(1 << 30), self.kinds))
+        plan: dict[int, list[Any]] = {}
+        for step, fault in (schedule(self.steps, self.every, self.rng.randrange(1 << 30), self.kinds) if trace is None
+                            else [(e.step, e) for e in trace]):
+            plan.setdefault(step, []).append(fault)
         error = None
         mark = 0
+        t0 = time.perf_counter()
         try:
             while self.job.trainer.step < self.steps:
                 self.job.fit(min(self.job.trainer.step + self.every, self.steps))  # fit(N) trains to step N
@@ -202,22 +232,29 @@ class Soak:
                     handled[-1]["modes"] = sorted({str(e.get("mode")) for e in events[mark:] if "mode" in e})
                 mark = len(events)
                 self.lift_slowdown()
-                kind = plan.get(self.job.trainer.step)
-                if kind is None or self.job.trainer.step >= self.steps:
+                if self.job.trainer.step >= self.steps:
                     continue
-                done = self.inject(kind)
-                counts[done.split(":")[0]] += 1
-                handled.append({"step": self.job.trainer.step, "fault": done})
+                for fault in plan.get(self.job.trainer.step, []):
+                    done = self.replay(fault) if isinstance(fault, TraceEvent) else self.inject(fault)
+                    if done.startswith("none:"):
+                        continue
+                    counts[done.split(":")[0]] += 1
+                    handled.append({"step": self.job.trainer.step, "fault": done})
         except Exception as exc:  # noqa: BLE001 - reported in the JSON line, exit 1
             error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        train_s = time.perf_counter() - t0
         diff = self.job.max_abs_diff() if error is None else None
         memory = self.memory_growth() if error is None else {}
         self.job.close()
         leaked = self.leaked()
-        ok = (error is None and diff is not None and diff <= 1e-5 and not leaked and all(counts[k] for k in self.kinds)
+        ok = (error is None and diff is not None and diff <= 1e-5 and not leaked
+              and (trace is not None or all(counts[k] for k in self.kinds))
               and (memory.get("max_growth") is None or memory["max_growth"] <= 0.10))
+        modes = [m for h in handled for m in h.get("modes", [])]
         return {"steps": self.job.trainer.step, "max_abs_diff": diff, "faults": counts, "handled": handled, "leaked": leaked,
-                "memory": memory, "error": error, "ok": ok}
+                "memory": memory, "train_s": round(train_s, 2),
+                "goodput_samples_per_s": round(self.job.trainer.step * self.batch / train_s, 2) if error is None else None,
+                "recoveries": {m: modes.count(m) for m in sorted(set(modes))}, "error": error, "ok": ok}
 
     def close(self) -> None:
         import ray
@@ -229,6 +266,42 @@ class Soak:
             current.unlink()
 
 
+def one_run(steps: int, seed: int, every: int, trace: Sequence[TraceEvent] | None = None, in_place: bool = True) -> dict[str, Any]:
+    """One soak on a cluster of its own (torn down after it)."""
+    with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
+        soak = Soak(steps, seed, every, Path(tmp), in_place=in_place)
+        try:
+            return soak.run(trace)
+        finally:
+            soak.close()
+
+
+def replay_trace(logs: str, steps: int, seed: int, every: int) -> int:
+    """``--trace``: the same losses and joins with recovery in place, then with full restarts only; one JSON line."""
+    from cloud.availability import load_availability
+    from cloud.errors import CloudInputError
+
+    try:
+        events = trace_schedule(load_availability(logs), steps, every)
+    except CloudInputError as exc:
+        print(f"error: --trace {logs}: {exc}", file=sys.stderr)
+        return 2
+    if not any(e.kind == "loss" for e in events):
+        print(f"error: --trace {logs}: no preemption of an offer in the logs: nothing to replay", file=sys.stderr)
+        return 2
+    runs = {mode: one_run(steps, seed, every, events, in_place=mode == "in_place") for mode in ("in_place", "restart")}
+    short = {mode: {k: r[k] for k in ("steps", "max_abs_diff", "faults", "recoveries", "leaked", "memory", "train_s",
+                                       "goodput_samples_per_s", "error", "ok")} for mode, r in runs.items()}
+    good = {m: r["goodput_samples_per_s"] for m, r in runs.items()}
+    iteration = runs["in_place"]["train_s"] / max(1, runs["in_place"]["steps"])
+    result = {"trace": logs, "offers": sorted({e.offer for e in events}), "events": [[e.step, e.kind, e.slot, e.at] for e in events],
+              "compression": round(compression(events, steps, iteration), 1), **short,
+              "goodput_ratio": round(good["in_place"] / good["restart"], 3) if good["in_place"] and good["restart"] else None,
+              "ok": all(r["ok"] for r in runs.values()), "seed": seed}
+    print(json.dumps(result))
+    return 0 if result["ok"] else 1
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=500)
@@ -236,6 +309,8 @@ def main() -> int:
     parser.add_argument("--every", type=int, default=10, help="steps between faults")
     parser.add_argument("--kinds", default=",".join(KINDS), help=f"fault kinds to draw from (default: all of {', '.join(KINDS)})")
     parser.add_argument("--record", action="store_true", help="write benchmarks/results/soak.md")
+    parser.add_argument("--trace", metavar="LOGS", help="losses and joins from availability logs (a file, or a folder with "
+                        "availability/*.out below it), replayed with recovery in place and with full restarts only")
     args = parser.parse_args()
     kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
     unknown = [k for k in kinds if k not in KINDS]
@@ -246,6 +321,8 @@ def main() -> int:
         print(f"error: --steps {args.steps} must be at least twice --every {args.every} (and --every at least 2)", file=sys.stderr)
         return 2
     os.environ.pop("RAY_ADDRESS", None)  # the soak's own cluster, never one the caller points at
+    if args.trace is not None:
+        return replay_trace(args.trace, args.steps, args.seed, args.every)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
         soak = Soak(args.steps, args.seed, args.every, Path(tmp), kinds)
