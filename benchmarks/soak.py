@@ -175,6 +175,9 @@ class Soak:
         self.slowed = None
 
     # ----- measurement -----
+    def events(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.events_file.read_text().splitlines()]
+
     def sample_memory(self) -> None:
         pids = {int(d["pid"]) for d in self.job.trainer.devices()}
         self.pids |= pids
@@ -219,18 +222,18 @@ class Soak:
                             else [(e.step, e) for e in trace]):
             plan.setdefault(step, []).append(fault)
         error = None
-        mark = 0
+        mark = fresh = 0  # events seen; faults whose chunk has completed
         t0 = time.perf_counter()
         try:
             while self.job.trainer.step < self.steps:
                 self.job.fit(min(self.job.trainer.step + self.every, self.steps))  # fit(N) trains to step N
                 self.sample_memory()
-                events = [json.loads(line) for line in self.events_file.read_text().splitlines()]
-                if handled:  # the chunk after the fault completed: handled; the events say how
-                    handled[-1]["completed"] = True
-                    handled[-1]["events"] = sorted({e["event"] for e in events[mark:]} - {"job_finished", "adapt"})
-                    handled[-1]["modes"] = sorted({str(e.get("mode")) for e in events[mark:] if "mode" in e})
-                mark = len(events)
+                events = self.events()
+                for h in handled[fresh:]:  # the chunk after the faults completed: handled; the events say how
+                    h["completed"] = True
+                    h["events"] = sorted({e["event"] for e in events[mark:]} - {"job_finished", "adapt"})
+                    h["modes"] = sorted({str(e.get("mode")) for e in events[mark:] if "mode" in e})
+                mark, fresh = len(events), len(handled)
                 self.lift_slowdown()
                 if self.job.trainer.step >= self.steps:
                     continue
@@ -250,11 +253,13 @@ class Soak:
         ok = (error is None and diff is not None and diff <= 1e-5 and not leaked
               and (trace is not None or all(counts[k] for k in self.kinds))
               and (memory.get("max_growth") is None or memory["max_growth"] <= 0.10))
-        modes = [m for h in handled for m in h.get("modes", [])]
+        recovered = [e for e in self.events() if e["event"] == "recovered"]
+        stalls = {str(m): [float(e["stall_s"]) for e in recovered if e["mode"] == m] for m in {e["mode"] for e in recovered}}
         return {"steps": self.job.trainer.step, "max_abs_diff": diff, "faults": counts, "handled": handled, "leaked": leaked,
                 "memory": memory, "train_s": round(train_s, 2),
                 "goodput_samples_per_s": round(self.job.trainer.step * self.batch / train_s, 2) if error is None else None,
-                "recoveries": {m: modes.count(m) for m in sorted(set(modes))}, "error": error, "ok": ok}
+                "recoveries": {m: {"count": len(v), "stall_s_total": round(sum(v), 2), "stall_s_max": max(v)} for m, v in sorted(stalls.items())},
+                "error": error, "ok": ok}
 
     def close(self) -> None:
         import ray
@@ -291,7 +296,9 @@ def replay_trace(logs: str, steps: int, seed: int, every: int) -> int:
         return 2
     runs = {mode: one_run(steps, seed, every, events, in_place=mode == "in_place") for mode in ("in_place", "restart")}
     short = {mode: {k: r[k] for k in ("steps", "max_abs_diff", "faults", "recoveries", "leaked", "memory", "train_s",
-                                       "goodput_samples_per_s", "error", "ok")} for mode, r in runs.items()}
+                                       "goodput_samples_per_s", "error", "ok")}
+             | {"handled": [[h["step"], h["fault"].split(" ")[0].rstrip(":"), h.get("events", []), h.get("modes", [])] for h in r["handled"]]}
+             for mode, r in runs.items()}
     good = {m: r["goodput_samples_per_s"] for m, r in runs.items()}
     iteration = runs["in_place"]["train_s"] / max(1, runs["in_place"]["steps"])
     result = {"trace": logs, "offers": sorted({e.offer for e in events}), "events": [[e.step, e.kind, e.slot, e.at] for e in events],
