@@ -150,20 +150,20 @@ def test_the_step_an_asynchronous_checkpoint_is_uploading_is_a_host_copy_before_
     over devices 0, 2 and 3), so every block has a copy at the uploaded step and nothing is lost, with nothing read
     from storage (the upload never commits)."""
     plan = straight_plan([0, 3, 6, 8], M, devices=[[0], [2], [3]])
-    trainer = PipelineTrainer(MLP, loss_fn("mlp"), ADAM, DATA, M, plan=plan, workers=pool, pg_timeout_s=60, checkpoint_dir=tmp_path)
-    trainer.start(members=[0, 1, 2, 3])
+    runtime = PipelineRuntime(MLP, loss_fn("mlp"), ADAM, DATA, M, plan=plan, workers=pool, pg_timeout_s=60, checkpoint_dir=tmp_path)
+    runtime.start(members=[0, 1, 2, 3])
     for _ in range(3):
-        trainer.run_step()
-    trainer.save_checkpoint(background=True)
-    trainer.run_step()  # the upload's snapshot is taken before this step's optimizer step
+        one_step(runtime)
+    runtime.save_checkpoint(background=True)
+    one_step(runtime)  # the upload's snapshot is taken before this step's optimizer step
     held = pool.call("host_copies", devices=[0, 2, 3])
     assert all(3 in r["steps"] for r in held), held
     pool.kill_worker(1)
-    rec = trainer.recover_in_place([1], plan)
+    rec = runtime.recover_in_place([1], plan)
     assert rec.resumed_step == 3 and rec.source == "snapshot" and rec.blocks_from.get("storage", 0) == 0, rec
-    assert trainer.latest() is None  # the upload was never committed
-    while trainer.step < 6:
-        trainer.run_step()
+    assert runtime.latest() is None  # the upload was never committed
+    while runtime.step < 6:
+        one_step(runtime)
     ref = ReferenceTrainer.for_plan(plan, MLP, loss_fn("mlp"), ADAM, DATA)
     ref.train(6)
-    assert allclose(trainer.state_dicts(), ref.state_dicts())
+    assert allclose(runtime.state_dicts(), ref.state_dicts())
