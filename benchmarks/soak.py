@@ -12,8 +12,9 @@ node removal (``Cluster.remove_node``: all its workers die), a preemption notice
 injection knob, lifted one chunk later). Each kind is drawn once early, in a seeded order, then at random. The last
 line is one JSON object: ``max_abs_diff`` against uninterrupted single-process training, ``faults`` (count per
 kind), ``handled`` (per fault: its kind, step, and the job's events that followed it), ``leaked``, the survivors'
-resident memory from step 50 to the end, the goodput (samples per second over the whole run, recoveries included)
-and ``ok``.
+resident memory from step 50 to the end, the goodput (samples per second over the whole run, recoveries included:
+the time inside the job's ``fit`` calls, not the soak's own cluster changes, which a cloud makes in parallel) and
+``ok``.
 
 ``--trace LOGS`` replaces the seeded faults by the losses and joins of two spot offers in the thesis's availability
 logs (:mod:`benchmarks.soak_trace`), time-compressed, and replays the same trace twice — with recovery in place, then
@@ -223,10 +224,14 @@ class Soak:
             plan.setdefault(step, []).append(fault)
         error = None
         mark = fresh = 0  # events seen; faults whose chunk has completed
-        t0 = time.perf_counter()
+        train_s = 0.0  # inside the job's fit (recoveries included); the soak's own cluster changes are the cloud's time
         try:
             while self.job.trainer.step < self.steps:
-                self.job.fit(min(self.job.trainer.step + self.every, self.steps))  # fit(N) trains to step N
+                t0 = time.perf_counter()
+                try:
+                    self.job.fit(min(self.job.trainer.step + self.every, self.steps))  # fit(N) trains to step N
+                finally:
+                    train_s += time.perf_counter() - t0
                 self.sample_memory()
                 events = self.events()
                 for h in handled[fresh:]:  # the chunk after the faults completed: handled; the events say how
@@ -245,7 +250,6 @@ class Soak:
                     handled.append({"step": self.job.trainer.step, "fault": done})
         except Exception as exc:  # noqa: BLE001 - reported in the JSON line, exit 1
             error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        train_s = time.perf_counter() - t0
         diff = self.job.max_abs_diff() if error is None else None
         memory = self.memory_growth() if error is None else {}
         self.job.close()
