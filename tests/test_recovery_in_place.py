@@ -167,3 +167,29 @@ def test_the_step_an_asynchronous_checkpoint_is_uploading_is_a_host_copy_before_
     ref = ReferenceTrainer.for_plan(plan, MLP, loss_fn("mlp"), ADAM, DATA)
     ref.train(6)
     assert allclose(runtime.state_dicts(), ref.state_dicts())
+
+
+@pytest.mark.ray
+def test_a_full_restart_leaves_the_slots_of_a_node_that_left_dead_instead_of_waiting_for_it(ray_session: Any) -> None:
+    """The restart fallback after a node left: a hard node affinity to a removed node can never be scheduled, so
+    those slots stay dead (no actor), the others get fresh processes, and a plan over the reachable devices runs."""
+    from dataclasses import replace
+
+    from actors.group import WorkerGroup
+    from orchestrator.core.errors import UserError
+
+    group = WorkerGroup(2, use_gpu=False)
+    try:
+        before = [i["pid"] for i in group.identities]
+        group.slots[1] = replace(group.slots[1], node_id="f" * 56)  # device 1's node is gone from Ray's node table
+        assert group.node_lost_slots() == {1}
+        group.restart()
+        assert group.dead == {1} and group.actors[1] is None and group.identities[1] == {}
+        assert group.identities[0]["pid"] != before[0]  # a fresh process on the slot that is still there
+        runtime = PipelineRuntime(MLP, loss_fn("mlp"), ADAM, DATA, M, plan=straight_plan([0, 8], M), workers=group, pg_timeout_s=60)
+        runtime.start(members=[0])
+        one_step(runtime)
+        with pytest.raises(UserError, match="no live worker"):
+            group.configure(runtime.spec, straight_plan([0, 4, 8], M), members=[0, 1])
+    finally:
+        group.shutdown()
