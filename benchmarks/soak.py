@@ -33,6 +33,7 @@ import random
 import sys
 import tempfile
 import time
+import traceback
 from functools import partial
 from pathlib import Path
 from typing import Any, Sequence
@@ -248,7 +249,8 @@ class Soak:
                         continue
                     counts[done.split(":")[0]] += 1
                     handled.append({"step": self.job.trainer.step, "fault": done})
-        except Exception as exc:  # noqa: BLE001 - reported in the JSON line, exit 1
+        except Exception as exc:  # noqa: BLE001 - reported in the JSON line, exit 1; its traceback on stderr
+            traceback.print_exc()
             error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         diff = self.job.max_abs_diff() if error is None else None
         memory = self.memory_growth() if error is None else {}

@@ -92,6 +92,19 @@ def test_path_to_reaches_any_straight_target_through_legal_moves() -> None:
     assert max(lengths) >= 3  # the sample includes genuinely multi-move paths
 
 
+def test_path_to_a_target_on_other_devices_drops_a_stage_before_a_split_would_need_more_stages_than_blocks() -> None:
+    """Five new devices for an 8-block model on four: growing all first would need nine stages; a stage whose device
+    the target drops is merged away first when no stage has two blocks left (the soak met this after a node left)."""
+    start = Layout((0, 2, 4, 6, 8), ((0,), (1,), (2,), (3,)))
+    target = Layout((0, 1, 2, 4, 6, 8), ((4,), (5,), (6,), (7,), (8,)))
+    path, cur = path_to(start, target, range(9)), start
+    for m in path:
+        assert m.layout in {c.layout for c in enumerate_moves(cur, range(9), straight=True)}
+        cur = m.layout
+    assert cur == target
+    assert len(path) <= len(start.devices - target.devices) + len(target.devices - start.devices) + 2 * (len(target.groups) - 1)
+
+
 def test_estimate_ranks_like_the_simulator() -> None:
     profile = random_profile(16, 4, act_scale=3e8)
     cluster = two_level(2, 2, 100, 10, speeds=[1.0, 0.7, 1.3, 1.0])

@@ -310,8 +310,9 @@ def path_to(start: Layout, target: Layout, alive: Iterable[int]) -> list[Move]:
 
     Greedy descent can stop in a local optimum — with heterogeneous devices the best order of
     devices may be a 3-cycle away, every single swap on the way being worse. A full re-plan's
-    partition is still reachable: (1) split the longest stage for each device the target adds,
-    (2) merge away stages whose device the target does not use, (3) sort the devices into the target's
+    partition is still reachable: (1) split the longest stage for each device the target adds (when every
+    stage is down to one block, first merging away a stage whose device the target does not use),
+    (2) merge away the other stages whose device the target does not use, (3) sort the devices into the target's
     order with swaps, (4) shift each boundary to its target once, choosing at each step a
     boundary whose target lies strictly between its neighbours (one always exists). At most
     ``|dropped| + |added| + (S−1) + (S−1)`` moves; the arbiter prices the whole path.
@@ -330,24 +331,30 @@ def path_to(start: Layout, target: Layout, alive: Iterable[int]) -> list[Move]:
         cur = Layout(tuple(cuts), tuple((d,) for d in devs))
         moves.append(Move(kind, cur, note))
 
-    for d in want:
-        devs = [g[0] for g in cur.groups]
-        if d in devs:
-            continue
-        cuts = list(cur.cuts)
-        j = max(range(len(devs)), key=lambda s: cuts[s + 1] - cuts[s])
-        if cuts[j + 1] - cuts[j] < 2:
-            raise ValueError("not enough blocks to add a stage")
-        cuts.insert(j + 1, (cuts[j] + cuts[j + 1]) // 2)
-        devs.insert(j + 1, d)
-        do(MoveKind.GROW, cuts, devs, f"device {d} splits stage {j}")
-    for d in [g[0] for g in cur.groups if g[0] not in target.devices]:
+    def drop(d: int) -> None:
         devs = [g[0] for g in cur.groups]
         i = devs.index(d)
         cuts = list(cur.cuts)
         del cuts[i + 1 if i + 1 < len(devs) else i]
         devs.pop(i)
         do(MoveKind.MERGE, cuts, devs, f"drop device {d}")
+
+    for d in want:
+        if d in {g[0] for g in cur.groups}:
+            continue
+        while max(b - a for a, b in zip(cur.cuts, cur.cuts[1:])) < 2:  # every stage one block: drop one first
+            spare = [g[0] for g in cur.groups if g[0] not in target.devices]
+            if not spare:
+                raise ValueError("not enough blocks to add a stage")
+            drop(spare[0])
+        devs = [g[0] for g in cur.groups]
+        cuts = list(cur.cuts)
+        j = max(range(len(devs)), key=lambda s: cuts[s + 1] - cuts[s])
+        cuts.insert(j + 1, (cuts[j] + cuts[j + 1]) // 2)
+        devs.insert(j + 1, d)
+        do(MoveKind.GROW, cuts, devs, f"device {d} splits stage {j}")
+    for d in [g[0] for g in cur.groups if g[0] not in target.devices]:
+        drop(d)
     for pos, d in enumerate(want):
         devs = [g[0] for g in cur.groups]
         k = devs.index(d)
