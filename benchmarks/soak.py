@@ -115,8 +115,11 @@ class Soak:
         node_of = {d: group.slots[group.slot_of.get(d, d)].node_id for d in job.alive}
         if kind in ("node_removal", "notice_node") and len(workers) < 2:
             kind = "join"  # keep a node to train on: add capacity instead
-        busy = [n for n in workers if n.node_id in {node_of[d] for d in plan_devices if d in node_of}]
-        workers = busy or workers  # a node the job trains on, where there is one: the fault reaches it
+        # a node the job trains on, where there is one (the fault reaches it), but not one holding every device the
+        # job has: that is no partial loss but the whole job's (a restart from storage is all that is left to do)
+        partial = [n for n in workers if set(node_of) - {d for d, at in node_of.items() if at == n.node_id}]
+        busy = [n for n in partial if n.node_id in {node_of[d] for d in plan_devices if d in node_of}]
+        workers = busy or partial or workers
         if kind == "death" and len(plan_devices) < 2:
             kind = "slowdown"
         if kind == "death":
@@ -125,6 +128,8 @@ class Soak:
 
             ray.kill(group.actor_of(d), no_restart=True)
             return f"death: device {d}'s actor killed"
+        if kind == "node_removal" and not partial:
+            kind = "join"  # every device of the job is on one node: add capacity instead
         if kind == "node_removal":
             node = self.rng.choice(workers)
             self.cluster.remove_node(node)

@@ -44,7 +44,8 @@ def test_a_short_soak_survives_every_kind_of_fault_exactly_and_leaks_nothing() -
     assert all(n >= 1 for n in found["faults"].values()), found["faults"]  # every kind drawn once early
     assert all(h.get("completed") for h in found["handled"]), found["handled"]  # training went on after every fault
     deaths = [h for h in found["handled"] if h["fault"].startswith(("death", "node_removal"))]
-    assert all("in_place" in h["modes"] for h in deaths), deaths  # survivors kept their processes
+    # survivors kept their processes (a node removal that took only idle devices needs no recovery: capacity_lost)
+    assert all("in_place" in h["modes"] or "worker_failed" not in h["events"] for h in deaths), deaths
     assert run.returncode == 0, found
 
 
