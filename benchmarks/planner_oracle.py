@@ -1,6 +1,18 @@
 """``auto`` against the exhaustive optimum of its own simulator on slices of the shared profiles.
 
-    python benchmarks/planner_oracle.py [--instances 60] [--reference PATH] [--out FILE] [--json]
+    python benchmarks/planner_oracle.py [--set small|large] [--instances N] [--reference PATH] [--out FILE] [--json]
+
+Two committed instance sets (``--set``):
+
+* ``small`` (default, 60 instances): described below; the whole set takes ~10 min of oracle.
+* ``large`` (issue 28, 12 instances): 8–16 blocks on 4 devices, M = 4 or 8, clusters of three
+  kinds in turn — random speeds and bandwidths (as ``small``), two servers × 2 GPUs at 100/5 Gb/s,
+  and mixed speeds (a fast pair at 1.0, a slow pair at 0.5, 100/5 Gb/s) — memory from binding
+  (0.35× the whole model's need) to loose. **Time budget**: the oracle simulates every plan — about
+  10^5 plans at 12 blocks, 4·10^5 at 13–14 and 10^6 at 16 blocks with M = 8 — at ~1–2 ms each on
+  this 2-core machine, so the set takes several hours; ``--instances N`` runs its first N
+  (``auto`` itself: 1–13 s CPU per instance). The 10 blocks × 8 devices of the issue are out of
+  reach of this oracle (1.6·10^7 structures) and are not in the set.
 
 Exits 0 only when ``auto`` is within 0.5% (``GAP``) of the optimum on every instance and refuses
 only where no plan of the oracle's space fits (it may then still plan by recomputing, which the
@@ -47,6 +59,21 @@ def instances(count: int) -> list[dict[str, Any]]:
     return out
 
 
+def large_instances(count: int) -> list[dict[str, Any]]:
+    """The ``large`` set (see the module docstring): the same slices of the shared profiles, larger."""
+    import numpy as np
+
+    paths = sorted(str(p) for p in (SHARED / "profiles").rglob("graph.txt")) + sorted(str(p) for p in (SHARED / "profiles" / "dapple" / "profiling_results").glob("*.txt"))
+    rng = np.random.default_rng(2828)
+    sizes = (8, 10, 12, 13, 14, 16)
+    kinds = ("random", "two-level", "mixed")
+    out = []
+    for i in range(count):
+        out.append({"path": paths[(7 * i) % len(paths)], "L": sizes[i % len(sizes)], "n": 4, "M": (4, 8)[(i // len(sizes)) % 2],
+                    "seed": 2000 + i, "start_frac": float(rng.uniform(0, 1)), "net": kinds[i % len(kinds)]})
+    return out
+
+
 def build(inst: dict[str, Any]) -> tuple[Any, Any, int]:
     import numpy as np
 
@@ -67,7 +94,14 @@ def build(inst: dict[str, Any]) -> tuple[Any, Any, int]:
     whole = prof.total_param_bytes * 4.0 + M * prof.stash_bytes(0, prof.num_blocks)
     memory = whole * float(rng.uniform(0.35, 1.2))
     speeds = rng.uniform(0.5, 1.5, size=n)
-    cl = Cluster(tuple(Device(i, f"n{i // 2}", float(speeds[i]), memory) for i in range(n)), bw, float(rng.choice([0.0, 1e-3])))
+    latency = float(rng.choice([0.0, 1e-3]))
+    net = inst.get("net", "random")
+    if net != "random":  # two servers of n/2 GPUs at 100/5 Gb/s; "mixed": the second server half as fast
+        server = np.arange(n) // (n // 2)
+        bw = np.where(server[:, None] == server[None, :], 100.0, 5.0) * GBPS
+        np.fill_diagonal(bw, 0.0)
+        speeds = np.where(server == 0, 1.0, 0.5) if net == "mixed" else np.ones(n)
+    cl = Cluster(tuple(Device(i, f"n{i // 2}", float(speeds[i]), memory) for i in range(n)), bw, latency)
     return prof, cl, M
 
 
@@ -97,7 +131,8 @@ def run_auto(insts: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--instances", type=int, default=60)
+    ap.add_argument("--set", choices=("small", "large"), default="small", help="which committed instance set (see the docstring)")
+    ap.add_argument("--instances", type=int, help="the first N of the set (default: all of it: small 60, large 12)")
     ap.add_argument("--reference")
     ap.add_argument("--out")
     ap.add_argument("--json", action="store_true", help="print one JSON summary line last")
@@ -114,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT / "tests"))
     from oracle import optimum  # noqa: E402  (test machinery: the oracle is not part of the product)
 
-    insts = instances(args.instances)
+    insts = instances(args.instances or 60) if args.set == "small" else large_instances(args.instances or 12)
     ours = run_auto(insts)
     ref: list[dict[str, Any]] | None = None
     if args.reference:
@@ -129,12 +164,14 @@ def main(argv: list[str] | None = None) -> int:
         if ref is None:
             print(proc.stderr[-2000:], file=sys.stderr)
         spec.unlink()
-    rows = ["| instance | devices | M | optimum | plans simulated | auto / optimum | auto plan | auto time | before / optimum |", "|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| instance | cluster | M | optimum | plans simulated (oracle CPU) | auto / optimum | auto plan | auto time | before / optimum |", "|---|---|---|---|---|---|---|---|---|"]
     ratios, before, equal, none = [], [], 0, 0
     nothing: set[int] = set()  # instances where no plan of the oracle's space fits
     for k, inst in enumerate(insts):
         prof, cl, M = build(inst)
+        t0 = time.process_time()
         best, plan, count = optimum(prof, cl, M, 4.0)
+        oracle_s = time.process_time() - t0
         mine = ours[k]["t"]
         r = mine / best if mine is not None and plan is not None else float("nan")
         ratios.append(r)
@@ -144,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             nothing.add(k)
         b = ref[k]["t"] / best if ref is not None and ref[k]["t"] is not None and plan is not None else float("nan")
         before.append(b)
-        rows.append(f"| {prof.name} | {cl.size} | {M} | {best * 1e3:.3f} ms | {count} | {r:.4f} | {ours[k]['label']}: {ours[k]['plan']} | {ours[k]['s'] * 1e3:.0f} ms | {b:.4f} |")
+        rows.append(f"| {prof.name} | {cl.size} × {inst.get('net', 'random')} | {M} | {best * 1e3:.3f} ms | {count} ({oracle_s:.0f} s) | {r:.4f} | {ours[k]['label']}: {ours[k]['plan']} | {ours[k]['s'] * 1e3:.0f} ms | {b:.4f} |")
         print(rows[-1], flush=True)
     import numpy as np
 

@@ -44,7 +44,7 @@ from orchestrator.planners.base import PlannerOptions, run_planner  # noqa: E402
 from orchestrator.core.profile import Profile  # noqa: E402
 from orchestrator.core.profile_loader import load_profile  # noqa: E402
 
-SHARED = ROOT.parent / "shared"
+SHARED = next((p for p in (ROOT.parent / "shared", ROOT.parents[1] / "shared") if p.exists()), ROOT.parent / "shared")
 PLANNERS = ["even", "params", "pipedream", "spp", "dapple", "autopipe", "2bw", "auto"]
 PUBLISHED_PIPEDREAM_S = {"resnet50": 2.4, "resnet101": 7.4, "gnmt_large": 36.0}
 

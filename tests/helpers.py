@@ -8,7 +8,9 @@ import numpy as np
 
 from orchestrator.core.profile import Block, Profile
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+_ROOT = Path(__file__).resolve().parents[1]
+# ../shared beside the checkout, or beside its parent (a git worktree under <project>/wt/<name>)
+SHARED = next((p for p in (_ROOT.parent / "shared", _ROOT.parents[1] / "shared") if p.exists()), _ROOT.parent / "shared")
 
 
 def uniform_profile(num_blocks: int, fwd: float = 1.0, bwd: float = 2.0, act: float = 0.0, params: float = 1.0) -> Profile:

@@ -72,3 +72,15 @@ def test_bad_input_is_one_line_exit_2(argv: list[str], message: str, profile_fil
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in proc.stderr
     assert message in lines[0]
+
+
+def test_plan_does_not_import_pandas(profile_file: Path) -> None:
+    """``plan`` parses without the cloud commands, whose module imports pandas (≈ 0.6 s, 35 MB per call);
+    the cloud commands and the top-level help still have them."""
+    code = ("import sys; from orchestrator.cli.commands import main, build_parser; "
+            f"rc = main(['plan', '--profile', {str(profile_file)!r}, '--gpus', '2', '--inter-gbps', '10', "
+            "'--algorithm', 'even', '--microbatches', '2', '--json']); "
+            "print(rc, 'pandas' in sys.modules, 'prices' in build_parser(['--help'])._subparsers._group_actions[0].choices)")
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, env={"PYTHONPATH": str(root), "PATH": ""}, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "0 False True"

@@ -15,7 +15,7 @@ from orchestrator.planners.pipedream_dp import INF, Level, solve_level, stage_ti
 
 
 def _textbook(compute: np.ndarray, params: np.ndarray, cut: np.ndarray, level: Level, straight: bool, all_starts: bool) -> tuple[np.ndarray, ...]:
-    """A(i→j, m) = min(T(i→j, m), min over k, m' of max(A(i→k, m−m'), 2a_k/B, T(k+1→j, m'))), scanning k
+    """A(i→j, m) = min(T(i→j, m), min over k, m' of max(A(i→k, m−m'), 2a_k/(B·m'), T(k+1→j, m'), 2a_j/(B·m') unless j is the last block)), scanning k
     then m' and keeping the first strict improvement; then "use fewer units"."""
     L, n = compute.shape[0], level.units
     T = lambda s, e, m: float(stage_time(compute[s, e], params[s, e], float(m), level))  # noqa: E731
@@ -32,7 +32,8 @@ def _textbook(compute: np.ndarray, params: np.ndarray, cut: np.ndarray, level: L
                 top, arg = INF, None
                 for k in range(i, j):
                     for mp in range(1, (m - 1 if not straight else 1) + 1):
-                        v = max(best[i, k, m - mp - 1], 2.0 * cut[k] / level.bandwidth, T(k + 1, j, mp))
+                        out = 2.0 * cut[j] / (level.bandwidth * mp) if j < L - 1 else 0.0  # the tail sends its output on
+                        v = max(best[i, k, m - mp - 1], 2.0 * cut[k] / (level.bandwidth * mp), T(k + 1, j, mp), out)
                         if v < top:
                             top, arg = v, (k, mp)
                 if arg is not None and top < best[i, j, m - 1]:

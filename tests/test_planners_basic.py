@@ -44,9 +44,12 @@ def test_even_and_params_shapes() -> None:
     assert max(sizes) == 8.0 and params.objective_s == 8.0
 
 
-def _brute_flat(profile: Profile, n: int, bw: float, straight: bool, max_stages: int | None = None, exact: bool = False) -> float:
+def _brute_flat(profile: Profile, n: int, bw: float, straight: bool, max_stages: int | None = None, exact: bool = False,
+                out_bytes: float = 0.0) -> float:
     """PipeDream's flat objective minimized over every plan (at most ``max_stages`` stages; exactly
-    that many with ``exact``)."""
+    that many with ``exact``). A cut is charged 2a/B over the receiving stage's replicas and, when
+    the sending stage is not the first, over its own too; ``out_bytes`` leave the last block (0 at
+    the model's end) and are charged to a last stage that is not the first."""
     best = np.inf
     L = profile.num_blocks
     cap = min(n, L) if max_stages is None else min(n, L, max_stages)
@@ -59,8 +62,11 @@ def _brute_flat(profile: Profile, n: int, bw: float, straight: bool, max_stages:
                     m = reps[s]
                     a, b = cuts[s], cuts[s + 1]
                     worst = max(worst, (profile.compute_time(a, b) + 4 * (m - 1) * profile.param_bytes(a, b) / (m * bw)) / m)
+                    sent = profile.boundary_bytes(b) if s < k - 1 else out_bytes
                     if s < k - 1:
-                        worst = max(worst, 2 * profile.boundary_bytes(b) / bw)
+                        worst = max(worst, 2 * sent / (bw * reps[s + 1]))
+                    if s > 0:
+                        worst = max(worst, 2 * sent / (bw * m))
                 best = min(best, worst)
     return best
 
@@ -89,7 +95,8 @@ def test_pipedream_inner_level_table_is_optimal_for_every_range(seed: int) -> No
     for i in range(5):
         for j in range(i, 5):
             sub = Profile("s", profile.blocks[i : j + 1])
-            assert table.best[i, j, 2] == pytest.approx(_brute_flat(sub, 3, 100 * GBPS, False), rel=1e-9)
+            out = profile.activations[j] if j < 4 else 0.0
+            assert table.best[i, j, 2] == pytest.approx(_brute_flat(sub, 3, 100 * GBPS, False, out_bytes=out), rel=1e-9)
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -118,7 +125,7 @@ def _brute_two_level(profile: Profile, servers: int, gpus: int, intra: float, in
         for b in range(a + 1, L + 1):
             sub = Profile("s", profile.blocks[a:b], input_bytes=profile.boundary_bytes(a))
             for sp in range(1, min(gpus, b - a) + 1):
-                inner[(a, b, sp)] = _brute_flat(sub, gpus, intra, False, max_stages=sp, exact=True)
+                inner[(a, b, sp)] = _brute_flat(sub, gpus, intra, False, max_stages=sp, exact=True, out_bytes=profile.boundary_bytes(b) if b < L else 0.0)
     best = np.inf
     for k in range(1, min(servers, L) + 1):
         for cuts in _cut_sets(L, k):
@@ -134,7 +141,9 @@ def _brute_two_level(profile: Profile, servers: int, gpus: int, intra: float, in
                         c = inner.get((a, b, sp), np.inf)
                         worst = max(worst, (c + 4 * (m - 1) * profile.param_bytes(a, b) / (m * inter) / gpus) / m)
                         if s < k - 1:
-                            worst = max(worst, 2 * profile.boundary_bytes(b) / inter)
+                            worst = max(worst, 2 * profile.boundary_bytes(b) / (inter * reps[s + 1]))
+                            if s > 0:
+                                worst = max(worst, 2 * profile.boundary_bytes(b) / (inter * m))
                     best = min(best, worst)
     return best
 

@@ -98,7 +98,8 @@ def solve_level(compute: np.ndarray, params: np.ndarray, cut: np.ndarray, level:
 
 def _fill(diag: np.ndarray, split_diag: np.ndarray, last_diag: np.ndarray, tail: np.ndarray, cut_cost: np.ndarray, all_starts: bool) -> None:
     """The recurrence A(i→j, m) = min over cuts k and last-stage units m' of
-    max(A(i→k, m − m'), 2a_k/B, T(k+1→j, m')), written into the diagonal views ``diag[m−1, i, d]``
+    max(A(i→k, m − m'), 2a_k/(B·m'), T(k+1→j, m'), 2a_j/(B·m')), the last term only when j is not the
+    model's last block, written into the diagonal views ``diag[m−1, i, d]``
     (and its back-pointers) where it beats the single stage already there. ``tail`` is
     T(s→e, m') as [m', s, e]."""
     n, L = diag.shape[0] - 1, diag.shape[1]
@@ -111,6 +112,8 @@ def _fill(diag: np.ndarray, split_diag: np.ndarray, last_diag: np.ndarray, tail:
     tail_view = as_strided(buf[1:], shape=(n_mp, L, L, L), strides=(LL * f8, L * f8, (L + 1) * f8, f8))
     cuts = np.concatenate([cut_cost, np.full(L, INF)])
     cut_view = as_strided(cuts, shape=(L, L), strides=(f8, f8))  # cut after i + t
+    mp_div = np.arange(1, n_mp + 1, dtype=np.float64)[:, None, None]  # the cut is shared by the tail's m' replicas
+    out_cost = _output_cost(cut_cost)
     # Pair (m, m') reads head units m − m' (slab m − m' − 1); impossible pairs read the INF slab n.
     m_col = np.arange(2, n + 1)[:, None]
     mp_row = np.arange(1, n_mp + 1)[None, :]
@@ -119,7 +122,8 @@ def _fill(diag: np.ndarray, split_diag: np.ndarray, last_diag: np.ndarray, tail:
     arg_buf, val_buf = np.zeros((n - 1, n_mp, L), dtype=np.intp), np.empty((n - 1, n_mp, L))
     for d in range(1, L):
         I = L - d if all_starts else 1
-        ct = np.maximum(tail_view[:, d, :I, :d], cut_view[:I, :d])  # [m', i, t]
+        # the cut into the tail, and what the tail sends on after block i + d (published: output_transfer_time)
+        ct = np.maximum(tail_view[:, d, :I, :d], np.maximum(cut_view[:I, :d], out_cost[d : d + I, None])[None] / mp_div)  # [m', i, t]
         if I * d <= BATCH_ALL_UNITS:  # few elements: one batch over every m (fewer numpy calls)
             cand = np.maximum(diag[pair_slab, :I, :d], ct)  # [m, m', i, t]
             arg = cand.argmin(axis=3)
@@ -133,6 +137,15 @@ def _fill(diag: np.ndarray, split_diag: np.ndarray, last_diag: np.ndarray, tail:
                 arg[m - 2, :k] = at = cand.argmin(axis=2)
                 val[m - 2, :k] = _at(cand, at, rows)
             _relax(arg, val, diag[1:n, :I, d], split_diag[1:n, :I, d], last_diag[1:n, :I, d], rows)
+
+
+def _output_cost(cut_cost: np.ndarray) -> np.ndarray:
+    """What the last stage of a split candidate ending at j pays to send its output on, 2a_j/B (to be
+    divided by its replicas): nothing at the model's end. PipeDream's DP charges it only to split
+    candidates (a single stage from the start never pays it), and so do we: the same objective."""
+    out = cut_cost.astype(np.float64, copy=True)
+    out[-1] = 0.0
+    return out
 
 
 def _at(cand: np.ndarray, arg: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -205,7 +218,7 @@ def solve_level_capped(
     entry s'−1 is the lower level's best time of i..j with exactly s' stages). The recurrence is
     the same min-max, with the stage count adding up:
 
-        A(i→j, m, s) = min( T_{s}(i→j, m), min_{k, m', s'} max(A(i→k, m−m', s−s'), 2a_k/B, T_{s'}(k+1→j, m')) )
+        A(i→j, m, s) = min( T_{s}(i→j, m), min_{k, m', s'} max(A(i→k, m−m', s−s'), 2a_k/(B·m'), T_{s'}(k+1→j, m'), 2a_j/(B·m')) )
     """
     Sp, L, _ = compute.shape
     n = level.units
@@ -227,6 +240,7 @@ def solve_level_capped(
     last_m[:] = np.arange(1, n + 1)[None, None, :, None]
     last_s[:] = np.arange(1, S + 1)[None, None, None, :]
     cut_cost = 2.0 * cut / level.bandwidth
+    out_cost = _output_cost(cut_cost)
     mprime = ms if not straight else ms[:1]
     n_mp = len(mprime)
     pm = np.arange(n)[:, None] - (np.arange(n_mp)[None, :] + 1)  # [n, m'] (m − m') − 1
@@ -238,7 +252,8 @@ def solve_level_capped(
         tail = stage_time(compute[:, ks + 1, j].T[:, None, :], params[ks + 1, j][:, None, None], mprime[None, :, None], level)  # [K, m', s']
         head = best[:, :j]  # [I, K, n, S]
         h = head[:, :, pm_c, :][:, :, :, :, ps_c]  # [I, K, n, m', S, s']
-        cand = np.maximum(np.maximum(h, cut_cost[ks][None, :, None, None, None, None]), tail[None, :, None, :, None, :])
+        cuts = np.maximum(cut_cost[ks], out_cost[j])[:, None] / mprime[None, :]  # [K, m']: max(2a_k, 2a_j)/(B·m')
+        cand = np.maximum(np.maximum(h, cuts[None, :, None, :, None, None]), tail[None, :, None, :, None, :])
         ok = ok_ms[None, None] & (ks[None, :] >= starts[:, None])[:, :, None, None, None, None]
         cand = np.where(ok, cand, INF)
         flat = cand.transpose(0, 2, 4, 1, 3, 5).reshape(I, n, S, j * n_mp * Sp)
