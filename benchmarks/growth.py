@@ -62,7 +62,7 @@ def run(mode: str, steps: int, width: int, tmp: Path) -> dict[str, Any]:
             job.restart_on(target, job.checkpoint_now("planned restart"), tuple(sorted(job.alive)))
         stall = time.perf_counter() - t0
         job.fit(steps)  # to step `steps`
-        state_mb = sum(p.numel() * 4 for p in job.trainer.state_dicts()[1].values()) * 2 * 8 / 1e6
+        state_mb = sum(p.numel() * 4 for p in job.runtime.state_dicts()[1].values()) * 2 * 8 / 1e6
         return {"mode": mode, "width": width, "state_mb": state_mb, "moved_mb": moved / 1e6, "stall_s": stall, "before_s": before,
                 "after_s": statistics.median(job.iteration_s[-8:]), "restarts": job.restarts, "diff": job.max_abs_diff()}
     finally:

@@ -108,8 +108,8 @@ class Soak:
     def inject(self, kind: str) -> str:
         """Carry out one fault between chunks; returns what was done (or why another kind stood in)."""
         job = self.job
-        plan_devices = list(job.trainer.plan.devices)
-        group = job.trainer.group
+        plan_devices = list(job.runtime.plan.devices)
+        group = job.runtime.group
         assert group is not None
         workers = [n for n in self.nodes if n in self.cluster.worker_nodes]
         node_of = {d: group.slots[group.slot_of.get(d, d)].node_id for d in job.alive}
@@ -173,8 +173,8 @@ class Soak:
         return f"none: {event.offer} {event.kind} at {event.at} (no change)"
 
     def lift_slowdown(self) -> None:
-        group = self.job.trainer.group
-        if self.slowed is not None and group is not None and self.slowed in self.job.trainer.plan.devices:
+        group = self.job.runtime.group
+        if self.slowed is not None and group is not None and self.slowed in self.job.runtime.plan.devices:
             try:
                 group.call("set_faults", 1.0, {}, devices=[self.slowed], what="soak slowdown lifted")
             except Exception:  # noqa: BLE001 - its worker may have died since
@@ -186,9 +186,9 @@ class Soak:
         return [json.loads(line) for line in self.events_file.read_text().splitlines()]
 
     def sample_memory(self) -> None:
-        pids = {int(d["pid"]) for d in self.job.trainer.devices()}
+        pids = {int(d["pid"]) for d in self.job.runtime.devices()}
         self.pids |= pids
-        if self.job.trainer.step >= 50:
+        if self.job.runtime.step >= 50:
             for pid in pids:
                 if pid not in self.memory:
                     found = rss_kib(pid)
@@ -196,7 +196,7 @@ class Soak:
                         self.memory[pid] = found
 
     def memory_growth(self) -> dict[str, Any]:
-        pids = {int(d["pid"]) for d in self.job.trainer.devices()}
+        pids = {int(d["pid"]) for d in self.job.runtime.devices()}
         now = {pid: rss_kib(pid) for pid in pids if pid in self.memory}
         growth = {str(pid): round(kib / self.memory[pid] - 1.0, 4) for pid, kib in now.items() if kib}
         return {"from_step_50_kib": {str(p): self.memory[p] for p in now}, "end_kib": {str(p): k for p, k in now.items()},
@@ -232,10 +232,10 @@ class Soak:
         mark = fresh = 0  # events seen; faults whose chunk has completed
         train_s = 0.0  # inside the job's fit (recoveries included); the soak's own cluster changes are the cloud's time
         try:
-            while self.job.trainer.step < self.steps:
+            while self.job.runtime.step < self.steps:
                 t0 = time.perf_counter()
                 try:
-                    self.job.fit(min(self.job.trainer.step + self.every, self.steps))  # fit(N) trains to step N
+                    self.job.fit(min(self.job.runtime.step + self.every, self.steps))  # fit(N) trains to step N
                 finally:
                     train_s += time.perf_counter() - t0
                 self.sample_memory()
@@ -246,14 +246,14 @@ class Soak:
                     h["modes"] = sorted({str(e.get("mode")) for e in events[mark:] if "mode" in e})
                 mark, fresh = len(events), len(handled)
                 self.lift_slowdown()
-                if self.job.trainer.step >= self.steps:
+                if self.job.runtime.step >= self.steps:
                     continue
-                for fault in plan.get(self.job.trainer.step, []):
+                for fault in plan.get(self.job.runtime.step, []):
                     done = self.replay(fault) if isinstance(fault, TraceEvent) else self.inject(fault)
                     if done.startswith("none:"):
                         continue
                     counts[done.split(":")[0]] += 1
-                    handled.append({"step": self.job.trainer.step, "fault": done})
+                    handled.append({"step": self.job.runtime.step, "fault": done})
         except Exception as exc:  # noqa: BLE001 - reported in the JSON line, exit 1; its traceback on stderr
             traceback.print_exc()
             error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
@@ -266,9 +266,9 @@ class Soak:
               and (memory.get("max_growth") is None or memory["max_growth"] <= 0.10))
         recovered = [e for e in self.events() if e["event"] == "recovered"]
         stalls = {str(m): [float(e["stall_s"]) for e in recovered if e["mode"] == m] for m in {e["mode"] for e in recovered}}
-        return {"steps": self.job.trainer.step, "max_abs_diff": diff, "faults": counts, "handled": handled, "leaked": leaked,
+        return {"steps": self.job.runtime.step, "max_abs_diff": diff, "faults": counts, "handled": handled, "leaked": leaked,
                 "memory": memory, "train_s": round(train_s, 2),
-                "goodput_samples_per_s": round(self.job.trainer.step * self.batch / train_s, 2) if error is None else None,
+                "goodput_samples_per_s": round(self.job.runtime.step * self.batch / train_s, 2) if error is None else None,
                 "recoveries": {m: {"count": len(v), "stall_s_total": round(sum(v), 2), "stall_s_max": max(v)} for m, v in sorted(stalls.items())},
                 "error": error, "ok": ok}
 

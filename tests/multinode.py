@@ -161,9 +161,9 @@ def growth(tmp: Path) -> dict[str, Any]:
             time.sleep(0.2)  # past node_poll_s: the next poll reads the node table
             wait_until_up(job, 2)  # what the loop does between iterations, until the new worker is up
             events = job.fit(30).events  # to step 30: 24 more
-            return {"nodes": [n.node_id for n in nodes], "events": events, "devices": job.trainer.devices(),
+            return {"nodes": [n.node_id for n in nodes], "events": events, "devices": job.runtime.devices(),
                     "actor_nodes": {str(pid): node for pid, node in stage_actor_nodes().items()},
-                    "plan_devices": list(job.trainer.plan.devices), "step": job.trainer.step, "restarts": job.restarts,
+                    "plan_devices": list(job.runtime.plan.devices), "step": job.runtime.step, "restarts": job.restarts,
                     "max_abs_diff": job.max_abs_diff()}
         finally:
             job.close()

@@ -52,7 +52,7 @@ def test_notice_with_room_is_evacuated_live_and_exactly(worker_group: Any, tmp_p
         assert handled["mode"] == "live" and handled["lost_steps"] == 0 and handled["moves"]
         assert all(pair[0] == 1 for pair in handled["moves"]) and handled["iteration_s"] > 0 and handled["stall_s"] > 0
         assert not [e for e in events if e["event"] == "resumed"]
-        assert 1 not in job.trainer.plan.devices and job.trainer.step == 9
+        assert 1 not in job.runtime.plan.devices and job.runtime.step == 9
         assert job.max_abs_diff() <= 1e-5
     finally:
         job.close()
@@ -72,7 +72,7 @@ def test_notice_without_room_restarts_from_a_checkpoint_exactly(worker_group: An
         relocated = one(events, "relocated")
         assert one(events, "resumed")["step"] == 5 and relocated["forced"] is True and relocated["devices"] == [0, 2, 3]
         assert not [e for e in events if e["event"] == "migration"]
-        assert 1 not in job.trainer.plan.devices and job.trainer.step == 9 and job.max_abs_diff() <= 1e-5
+        assert 1 not in job.runtime.plan.devices and job.runtime.step == 9 and job.max_abs_diff() <= 1e-5
     finally:
         job.close()
 
@@ -116,7 +116,7 @@ def test_loss_without_notice_restores_the_newest_checkpoint_and_bad_notices_are_
         skipped = one(events, "checkpoint_skipped")  # recorded once, before the restore it was skipped by
         assert skipped["path"].endswith("step_00000050") and "commit marker" in skipped["reason"]
         assert events.index(skipped) < events.index(recovered)
-        assert job.trainer.step == 9 and job.max_abs_diff() <= 1e-5
+        assert job.runtime.step == 9 and job.max_abs_diff() <= 1e-5
     finally:
         job.close()
 
@@ -137,7 +137,7 @@ def test_evacuated_device_leaves_the_process_group_before_its_deadline(worker_gr
         handled = one(events, "preemption_handled")
         left = one(events, "evacuated_left")
         assert handled["mode"] == "live" and left["devices"] == [2] and left["step"] > handled["step"]
-        assert job.trainer.step == 40 and 2 not in job.trainer.plan.devices and job.max_abs_diff() <= 1e-5
+        assert job.runtime.step == 40 and 2 not in job.runtime.plan.devices and job.max_abs_diff() <= 1e-5
     finally:
         job.close()
 
@@ -169,7 +169,7 @@ def test_short_notice_without_room_restarts_on_the_survivors_from_the_newest_dur
         assert one(events, "resumed")["step"] == 4 and one(events, "resumed")["lost_steps"] == 2
         handled = one(events, "preemption_handled")
         assert handled["mode"] == "restart" and handled["lost_steps"] == 2
-        assert sorted(job.trainer.plan.devices) == [0, 2, 3] and job.trainer.step == 9
+        assert sorted(job.runtime.plan.devices) == [0, 2, 3] and job.runtime.step == 9
         assert job.max_abs_diff() <= 1e-5
     finally:
         job.close()

@@ -74,7 +74,7 @@ def test_slowdown_and_throttle_show_in_measured_metrics(pool: Any, kind: Schedul
     assert link(after, (0, 1)) >= link(before, (0, 1)) + 0.5 * 5e-4 * after[0].link_bytes[(0, 1)]
     assert link(after, (1, 0)) - link(before, (1, 0)) < link(after, (0, 1)) - link(before, (0, 1))  # on 0->1 only
     # sleeping never changes a gradient
-    assert allclose(pipe.trainer.state_dicts(), reference_after(plan, 7).state_dicts())
+    assert allclose(pipe.runtime.state_dicts(), reference_after(plan, 7).state_dicts())
 
 
 @pytest.mark.ray
@@ -90,7 +90,7 @@ def test_kill_of_a_replica_drops_it_and_continues_live(pool: Any) -> None:
     assert records[3].completed and records[3].iteration == 2  # only the failed iteration is redone
     assert {s["device"]: s["pid"] for s in pool.call("status", devices=[0, 2])} == survivors  # kept their processes
     assert pipe.iteration == 3
-    got, want = pipe.trainer.state_dicts(), reference_after(plan, 3).state_dicts()
+    got, want = pipe.runtime.state_dicts(), reference_after(plan, 3).state_dicts()
     assert allclose(got, want), max_difference(got, want)
 
 
@@ -105,7 +105,7 @@ def test_kill_of_the_only_holder_restarts_from_checkpoint(pool: Any, tmp_path: P
     assert 1 not in pipe.current_plan().devices and set(pipe.current_plan().devices) <= {0, 2, 3}
     assert records[4].iteration == 2  # the checkpoint holds steps 0-1, so iteration 2 is redone
     assert pipe.iteration == 4
-    got, want = pipe.trainer.state_dicts(), reference_after(plan, 4).state_dicts()
+    got, want = pipe.runtime.state_dicts(), reference_after(plan, 4).state_dicts()
     assert allclose(got, want), max_difference(got, want)
 
 

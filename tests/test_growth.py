@@ -51,7 +51,7 @@ def wait_until_up(job: ElasticJob, device: int, timeout_s: float = 300.0) -> Non
 
     deadline = time.monotonic() + timeout_s
     while device not in job.alive and time.monotonic() < deadline:
-        job.growth.poll(job.trainer.step)
+        job.growth.poll(job.runtime.step)
         time.sleep(0.2)
     assert device in job.alive, f"device {device}'s worker did not start"
 
@@ -69,11 +69,11 @@ def test_a_joined_device_receives_blocks_live_and_training_stays_exact(ray_sessi
         (added,) = events_named(events, "capacity_added")
         assert added["step"] == 3 and [d["device"] for d in added["devices"]] == [2] and added["source"].startswith("rehearsal")
         assert added["decision"] == "move" and any(dst == 2 for _, dst in added["moves"]) and added["holding_blocks"] == [2], added
-        assert 2 in job.trainer.plan.devices
-        after = {d["device"]: d["pid"] for d in job.trainer.devices()}
+        assert 2 in job.runtime.plan.devices
+        after = {d["device"]: d["pid"] for d in job.runtime.devices()}
         assert {d: after[d] for d in before if d in after} == {d: before[d] for d in before if d in after}  # not restarted
         assert not events_named(events, "resumed") and job.restarts == 0
-        assert job.trainer.step == 30 and job.max_abs_diff() <= 1e-5
+        assert job.runtime.step == 30 and job.max_abs_diff() <= 1e-5
     finally:
         job.close()
 
@@ -88,7 +88,7 @@ def test_with_adaptation_off_a_joined_device_waits_idle_and_the_reason_is_record
         events = job.fit(4).events
         (added,) = events_named(events, "capacity_added")
         assert added["decision"] == "none" and "switched off" in added["reason"] and added["moves"] == []
-        assert 2 in job.alive and 2 not in job.trainer.plan.devices and job.max_abs_diff() <= 1e-5
+        assert 2 in job.alive and 2 not in job.runtime.plan.devices and job.max_abs_diff() <= 1e-5
     finally:
         job.close()
 
@@ -117,7 +117,7 @@ def test_a_joined_idle_device_takes_over_an_evacuated_stage_live(worker_group: A
         events = job.fit(6).events
         (handled,) = events_named(events, "preemption_handled")
         assert handled["mode"] == "live" and handled["moves"] == [[1, 2]] and handled["lost_steps"] == 0
-        assert sorted(job.trainer.plan.devices) == [0, 2] and not events_named(events, "resumed")
-        assert job.trainer.step == 6 and job.max_abs_diff() <= 1e-5
+        assert sorted(job.runtime.plan.devices) == [0, 2] and not events_named(events, "resumed")
+        assert job.runtime.step == 6 and job.max_abs_diff() <= 1e-5
     finally:
         job.close()

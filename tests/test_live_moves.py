@@ -71,7 +71,7 @@ def test_moves_between_iterations_stay_exact(worker_group: Any) -> None:
             m = pipe.run_iteration()
             assert m.completed and set(m.compute_s) == set(pipe.current_plan().devices)
             losses.append(pipe.last_measured.loss)
-        got, want = pipe.trainer.state_dicts(), (reference.train(n), reference.state_dicts())[1]
+        got, want = pipe.runtime.state_dicts(), (reference.train(n), reference.state_dicts())[1]
         assert allclose(got, want), f"{pipe.current_plan().describe()}: max |diff| {max_difference(got, want):.3g}"
 
     train(2)
@@ -113,4 +113,4 @@ def test_move_that_only_drops_blocks_ships_nothing(worker_group: Any) -> None:
     assert report.bytes_moved == 0
     pipe.run_iteration()
     reference.train(2)
-    assert allclose(pipe.trainer.state_dicts(), reference.state_dicts())
+    assert allclose(pipe.runtime.state_dicts(), reference.state_dicts())

@@ -83,7 +83,7 @@ def test_no_lower_layer_calls_into_the_job_loop(worker_group: Any, tmp_path: Pat
         decided = [e for e in job.records if e["event"] == "adapt"]
     finally:
         job.close()
-    assert job.trainer.step == 6
+    assert job.runtime.step == 6
     assert not tracer.found, "\n".join(tracer.found[:10])
     assert job.controller is not None and len(job.controller.history) >= 4, decided
 

@@ -69,7 +69,7 @@ def test_a_second_job_resumes_the_run_on_another_plan_and_ends_on_a_committed_ch
         result = second.fit(9)
         resumed = started(result.events)[-1]
         assert resumed["resumed_from"] == 5 and resumed["step"] == 5 and resumed["run_id"] == started(result.events)[0]["run_id"]
-        assert sorted(result.losses) == [5, 6, 7, 8] and second.trainer.step == 9
+        assert sorted(result.losses) == [5, 6, 7, 8] and second.runtime.step == 9
         assert second.max_abs_diff() <= 1e-5  # against 9 uninterrupted steps
         assert second.fit(9).step == 9 and second.fit(4).step == 9  # at or past the target: at once
     finally:
@@ -134,7 +134,7 @@ def test_sigterm_stops_after_the_step_in_flight_on_a_committed_checkpoint(worker
 
     def send_when_training() -> None:  # the signal arrives while fit runs, whichever step that is
         deadline = time.monotonic() + 120
-        while j.trainer.step < 2 and time.monotonic() < deadline:
+        while j.runtime.step < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
         os.kill(os.getpid(), signal.SIGTERM)
 
@@ -144,7 +144,7 @@ def test_sigterm_stops_after_the_step_in_flight_on_a_committed_checkpoint(worker
         with pytest.raises(JobStopped, match="SIGTERM") as stopped:
             j.fit(100_000)
         assert stopped.value.signum == signal.SIGTERM
-        step = j.trainer.step
+        step = j.runtime.step
         assert 2 <= step < 100_000
         assert ckpt.verify(ckpt.latest(tmp_path / "ckpt"))["step"] == step  # type: ignore[arg-type]
         assert run_record.read(str(tmp_path / "ckpt")).status == "stopped"  # type: ignore[union-attr]
@@ -202,7 +202,7 @@ def test_old_prices_never_move_the_run_and_only_the_newest_row_of_an_offer_count
     assert offer["instance_type"] == "cluster-a" and offer["usd_per_hour"] == 2.0 and offer["observed_at"].startswith("2026-01-02")
     skipped = [e for e in events if e["event"] == "migration_skipped"]
     assert skipped and all(e["target"] == "local/cluster-c/cluster-c (spot)" and e["age_s"] > e["max_age_s"] for e in skipped)
-    assert not [e for e in events if e["event"] == "migration_requested"] and j.trainer.step == 4
+    assert not [e for e in events if e["event"] == "migration_requested"] and j.runtime.step == 4
 
 
 def test_more_devices_than_blocks_is_one_line_before_any_worker_starts(tmp_path: Path) -> None:

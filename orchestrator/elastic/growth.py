@@ -78,7 +78,7 @@ class Growth:
         job = self.job
         if not self.enabled:
             return
-        group = job.trainer.group
+        group = job.runtime.group
         assert group is not None
         for f in job.adapt.faults.faults:
             if isinstance(f, Join) and f.at_iteration <= step and f not in self.fired:
@@ -127,7 +127,7 @@ class Growth:
     def _up(self, devices: list[int]) -> None:
         """Workers that came up: alive devices of the job; the arbiter is asked at the next step."""
         job = self.job
-        group = job.trainer.group
+        group = job.runtime.group
         assert group is not None
         joined: dict[tuple[str, int], list[dict[str, Any]]] = {}
         for d in devices:
@@ -140,7 +140,7 @@ class Growth:
             self.decided(None, [])
 
     def _worker_for(self, device: int, slot: Slot | None) -> None:
-        group = self.job.trainer.group
+        group = self.job.runtime.group
         assert group is not None
         if device < group.size:  # a shared pool's spare worker stands in for the new node's
             if device in group.dead:
@@ -173,9 +173,9 @@ class Growth:
         else:
             fields = {"decision": record.action or type(record.decision).__name__, "reason": type(record.decision).__name__}
         job = self.job
-        used = set(job.trainer.plan.devices)
+        used = set(job.runtime.plan.devices)
         for j in self.pending:
-            job.emit("capacity_added", step=j.step, source=j.source, devices=list(j.devices), decided_step=job.trainer.step, moves=[list(m) for m in moves], plan=job.trainer.plan.describe(),
+            job.emit("capacity_added", step=j.step, source=j.source, devices=list(j.devices), decided_step=job.runtime.step, moves=[list(m) for m in moves], plan=job.runtime.plan.describe(),
                      holding_blocks=[d["device"] for d in j.devices if d["device"] in used], **fields)
         self.pending.clear()
 

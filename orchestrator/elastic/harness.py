@@ -87,21 +87,21 @@ class RayPipeline:
     by calls to :meth:`run_iteration` like the simulated pipeline's.
     """
 
-    def __init__(self, trainer: PipelineRuntime, cluster: Cluster | None = None, faults: FaultSchedule = FaultSchedule(),
+    def __init__(self, runtime: PipelineRuntime, cluster: Cluster | None = None, faults: FaultSchedule = FaultSchedule(),
                  profile: Profile | None = None, timeout_s: float = 300.0, checkpoint_every: int = 0) -> None:
-        plan = trainer.plan
+        plan = runtime.plan
         self.cluster = cluster if cluster is not None else flat(max(plan.devices) + 1, 10.0)
         plan.check_against(plan.num_blocks, self.cluster.size)
         faults.validate(self.cluster)
-        self.trainer, self.faults, self.timeout_s = trainer, faults, timeout_s
-        if checkpoint_every and trainer.checkpoint_dir is None:
-            raise UserError("checkpoint_every needs the trainer's checkpoint_dir")
-        self._steps = OneStep(trainer, checkpoint_every)  # a checkpoint every so often: what a restart "from checkpoint" goes back to
-        self._loop = TrainingLoop(trainer, self._steps, pipelined=False)
-        self.profile = profile if profile is not None else measured_profile(trainer)
+        self.runtime, self.faults, self.timeout_s = runtime, faults, timeout_s
+        if checkpoint_every and runtime.checkpoint_dir is None:
+            raise UserError("checkpoint_every needs the runtime's checkpoint_dir")
+        self._steps = OneStep(runtime, checkpoint_every)  # a checkpoint every so often: what a restart "from checkpoint" goes back to
+        self._loop = TrainingLoop(runtime, self._steps, pipelined=False)
+        self.profile = profile if profile is not None else measured_profile(runtime)
         if self.profile.num_blocks != plan.num_blocks:
             raise UserError(f"the profile has {self.profile.num_blocks} blocks but the plan covers {plan.num_blocks}")
-        self.batch_rows = int(trainer.spec.data_fn(0)[0].shape[0])
+        self.batch_rows = int(runtime.spec.data_fn(0)[0].shape[0])
         self.step_index = 0
         self._dead: set[int] = set()
         self._failed_step: int | None = None
@@ -112,11 +112,11 @@ class RayPipeline:
         self._reported_alive = set(alive)
         self.log: list[tuple[str, int, float]] = []  # (event, step_index, seconds), like SimulatedPipeline.log
         self.move_reports: list[MoveReport] = []
-        if trainer.group is not None and trainer.group.size < self.cluster.size:
-            raise UserError(f"the worker group has {trainer.group.size} workers but the cluster {self.cluster.size} devices")
-        if trainer.started:
-            raise UserError("pass a trainer that has not started yet: the handle pins device d to worker d")
-        trainer.start(members=sorted(alive), slots={d: d for d in range(self.cluster.size)}, size=self.cluster.size)
+        if runtime.group is not None and runtime.group.size < self.cluster.size:
+            raise UserError(f"the worker group has {runtime.group.size} workers but the cluster {self.cluster.size} devices")
+        if runtime.started:
+            raise UserError("pass a runtime that has not started yet: the handle pins device d to worker d")
+        runtime.start(members=sorted(alive), slots={d: d for d in range(self.cluster.size)}, size=self.cluster.size)
 
     def set_faults(self, faults: FaultSchedule) -> None:
         """Rehearse ``faults`` from now on, indexed by calls to :meth:`run_iteration` as before (the knobs pushed
@@ -127,7 +127,7 @@ class RayPipeline:
 
     # ----- PipelineHandle -----
     def current_plan(self) -> Plan:
-        return self.trainer.plan
+        return self.runtime.plan
 
     def nominal_cluster(self) -> Cluster:
         return self.cluster
@@ -138,7 +138,7 @@ class RayPipeline:
     @property
     def iteration(self) -> int:
         """Completed training iterations (goes back on a from-checkpoint restart)."""
-        return self.trainer.step
+        return self.runtime.step
 
     def run_iteration(self) -> IterationMetrics:
         k = self.step_index
@@ -148,7 +148,7 @@ class RayPipeline:
         killed = {f.device for f in self.faults.faults if isinstance(f, Kill) and f.at_iteration == k and f.device is not None} - self._dead
         for d in sorted(killed):
             if d in plan.devices:
-                group.call("arm_kill", self.trainer.step, devices=[d], what="arm kill")
+                group.call("arm_kill", self.runtime.step, devices=[d], what="arm kill")
             elif d in group.rank_of or d in group.slot_of:
                 group.kill_worker(d)  # an idle device dies: nobody notices until it is needed
             self._dead.add(d)
@@ -159,7 +159,7 @@ class RayPipeline:
         self._reported_alive = set(alive)
         t0 = time.perf_counter()
         try:
-            self._loop.run(self.trainer.step + 1)  # one step through the one loop
+            self._loop.run(self.runtime.step + 1)  # one step through the one loop
             m = self._steps.last
             assert m is not None
         except PipelineActorError as exc:
@@ -170,18 +170,18 @@ class RayPipeline:
                 self._dead.add(exc.device)
             if exc.died:  # a lost node takes all its devices at once: ask every member
                 members = sorted(set(group.rank_of) - self._dead)
-                self._dead |= group.unresponsive(members, self.trainer.spec.pg_timeout_s + 30.0)
+                self._dead |= group.unresponsive(members, self.runtime.spec.pg_timeout_s + 30.0)
                 gone = group.unreachable_slots()
                 self._dead |= {d for d in range(self.cluster.size) if group.slot_of.get(d, d) in gone}
             alive = self._alive_now()
             lost = tuple(sorted(set(lost) | (self._reported_alive - alive)))
             self._reported_alive = set(alive)
-            self._failed_step = self.trainer.step
+            self._failed_step = self.runtime.step
             self.log.append(("failed", k, spent))
-            return IterationMetrics(self.trainer.step, spent, plan, completed=False, lost_devices=lost, new_devices=new)
+            return IterationMetrics(self.runtime.step, spent, plan, completed=False, lost_devices=lost, new_devices=new)
         self.last_measured = m
         self.log.append(("iteration", k, m.iteration_s))
-        return to_controller_metrics(m, self.trainer.step - 1, plan, lost, new)
+        return to_controller_metrics(m, self.runtime.step - 1, plan, lost, new)
 
     def apply_move(self, new_plan: Plan) -> MoveReport:
         self._check_plan(new_plan)
@@ -189,7 +189,7 @@ class RayPipeline:
         old = self.current_plan()
         transfers = move_transfers(old, new_plan, self.profile, self.cluster, frozenset(self._dead))
         self._check_survivors()
-        reports = self.trainer.move_live(new_plan, [(t.src, t.dst, t.first, t.last) for t in transfers], sorted(self._alive_now()))
+        reports = self.runtime.move_live(new_plan, [(t.src, t.dst, t.first, t.last) for t in transfers], sorted(self._alive_now()))
         self._failed_step = None
         stall = time.perf_counter() - t0
         self.log.append(("move", self.step_index, stall))
@@ -201,34 +201,34 @@ class RayPipeline:
     def restart(self, new_plan: Plan, from_checkpoint: bool) -> RestartReport:
         self._check_plan(new_plan)
         t0 = time.perf_counter()
-        trainer, group = self.trainer, self._group()
-        before = trainer.step
+        runtime, group = self.runtime, self._group()
+        before = runtime.step
         source: str | Path | None = None
         if not from_checkpoint and self._failed_step is None:
             # A planned restart keeps the live state: write it out first, read it back after.
-            base = trainer.checkpoint_dir or Path(tempfile.mkdtemp(prefix="raypipe-restart-"))
-            source = trainer.save_checkpoint(ckpt.step_dir(base, trainer.step))
+            base = runtime.checkpoint_dir or Path(tempfile.mkdtemp(prefix="raypipe-restart-"))
+            source = runtime.save_checkpoint(ckpt.step_dir(base, runtime.step))
         else:
-            source = trainer.latest()
+            source = runtime.latest()
         group.deaths_known()  # survivors' failed tasks drain before the new setup
         # no checkpoint yet (source None): the seed is the last consistent state
-        trainer.restart_on(new_plan, source, members=sorted(self._alive_now()), slots={d: d for d in range(self.cluster.size)})
+        runtime.restart_on(new_plan, source, members=sorted(self._alive_now()), slots={d: d for d in range(self.cluster.size)})
         self._failed_step = None
         downtime = time.perf_counter() - t0
         self.log.append(("restart", self.step_index, downtime))
-        return RestartReport(downtime, before - trainer.step, new_plan)
+        return RestartReport(downtime, before - runtime.step, new_plan)
 
     # ----- helpers -----
     def _group(self) -> WorkerGroup:
-        assert self.trainer.group is not None
-        return self.trainer.group
+        assert self.runtime.group is not None
+        return self.runtime.group
 
     def _alive_now(self) -> set[int]:
         return set(self.faults.alive_at(self.cluster, self.step_index)) - self._dead
 
     def _check_plan(self, plan: Plan) -> None:
         check_plan_alive(plan, self.profile.num_blocks, self.cluster, self._alive_now())
-        if plan.num_microbatches != self.trainer.num_microbatches:
+        if plan.num_microbatches != self.runtime.num_microbatches:
             raise UserError("a live move cannot change the number of micro-batches (the data path is fixed)")
 
     def _check_survivors(self) -> None:
@@ -295,19 +295,19 @@ def _fault_events(faults: FaultSchedule, steps: int) -> list[AdaptiveEvent]:
     return out
 
 
-def run_adaptive(trainer_or_handle: Union[PipelineRuntime, RayPipeline], controller_config: ControllerConfig,
+def run_adaptive(runtime_or_handle: Union[PipelineRuntime, RayPipeline], controller_config: ControllerConfig,
                  iterations: int, faults: FaultSchedule | Sequence[Any] = FaultSchedule(), *,
                  profile: Profile | None = None, cluster: Cluster | None = None) -> AdaptiveRun:
     """Drive ``iterations`` controller steps over the real runtime with ``faults`` injected.
 
-    Accepts a not-yet-started trainer (a :class:`RayPipeline` is built around it) or a handle.
+    Accepts a not-yet-started runtime (a :class:`RayPipeline` is built around it) or a handle.
     """
     schedule = faults if isinstance(faults, FaultSchedule) else FaultSchedule(tuple(faults))
-    if isinstance(trainer_or_handle, RayPipeline):
-        handle = trainer_or_handle
+    if isinstance(runtime_or_handle, RayPipeline):
+        handle = runtime_or_handle
         handle.set_faults(schedule)
     else:
-        handle = RayPipeline(trainer_or_handle, cluster, schedule, profile)
+        handle = RayPipeline(runtime_or_handle, cluster, schedule, profile)
     controller = Controller(handle, handle.profile, controller_config)
     first, moves_before = handle.step_index, len(handle.move_reports)
     records: list[StepRecord] = []

@@ -99,13 +99,13 @@ class ElasticJob:
         plan = scaling.plan or planner_plan(self.profile, self.cluster, tuple(range(scaling.devices)),
                                             straight_plan([0, self.profile.num_blocks], train.num_microbatches), scaling.planner,
                                             straight=True)
-        self.trainer = PipelineRuntime(train.model_factory, train.loss_fn, train.optimizer_factory, train.data_fn,
+        self.runtime = PipelineRuntime(train.model_factory, train.loss_fn, train.optimizer_factory, train.data_fn,
                                        train.num_microbatches, plan=plan, checkpoint_dir=run.storage, seed=train.seed,
                                        use_gpu=scaling.use_gpu, workers=workers, training=train.training,
                                        run_id=self.opened.record.run_id)
-        self.loop = TrainingLoop(self.trainer, self, run.pipelined)  # dispatches, counts failures; this job decides
+        self.loop = TrainingLoop(self.runtime, self, run.pipelined)  # dispatches, counts failures; this job decides
         self.runstate = RunState(str(run.storage), self.opened, run.events_path())
-        self._skipped_told = 0  # trainer.skipped_checkpoints already in the event log
+        self._skipped_told = 0  # runtime.skipped_checkpoints already in the event log
         self.alive: set[int] = set(range(scaling.devices))
         self.controller: Controller | None = None
         self.rehearsal = Rehearsal(adapt.faults, self.cluster)
@@ -145,7 +145,7 @@ class ElasticJob:
         start = time.perf_counter()
         self._start()
         target = self.target_steps = steps
-        first = self.trainer.step
+        first = self.runtime.step
         self._watch(target)
         self._stop_signals = stop = StopSignals()
         try:
@@ -157,32 +157,32 @@ class ElasticJob:
             if self._notice_watchers is not None:
                 self._notice_watchers.stop()
                 self._notice_watchers = None
-        losses = {s: self.trainer.history[s] for s in range(first, target) if s in self.trainer.history}
-        self.emit("job_finished", step=self.trainer.step, plan=self.trainer.plan.describe(), final_loss=losses.get(target - 1))
-        self.runstate.ended("finished", self.trainer.step)
-        return JobResult(self.trainer.step, losses, self.trainer.plan, list(self.records), time.perf_counter() - start,
+        losses = {s: self.runtime.history[s] for s in range(first, target) if s in self.runtime.history}
+        self.emit("job_finished", step=self.runtime.step, plan=self.runtime.plan.describe(), final_loss=losses.get(target - 1))
+        self.runstate.ended("finished", self.runtime.step)
+        return JobResult(self.runtime.step, losses, self.runtime.plan, list(self.records), time.perf_counter() - start,
                          self.moves, self.restarts)
 
     def _start(self) -> None:
         """Workers up, resumed from the run's newest committed checkpoint (if any), ``job_started``."""
-        trainer = self.trainer
-        if trainer.started:
+        runtime = self.runtime
+        if runtime.started:
             return
-        trainer.start(members=sorted(self.alive), slots={d: d for d in range(self.scaling.devices)}, size=self.scaling.devices)
+        runtime.start(members=sorted(self.alive), slots={d: d for d in range(self.scaling.devices)}, size=self.scaling.devices)
         resumed = None
         if self.opened.resume_from is not None:
-            resumed = trainer.restore(self.opened.resume_from)
+            resumed = runtime.restore(self.opened.resume_from)
             self._saved_at = resumed
-        self.emit("job_started", devices=[{"device": d["device"], "node_id": d["node_id"], "pid": d["pid"]} for d in trainer.devices()],
-                  plan=trainer.plan.describe(), step=trainer.step, storage=str(self.run.storage), run_id=self.runstate.run_id,
+        self.emit("job_started", devices=[{"device": d["device"], "node_id": d["node_id"], "pid": d["pid"]} for d in runtime.devices()],
+                  plan=runtime.plan.describe(), step=runtime.step, storage=str(self.run.storage), run_id=self.runstate.run_id,
                   cluster=self.run.cluster, resumed_from=resumed, offer=self._offer())
-        self.runstate.started(trainer.step)
+        self.runstate.started(runtime.step)
 
     def _watch(self, target: int) -> None:
         """The policies' horizon (moves pay over the steps left to ``target``) and the cloud watchers."""
         if self.adapt.enabled and self.controller is None:
             self.controller = Controller(None, self.profile, replace(self.adapt.controller, total_iterations=target),
-                                         nominal=self.cluster, initial_plan=self.trainer.plan, initial_alive=tuple(sorted(self.alive)))
+                                         nominal=self.cluster, initial_plan=self.runtime.plan, initial_alive=tuple(sorted(self.alive)))
         elif self.controller is not None:  # a later fit
             self.controller.set_horizon(target)
         if self.spot.enabled and self.spot.watch:  # one watcher on each node of the job and the driver's
@@ -190,7 +190,7 @@ class ElasticJob:
 
             from orchestrator.elastic.notice_watchers import NoticeWatchers
 
-            nodes = {d["node_id"] for d in self.trainer.devices()} | {ray.get_runtime_context().get_node_id()}
+            nodes = {d["node_id"] for d in self.runtime.devices()} | {ray.get_runtime_context().get_node_id()}
             self._notice_watchers = NoticeWatchers(self.spot.watch, nodes)
 
     # ----- the loop's questions (orchestrator.elastic.loop.Policies) -----
@@ -203,7 +203,7 @@ class ElasticJob:
         """A stop signal ends the job here; the rehearsal's knobs for ``step`` reach the workers."""
         if self._stop_signals is not None and self._stop_signals.received is not None:
             self._stop(self._stop_signals.received)
-        self.rehearsal.push(self.trainer.group, self.trainer.plan, step)
+        self.rehearsal.push(self.runtime.group, self.runtime.plan, step)
 
     def run_length(self, step: int, target: int) -> int:
         return 1  # the policies observe every step
@@ -238,15 +238,15 @@ class ElasticJob:
 
     def _commit_final(self) -> None:
         """The run always ends (or stops) on a committed checkpoint of its last step."""
-        if self._saved_at != self.trainer.step:
+        if self._saved_at != self.runtime.step:
             self.checkpoint_now("final")
         self._finish_checkpoint()
 
     def _finish_checkpoint(self) -> str | None:
         """Wait for a background upload (if any) and commit it; the run record learns of every commit."""
-        where = self.trainer.finish_checkpoint()  # the one place the job commits a background checkpoint
+        where = self.runtime.finish_checkpoint()  # the one place the job commits a background checkpoint
         if where is not None:
-            self.runstate.committed(self._saved_at, self.trainer.step)
+            self.runstate.committed(self._saved_at, self.runtime.step)
         return None if where is None else str(where)
 
     def _stop(self, signum: int) -> None:
@@ -254,13 +254,13 @@ class ElasticJob:
         self.loop.finish_in_flight()
         self._commit_final()
         name = signal.Signals(signum).name
-        self.emit("stopped", step=self.trainer.step, signal=name)
-        self.runstate.ended("stopped", self.trainer.step)
-        raise JobStopped(f"stopped by {name} at step {self.trainer.step}; checkpoint committed", signum)
+        self.emit("stopped", step=self.runtime.step, signal=name)
+        self.runstate.ended("stopped", self.runtime.step)
+        raise JobStopped(f"stopped by {name} at step {self.runtime.step}; checkpoint committed", signum)
 
     def _hold(self, nxt: int) -> bool:
         """Whether a decision is due after the step before ``nxt``: then nothing is submitted ahead."""
-        due = self.trainer.upload_pending or self._checkpoint_due(nxt) or self._snapshot_due(nxt) or bool(self._notices)
+        due = self.runtime.upload_pending or self._checkpoint_due(nxt) or self._snapshot_due(nxt) or bool(self._notices)
         due |= any(n.at_step == nxt for n in self.spot.notices)
         due |= self.spot.enabled and (any(s == nxt for s, _ in self.spot.price_events) or self._migration_due(nxt))
         due |= any(f.at_iteration in (nxt, nxt + 1) or getattr(f, "until_iteration", None) in (nxt, nxt + 1)
@@ -269,8 +269,8 @@ class ElasticJob:
 
     def _after(self, m: MeasuredIteration, target: int) -> None:
         """Between iterations: each policy decides, the loop acts (after draining a step in flight)."""
-        step = self.trainer.step
-        if self.trainer.upload_pending and step > self._saved_at:
+        step = self.runtime.step
+        if self.runtime.upload_pending and step > self._saved_at:
             # a background checkpoint uploaded during the step after it: commit it now, so that a
             # crash from here on loses at most the steps since it
             self.loop.finish_in_flight()
@@ -278,21 +278,21 @@ class ElasticJob:
             where = self._finish_checkpoint()
             self.emit("checkpoint_committed", step=self._saved_at, path=str(where), wait_s=round(time.perf_counter() - t0, 4))
         self.last_metrics = m
-        self.runstate.progress(self.trainer.step)
+        self.runstate.progress(self.runtime.step)
         if self.spot.enabled:
             leaving = self.leaving
             if leaving is not None and self.clock() >= leaving.deadline - self.spot.margin_s:
                 self.loop.finish_in_flight()
                 t0 = time.perf_counter()
-                self.switch_live(self.trainer.plan)  # the process group is re-formed without them
+                self.switch_live(self.runtime.plan)  # the process group is re-formed without them
                 self.leaving = None
-                self.emit("evacuated_left", devices=list(leaving.devices), step=self.trainer.step,
+                self.emit("evacuated_left", devices=list(leaving.devices), step=self.runtime.step,
                           stall_s=round(time.perf_counter() - t0, 4))
             self._poll_signals()
             for k, n in enumerate(self.spot.notices):
                 if n.at_step <= step and k not in self._fired:  # a drained step may have passed at_step
                     self._fired.add(k)
-                    stages = self.trainer.plan.stages
+                    stages = self.runtime.plan.stages
                     doomed = stages[len(stages) // 2].devices[:1] if n.devices is None else n.devices or tuple(sorted(self.alive))
                     self.notify(doomed, n.seconds, "rehearsal")
             with self._lock:
@@ -300,34 +300,34 @@ class ElasticJob:
             for notice in notices:
                 self.loop.finish_in_flight()
                 self._preempted(notice)
-        self.growth.poll(self.trainer.step)
+        self.growth.poll(self.runtime.step)
         self._idle_lost()
-        if self.controller is not None and self.trainer.step < target:
-            plan = self.trainer.plan
-            out = self.controller.observe(to_controller_metrics(m, self.trainer.step - 1, plan), plan, tuple(sorted(self.alive)))
+        if self.controller is not None and self.runtime.step < target:
+            plan = self.runtime.plan
+            out = self.controller.observe(to_controller_metrics(m, self.runtime.step - 1, plan), plan, tuple(sorted(self.alive)))
             mark = len(self.move_pairs)
             record = out.record if out.act is None else self.controller.acted(out, self._carry_out(out.act))
             if record.action:
-                self.emit("adapt", step=self.trainer.step, action=record.action, seconds=round(record.action_s, 4),
-                          plan=self.trainer.plan.describe(), decision=type(record.decision).__name__)
+                self.emit("adapt", step=self.runtime.step, action=record.action, seconds=round(record.action_s, 4),
+                          plan=self.runtime.plan.describe(), decision=type(record.decision).__name__)
             self.growth.decided(record, self.move_pairs[mark:])
-        if self.spot.enabled and self.trainer.step < target:
-            move = spot_decision(self, self.trainer.step, max_price_age_s=self.spot.max_price_age_s)
+        if self.spot.enabled and self.runtime.step < target:
+            move = spot_decision(self, self.runtime.step, max_price_age_s=self.spot.max_price_age_s)
             if isinstance(move, MigrationSkipped):
-                self.emit("migration_skipped", step=self.trainer.step, reason=move.reason, age_s=move.age_s,
+                self.emit("migration_skipped", step=self.runtime.step, reason=move.reason, age_s=move.age_s,
                           max_age_s=move.max_age_s, target=move.target.label(), refresh=move.refresh)
             elif move is not None:
                 self.loop.finish_in_flight()
                 relocate(self, move, forced=False, reason="price")
-        if self._checkpoint_due(self.trainer.step) and self.trainer.step < target and self._saved_at != self.trainer.step:
+        if self._checkpoint_due(self.runtime.step) and self.runtime.step < target and self._saved_at != self.runtime.step:
             self.loop.finish_in_flight()
             self.checkpoint_now("periodic")
-        if self._snapshot_due(self.trainer.step) and self.trainer.step < target:
+        if self._snapshot_due(self.runtime.step) and self.runtime.step < target:
             self.loop.finish_in_flight()
-            held = self.trainer.snapshot_in_memory()
+            held = self.runtime.snapshot_in_memory()
             if not self._snapshot_told:  # what in-memory snapshots cost, once
                 self._snapshot_told = True
-                self.emit("snapshots", step=self.trainer.step, every=self.run.snapshot_every,
+                self.emit("snapshots", step=self.runtime.step, every=self.run.snapshot_every,
                           bytes_per_worker={str(d): int(b) for d, b in held.items()})
 
     def _poll_signals(self) -> None:
@@ -341,7 +341,7 @@ class ElasticJob:
         self._drain_polled = now
         from orchestrator.elastic.drain import drain_notices, draining_nodes
 
-        where = self.trainer.devices()
+        where = self.runtime.devices()
         if self._notice_watchers is not None:
             self._notice_watchers.watch(d["node_id"] for d in where)  # nodes that joined since fit started
             for node, deadline in self._notice_watchers.poll():
@@ -359,10 +359,10 @@ class ElasticJob:
         self.loop.finish_in_flight()
         if act.kind != "restart":
             return [self.switch_live(p) for p in act.plans]
-        before, t0 = self.trainer.step, time.perf_counter()  # the downtime counts the planned checkpoint's write
-        source = self.trainer.latest() if act.from_checkpoint else self.checkpoint_now("planned restart")
+        before, t0 = self.runtime.step, time.perf_counter()  # the downtime counts the planned checkpoint's write
+        source = self.runtime.latest() if act.from_checkpoint else self.checkpoint_now("planned restart")
         self.restart_on(act.plans[0], source, tuple(sorted(self.alive)))
-        return [RestartReport(time.perf_counter() - t0, before - self.trainer.step, act.plans[0])]
+        return [RestartReport(time.perf_counter() - t0, before - self.runtime.step, act.plans[0])]
 
     def device_joined(self, device: int) -> None:
         """A worker that came up on capacity that joined (growth) is a device of the job from now on."""
@@ -373,11 +373,11 @@ class ElasticJob:
         the devices that stay in the job (default: every alive one)."""
         self.loop.finish_in_flight()
         t0 = time.perf_counter()
-        before = self.trainer.plan
+        before = self.runtime.plan
         gone = frozenset(set(range(self.cluster.size)) - self.alive)
         transfers = move_transfers(before, plan, self.profile, self.cluster, gone)
         self.move_pairs += list(dict.fromkeys((t.src, t.dst) for t in transfers))
-        reports = self.trainer.move_live(plan, [(t.src, t.dst, t.first, t.last) for t in transfers],
+        reports = self.runtime.move_live(plan, [(t.src, t.dst, t.first, t.last) for t in transfers],
                                          sorted(self.alive if members is None else members))
         if any(r["rejoined"] for r in reports):
             self.leaving = None  # a new process group without the evacuated devices
@@ -394,21 +394,21 @@ class ElasticJob:
         recent = self.iteration_s[-5:]
         iteration_s = statistics.median(recent) if recent else 0.0
         self.emit("preemption_notice", devices=list(notice.devices), source=notice.source,
-                  seconds_left=round(notice.deadline - now, 3), step=self.trainer.step)
-        decision = (plan_evacuation(self.trainer.plan, notice, self.alive, self.profile, self.cluster, now, self.spot.margin_s,
+                  seconds_left=round(notice.deadline - now, 3), step=self.runtime.step)
+        decision = (plan_evacuation(self.runtime.plan, notice, self.alive, self.profile, self.cluster, now, self.spot.margin_s,
                                     iteration_s) if self.spot.evacuate_live else Fallback("live evacuation is switched off"))
         if isinstance(decision, Evacuate):
             t0 = time.perf_counter()
-            insurance = self.trainer.save_checkpoint(background=True)  # snapshot now, upload while training goes on
-            self._saved_at = self.trainer.step
+            insurance = self.runtime.save_checkpoint(background=True)  # snapshot now, upload while training goes on
+            self._saved_at = self.runtime.step
             for plan in decision.steps:  # the doomed stay members while they hand their blocks over
                 self.switch_live(plan)
             self.alive -= set(notice.devices)
             self.leaving = notice  # idle members from now on; they leave the process group before the deadline
             stall = time.perf_counter() - t0
             self.emit("preemption_handled", mode="live", reason=decision.reason, lost_steps=0, stall_s=round(stall, 4),
-                      iteration_s=round(iteration_s, 4), moves=[list(p) for p in decision.moves], step=self.trainer.step,
-                      plan=self.trainer.plan.describe(), insurance_checkpoint=str(insurance))
+                      iteration_s=round(iteration_s, 4), moves=[list(p) for p in decision.moves], step=self.runtime.step,
+                      plan=self.runtime.plan.describe(), insurance_checkpoint=str(insurance))
             return
         self.emit("evacuation_refused", reason=decision.reason, devices=list(notice.devices))
         relocate(self, None, forced=True, reason=decision.reason, notice=notice, iteration_s=iteration_s)
@@ -418,16 +418,16 @@ class ElasticJob:
         policy decides, the job carries it out."""
         if self._recovering is not None:  # died again before a step completed after the last recovery
             self._recovered(interrupted=True)
-        t0, before = self.loop.done_at or time.perf_counter(), self.trainer.step
+        t0, before = self.loop.done_at or time.perf_counter(), self.runtime.step
         recent = self.iteration_s[-5:]
-        assert self.trainer.group is not None
+        assert self.runtime.group is not None
         # the worker that failed, and every worker whose node left with it (slot d runs device d)
-        dead = sorted(({exc.device} if exc.device >= 0 else set()) | (self.alive & self.trainer.group.unreachable_slots()))
+        dead = sorted(({exc.device} if exc.device >= 0 else set()) | (self.alive & self.runtime.group.unreachable_slots()))
         self.emit("worker_failed", step=before, device=exc.device if exc.device >= 0 else None, dead=dead, failures=failures,
                   error=str(exc).splitlines()[0])
-        if self.trainer.upload_pending:  # either recovery discards the upload (it never commits): save that step again when due
+        if self.runtime.upload_pending:  # either recovery discards the upload (it never commits): save that step again when due
             self._saved_at = -1
-        plan = self.trainer.plan
+        plan = self.runtime.plan
         decision: DeathDecision = on_worker_death(failures, self.run.max_failures, plan, dead, sorted(self.alive),
                                                   in_place=self.run.recover_in_place)
         if isinstance(decision, GiveUp):
@@ -446,19 +446,19 @@ class ElasticJob:
                                          "blocks_from": dict(rec.blocks_from),
                                          "snapshot_bytes": {str(d): int(b) for d, b in rec.snapshot_bytes.items()},
                                          "iteration_s": round(statistics.median(recent), 4) if recent else None,
-                                         "plan": self.trainer.plan.describe(), "devices": [dict(d) for d in rec.devices]})
+                                         "plan": self.runtime.plan.describe(), "devices": [dict(d) for d in rec.devices]})
                 return
         assert isinstance(decision, Restart)
         # every device the job has had a worker for, but those whose node left: no worker can start there
-        self.alive, self.leaving = set(range(self.growth.placed)) - self.trainer.group.node_lost_slots(), None
+        self.alive, self.leaving = set(range(self.growth.placed)) - self.runtime.group.node_lost_slots(), None
         self.rehearsal.forget()  # fresh processes: no injected knobs
-        self.trainer.recover(exc, self._reachable(plan), sorted(self.alive), self.slot_map())
+        self.runtime.recover(exc, self._reachable(plan), sorted(self.alive), self.slot_map())
         self.restarts += 1
-        self._recovering = (t0, {"mode": "restart", "reason": decision.reason, "step": self.trainer.step,
-                                 "lost_steps": before - self.trainer.step,
+        self._recovering = (t0, {"mode": "restart", "reason": decision.reason, "step": self.runtime.step,
+                                 "lost_steps": before - self.runtime.step,
                                  "iteration_s": round(statistics.median(recent), 4) if recent else None,
-                                 "plan": self.trainer.plan.describe(),
-                                 "devices": [{"device": d["device"], "node_id": d["node_id"], "pid": d["pid"]} for d in self.trainer.devices()]})
+                                 "plan": self.runtime.plan.describe(),
+                                 "devices": [{"device": d["device"], "node_id": d["node_id"], "pid": d["pid"]} for d in self.runtime.devices()]})
 
     def _reachable(self, plan: Plan) -> Plan:
         """``plan``, or (if it uses a device whose node left) a plan re-made over the alive devices."""
@@ -470,27 +470,27 @@ class ElasticJob:
         """Devices without blocks whose node left (a node that joined, or an evacuated device's) stop being
         members now: nobody computes on them, so no step fails for them, and the next re-formation of the
         process group would wait for them. Read at the growth poll's pace (growth on) or every step."""
-        group = self.trainer.group
+        group = self.runtime.group
         if group is None or self.scaling.max_devices is None:
             return
-        idle = self.alive - set(self.trainer.plan.devices)
+        idle = self.alive - set(self.runtime.plan.devices)
         gone = sorted(idle & group.unreachable_slots()) if idle else []
         if gone:
             self.alive -= set(gone)
-            self.emit("capacity_lost", step=self.trainer.step, devices=gone, reason="their node left; they held no blocks")
+            self.emit("capacity_lost", step=self.runtime.step, devices=gone, reason="their node left; they held no blocks")
 
     def _recover_in_place(self, decision: RecoverInPlace) -> InPlaceRecovery:
         """The survivors continue on a plan re-made for them. A node that left takes all its workers,
         and Ray may report the node gone only after the first worker's error: then the plan is made
         again for the survivors Ray knows of now, once."""
-        assert self.trainer.group is not None
+        assert self.runtime.group is not None
         dead, survivors = set(decision.dead), decision.survivors
         for attempt in range(2):
-            plan = planner_plan(self.profile, self.cluster, survivors, self.trainer.plan, self.scaling.planner, straight=True)
+            plan = planner_plan(self.profile, self.cluster, survivors, self.runtime.plan, self.scaling.planner, straight=True)
             try:
-                return self.trainer.recover_in_place(sorted(dead), plan, survivors)
+                return self.runtime.recover_in_place(sorted(dead), plan, survivors)
             except InPlaceImpossible:
-                more = (set(survivors) & self.trainer.group.unreachable_slots()) - dead
+                more = (set(survivors) & self.runtime.group.unreachable_slots()) - dead
                 if attempt or not more or not set(survivors) - more:
                     raise
                 dead |= more
@@ -510,7 +510,7 @@ class ElasticJob:
         """Every worker configured afresh on ``plan`` over ``devices`` from the checkpoint ``source``."""
         self.alive, self.leaving = set(devices), None
         self.rehearsal.forget()
-        self.trainer.restart_on(plan, source, members=sorted(devices), slots=self.slot_map())
+        self.runtime.restart_on(plan, source, members=sorted(devices), slots=self.slot_map())
         self.restarts += 1
         self.iteration_s.clear()
 
@@ -527,7 +527,7 @@ class ElasticJob:
             self._commit_final()
         else:
             self._finish_checkpoint()
-        step = self.trainer.step if commit else (self.runstate.record.last_committed or 0)
+        step = self.runtime.step if commit else (self.runstate.record.last_committed or 0)
         self.emit("migration_requested", reason=reason, step=step, target=target, detail=detail, cluster=self.run.cluster)
         self.runstate.ended("migrating", step, MigrationRequest(reason, step, target))
         raise MigrationRequested(f"run {self.runstate.run_id} committed step {step} and asks its supervisor to move it to {target} ({reason})")
@@ -543,22 +543,22 @@ class ElasticJob:
         return {d: d for d in range(self.growth.placed)}
 
     def checkpoint_now(self, why: str) -> str | None:
-        if self._saved_at == self.trainer.step:  # saved already (perhaps still uploading): commit and reuse it
+        if self._saved_at == self.runtime.step:  # saved already (perhaps still uploading): commit and reuse it
             committed = self._finish_checkpoint()
-            return committed if committed is not None else str(ckpt.step_dir(str(self.run.storage), self.trainer.step))
+            return committed if committed is not None else str(ckpt.step_dir(str(self.run.storage), self.runtime.step))
         t0 = time.perf_counter()
         background = self.run.async_checkpoints and why == "periodic"
         try:
-            where = self.trainer.save_checkpoint(background=background)
+            where = self.runtime.save_checkpoint(background=background)
         except (PipelineActorError, UserError) as exc:
-            self.emit("checkpoint_failed", why=why, step=self.trainer.step, error=str(exc).splitlines()[0])
+            self.emit("checkpoint_failed", why=why, step=self.runtime.step, error=str(exc).splitlines()[0])
             return None
         took = time.perf_counter() - t0
-        self._saved_at = self.trainer.step
+        self._saved_at = self.runtime.step
         if not background:
             self.checkpoint_s = took
-            self.runstate.committed(self.trainer.step, self.trainer.step)
-        self.emit("checkpoint", why=why, step=self.trainer.step, path=str(where), stall_s=round(took, 4), background=background)
+            self.runstate.committed(self.runtime.step, self.runtime.step)
+        self.emit("checkpoint", why=why, step=self.runtime.step, path=str(where), stall_s=round(took, 4), background=background)
         return str(where)
 
     def _snapshot_due(self, done: int) -> bool:
@@ -575,7 +575,7 @@ class ElasticJob:
 
     # ----- inspection -----
     def emit(self, event: str, **fields: Any) -> None:
-        skipped = self.trainer.skipped_checkpoints  # damaged checkpoints a restore passed over come first, once each
+        skipped = self.runtime.skipped_checkpoints  # damaged checkpoints a restore passed over come first, once each
         while self._skipped_told < len(skipped):
             s, self._skipped_told = skipped[self._skipped_told], self._skipped_told + 1
             self.emit("checkpoint_skipped", path=s.location, reason=s.reason)
@@ -588,13 +588,13 @@ class ElasticJob:
         t = self.train
         ref = ReferenceTrainer(t.model_factory, t.loss_fn, t.optimizer_factory, t.data_fn, t.num_microbatches, seed=t.seed,
                                training=t.training)
-        ref.train(self.trainer.step)
-        return max_difference(self.trainer.state_dicts(), ref.state_dicts())
+        ref.train(self.runtime.step)
+        return max_difference(self.runtime.state_dicts(), ref.state_dicts())
 
     def close(self) -> None:
         if self.controller is not None:
             self.controller.close()  # no background re-planning outlives the job
-        self.trainer.shutdown()
+        self.runtime.shutdown()
 
     def __enter__(self) -> "ElasticJob":
         return self
@@ -609,7 +609,7 @@ class ElasticJob:
         from actors import user_code
         from orchestrator.profiling.export import user_state_dict
 
-        return user_state_dict(user_code.blocks(self.train.model_factory), self.trainer.state_dicts())
+        return user_state_dict(user_code.blocks(self.train.model_factory), self.runtime.state_dicts())
 
 
 def _describe(factory: Any) -> str:

@@ -147,35 +147,35 @@ def relocate(job: "JobView", decision: Any, forced: bool, reason: str, notice: "
 
     from orchestrator.adapt.policies import planner_plan
 
-    trainer = job.trainer
+    runtime = job.runtime
     doomed = set(notice.devices) if notice is not None else set()
     survivors = sorted(job.alive - doomed)
     if not forced and not job.run.supervised:
-        job.emit("migration_recommended", reason=reason, step=trainer.step, target=decision.target.label(),
+        job.emit("migration_recommended", reason=reason, step=runtime.step, target=decision.target.label(),
                  detail=decision.reason + "; run under `orchestrator run` for the supervisor to carry it out")
         return
     t0 = time.perf_counter()
-    before = trainer.step
+    before = runtime.step
     source: str | Any = None
     left = notice.deadline - job.clock() if notice is not None else float("inf")
     room = left >= job.checkpoint_s + job.spot.margin_s
     if room:
         source = job.checkpoint_now("preemption" if forced else "migration")
     if source is None:
-        source = trainer.latest()
+        source = runtime.latest()
         job.emit("notice_too_short", seconds_left=round(left, 3), fallback=str(source) if source else "start")
     if forced and job.spot.enabled:
-        decision = spot_decision(job, trainer.step, preempted=True)
+        decision = spot_decision(job, runtime.step, preempted=True)
     if job.run.supervised and (decision is not None or not survivors):
         target = decision.target.label() if decision is not None else job.price_view().current.label()
         job.request_migration(reason, target, getattr(decision, "reason", "this placement is going away"), commit=room)
     devices = tuple(survivors or range(job.growth.placed))  # this cluster: the survivors, or the same devices afresh
     job.emit("relocated", reason=reason, forced=forced, step=before, devices=list(devices),
              detail=("no supervisor to move the run to " + decision.target.label()) if decision is not None else "restart in place")
-    plan = planner_plan(job.profile, job.cluster, devices, trainer.plan, job.scaling.planner, straight=True)
+    plan = planner_plan(job.profile, job.cluster, devices, runtime.plan, job.scaling.planner, straight=True)
     job.commit_pending()
     job.restart_on(plan, source, devices)
-    resumed = trainer.step
+    resumed = runtime.step
     stall = time.perf_counter() - t0
     job.emit("resumed", step=resumed, lost_steps=before - resumed, plan=plan.describe(), checkpoint=str(source) if source else None)
     if notice is not None:

@@ -36,7 +36,7 @@ class JobView(Protocol):
     spot: SpotConfig
     cluster: Cluster
     profile: Profile
-    trainer: PipelineRuntime
+    runtime: PipelineRuntime
     controller: Controller | None
     clock: Callable[[], float]
     alive: set[int]  # devices whose workers train
