@@ -118,6 +118,12 @@ class WorkerGroup(Starts, WorkerCalls):
             pass  # an idle worker that died is nobody's loss
         return out
 
+    def know_devices(self, devices: Sequence[int]) -> None:
+        """Devices the caller counts on that the group has not placed yet (idle ones that joined, not members of
+        the process group) run on their own slot: device ``d`` is worker slot ``d``."""
+        for d in devices:
+            self.slot_of.setdefault(d, d)
+
     def deaths_known(self) -> None:
         """The caller knows which workers died and configures the survivors next: the group is not broken any more,
         so :meth:`configure` keeps the survivors' processes instead of restarting every worker."""

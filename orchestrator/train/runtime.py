@@ -307,8 +307,7 @@ class PipelineRuntime:
         t0 = time.perf_counter()
         group = self._workers()
         counted = sorted(group.rank_of if alive is None else {int(d) for d in alive})
-        for d in counted:
-            group.slot_of.setdefault(d, d)
+        group.know_devices(counted)  # an idle device that joined is not placed yet: it is its own slot
         lost = group.unreachable_slots()  # a node that went away takes all its workers
         gone = sorted({int(d) for d in dead} | {d for d in counted if group.slot_of[d] in lost})
         survivors = [d for d in counted if d not in gone]
