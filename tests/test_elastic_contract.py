@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from actors import waits
 from orchestrator.cli.commands import main
 from tests.servers import s3_bucket, s3_client, s3_endpoint  # noqa: F401
 
@@ -30,7 +31,8 @@ SCRIPT = ROOT / "examples" / "elastic_gpt.py"
 def run(args: list[str], timeout: float = 900, **extra: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "AWS_", "AZURE_"))}
     env.update(extra, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=waits.stretched(timeout))  # a guard, not a measurement: longer on a loaded machine
 
 
 def test_example_is_at_most_40_lines_of_code() -> None:
