@@ -16,6 +16,7 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from actors.placement import Slot
+from actors.transport import CommunicatorsAborted
 from orchestrator.core.errors import UserError
 from orchestrator.core.plan import Plan
 
@@ -92,29 +93,27 @@ class WorkerCalls:
     def discard(self, refs: Sequence[Any], grace_s: float = 2.0) -> None:
         """Drop submitted calls whose results are no longer wanted (an earlier call failed).
 
-        Calls still queued behind the failed one are cancelled. If the group is already broken
-        (it will be restarted) nothing else matters; otherwise any call that may have run (or may
-        still run) after the failure leaves the workers in an unknown state, so the group is
-        marked broken and the next :meth:`configure` starts fresh processes.
+        Nothing is cancelled: Ray's in-order actor queue, given a cancelled call that never reached the worker, waits
+        30 s for its sequence number and then cancels the calls behind it (ray-project/ray#65785), which would fail
+        the recovery that follows. A worker whose iteration failed refuses the calls queued behind it at once
+        (:class:`~actors.transport.CommunicatorsAborted`: nothing ran). Any call that ran, or is still running after
+        ``grace_s``, leaves that worker's state unknown: the group is marked broken and the next :meth:`configure`
+        starts fresh processes. A group already broken is restarted anyway: nothing to wait for.
         """
-        from ray.exceptions import TaskCancelledError
-
-        for ref in refs:
-            try:
-                ray.cancel(ref)
-            except Exception:  # noqa: BLE001 - already finished or its actor is gone
-                pass
         if self.broken or not refs:
             return
         ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=grace_s)
         for ref in ready:
             try:
                 ray.get(ref)
-            except TaskCancelledError:
-                continue  # never ran: state untouched
-            except Exception:  # noqa: BLE001 - it ran (or its actor died): state unknown
+            except RayTaskError as exc:
+                if isinstance(getattr(exc, "cause", None), CommunicatorsAborted):
+                    continue  # refused: state untouched
+                self.broken = True
+            except Exception:  # noqa: BLE001 - its actor died: the caller learns it from the next call
                 pass
-            self.broken = True
+            else:
+                self.broken = True
         if pending:
             self.broken = True
 
@@ -145,7 +144,6 @@ class WorkerCalls:
                 self.broken = True
                 if dev in self.slot_of:
                     self.dead.add(self.slot_of[dev])
-                self._cancel(pending)
                 raise self._died(dev, what, exc) from None
             except RayTaskError as exc:
                 cause = getattr(exc, "cause", None)
@@ -153,7 +151,6 @@ class WorkerCalls:
         if failure is not None:
             if pending:  # peers still blocked (on the failed one): the process group is unusable
                 self.broken = True
-                self._cancel(pending)
             dev, err = failure
             if isinstance(err, UserError):  # a user mistake (bad checkpoint, bad data): say it plainly, keep its type
                 raise (UserError(str(err)) if isinstance(err, RayTaskError) else err.with_traceback(None)) from None
@@ -165,19 +162,8 @@ class WorkerCalls:
         if pending:
             self.broken = True
             names = ", ".join(self._name(d) for d in pending.values())
-            self._cancel(pending)
             raise PipelineActorError(f"{what} timed out after {timeout_s:.0f}s waiting for {names}", next(iter(pending.values()), -1))
         return [results[d] for d in devs]
-
-    def _cancel(self, pending: dict[Any, int]) -> None:
-        """Cancel calls still queued; a call already running (blocked on a dead peer) cannot be
-        cancelled on an actor (Ray refuses ``force`` there): the group is broken and the next
-        :meth:`configure` kills those processes, and the per-operation timeout ends the wait."""
-        for ref in pending:
-            try:
-                ray.cancel(ref)
-            except Exception:  # noqa: BLE001 - finished already, or its actor is gone
-                pass
 
     def _stages(self, device: int) -> list[int]:
         return self.plan.stages_of_device(device) if self.plan is not None else []

@@ -51,7 +51,7 @@ from actors.host_copies import HostCopies
 from actors import injection
 from actors.injection import FaultKnobs
 from actors.transport import (
-    MAX_MICROBATCHES, abort_communicators, backend_for, destroy_groups, free_endpoint, init_group, link_groups, new_group,
+    MAX_MICROBATCHES, CommunicatorsAborted, abort_communicators, backend_for, destroy_groups, free_endpoint, init_group, link_groups, new_group,
     replica_groups, select_device, shorten_timeouts, warm_up,
 )
 from orchestrator.core.errors import UserError
@@ -157,7 +157,7 @@ class StageWorker(WorkerCheckpoints):
         if self.executor is None:
             raise RuntimeError("worker not configured")
         if self.aborted:
-            raise RuntimeError(f"device {self.device_id}: communicators aborted after a failed iteration; reconfigure first")
+            raise CommunicatorsAborted(f"device {self.device_id}: communicators aborted after a failed iteration; reconfigure first")
         try:
             report = self.executor.run(step)
         except BaseException:
@@ -304,7 +304,7 @@ class StageWorker(WorkerCheckpoints):
             groups, old_links = {}, {}
             self.aborted = False
         elif self.aborted:
-            raise RuntimeError(f"device {device}: communicators aborted after a failed iteration; a move must re-form the group")
+            raise CommunicatorsAborted(f"device {device}: communicators aborted after a failed iteration; a move must re-form the group")
         else:
             wanted = {g for g in plan.device_groups if len(g) > 1}
             groups = {g: h for g, h in old_groups.items() if g in wanted}

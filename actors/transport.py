@@ -242,6 +242,14 @@ def destroy_groups(groups: Iterable[Any]) -> None:
             pass
 
 
+class CommunicatorsAborted(RuntimeError):
+    """A call refused at once by a worker whose communicators were aborted after a failed iteration: it ran nothing.
+
+    Why a type of its own: a run submitted ahead of a failed one is not cancelled (Ray's in-order actor queue then
+    waits 30 s for the cancelled call's sequence number and cancels the calls after it: ray-project/ray#65785); it runs
+    and ends with this error, which tells the driver that the worker's state is untouched."""
+
+
 def abort_communicators() -> None:
     """Close every communicator of this process at once, without waiting for their operations.
 
