@@ -5,7 +5,8 @@ plan (the process group is rebuilt, the model blocks re-created), which is what 
 restoring under another plan need, and what keeps the test suite from paying the actor start-up
 cost (seconds per process) for every plan it checks.
 
-Placement (:mod:`actors.placement`; starting the workers: :mod:`actors.group_starts`): worker
+Placement (:mod:`actors.placement`; the processes: :class:`actors.processes.WorkerProcesses`, which the group
+owns and which alone owns the actors, their slots and which are dead): worker
 ``i`` is pinned to slot ``i`` — a GPU or a CPU slot of one named node — with a hard node
 affinity, so device ``i`` of the cluster model the plan was made for is the device that runs it. Every worker reports where it actually runs at start
 (``identities``) and a worker on the wrong node or accelerator is refused with one line; a slot
@@ -14,9 +15,13 @@ node has free, instead of a wait for ever. Without GPUs workers ask for a small 
 so several share a laptop's cores (torch threads are divided in the worker).
 
 Failure triage: every remote call goes through :meth:`WorkerGroup.gather`, which waits with a
-deadline and converts a dead actor into :class:`PipelineActorError` naming device and stages.
-When one worker dies its peers fail a little later (their receives time out or see a closed
-socket); the death is the root cause, so it is reported in preference to their errors.
+deadline (:func:`actors.group_calls.collect`) and converts a dead actor into :class:`PipelineActorError`
+naming device and stages. When one worker dies its peers fail a little later (their receives time
+out or see a closed socket); the death is the root cause, so it is reported in preference to their
+errors. A user's mistake raised in a worker (a bad checkpoint, bad data) comes back as the one-line
+:class:`UserError` it is. The group alone decides what a failure means for its state: which worker
+is dead, and whether its process group is ``broken`` (the next :meth:`configure` restarts every
+process).
 
 Live re-partitioning: ``configure(..., members=, slots=)`` pins device ``d`` to actor slot
 ``slots[d]`` and makes every alive ``member`` (not only the plan's devices) a process-group rank,
@@ -31,13 +36,14 @@ import time
 from typing import Any, Mapping, Sequence
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from actors.placement import Slot, discover, probe_pairs
 from actors.ray_session import ensure_ray
 from actors.gpu import recv_lookahead
-from actors.group_calls import PipelineActorError, WorkerCalls
-from actors.group_starts import Starts
+from actors import group_calls
+from actors.group_calls import PipelineActorError, last_line
+from actors.processes import WorkerProcesses
 from actors.job_spec import JobSpec
 from actors import waits
 from orchestrator.core.errors import UserError
@@ -46,7 +52,7 @@ from orchestrator.schedule.lowering import lower
 from orchestrator.schedule.nccl import CommLayout, check_hang_free
 
 
-class WorkerGroup(Starts, WorkerCalls):
+class WorkerGroup:
     """``size`` stage workers; worker ``i`` runs the plan's ``i``-th device (sorted by id)."""
 
     def __init__(self, size: int, use_gpu: bool | None = None, cpus_per_worker: float = 0.01,
@@ -60,24 +66,64 @@ class WorkerGroup(Starts, WorkerCalls):
             use_gpu = gpus >= size
         elif use_gpu and gpus < size:
             raise UserError(f"the plan needs {size} GPUs (one per stage worker) but the Ray cluster has {gpus}")
-        self.size, self.use_gpu, self.cpus_per_worker = size, use_gpu, cpus_per_worker
         kind = "gpu" if use_gpu else "cpu"
-        self.slots = list(slots) if slots is not None else discover(kind, local_slots=size)[:size]
-        if len(self.slots) < size:
-            raise UserError(f"the plan needs {size} devices but the Ray cluster offers {len(self.slots)} {kind} slot(s)")
-        if any(s.kind != kind for s in self.slots):
-            raise UserError(f"a {kind} job was given {sorted({s.kind for s in self.slots})} slots")
-        self.start_timeout_s = start_timeout_s
-        self.identities: list[dict[str, Any]] = []  # where each worker actually runs (reported at start)
-        self.actors: list[Any] = []
+        slots = list(slots) if slots is not None else discover(kind, local_slots=size)[:size]
+        if len(slots) < size:
+            raise UserError(f"the plan needs {size} devices but the Ray cluster offers {len(slots)} {kind} slot(s)")
+        if any(s.kind != kind for s in slots):
+            raise UserError(f"a {kind} job was given {sorted({s.kind for s in slots})} slots")
         self.plan: Plan | None = None
         self.spec: JobSpec | None = None
         self.rank_of: dict[int, int] = {}  # device -> process-group rank (members only)
-        self.slot_of: dict[int, int] = {}  # device -> index into ``actors``
-        self.dead: set[int] = set()  # actor slots known to have died
-        self._starting: dict[Any, tuple[int, float]] = {}  # identity call -> (slot, since) of workers extend started
+        self.slot_of: dict[int, int] = {}  # device -> worker slot (index into the processes)
+        self.broken = False  # the process group is unusable after a failure: the next configure restarts everyone
+        self.processes = WorkerProcesses(slots, use_gpu, cpus_per_worker, start_timeout_s)
+
+    # ----- the processes (read-only views; WorkerProcesses owns them) -----
+    @property
+    def size(self) -> int:
+        return self.processes.size
+
+    @property
+    def use_gpu(self) -> bool:
+        return self.processes.use_gpu
+
+    @property
+    def identities(self) -> list[dict[str, Any]]:
+        return self.processes.identities
+
+    @property
+    def dead(self) -> frozenset[int]:
+        """Worker slots known to have died."""
+        return frozenset(self.processes.dead)
+
+    def node_lost_slots(self) -> set[int]:
+        return self.processes.node_lost_slots()
+
+    def unreachable_slots(self) -> set[int]:
+        return self.processes.unreachable_slots()
+
+    def restart(self) -> None:
+        """Every worker in a fresh process (see :meth:`WorkerProcesses.restart`): the process group is usable again."""
+        self.processes.restart()
         self.broken = False
-        self._start()
+
+    def respawn(self, slots: Sequence[int]) -> None:
+        self.processes.respawn(slots)
+
+    def extend(self, slots: Sequence[Slot]) -> list[int]:
+        return self.processes.extend(slots)
+
+    def started(self, timeout_s: float = 0.0) -> tuple[list[int], list[tuple[int, str]]]:
+        return self.processes.started(timeout_s)
+
+    def shutdown(self) -> None:
+        self.processes.kill()
+
+    def kill_worker(self, device: int) -> None:
+        """Fault injection from the driver side (tests): hard-kill one worker."""
+        ray.kill(self.actor_of(device), no_restart=True)
+        self.processes.mark_dead(self.slot_of[device])
 
     # ----- plan -----
     def configure(self, spec: JobSpec, plan: Plan, timeout_s: float = 300.0, members: Sequence[int] | None = None,
@@ -97,7 +143,7 @@ class WorkerGroup(Starts, WorkerCalls):
         if self.broken:
             self.restart()
         up = {n["NodeID"] for n in ray.nodes() if n.get("Alive")} if any(slots[d] in self.dead for d in devices) else set()
-        respawnable = sorted(slots[d] for d in devices if slots[d] in self.dead and self.slots[slots[d]].node_id in up)
+        respawnable = sorted(slots[d] for d in devices if slots[d] in self.dead and self.processes.slots[slots[d]].node_id in up)
         if respawnable:  # a fresh configuration of a pool that lost workers (recovered in place before): new processes
             self.respawn(respawnable)
         if any(slots[d] in self.dead for d in devices):
@@ -110,7 +156,7 @@ class WorkerGroup(Starts, WorkerCalls):
         host, port = waits.get(first.endpoint.remote(), first, self._name(devices[0]), "with its process-group endpoint", timeout_s)
         refs = [self.actor_of(d).configure.remote(spec, plan.to_dict(), d, self.rank_of, host, port, keep_copies) for d in devices]
         used = set(self.slot_of.values())
-        idle = [a.shutdown.remote() for i, a in enumerate(self.actors) if i not in used and i not in self.dead]
+        idle = [a.shutdown.remote() for i, a in enumerate(self.processes.actors) if i not in used and i not in self.dead]
         out = self.gather(refs, "setup", timeout_s, devices)
         try:
             ray.get(idle, timeout=timeout_s)
@@ -190,7 +236,7 @@ class WorkerGroup(Starts, WorkerCalls):
             try:
                 ray.get(self.actor_of(d).shutdown.remote(), timeout=timeout_s)
             except RayActorError:
-                self.dead.add(self.slot_of[d])
+                self.processes.mark_dead(self.slot_of[d])
         self.broken = False
         return out
 
@@ -198,19 +244,97 @@ class WorkerGroup(Starts, WorkerCalls):
               timeout_s: float = 300.0) -> tuple[list[float], dict[tuple[int, int], tuple[float, float]]]:
         """Every worker's probe seconds and, with ``links``, ``{(a, b): (latency_s, bytes_per_s)}``
         for the pairs :func:`actors.placement.probe_pairs` picks (before any plan is configured)."""
-        everyone = list(range(len(self.actors)))
+        actors = self.processes.actors
+        everyone = list(range(len(actors)))
         self.slot_of = {d: d for d in everyone}
-        seconds = self.gather([a.probe_speed.remote(seconds_of) for a in self.actors], "speed probe", timeout_s, everyone)
+        seconds = self.gather([a.probe_speed.remote(seconds_of) for a in actors], "speed probe", timeout_s, everyone)
         measured: dict[tuple[int, int], tuple[float, float]] = {}
-        if links and len(self.actors) > 1:
+        if links and len(actors) > 1:
             rank_of = {d: d for d in everyone}
-            host, port = ray.get(self.actors[0].endpoint.remote(), timeout=timeout_s)
-            self.gather([a.probe_join.remote(host, port, rank_of, d) for d, a in enumerate(self.actors)], "link probe setup",
+            host, port = ray.get(actors[0].endpoint.remote(), timeout=timeout_s)
+            self.gather([a.probe_join.remote(host, port, rank_of, d) for d, a in enumerate(actors)], "link probe setup",
                         timeout_s, everyone)
-            pairs = probe_pairs(self.slots)
-            for found in self.gather([a.probe_links.remote(pairs, rank_of) for a in self.actors], "link probe", timeout_s, everyone):
+            pairs = probe_pairs(self.processes.slots)
+            for found in self.gather([a.probe_links.remote(pairs, rank_of) for a in actors], "link probe", timeout_s, everyone):
                 measured.update(found)
         return [float(s) for s in seconds], measured
+
+    # ----- calls and triage (waiting: actors/group_calls.py; the consequences for the group's state: here) -----
+    def actor_of(self, device: int) -> Any:
+        return self.processes.actor(self.slot_of[device])
+
+    def plan_devices(self) -> list[int]:
+        return sorted(self.plan.devices) if self.plan is not None else sorted(self.rank_of)
+
+    def call(self, method: str, *args: Any, devices: Sequence[int] | None = None, what: str = "", timeout_s: float = 600.0) -> list[Any]:
+        """Call ``method`` on the workers of ``devices`` (default: the plan's devices) in parallel."""
+        refs, targets = self.submit(method, *args, devices=devices)
+        return self.gather(refs, what or method, timeout_s, targets)
+
+    def submit(self, method: str, *args: Any, devices: Sequence[int] | None = None) -> tuple[list[Any], list[int]]:
+        """Start ``method`` on the workers of ``devices`` without waiting: ``(refs, devices)`` for
+        :meth:`gather` (or :meth:`discard`). Workers run one call at a time (``max_concurrency=1``)
+        in submission order, so a call submitted while an earlier one runs waits behind it."""
+        targets = list(devices) if devices is not None else self.plan_devices()
+        return [getattr(self.actor_of(d), method).remote(*args) for d in targets], targets
+
+    def gather(self, refs: list[Any], what: str, timeout_s: float, devices: Sequence[int] | None = None) -> list[Any]:
+        """The results of ``refs`` (one per device, default the members), or the failure, triaged (module docstring)."""
+        devs = list(devices) if devices is not None else sorted(self.rank_of)
+        got = group_calls.collect(refs, devs, timeout_s)
+        if got.died is not None:
+            dev, exc = got.died
+            self.broken = True
+            if dev in self.slot_of:
+                self.processes.mark_dead(self.slot_of[dev])
+            detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise PipelineActorError(f"{self._name(dev)} died during {what}: {detail}", dev, self._stages(dev), died=True) from None
+        if got.failure is not None:
+            dev, err = got.failure
+            if got.pending:  # peers still blocked (on the failed one): the process group is unusable
+                self.broken = True
+            if isinstance(err, UserError):  # a user mistake (bad checkpoint, bad data): say it plainly, keep its type
+                raise (UserError(str(err)) if isinstance(err, RayTaskError) else err.with_traceback(None)) from None
+            self.broken = True
+            raise PipelineActorError(f"{what} failed on {self._name(dev)}: {type(err).__name__}: {last_line(err)}",
+                                     dev, self._stages(dev)) from err
+        if got.pending:
+            self.broken = True
+            names = ", ".join(self._name(d) for d in got.pending)
+            raise PipelineActorError(f"{what} timed out after {timeout_s:.0f}s waiting for {names}", got.pending[0])
+        return [got.results[d] for d in devs]
+
+    def discard(self, refs: Sequence[Any], grace_s: float = 2.0) -> None:
+        """Drop submitted calls whose results are no longer wanted (an earlier call failed). Nothing is cancelled
+        (see :mod:`actors.group_calls`); if any of them ran, or may still run, those workers' state is unknown and
+        the group is marked broken, so the next :meth:`configure` starts fresh processes. A group already broken is
+        restarted anyway: nothing to wait for."""
+        if not self.broken and refs and group_calls.ran_after_failure(refs, grace_s):
+            self.broken = True
+
+    def unresponsive(self, devices: Sequence[int], timeout_s: float) -> set[int]:
+        """Devices among ``devices`` whose worker is dead or does not answer within ``timeout_s`` (marked dead).
+
+        After a death the survivors finish (fail) the interrupted iteration first — each worker
+        runs one call at a time — so ``timeout_s`` should exceed the per-operation timeout. A
+        node that went away takes all its workers; only the first error names one of them.
+        """
+        gone = {d for d in devices if self.slot_of.get(d, d) in self.processes.dead}
+        asked = {self.processes.actor(self.slot_of.get(d, d)).status.remote(): d for d in devices if d not in gone}
+        gone |= group_calls.unanswered(asked, timeout_s) if asked else set()
+        for d in gone:
+            self.processes.mark_dead(self.slot_of.get(d, d))
+        return gone
+
+    def _stages(self, device: int) -> list[int]:
+        return self.plan.stages_of_device(device) if self.plan is not None else []
+
+    def _name(self, device: int) -> str:
+        if self.plan is None:
+            return f"device {device}"
+        stages = self._stages(device)
+        blocks = ", ".join(f"[{self.plan.stages[j].first},{self.plan.stages[j].last})" for j in stages)
+        return f"stage {'/'.join(map(str, stages))} (device {device}, blocks {blocks})"
 
     def _check_nccl(self, spec: JobSpec, plan: Plan) -> None:
         """Proof, with the posting rule the workers will use, that ``plan`` cannot hang under

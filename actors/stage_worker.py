@@ -47,7 +47,6 @@ from actors.execution import Executor
 from actors.checkpoint import host_copy
 from actors.job_spec import JobSpec, cpu_threads
 from actors.worker_checkpoints import WorkerCheckpoints
-from actors.host_copies import HostCopies
 from actors import injection
 from actors.injection import FaultKnobs
 from actors.transport import (
@@ -60,7 +59,7 @@ from orchestrator.schedule.ir import Action, Kind
 from orchestrator.schedule.lowering import lower
 from orchestrator.schedule.nccl import directed_links
 
-class StageWorker(WorkerCheckpoints):
+class StageWorker:
     """Wrapped with ``ray.remote`` by :mod:`actors.group`; plain class so it is testable in-process."""
 
     def __init__(self) -> None:
@@ -72,7 +71,7 @@ class StageWorker(WorkerCheckpoints):
         self.steady = False  # a first iteration ran under the current communicators
         self.ties: dict[str, list[tuple[int, str]]] = {}  # tied weights' copies (actors/tied.py)
         self.schedulers: dict[int, Any] = {}  # block -> LR scheduler of its optimizer (actors/training.py)
-        self.copies = HostCopies()  # own, neighbour and checkpoint copies for recovery in place
+        self.checkpoints = WorkerCheckpoints()  # checkpoints written from here, host copies for recovery in place
         self.aborted = False  # communicators closed after a failed iteration (until the next group is formed)
         self.norm_layout: NormLayout | None = None  # the model's clip_grad_norm_ order (actors/training.py)
         self.hooks: StepHooks | None = None  # owns the norm and tied groups of the current plan
@@ -113,7 +112,7 @@ class StageWorker(WorkerCheckpoints):
         ``keep_copies``: keep the host copies of block state (a recovery in place restores from them next);
         otherwise they belong to an earlier job or state and are dropped."""
         if not keep_copies:
-            self.copies = HostCopies()
+            self.checkpoints.forget_copies()
         plan = Plan.from_dict(plan_dict)
         if plan.num_microbatches > MAX_MICROBATCHES:
             raise UserError(f"at most {MAX_MICROBATCHES} micro-batches per iteration are supported")
@@ -208,9 +207,7 @@ class StageWorker(WorkerCheckpoints):
 
     def _executor(self, *args: Any, **kwargs: Any) -> Executor:
         ex = Executor(*args, **kwargs)
-        upload = self.upload
-        if upload is not None and not upload.snapshotted.is_set():  # a new plan's first step waits for the copy too
-            ex.snapshot_due = upload.snapshotted
+        ex.snapshot_due = self.checkpoints.snapshot_pending()  # a new plan's first step waits for the copy too
         if self.injecting or ex.spec.injected is not None:  # fault injection is opt-in (actors/injection.py)
             injection.install(ex, self.knobs)
         return ex
@@ -266,7 +263,7 @@ class StageWorker(WorkerCheckpoints):
         ``spec``/``device``/``step``: only for a worker joining the job (a new device), which
         continues at ``step`` (its LR schedules too).
         """
-        self._snapshot_taken()
+        self.checkpoints.snapshot_taken()
         plan = Plan.from_dict(plan_dict)
         ex = self.executor
         previous = self.schedulers if spec is None else {}  # a newcomer's belong to another job
@@ -365,6 +362,49 @@ class StageWorker(WorkerCheckpoints):
         """Weights of the blocks held here (tests compare them with the reference)."""
         ex = self._ready()
         return {b: {k: v.detach().cpu().clone() for k, v in m.state_dict().items()} for b, m in ex.modules.items()}
+
+    # ----- checkpoints and host copies (actors/worker_checkpoints.py) -----
+    def save_blocks(self, directory: str, background: bool = False, step: int | None = None) -> list[dict[str, Any]]:
+        """Write the blocks this worker owns (see :meth:`WorkerCheckpoints.save_blocks`)."""
+        ex = self._ready()
+        out = self.checkpoints.save_blocks(ex, self.completed_step + 1, directory, background, step)
+        if background:  # the next optimizer step waits for the upload thread's copy of the state
+            ex.snapshot_due = self.checkpoints.snapshot_pending()
+        return out
+
+    def finish_blocks(self) -> list[dict[str, Any]]:
+        return self.checkpoints.finish_blocks()
+
+    def load_blocks(self, directory: str, manifest: dict[str, Any]) -> int:
+        ex = self._ready()
+        self._resume_at(self.checkpoints.load_blocks(ex, directory, manifest))
+        return len(ex.modules)
+
+    def host_copies(self) -> dict[str, Any]:
+        return self.checkpoints.host_copies()
+
+    def snapshot_copies(self, step: int) -> dict[int, Any]:
+        return self.checkpoints.snapshot_copies(self._ready(), step)
+
+    def keep_peer_copy(self, step: int, refs: dict[int, Any]) -> int:
+        return self.checkpoints.keep_peer_copy(step, refs)
+
+    def export_copies(self, step: int, blocks: list[int]) -> dict[int, Any]:
+        return self.checkpoints.export_copies(self.device_id, step, blocks)
+
+    def restore_copies(self, step: int, fetched: dict[int, Any], directory: str | None,
+                       manifest: dict[str, Any] | None) -> dict[str, int]:
+        counts = self.checkpoints.restore_copies(self._ready(), step, fetched, directory, manifest)
+        self._resume_at(step)
+        return counts
+
+    def _resume_at(self, step: int) -> None:
+        """After a restore: LR schedules continue from ``step``, which is the next step to run here."""
+        ex = self._ready()
+        if self.schedulers:
+            self.schedulers.clear()
+            self.schedulers.update(schedulers_for(ex.spec.training, ex.optimizers, step))
+        self.completed_step = step - 1
 
     def shutdown(self) -> None:
         if dist.is_initialized():

@@ -1,7 +1,10 @@
 """A stage worker's checkpoints: it writes the blocks it owns from its own node, and restores the ones it holds.
 
-The mixin of :class:`actors.stage_worker.StageWorker` for checkpoints, written apart because the asynchronous
-path has a rule of its own: the upload thread copies parameters and optimizer state while the next iteration's
+:class:`WorkerCheckpoints` is an object the stage worker owns (:class:`actors.stage_worker.StageWorker` exposes its
+methods to the driver), with state of its own: the upload in flight, the warm host buffers of the last one, and the
+host copies kept for a recovery in place. It is given the worker's executor (the blocks and optimizers) at each call
+and never changes the worker's own state: after a restore it returns the step to resume at. It is apart because the
+asynchronous path has a rule of its own: the upload thread copies parameters and optimizer state while the next iteration's
 forward and backward run (:func:`actors.checkpoint.deferred_snapshot`), so every change of the state outside an
 iteration — the next optimizer step, a live move, a restore — first waits for that copy.
 """
@@ -16,47 +19,51 @@ from actors import checkpoint as ckpt
 from actors.execution import Executor
 from actors.host_copies import HostCopies
 from actors.snapshot import host_copy, snapshot_block
-from actors.training import schedulers_for
 
 
 class WorkerCheckpoints:
-    """Mixin of :class:`actors.stage_worker.StageWorker`; the attributes below are set there."""
+    """The checkpoints and host copies of one stage worker (see the module docstring)."""
 
-    device_id: int
-    schedulers: dict[int, Any]
-    completed_step: int
-    copies: HostCopies  # host copies of block state for recovery in place (actors/host_copies.py)
-    upload: ckpt.BackgroundWrite | None = None  # the asynchronous checkpoint being uploaded
-    upload_step: int = 0  # the step that upload holds
-    staged: dict[int, Any] | None = None  # the last uploaded snapshots: warm host buffers for the next one
+    def __init__(self) -> None:
+        self.copies = HostCopies()  # own, neighbour and checkpoint copies of block state (actors/host_copies.py)
+        self.upload: ckpt.BackgroundWrite | None = None  # the asynchronous checkpoint being uploaded
+        self.upload_step = 0  # the step that upload holds
+        self.staged: dict[int, Any] | None = None  # the last uploaded snapshots: warm host buffers for the next one
 
-    def _ready(self) -> Executor:  # the worker's configured executor (StageWorker._ready)
-        raise NotImplementedError
+    def forget_copies(self) -> None:
+        """The host copies belong to an earlier job or state (a fresh configuration): drop them."""
+        self.copies = HostCopies()
 
-    def save_blocks(self, directory: str, background: bool = False, step: int | None = None) -> list[dict[str, Any]]:
-        """Write the blocks this worker owns (replica 0 of each stage only), from this node.
+    def snapshot_pending(self) -> Any:
+        """The event an asynchronous checkpoint sets once its copy of the state exists, while it does not yet
+        (a new executor's first optimizer step waits for it), else ``None``."""
+        upload = self.upload
+        return upload.snapshotted if upload is not None and not upload.snapshotted.is_set() else None
+
+    def save_blocks(self, ex: Executor, next_step: int, directory: str, background: bool = False,
+                    step: int | None = None) -> list[dict[str, Any]]:
+        """Write the blocks this worker owns (replica 0 of each stage only), from this node; the state is that before
+        ``next_step`` (the worker's next step to run).
 
         ``background``: snapshot them now and upload in a thread while training goes on; the
         entries then come from :meth:`finish_blocks` (this returns []). Each block records its
         place (the job's run id, ``step`` — default the ``step_N`` folder's — and its index)."""
-        ex = self._ready()
-        mine = [b for j in ex.plan.stages_of_device(self.device_id) if ex.plan.stages[j].devices[0] == self.device_id
+        mine = [b for j in ex.plan.stages_of_device(ex.device) if ex.plan.stages[j].devices[0] == ex.device
                 for b in range(ex.plan.stages[j].first, ex.plan.stages[j].last)]
         if background:  # the parameters are copied by the upload thread, before this worker's next optimizer step
             self.finish_blocks()  # one upload at a time; an earlier one's error surfaces here
             warm = self.staged or {}
             self.copies.forget(warm)  # the previous checkpoint's host copy is about to be overwritten
-            self.upload_step = self.completed_step + 1
+            self.upload_step = next_step
             upload = ckpt.BackgroundWrite(directory, [ckpt.deferred_snapshot(b, ex.modules[b], ex.optimizers.get(b), into=warm.get(b))
                                                       for b in mine], step, ex.spec.run_id)
-            self.upload = upload
-            ex.snapshot_due = upload.snapshotted
+            self.upload = upload  # the worker's next optimizer step waits for its copy (snapshot_pending)
             return []
         snaps = {b: snapshot_block(b, ex.modules[b], ex.optimizers.get(b)) for b in mine}
-        self.copies.keep_checkpoint(self.completed_step + 1, snaps)  # the same state, kept for a recovery in place
+        self.copies.keep_checkpoint(next_step, snaps)  # the same state, kept for a recovery in place
         return [ckpt.write_payload(directory, snap, step, ex.spec.run_id) for snap in snaps.values()]
 
-    def _snapshot_taken(self) -> None:
+    def snapshot_taken(self) -> None:
         """Wait until an asynchronous checkpoint's copy of this worker's state exists (before the state is changed
         outside an iteration: blocks moved away or restored)."""
         upload = self.upload
@@ -74,24 +81,14 @@ class WorkerCheckpoints:
         self.copies.keep_checkpoint(self.upload_step, upload.staged)
         return entries
 
-    def load_blocks(self, directory: str, manifest: dict[str, Any]) -> int:
-        """Restore every block this worker holds (all replicas load the same files)."""
-        self._snapshot_taken()
-        ex = self._ready()
+    def load_blocks(self, ex: Executor, directory: str, manifest: dict[str, Any]) -> int:
+        """Restore every block this worker holds (all replicas load the same files); returns the step to resume at."""
+        self.snapshot_taken()
         entries = {int(e["block"]): e for e in manifest["files"]}
         for b, module in ex.modules.items():
             payload = ckpt.read_block(directory, entries[b])
             ckpt.restore_block(payload, module, ex.optimizers.get(b), f"{directory.rstrip('/')}/{entries[b]['file']}")
-        self._resume_at(int(manifest["step"]))
-        return len(ex.modules)
-
-    def _resume_at(self, step: int) -> None:
-        """After a restore: LR schedules continue from ``step``, which is the next step to run here."""
-        ex = self._ready()
-        if self.schedulers:
-            self.schedulers.clear()
-            self.schedulers.update(schedulers_for(ex.spec.training, ex.optimizers, step))
-        self.completed_step = step - 1
+        return int(manifest["step"])
 
     # ----- host copies (recovery in place; actors/host_copies.py) -----
     def host_copies(self) -> dict[str, Any]:
@@ -100,17 +97,16 @@ class WorkerCheckpoints:
         An asynchronous checkpoint still uploading counts: its snapshot is that step's state on this host already,
         so a death during the upload can roll back to the step being uploaded (when every block has a copy there)
         instead of the previous committed checkpoint's."""
-        self._snapshot_taken()
+        self.snapshot_taken()
         upload = self.upload
         if upload is not None and upload.staged:  # every block's copy taken (the thread sets them all at once)
             self.copies.keep_checkpoint(self.upload_step, upload.staged)
         return {"steps": self.copies.inventory(), "bytes": self.copies.nbytes()}
 
-    def snapshot_copies(self, step: int) -> dict[int, Any]:
+    def snapshot_copies(self, ex: Executor, step: int) -> dict[int, Any]:
         """Snapshot the blocks held here as the state at ``step`` (between iterations) and return them as object
         refs, owned by this worker, for the neighbour that keeps a copy (:meth:`keep_peer_copy`)."""
-        self._snapshot_taken()
-        ex = self._ready()
+        self.snapshot_taken()
         snaps = self.copies.take(step, ex.modules, ex.optimizers)
         return {b: ray.put(p) for b, p in snaps.items()}
 
@@ -119,21 +115,20 @@ class WorkerCheckpoints:
         self.copies.keep_peer(step, {int(b): p for b, p in zip(refs, ray.get(list(refs.values())))})
         return self.copies.nbytes()
 
-    def export_copies(self, step: int, blocks: list[int]) -> dict[int, Any]:
+    def export_copies(self, device: int, step: int, blocks: list[int]) -> dict[int, Any]:
         """This worker's copies of ``blocks`` at ``step`` as object refs (for a survivor that now holds them)."""
         out: dict[int, Any] = {}
         for b in blocks:
             found = self.copies.get(step, b)
             if found is None:
-                raise RuntimeError(f"device {self.device_id} holds no copy of block {b} at step {step}")
+                raise RuntimeError(f"device {device} holds no copy of block {b} at step {step}")
             out[b] = ray.put(found)
         return out
 
-    def restore_copies(self, step: int, fetched: dict[int, Any], directory: str | None,
+    def restore_copies(self, ex: Executor, step: int, fetched: dict[int, Any], directory: str | None,
                        manifest: dict[str, Any] | None) -> dict[str, int]:
         """Roll every block held here back to ``step``: from this worker's own copy, else from a peer's
         (``fetched``: block -> object ref), else from the checkpoint at ``directory``. Returns the count per source."""
-        ex = self._ready()
         entries = {int(e["block"]): e for e in manifest["files"]} if manifest is not None else {}
         counts = {"own": 0, "peer": 0, "storage": 0}
         for b, module in ex.modules.items():
@@ -143,12 +138,11 @@ class WorkerCheckpoints:
                 payload, where = ray.get(fetched[b]), "peer"
             if payload is None:
                 if directory is None or b not in entries:
-                    raise RuntimeError(f"device {self.device_id}: no copy of block {b} at step {step} and no checkpoint")
+                    raise RuntimeError(f"device {ex.device}: no copy of block {b} at step {step} and no checkpoint")
                 payload, where = ckpt.read_block(directory, entries[b]), "storage"
             else:  # the optimizer keeps the tensors it is given: a copy, so that training never writes into ours
                 payload = host_copy(payload)
             ckpt.restore_block(payload, module, ex.optimizers.get(b), f"host copy of block {b} at step {step}")
             counts[where] += 1
         self.copies.drop_after(step)
-        self._resume_at(step)
         return counts

@@ -99,7 +99,7 @@ def _placement(cluster: Any, workers: list[Any], tmp: Path) -> dict[str, Any]:
     out["devices"] = trainer.devices()
     out["state_api"] = {str(pid): node for pid, node in stage_actor_nodes().items()}
     out["worker_pids"] = {str(d): s["pid"] for d, s in zip(plan.devices, trainer.group.identities)}
-    out["slot_nodes"] = [slot.node_id for slot in trainer.group.slots]
+    out["slot_nodes"] = [slot.node_id for slot in trainer.group.processes.slots]
     watcher = NodeTable("cpu")
     doomed = workers[1].node_id
     cluster.remove_node(workers[1])

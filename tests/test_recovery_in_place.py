@@ -183,10 +183,10 @@ def test_a_full_restart_leaves_the_slots_of_a_node_that_left_dead_instead_of_wai
     group = WorkerGroup(2, use_gpu=False)
     try:
         before = [i["pid"] for i in group.identities]
-        group.slots[1] = replace(group.slots[1], node_id="f" * 56)  # device 1's node is gone from Ray's node table
+        group.processes.slots[1] = replace(group.processes.slots[1], node_id="f" * 56)  # device 1's node is gone from Ray's node table
         assert group.node_lost_slots() == {1}
         group.restart()
-        assert group.dead == {1} and group.actors[1] is None and group.identities[1] == {}
+        assert group.dead == {1} and group.processes.actors[1] is None and group.identities[1] == {}
         assert group.identities[0]["pid"] != before[0]  # a fresh process on the slot that is still there
         runtime = PipelineRuntime(MLP, loss_fn("mlp"), ADAM, DATA, M, plan=straight_plan([0, 8], M), workers=group, pg_timeout_s=60)
         runtime.start(members=[0])

@@ -1,19 +1,18 @@
-"""Starting stage workers where their slots say, and starting more while a job runs.
+"""The stage workers' processes: started where their slots say, restarted, respawned, and added while a job runs.
 
-A mixin of :class:`actors.group.WorkerGroup` (the lifecycle of its processes, apart from the
-plan, the calls and the failure triage): worker ``i`` is started on slot ``i`` with a hard node
-affinity (:mod:`actors.placement`), reports where it actually runs, and is refused with one line
-if that is not its slot; a slot that cannot be had is one line naming the device and what its
-node has free, instead of a wait for ever. A broken group is restarted whole; dead workers can
-be respawned in place (a replaced node); capacity that joins gets workers in new slots
-(:meth:`Starts.extend`) without stopping anyone — they are checked as they come up
-(:meth:`Starts.started`).
+Owned by :class:`actors.group.WorkerGroup` (which owns the plan, the process group's membership and the calls):
+this object alone owns the actors, their slots, where each reported it runs, and which are dead. Worker ``i`` is
+started on slot ``i`` with a hard node affinity (:mod:`actors.placement`), reports where it actually runs, and is
+refused with one line if that is not its slot; a slot that cannot be had is one line naming the device and what its
+node has free, instead of a wait for ever. A broken process group is restarted whole; dead workers can be respawned
+in place (a replaced node); capacity that joins gets workers in new slots (:meth:`WorkerProcesses.extend`) without
+stopping anyone — they are checked as they come up (:meth:`WorkerProcesses.started`).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import ray
 from ray.exceptions import RayActorError, RayTaskError
@@ -25,21 +24,37 @@ from actors.stage_worker import StageWorker
 from orchestrator.core.errors import UserError
 
 
-class Starts:
-    """Worker processes of a group: start, check, restart, respawn, extend (see the module docstring)."""
+class WorkerProcesses:
+    """One Ray actor per slot (see the module docstring); ``actors[i]`` is ``None`` where slot ``i``'s node is gone."""
 
-    slots: list[Slot]
-    actors: list[Any]
-    identities: list[dict[str, Any]]
-    dead: set[int]
-    broken: bool
-    size: int
-    use_gpu: bool
-    cpus_per_worker: float
-    start_timeout_s: float
-    _starting: dict[Any, tuple[int, float]]
+    def __init__(self, slots: Sequence[Slot], use_gpu: bool, cpus_per_worker: float, start_timeout_s: float) -> None:
+        self.slots = list(slots)
+        self.use_gpu, self.cpus_per_worker, self.start_timeout_s = use_gpu, cpus_per_worker, start_timeout_s
+        self.actors: list[Any] = []
+        self.identities: list[dict[str, Any]] = []  # where each worker actually runs (reported at start)
+        self.dead: set[int] = set()  # slots whose worker is known to have died
+        self._starting: dict[Any, tuple[int, float]] = {}  # identity call -> (slot, since) of workers extend started
+        self._start()
 
-    node_lost_slots: Callable[[], set[int]]  # actors.group_calls.WorkerCalls
+    @property
+    def size(self) -> int:
+        return len(self.slots)
+
+    def actor(self, slot: int) -> Any:
+        return self.actors[slot]
+
+    def mark_dead(self, slot: int) -> None:
+        self.dead.add(slot)
+
+    def node_lost_slots(self) -> set[int]:
+        """Slots whose node has left the cluster: no worker can be (re)started there."""
+        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        return {i for i, slot in enumerate(self.slots) if slot.node_id not in alive}
+
+    def unreachable_slots(self) -> set[int]:
+        """Slots known dead or whose node has left the cluster (a removed or failed node takes every worker on it;
+        the first error names only one of them)."""
+        return set(self.dead) | self.node_lost_slots()
 
     def _start(self, skip: Sequence[int] = ()) -> None:
         """A worker on every slot but those in ``skip`` (slots whose node is gone: dead, with no actor)."""
@@ -47,7 +62,6 @@ class Starts:
         self.actors = [None if i in skip else remote.options(max_concurrency=1, **actor_options(s, self.cpus_per_worker)).remote()  # type: ignore[attr-defined]
                        for i, s in enumerate(self.slots)]
         self.dead = set(skip)
-        self.broken = False
         self._starting = {}
         live = [i for i in range(len(self.actors)) if i not in self.dead]
         found = dict(zip(live, self._await(live))) if live else {}
@@ -59,7 +73,7 @@ class Starts:
         ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=waits.stretched(self.start_timeout_s))
         if pending:
             stuck = sorted(refs[r] for r in pending)
-            self._kill(indices)
+            self.kill(indices)
             free = {n["NodeID"]: n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")}
             slot = self.slots[stuck[0]]
             raise UserError(
@@ -71,7 +85,7 @@ class Starts:
             try:
                 check_identity(i, self.slots[i], found)
             except UserError:
-                self._kill(indices)
+                self.kill(indices)
                 raise
         return [seen[i] for i in indices]
 
@@ -79,7 +93,7 @@ class Starts:
         try:
             return dict(ray.get(ref))
         except (RayActorError, RayTaskError) as exc:
-            self._kill(indices)
+            self.kill(indices)
             raise UserError(f"device {index}'s worker failed to start on node {self.slots[index].node_id[:12]}: "
                             f"{last_line(exc)}") from None
 
@@ -88,13 +102,10 @@ class Starts:
         slots whose node has left the cluster: a hard node affinity to a removed node can never be scheduled
         (Ray raises ``ActorUnschedulableError``), so those slots stay dead and a plan must do without them."""
         lost = self.node_lost_slots()
-        self._kill()
+        self.kill()
         self._start(sorted(lost))
 
-    def shutdown(self) -> None:
-        self._kill()
-
-    def _kill(self, indices: Sequence[int] | None = None) -> None:
+    def kill(self, indices: Sequence[int] | None = None) -> None:
         """Kill the workers at ``indices`` (default: all of them, and forget them)."""
         for i, actor in enumerate(self.actors):
             if actor is None or (indices is not None and i not in indices):
@@ -134,7 +145,6 @@ class Starts:
         fresh = list(range(first, len(self.actors)))
         since = time.monotonic()
         self._starting.update({self.actors[i].identity.remote(): (i, since) for i in fresh})
-        self.size = len(self.actors)
         return fresh
 
     def started(self, timeout_s: float = 0.0) -> tuple[list[int], list[tuple[int, str]]]:
@@ -161,6 +171,6 @@ class Starts:
                 del self._starting[ref]
                 failed.append((i, f"no start within {self.start_timeout_s:.0f}s on node {self.slots[i].node_id[:12]}"))
         for i, _ in failed:
-            self._kill([i])
+            self.kill([i])
             self.dead.add(i)
         return up, failed
