@@ -53,7 +53,7 @@ def executors(plan: Plan, lookahead: int = 8) -> dict[int, Executor]:
 def test_receives_are_posted_once_and_in_the_lookahead_window(name: str, lookahead: int) -> None:
     for ex in executors(PLANS[name], lookahead).values():
         recv_at = [i for i, a in enumerate(ex.program) if a.kind in (Kind.RECV_F, Kind.RECV_B)]
-        posted = [(r, i) for i, rs in enumerate(ex.post_before) for r in rs]
+        posted = [(r, i) for i, rs in enumerate(ex.tables.post_before) for r in rs]
         assert [r for r, _ in posted] == recv_at  # each once, in program order
         # the rule of the original loop: before action i, post every receive at index < i + lookahead
         assert all(i == max(0, r - lookahead + 1) for r, i in posted)
@@ -66,7 +66,7 @@ def test_every_send_matches_one_receive_with_same_tag_and_rows(name: str) -> Non
     recvs: dict[tuple[int, int, int], int] = {}
     for d, ex in exs.items():
         for i, a in enumerate(ex.program):
-            info = ex.info[i]
+            info = ex.tables.info[i]
             if a.kind in (Kind.SEND_F, Kind.SEND_B):
                 _, _, any_rows, _, lo, hi, rank, msg_tag, _, _ = info
                 if any_rows:
@@ -88,7 +88,7 @@ def test_received_and_local_pieces_tile_each_unit_exactly(name: str) -> None:
         covered: dict[tuple[str, int, tuple[int, int]], list[tuple[int, int]]] = {}
         rows: dict[tuple[str, int, tuple[int, int]], int] = {}
         for i, a in enumerate(ex.program):
-            info = ex.info[i]
+            info = ex.tables.info[i]
             if a.kind in (Kind.RECV_F, Kind.RECV_B) and info is not None:
                 assembly, shape, _, lo, hi, whole, _, _, _ = info
                 covered.setdefault(assembly, []).append((lo, hi))
@@ -96,8 +96,8 @@ def test_received_and_local_pieces_tile_each_unit_exactly(name: str) -> None:
                 assert whole == ((lo, hi) == (0, shape[0]))
             elif a.kind is Kind.FORWARD and a.stage > 0 or a.kind is Kind.BACKWARD and a.stage < ex.last:
                 direction = "F" if a.kind is Kind.FORWARD else "B"
-                pieces = ex.info[i][4] if a.kind is Kind.FORWARD else ex.info[i][3]
-                lo, hi = ex.rows(a.stage, a.unit)
+                pieces = ex.tables.info[i][4] if a.kind is Kind.FORWARD else ex.tables.info[i][3]
+                lo, hi = ex.tables.rows(a.stage, a.unit)
                 assembly = (direction, a.stage, a.unit)
                 covered.setdefault(assembly, []).extend((d_lo, d_hi) for local, _, _, _, d_lo, d_hi in pieces if local)
                 rows[assembly] = hi - lo
@@ -113,7 +113,7 @@ def test_received_and_local_pieces_tile_each_unit_exactly(name: str) -> None:
 
 def test_labels_and_dispatch_are_per_action() -> None:
     ex = executors(PLANS["interleaved-replicas"])[0]
-    assert ex.labels == [str(a) for a in ex.program]
+    assert ex.tables.labels == [str(a) for a in ex.program]
     assert [c.__name__ for c in ex.calls] == [ex.handlers[a.kind].__name__ for a in ex.program]
 
 
@@ -121,7 +121,7 @@ def test_backward_keeps_input_grad_only_when_someone_consumes_it() -> None:
     for ex in executors(PLANS["interleaved-local-handoff"]).values():
         for i, a in enumerate(ex.program):
             if a.kind is Kind.BACKWARD:
-                assert ex.info[i][4] == (ex.consumers.get(("B", a.stage, a.unit), 0) > 0)
+                assert ex.tables.info[i][4] == (ex.tables.consumers.get(("B", a.stage, a.unit), 0) > 0)
 
 
 def _report(device: int, cpu: float | None) -> dict[str, Any]:
@@ -177,11 +177,12 @@ def test_a_run_of_steps_splits_the_drivers_time_by_the_workers_completions() -> 
 
 
 def test_fault_injection_is_opt_in_and_wraps_only_the_call_table() -> None:
-    """A plain executor calls its handlers directly; ``install`` wraps compute and send actions
-    (and the kill point) once, and leaves the handlers themselves alone."""
+    """A plain executor calls its handlers directly (its own, or its exchange's for sends and receives);
+    ``install`` wraps compute and send actions (and the kill point) once, and leaves the handlers themselves alone."""
     ex = executors(PLANS["1f1b"])[0]
     plain = list(ex.calls)
-    assert all(getattr(c, "__self__", None) is ex for c in plain) and not ex.injected
+    owners = [ex.exchange if a.kind in (Kind.SEND_F, Kind.SEND_B, Kind.RECV_F, Kind.RECV_B) else ex for a in ex.program]
+    assert all(getattr(c, "__self__", None) is owner for c, owner in zip(plain, owners)) and not ex.injected
     injection.install(ex, injection.FaultKnobs())
     injection.install(ex, injection.FaultKnobs())  # idempotent
     wrapped = [c is not p for c, p in zip(ex.calls, plain)]
