@@ -1,6 +1,6 @@
 """Executing one device's program: one handler per IR kind, nothing schedule-specific.
 
-``Executor.run(step)`` walks ``program`` in order and calls ``HANDLERS[action.kind]``. GPipe,
+``Executor.run(step)`` walks ``program`` in order and calls the handler of each action's kind. GPipe,
 1F1B, interleaving, slicing and replication differ only in the action lists the lowering built;
 the handlers see stages, units, peers and row ranges, never a schedule name.
 
