@@ -44,7 +44,7 @@ class ProgramTables:
         cuda: bool,
     ) -> None:
         self.plan, self.device, self.rank_of, self.program = plan, device, rank_of, program
-        self.boundary, self.batch_rows, self.cuda = boundary, batch_rows, cuda
+        self.boundary, self.batch_rows = boundary, batch_rows
         self.last = len(plan.stages) - 1
         self._rows: dict[tuple[int, tuple[int, int], int], Range] = {}
         self._peers: dict[tuple[int, int], list[int]] = {}
@@ -68,7 +68,7 @@ class ProgramTables:
                 consumers[("F", a.stage - 1, a.unit)] += 1
             elif a.kind.grads_input and a.stage < self.last and a.stage + 1 in mine:
                 consumers[("B", a.stage + 1, a.unit)] += 1
-        return consumers
+        return dict(consumers)
 
     def boundary_of(self, direction: str, stage: int) -> tuple[tuple[int, ...], torch.dtype]:
         """Trailing shape and dtype of ``stage``'s input (F) or of its output's gradient (B)."""

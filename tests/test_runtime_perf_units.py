@@ -7,6 +7,8 @@ old per-action code applied on the fly. No timing here; speed is measured by ben
 
 from __future__ import annotations
 
+import gc
+import weakref
 from dataclasses import replace
 from typing import Any
 
@@ -20,6 +22,7 @@ from actors.job_spec import JobSpec
 from orchestrator.core.plan import Plan, ScheduleKind, interleave, straight_plan
 from orchestrator.schedule.ir import Kind
 from orchestrator.schedule.lowering import lower
+from orchestrator.schedule.nccl import directed_links
 
 BATCH = 11  # uneven micro-batches and replica shares
 PLANS = {
@@ -122,6 +125,32 @@ def test_backward_keeps_input_grad_only_when_someone_consumes_it() -> None:
         for i, a in enumerate(ex.program):
             if a.kind is Kind.BACKWARD:
                 assert ex.tables.info[i][4] == (ex.tables.consumers.get(("B", a.stage, a.unit), 0) > 0)
+
+
+class _Handle:
+    """Stands for a process group: only whether something still holds it matters here."""
+
+
+def test_dropping_communicators_leaves_no_handle_alive() -> None:
+    """After a failed iteration the worker aborts its groups; any handle the executor still held (its
+    exchange's groups and links, the per-action table that caches the links) would keep their sockets open."""
+    plan = PLANS["replicas-2-3"]
+    links: dict[tuple[int, int], Any] = {key: _Handle() for key in directed_links(lower(plan))}
+    groups: dict[tuple[int, ...], Any] = {g: _Handle() for g in plan.device_groups if len(g) > 1}
+    alive = [weakref.ref(h) for h in [*links.values(), *groups.values()]]
+    boundary: list[tuple[tuple[int, ...], torch.dtype]] = [((4,), torch.float32)] * (plan.num_blocks + 1)
+    rank_of = {d: i for i, d in enumerate(sorted(plan.devices))}
+    ex = Executor(_spec(), plan, 0, rank_of, lower(plan).programs[0], {}, {}, groups, boundary, BATCH, torch.device("cpu"),
+                  links=links)
+    link_entries = [e[8] for e in ex.tables.info if isinstance(e, tuple) and len(e) > 8]  # sends' and receives'
+    assert links[(0, 2)] in link_entries
+    assert ex.exchange.communicators()  # the replica group and the links
+    del links, groups
+    gc.collect()
+    assert any(ref() is not None for ref in alive)  # the executor holds them
+    ex.drop_communicators()
+    gc.collect()
+    assert all(ref() is None for ref in alive) and ex.exchange.communicators() == [] and ex.tables.info == []
 
 
 def _report(device: int, cpu: float | None) -> dict[str, Any]:
