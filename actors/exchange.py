@@ -1,15 +1,20 @@
-"""The communication half of an executor: point-to-point sends and receives, and the all-reduce.
+"""The communication state of one executor: its tensors in and out, point-to-point and all-reduce.
 
-Split from :mod:`actors.execution` along the seam between computing a unit and moving its tensors, so that each
-reads on its own. The rules are the executor's (see its docstring): sends are ``isend`` whose handles are kept until
-they complete; receives are ``irecv`` posted ahead at the points :func:`orchestrator.schedule.nccl.recv_post_points`
-chose and waited for at the RECV action; a unit fed by several peers is received into row slices of one buffer; a
-sent tensor must keep the shape and dtype the probe saw. Nothing here knows a schedule's name.
+Why an object of its own (not a part of :class:`actors.execution.Executor`): everything that moves a tensor between
+actions or devices has one owner here — the process groups and directed links, the receives posted, the sends in
+flight, the receive buffers being assembled (``inbox``), the tensors produced for later consumers (``out_f``/``out_b``
+and how many consumers each still has), and the iteration's send/receive metrics. The executor computes; it hands
+over what it produced (:meth:`Exchange.hand_over`) and asks for what a unit consumes (:meth:`Exchange.assemble`).
+
+The rules are the executor's (see its docstring): sends are ``isend`` whose handles are kept until they complete;
+receives are ``irecv`` posted ahead at the points :func:`orchestrator.schedule.nccl.recv_post_points` chose and
+waited for at the RECV action; a unit fed by several peers is received into row slices of one buffer; a sent tensor
+must keep the shape and dtype the probe saw. Times come from the executor's one :class:`actors.clock.Clock`.
+Nothing here knows a schedule's name.
 """
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from typing import Any
 
@@ -18,44 +23,44 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from actors.gpu import EventClock, dtype_buckets
+from actors.clock import Clock
+from actors.gpu import dtype_buckets
 from actors.tables import Key, Piece, ProgramTables
-from actors.transport import Range
 from orchestrator.core.errors import UserError
 from orchestrator.schedule.ir import Action
 
-_perf = time.perf_counter
 
+class Exchange:
+    """One executor's communication state (see module docstring); per-iteration state is reset by :meth:`start`."""
 
-class Exchange(ProgramTables):
-    """Mixin of :class:`actors.execution.Executor`: its tensors in and out; the attributes below are set there."""
+    def __init__(self, tables: ProgramTables, groups: dict[tuple[int, ...], Any], links: dict[tuple[int, int], Any],
+                 torch_device: torch.device, clock: Clock) -> None:
+        self.tables = tables
+        self.info, self.labels = tables.info, tables.labels  # read, never changed here (hot path: one lookup)
+        self.device = tables.device
+        self.groups = groups  # replica devices -> their all-reduce group
+        self.links = links  # (sender, receiver) device -> two-rank group; absent: the default group
+        self.torch_device = torch_device
+        self.now = clock.now  # the executor's clock: spans and transfers on one time base
+        self.start()
 
-    torch_device: torch.device
-    modules: dict[int, nn.Module]
-    groups: dict[tuple[int, ...], Any]
-    cursor: int
-    labels: list[str]
-    info: list[Any]
-    inbox: dict[tuple[str, int, tuple[int, int]], Tensor]
-    out_f: dict[Key, Tensor]
-    out_b: dict[Key, Tensor]
-    uses: dict[tuple[str, int, tuple[int, int]], int]
-    posted: dict[int, tuple[Any, Tensor, float]]
-    pending_sends: deque[tuple[Any, Tensor]]
-    spans: list[tuple[str, str, float, float]]
-    sends: list[tuple[str, int, int, float]]
-    recvs: list[tuple[str, int, int, float, float, float]]
-    clock: EventClock  # CUDA only: set at the start of each iteration
-    before_step: Any
-    after_step: Any
-    t0: float
+    def start(self) -> None:
+        """A new iteration: nothing received, posted, in flight or held for a consumer; no metrics yet."""
+        self.inbox: dict[tuple[str, int, tuple[int, int]], Tensor] = {}  # receive buffers being assembled
+        self.out_f: dict[Key, Tensor] = {}
+        self.out_b: dict[Key, Tensor] = {}
+        self.uses = dict(self.tables.consumers)  # consumers still to come, per produced tensor
+        self.posted: dict[int, tuple[Any, Tensor, float]] = {}
+        self.pending_sends: deque[tuple[Any, Tensor]] = deque()
+        self.sends: list[tuple[str, int, int, float]] = []
+        self.recvs: list[tuple[str, int, int, float, float, float]] = []
 
-    def _now(self) -> float:
-        """Seconds since the iteration began (CPU), or an event index on CUDA (see actors/gpu.py)."""
-        return self.clock.mark() if self.cuda else _perf() - self.t0
+    # ----- local hand-over -----
+    def hand_over(self, direction: str, key: Key, tensor: Tensor) -> None:
+        """``key``'s output (F) or input grad (B), kept until its last consumer (a send or a local unit) ran."""
+        (self.out_f if direction == "F" else self.out_b)[key] = tensor
 
-    # ----- compute -----
-    def _assemble(self, direction: str, stage: int, unit: tuple[int, int], pieces: list[Piece], lo: int, hi: int) -> Tensor:
+    def assemble(self, direction: str, stage: int, unit: tuple[int, int], pieces: list[Piece], lo: int, hi: int) -> Tensor:
         """``stage``'s input (F) or output grad (B): received in place, or handed over locally."""
         buf = self.inbox.pop((direction, stage, unit), None)
         store = self.out_f if direction == "F" else self.out_b
@@ -68,13 +73,9 @@ class Exchange(ProgramTables):
                     buf[d_lo:d_hi].copy_(part)
                 self._release(direction, src)
         if buf is None:
-            shape, dtype = self.boundary[self.plan.stages[stage].first if direction == "F" else self.plan.stages[stage].last]
+            shape, dtype = self.tables.boundary_of(direction, stage)
             return torch.zeros((hi - lo, *shape), dtype=dtype, device=self.torch_device)
         return buf
-
-    def _gather(self, direction: str, stage: int, unit: tuple[int, int], other: int, mine: Range) -> Tensor:
-        """Compatibility wrapper: the assembled input (F) or output grad (B) of ``stage``'s ``unit``."""
-        return self._assemble(direction, stage, unit, self._pieces(direction, stage, unit, other), mine[0], mine[1])
 
     def _release(self, direction: str, key: Key) -> None:
         counter = (direction, key[0], key[1])
@@ -85,19 +86,8 @@ class Exchange(ProgramTables):
             if left <= 0:
                 (self.out_f if direction == "F" else self.out_b).pop(key, None)
 
-    def drop_communicators(self) -> None:
-        """Forget every handle on a communicator (receives posted, sends in flight, groups, links, the per-action
-        table that caches them, the step hooks' groups) after a failed iteration. Why: a handle keeps its group,
-        and so its sockets, alive; the worker aborts the groups next (:meth:`actors.stage_worker.StageWorker.abort`)
-        and this executor is not run again (a new one comes with the re-formed group)."""
-        self.posted = {}
-        self.pending_sends = deque()
-        self.groups, self.links, self.info = {}, {}, []
-        self.before_step = self.after_step = None
-
     # ----- point-to-point -----
-    def _send(self, a: Action) -> None:
-        index = self.cursor
+    def send(self, a: Action, index: int) -> None:
         direction, key, any_rows, whole, lo, hi, rank, msg_tag, group, expect = self.info[index]
         if any_rows:
             held = (self.out_f if direction == "F" else self.out_b)[key]
@@ -108,7 +98,7 @@ class Exchange(ProgramTables):
                     f"{list(data.shape[1:])} per row to device {a.peer}, but the probe of the model saw "
                     f"{str(expect[1]).replace('torch.', '')} {list(expect[0])}: a block boundary must keep "
                     "its shape and dtype from step to step and device to device")
-            post = self._now()
+            post = self.now()
             work = dist.isend(data, rank, group=group, tag=msg_tag)
             sends = self.pending_sends
             sends.append((work, data))
@@ -117,7 +107,15 @@ class Exchange(ProgramTables):
             self.sends.append((self.labels[index], a.peer, data.numel() * data.element_size(), post))
         self._release(direction, key)
 
-    def _post_recv(self, index: int) -> None:
+    def backdate_send(self, since: int, post: float) -> None:
+        """The send recorded after the first ``since`` ones was ready at ``post`` (fault injection: an injected link
+        delay counts as transfer time, :mod:`actors.injection`)."""
+        if len(self.sends) > since:
+            label, peer, size, _ = self.sends[-1]
+            self.sends[-1] = (label, peer, size, post)
+
+    def post(self, index: int) -> None:
+        """Post the receive of action ``index`` (before its RECV action is reached; see module docstring)."""
         info = self.info[index]
         if info is None:
             return  # empty overlap: nothing was sent
@@ -127,32 +125,48 @@ class Exchange(ProgramTables):
             buf = self.inbox[assembly] = torch.empty(shape, dtype=dtype, device=self.torch_device)
         part = buf if whole else buf[lo:hi]
         work = dist.irecv(part, rank, group=group, tag=msg_tag)
-        self.posted[index] = (work, part, self._now())
+        self.posted[index] = (work, part, self.now())
 
-    def _recv(self, a: Action) -> None:
-        index = self.cursor
+    def recv(self, a: Action, index: int) -> None:
+        """Wait for the receive of action ``index``, posted earlier."""
         found = self.posted.pop(index, None)
         if found is None:
             return  # empty overlap: nothing was sent
         work, buf, post = found
-        wait = self._now()
+        wait = self.now()
         work.wait()  # on CUDA: the compute stream waits for the receive; the host does not
-        done = self._now()
+        done = self.now()
         self.recvs.append((self.labels[index], a.peer, buf.numel() * buf.element_size(), post, wait, done))
 
-    # ----- per-stage -----
-    def _stage_params(self, stage: int) -> list[nn.Parameter]:
-        s = self.plan.stages[stage]
-        return [p for b in range(s.first, s.last) for p in self.modules[b].parameters()]
-
-    def _all_reduce(self, a: Action) -> None:
-        start = self._now()
-        params = self._stage_params(a.stage)
-        group = self.groups[self.plan.stages[a.stage].devices]
+    # ----- collectives -----
+    def all_reduce(self, params: list[nn.Parameter], devices: tuple[int, ...]) -> None:
+        """Sum the gradients of ``params`` over the replica group of ``devices``, in place."""
+        group = self.groups[devices]
         for bucket in dtype_buckets(params):  # one flat buffer per dtype: no bf16 -> fp32 promotion
             grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in bucket]
             flat = _flatten_dense_tensors(grads)
             dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
             for p, g in zip(bucket, _unflatten_dense_tensors(flat, grads)):
                 p.grad = g
-        self.spans.append((self.labels[self.cursor], "all_reduce", start, self._now()))
+
+    # ----- the end of an iteration -----
+    def finish(self) -> None:
+        """Wait for every send still in flight (a receiver may be behind)."""
+        for work, _ in self.pending_sends:
+            work.wait()
+        self.pending_sends.clear()
+
+    def unconsumed(self) -> bool:
+        """A receive posted but not waited for, or a buffer received but not consumed (a lowering bug)."""
+        return bool(self.inbox or self.posted)
+
+    def communicators(self) -> list[Any]:
+        """Every group handle this executor communicates on (its watchdog time-outs are set on them)."""
+        return [*self.groups.values(), *self.links.values()]
+
+    def drop_communicators(self) -> None:
+        """Forget every handle on a communicator: receives posted, sends in flight, groups, links. Why: a handle
+        keeps its group, and so its sockets, alive (see :meth:`actors.execution.Executor.drop_communicators`)."""
+        self.posted = {}
+        self.pending_sends = deque()
+        self.groups, self.links = {}, {}

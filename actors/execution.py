@@ -1,6 +1,6 @@
 """Executing one device's program: one handler per IR kind, nothing schedule-specific.
 
-``Executor.run(step)`` walks ``program`` in order and calls ``HANDLERS[action.kind]``. GPipe,
+``Executor.run(step)`` walks ``program`` in order and calls the handler of each action's kind. GPipe,
 1F1B, interleaving, slicing and replication differ only in the action lists the lowering built;
 the handlers see stages, units, peers and row ranges, never a schedule name.
 
@@ -22,10 +22,17 @@ copied from pinned memory without blocking. Sent tensors are checked against the
 shape and dtype, so a mismatch (e.g. a kernel that changes dtype only on the GPU) is one clear
 error instead of an NCCL byte-count mismatch.
 
-Communication handlers live in :class:`actors.exchange.Exchange`, compute handlers here.
+Three objects, each owning its state: the executor owns compute (the forward, backward, BI, W and
+step handlers), the stash of units awaiting backward, the losses and the spans; its
+:class:`actors.exchange.Exchange` owns communication (groups and links, receives posted, sends in
+flight, buffers being assembled, tensors held for consumers, transfer metrics); its
+:class:`actors.tables.ProgramTables` owns what depends only on the plan. One
+:class:`actors.clock.Clock` times both the spans and the transfers.
 
-Hot path: everything that depends only on the plan is computed once into per-action tables
-(:class:`actors.tables.ProgramTables`); ``run`` only walks them.
+Hot path: everything that depends only on the plan is computed once into per-action tables; the
+call table ``calls`` holds one bound handler per action (the exchange's own ``send``/``recv`` for
+point-to-point actions, no trampoline), and ``run`` only walks it, handing each handler the action
+and its program position.
 
 Metrics: per action a ``perf_counter`` pair appended as a tuple (labels are precomputed
 strings), per-iteration main-thread CPU time in ``cpu_s``.
@@ -43,7 +50,6 @@ from __future__ import annotations
 import resource
 import threading
 import time
-from collections import defaultdict, deque
 from typing import Any, Callable
 
 import torch
@@ -51,11 +57,12 @@ from torch import Tensor, nn
 
 from actors import recompute, seeding, user_code
 from actors.backward_split import PendingWeights, backward_input
-from actors.gpu import EventClock, check_nccl_dtypes
+from actors.clock import clock_for
+from actors.gpu import check_nccl_dtypes
 from actors.exchange import Exchange
 from actors.job_spec import JobSpec
-from actors.tables import Key
-from actors.transport import Range, nbytes
+from actors.tables import Key, ProgramTables
+from actors.transport import nbytes
 from orchestrator.core.plan import Plan
 from orchestrator.schedule.ir import Action, Kind
 
@@ -66,7 +73,6 @@ try:  # the engine call behind torch.autograd.backward, without its per-call arg
 except ImportError:  # pragma: no cover - older/newer torch: the public API is equivalent
     _run_backward = None
 
-_perf = time.perf_counter
 _thread_time = time.thread_time
 
 
@@ -78,8 +84,11 @@ def _backward(out: Tensor, grad: Tensor) -> None:
         _run_backward((out,), (grad,), False, False, (), allow_unreachable=True, accumulate_grad=True)
 
 
-class Executor(Exchange):
-    """Per-plan state of one worker and the handlers of every IR kind."""
+Handler = Callable[[Action, int], None]  # (the action, its position in the program)
+
+
+class Executor:
+    """Per-plan state of one worker and the handlers of every IR kind (see module docstring)."""
 
     # Called with the step before the device's first optimizer step of each iteration, and with
     # the stage after each stage's optimizer steps (the stage worker sets them: tied weights,
@@ -98,12 +107,9 @@ class Executor(Exchange):
         links: dict[tuple[int, int], Any] | None = None,
     ) -> None:
         self.spec, self.plan, self.device, self.rank_of, self.program = spec, plan, device, rank_of, program
-        self.modules, self.optimizers, self.groups = modules, optimizers, groups
-        self.links = links or {}  # (sender, receiver) device -> two-rank group; absent: the default group
+        self.modules, self.optimizers = modules, optimizers
         self.boundary, self.batch_rows, self.torch_device = boundary, batch_rows, torch_device
         self.last = len(plan.stages) - 1
-        self._rows: dict[tuple[int, tuple[int, int], int], Range] = {}
-        self._peers: dict[tuple[int, int], list[int]] = {}
         self.cuda = torch_device.type == "cuda"
         if not self.cuda and torch.get_num_interop_threads() != 1:
             try:  # stage workers share the node's cores: no second thread pool (only jit.fork uses it)
@@ -111,37 +117,38 @@ class Executor(Exchange):
             except RuntimeError:  # already set, or inter-op work already ran in this process
                 pass
         self.param_ptrs = {p.data_ptr() for m in modules.values() for p in m.parameters()}
-        self.handlers: dict[Kind, Callable[[Action], None]] = {
+        links = links or {}  # (sender, receiver) device -> two-rank group; absent: the default group
+        self.tables = ProgramTables(spec.recv_lookahead, plan, device, rank_of, program, links, boundary, batch_rows, self.cuda)
+        self.clock = clock_for(self.cuda)
+        self.now = self.clock.now  # the one time base of spans and transfers (bound once: the hot path)
+        self.exchange = Exchange(self.tables, groups, links, torch_device, self.clock)
+        self._info, self._labels = self.tables.info, self.tables.labels  # read-only views (hot path: one lookup)
+        exchange = self.exchange
+        self._assemble, self._hand_over = exchange.assemble, exchange.hand_over  # bound once (hot path)
+        self.handlers: dict[Kind, Handler] = {
             Kind.FORWARD: self._forward, Kind.BACKWARD: self._backward,
             Kind.BACKWARD_INPUT: self._backward_input, Kind.BACKWARD_WEIGHT: self._backward_weight,
-            Kind.SEND_F: self._send, Kind.SEND_B: self._send,
-            Kind.RECV_F: self._recv, Kind.RECV_B: self._recv,
+            Kind.SEND_F: exchange.send, Kind.SEND_B: exchange.send,
+            Kind.RECV_F: exchange.recv, Kind.RECV_B: exchange.recv,
             Kind.ALL_REDUCE: self._all_reduce, Kind.STEP: self._step,
         }
-        # How many actions consume each produced tensor (sends + a local hand-off), so it is
-        # released as soon as the last consumer ran instead of at the end of the iteration.
-        self.consumers: dict[tuple[str, int, tuple[int, int]], int] = defaultdict(int)
-        mine = set(plan.stages_of_device(device))
-        for a in program:
-            if a.kind is Kind.SEND_F:
-                self.consumers[("F", a.stage, a.unit)] += 1
-            elif a.kind is Kind.SEND_B:
-                self.consumers[("B", a.stage, a.unit)] += 1
-            elif a.kind is Kind.FORWARD and a.stage > 0 and a.stage - 1 in mine:
-                self.consumers[("F", a.stage - 1, a.unit)] += 1
-            elif a.kind.grads_input and a.stage < self.last and a.stage + 1 in mine:
-                self.consumers[("B", a.stage + 1, a.unit)] += 1
-        self._compile()
+        self.calls: list[Handler] = [self.handlers[a.kind] for a in program]  # wrapped by actors.injection
         if self.cuda:
-            check_nccl_dtypes(self.device, program, self.info,
+            check_nccl_dtypes(self.device, program, self.tables.info,
                               {j: self._stage_params(j) for j in plan.stages_of_device(device) if plan.stages[j].replicas > 1})
         self.held_bytes: dict[int, int] = {}  # forward index -> bytes kept for backward (first iteration)
         self.spans: list[tuple[str, str, float, float]] = []
-        self.sends: list[tuple[str, int, int, float]] = []
-        self.recvs: list[tuple[str, int, int, float, float, float]] = []
-        self.t0 = _perf()
         self.step_index = -1
         self.injected = False  # call table wrapped by actors.injection.install (tests, rehearsals)
+
+    def drop_communicators(self) -> None:
+        """Forget every handle on a communicator (receives posted, sends in flight, groups, links, the per-action
+        table that caches them, the step hooks' groups) after a failed iteration. Why: a handle keeps its group,
+        and so its sockets, alive; the worker aborts the groups next (:meth:`actors.stage_worker.StageWorker.abort`)
+        and this executor is not run again (a new one comes with the re-formed group)."""
+        self.exchange.drop_communicators()
+        self.tables.drop_links()
+        self.before_step = self.after_step = None
 
     # ----- the iteration -----
     def run(self, step: int) -> dict[str, Any]:
@@ -162,57 +169,45 @@ class Executor(Exchange):
             self.inputs, self.targets = inputs, targets
         self.stash: dict[Key, tuple[Tensor | None, Tensor, int]] = {}
         self.weights_due: dict[Key, tuple[PendingWeights, int]] = {}  # split backwards between BI and W
-        self.out_f: dict[Key, Tensor] = {}
-        self.out_b: dict[Key, Tensor] = {}
-        self.inbox: dict[tuple[str, int, tuple[int, int]], Tensor] = {}  # receive buffers being assembled
-        self.posted: dict[int, tuple[Any, Tensor, float]] = {}
-        self.pending_sends: deque[tuple[Any, Tensor]] = deque()
-        self.uses = dict(self.consumers)
+        exchange, clock = self.exchange, self.clock
+        exchange.start()
         self.losses: list[Tensor] = []
-        self.cursor = 0
         self.stash_now = self.stash_peak = 0
         self.spans = []
-        self.sends = []
-        self.recvs = []
         if self.cuda:
             torch.cuda.reset_peak_memory_stats()
-        post_before, calls, program, post = self.post_before, self.calls, self.program, self._post_recv
+        post_before, calls, program, post = self.tables.post_before, self.calls, self.program, exchange.post
         cpu0 = _thread_time()
-        self.t0_wall, self.t0 = time.time(), _perf()
-        if self.cuda:
-            self.clock = EventClock()  # its event 0 is the origin every other event is measured from
+        clock.start()
         for i in range(len(program)):
             for r in post_before[i]:
                 post(r)
-            self.cursor = i
-            calls[i](program[i])
-        for work, _ in self.pending_sends:
-            work.wait()
-        self.pending_sends.clear()
+            calls[i](program[i], i)
+        exchange.finish()
         loss = float(torch.stack(self.losses).sum().item()) if self.losses else 0.0  # the one host sync (CUDA)
         if self.cuda:
             torch.cuda.synchronize()
-            self.spans, self.sends, self.recvs = self.clock.resolve(self.spans, self.sends, self.recvs)
-        elapsed = _perf() - self.t0
+        spans, sends, recvs = clock.resolve(self.spans, exchange.sends, exchange.recvs)  # seconds (CUDA: from events)
+        self.spans = spans
+        elapsed = clock.elapsed()
         cpu = _thread_time() - cpu0
-        if self.stash or self.inbox or self.posted or self.weights_due:
+        if self.stash or self.weights_due or exchange.unconsumed():
             raise RuntimeError(f"device {self.device}: iteration ended with unconsumed state (a lowering bug)")
-        busy = sum(e - s for _, kind, s, e in self.spans if kind in ("F", "B", "BI", "W", "all_reduce", "step"))
-        waited = sum(d - w for _, _, _, _, w, d in self.recvs)  # blocked on receives (the rest is overhead)
+        busy = sum(e - s for _, kind, s, e in spans if kind in ("F", "B", "BI", "W", "all_reduce", "step"))
+        waited = sum(d - w for _, _, _, _, w, d in recvs)  # blocked on receives (the rest is overhead)
         peak = torch.cuda.max_memory_allocated() if self.cuda else self.stash_peak
         return {
-            "device": self.device, "step": step, "t0_wall": self.t0_wall, "iteration_s": elapsed, "busy_s": busy,
-            "bubble_s": max(0.0, elapsed - busy), "spans": self.spans, "sends": self.sends, "recvs": self.recvs,
+            "device": self.device, "step": step, "t0_wall": clock.t0_wall, "iteration_s": elapsed, "busy_s": busy,
+            "bubble_s": max(0.0, elapsed - busy), "spans": spans, "sends": sends, "recvs": recvs,
             "loss": loss if self.last in stages else None,
             "peak_memory_bytes": int(peak), "memory_metric": "cuda_max_memory_allocated" if self.cuda else "stash_high_water",
             "maxrss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "cpu_s": cpu,
             "wait_s": waited, "actions": len(self.program),
         }
 
-    def _forward(self, a: Action) -> None:
-        start = self._now()
-        index = self.cursor
-        key, lo, hi, blocks, pieces, scale = self.info[index]
+    def _forward(self, a: Action, index: int) -> None:
+        start = self.now()
+        key, lo, hi, blocks, pieces, scale = self._info[index]
         if a.stage == 0:
             assert self.inputs is not None
             x = self.inputs[lo:hi]
@@ -243,11 +238,11 @@ class Executor(Exchange):
             held += known or 0
         self.stash[key] = (x if a.stage > 0 else None, out, held)
         if a.stage < self.last:
-            self.out_f[key] = out.detach()
+            self._hand_over("F", key, out.detach())
         self.stash_now += held
         if self.stash_now > self.stash_peak:
             self.stash_peak = self.stash_now
-        self.spans.append((self.labels[index], "F", start, self._now()))
+        self.spans.append((self._labels[index], "F", start, self.now()))
 
     def _apply(self, a: Action, x: Tensor, blocks: list[int], lo: int, hi: int, scale: float) -> Tensor:
         out = x
@@ -280,10 +275,9 @@ class Executor(Exchange):
                 out = torch.zeros((), device=self.torch_device, requires_grad=False)
         return out
 
-    def _backward(self, a: Action) -> None:
-        start = self._now()
-        index = self.cursor
-        key, lo, hi, pieces, keep = self.info[index]
+    def _backward(self, a: Action, index: int) -> None:
+        start = self.now()
+        key, lo, hi, pieces, keep = self._info[index]
         x, out, held = self.stash.pop(key)
         if a.stage == self.last:
             if out.requires_grad:
@@ -293,32 +287,40 @@ class Executor(Exchange):
             if out.requires_grad:
                 _backward(out, grad)
         if x is not None and keep:
-            self.out_b[key] = x.grad if x.grad is not None else torch.zeros_like(x)
+            self._hand_over("B", key, x.grad if x.grad is not None else torch.zeros_like(x))
         self.stash_now -= held
-        self.spans.append((self.labels[index], "B", start, self._now()))
+        self.spans.append((self._labels[index], "B", start, self.now()))
 
-    def _backward_input(self, a: Action) -> None:
+    def _backward_input(self, a: Action, index: int) -> None:
         """``BI``: the input gradient now, the weight gradients kept for ``W`` (actors/backward_split.py)."""
-        start = self._now()
-        index = self.cursor
-        key, lo, hi, pieces, keep = self.info[index]
+        start = self.now()
+        key, lo, hi, pieces, keep = self._info[index]
         x, out, held = self.stash.pop(key)
         grad = torch.ones_like(out) if a.stage == self.last else self._assemble("B", a.stage, a.unit, pieces, lo, hi)
         dx, pending = backward_input(out, grad, x, self._stage_params(a.stage), _backward)
         if x is not None and keep:
-            self.out_b[key] = dx if dx is not None else torch.zeros_like(x)
+            self._hand_over("B", key, dx if dx is not None else torch.zeros_like(x))
         self.weights_due[key] = (pending, held)
-        self.spans.append((self.labels[index], "BI", start, self._now()))
+        self.spans.append((self._labels[index], "BI", start, self.now()))
 
-    def _backward_weight(self, a: Action) -> None:
-        start = self._now()
-        pending, held = self.weights_due.pop(self.info[self.cursor])
+    def _backward_weight(self, a: Action, index: int) -> None:
+        start = self.now()
+        pending, held = self.weights_due.pop(self._info[index])
         pending.run(self._stage_params(a.stage), _backward)
         self.stash_now -= held
-        self.spans.append((self.labels[self.cursor], "W", start, self._now()))
+        self.spans.append((self._labels[index], "W", start, self.now()))
 
-    def _step(self, a: Action) -> None:
-        start = self._now()
+    def _stage_params(self, stage: int) -> list[nn.Parameter]:
+        s = self.plan.stages[stage]
+        return [p for b in range(s.first, s.last) for p in self.modules[b].parameters()]
+
+    def _all_reduce(self, a: Action, index: int) -> None:
+        start = self.now()
+        self.exchange.all_reduce(self._stage_params(a.stage), self.plan.stages[a.stage].devices)
+        self.spans.append((self._labels[index], "all_reduce", start, self.now()))
+
+    def _step(self, a: Action, index: int) -> None:
+        start = self.now()
         s = self.plan.stages[a.stage]
         if self.snapshot_due is not None:
             self.snapshot_due.wait()
@@ -332,7 +334,7 @@ class Executor(Exchange):
                 opt.zero_grad(set_to_none=True)
         if self.after_step is not None:
             self.after_step(a.stage)
-        self.spans.append((self.labels[self.cursor], "step", start, self._now()))
+        self.spans.append((self._labels[index], "step", start, self.now()))
 
 
 def _identity(t: Tensor) -> Tensor:

@@ -1,7 +1,7 @@
 """Fault injection for rehearsals and tests: a slower device, slower outgoing links, a crash.
 
 Opt-in: :func:`install` wraps entries of an executor's call table (``Executor.calls``, one
-handler per program action) and is applied by the worker only once a test or a rehearsal asked
+handler per program action, called with the action and its position) and is applied by the worker only once a test or a rehearsal asked
 for injection (:meth:`actors.stage_worker.StageWorker.set_faults`, ``arm_kill``, or the :class:`Kills` a job
 spec carries, which :func:`arm_kills` puts on a trainer). An executor nobody injects into
 runs its handlers unwrapped: no branch of this module is on the hot path of a normal job.
@@ -23,12 +23,12 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from orchestrator.schedule.ir import Action, Kind
 
 if TYPE_CHECKING:
-    from actors.execution import Executor
+    from actors.execution import Executor, Handler
 
 KILL_EXIT_CODE = 17
 _NOT_COMPUTE = frozenset({Kind.SEND_F, Kind.SEND_B, Kind.RECV_F, Kind.RECV_B, Kind.ALL_REDUCE, Kind.STEP})
@@ -83,34 +83,34 @@ def install(ex: "Executor", knobs: FaultKnobs) -> "Executor":
     return ex
 
 
-def _slowed(ex: "Executor", knobs: FaultKnobs, handler: Callable[[Action], None]) -> Callable[[Action], None]:
-    def run(a: Action) -> None:
+def _slowed(ex: "Executor", knobs: FaultKnobs, handler: "Handler") -> "Handler":
+    def run(a: Action, index: int) -> None:
         factor = knobs.slowdown
         if factor == 1.0:
-            handler(a)
+            handler(a, index)
             return
         before = len(ex.spans)
         cpu0 = time.process_time()
-        handler(a)
+        handler(a, index)
         if len(ex.spans) > before:
             label, kind, start, end = ex.spans[-1]
             # The extra time follows the work the action did (the process's CPU seconds), not its
             # wall time: on a CPU box where actors share cores, wall time also counts the waits for
             # a core, so a wall-time slowdown would grow and shrink with everyone else's load.
             time.sleep(max(0.0, (factor - 1.0) * (time.process_time() - cpu0)))
-            ex.spans[-1] = (label, kind, start, ex._now())  # the device was busy all along
+            ex.spans[-1] = (label, kind, start, ex.now())  # the device was busy all along
 
     return run
 
 
-def _delayed_send(ex: "Executor", knobs: FaultKnobs, handler: Callable[[Action], None]) -> Callable[[Action], None]:
-    def run(a: Action) -> None:
+def _delayed_send(ex: "Executor", knobs: FaultKnobs, handler: "Handler") -> "Handler":
+    def run(a: Action, index: int) -> None:
         delay = knobs.send_delay_per_byte.get(a.peer, 0.0) if knobs.send_delay_per_byte else 0.0
         if delay <= 0.0:
-            handler(a)
+            handler(a, index)
             return
-        wanted = time.perf_counter() - ex.t0
-        _, (lo, hi), _, _ = ex._link_rows(a)
+        wanted = ex.now()  # host seconds: delays are injected on CPU workers only
+        _, (lo, hi), _, _ = ex.tables.link_rows(a)
         if hi > lo:
             stage = ex.plan.stages[a.stage]
             shape, dtype = ex.boundary[stage.last if a.kind is Kind.SEND_F else stage.first]
@@ -118,20 +118,18 @@ def _delayed_send(ex: "Executor", knobs: FaultKnobs, handler: Callable[[Action],
             for n in shape:
                 numel *= n
             time.sleep(delay * numel * dtype.itemsize)
-        before = len(ex.sends)
-        handler(a)
-        if len(ex.sends) > before:  # the link was "busy" from when the data was ready
-            label, peer, size, _ = ex.sends[-1]
-            ex.sends[-1] = (label, peer, size, wanted)
+        before = len(ex.exchange.sends)
+        handler(a, index)
+        ex.exchange.backdate_send(before, wanted)  # the link was "busy" from when the data was ready
 
     return run
 
 
-def _killing(ex: "Executor", handler: Callable[[Action], None]) -> Callable[[Action], None]:
-    def run(a: Action) -> None:
+def _killing(ex: "Executor", handler: "Handler") -> "Handler":
+    def run(a: Action, index: int) -> None:
         if (ex.step_index, ex.device) in kills_of(ex.spec):
             os._exit(KILL_EXIT_CODE)  # die mid-iteration like a crashed process would
-        handler(a)
+        handler(a, index)
 
     return run
 

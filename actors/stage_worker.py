@@ -168,7 +168,7 @@ class StageWorker:
             if self.executor.cuda:  # the watchdog's clock starts at enqueue: leave room for a slow iteration
                 ex = self.executor
                 bound = max(ex.spec.steady_timeout_s, 5.0 * float(report["iteration_s"]))
-                shorten_timeouts(bound, [*ex.groups.values(), *ex.links.values()])
+                shorten_timeouts(bound, ex.exchange.communicators())
         return report
 
     def run_iterations(self, first: int, count: int) -> list[dict[str, Any]]:
@@ -285,8 +285,9 @@ class StageWorker:
         elif ex is not None:
             spec, boundary, batch_rows, torch_device = ex.spec, ex.boundary, ex.batch_rows, ex.torch_device
             if ex.cuda and self.steady:  # state hand-over and the next first iteration get the setup bound back
-                shorten_timeouts(spec.pg_timeout_s, [*ex.groups.values(), *ex.links.values()])
-            modules, optimizers, old_groups, old_links = dict(ex.modules), dict(ex.optimizers), ex.groups, ex.links
+                shorten_timeouts(spec.pg_timeout_s, ex.exchange.communicators())
+            modules, optimizers = dict(ex.modules), dict(ex.optimizers)
+            old_groups, old_links = ex.exchange.groups, ex.exchange.links
             # A failed iteration may have left accumulated gradients behind.
             for module in modules.values():
                 module.zero_grad(set_to_none=True)

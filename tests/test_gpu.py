@@ -106,9 +106,8 @@ def test_bf16_and_fp32_gradients_all_reduce_in_their_own_buckets(nccl_world_of_o
     spec = JobSpec(wide_mlp, mse, SGD, wide_batch)
     ex = Executor(spec, plan, 0, {0: 0, 1: 1}, lower(plan).programs[0], {0: block}, {}, {(0, 1): dist.group.WORLD},
                   [((8,), torch.float32)] * 2, 4, nccl_world_of_one)
-    ex.t0, ex.spans, ex.cursor, ex.events, ex.labels = 0.0, [], 0, [], ["0ALL_REDUCE"]
-    ex._now()
-    ex._all_reduce(lower(plan).programs[0][0])
+    ex.clock.start()
+    ex._all_reduce(lower(plan).programs[0][0], 0)
     torch.cuda.synchronize()
     for p in block.parameters():
         assert p.grad is not None and p.grad.dtype == p.dtype and torch.equal(p.grad, torch.full_like(p, 0.25))

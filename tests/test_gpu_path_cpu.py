@@ -54,9 +54,8 @@ def test_all_reduce_of_a_mixed_dtype_stage_keeps_gradient_dtypes(world_of_one: N
     spec = JobSpec(_unused, _unused, _unused, _unused)
     ex = Executor(spec, plan, 0, {0: 0, 1: 1}, lower(plan).programs[0], {0: block}, {}, {(0, 1): dist.group.WORLD},
                   [((4,), torch.float32)] * 2, 4, torch.device("cpu"))
-    ex.t0, ex.spans, ex.cursor, ex.events = 0.0, [], 0, []
-    ex.labels = ["0ALL_REDUCE"]
-    ex._all_reduce(lower(plan).programs[0][0])
+    ex._all_reduce(lower(plan).programs[0][0], 0)
+    assert [(label, kind) for label, kind, _, _ in ex.spans] == [(ex.tables.labels[0], "all_reduce")]
     for p in block.parameters():
         assert p.grad is not None and p.grad.dtype == p.dtype
         assert torch.equal(p.grad, torch.full_like(p, 0.5))  # a world of one: the sum is itself

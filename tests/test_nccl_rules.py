@@ -122,12 +122,12 @@ def test_executor_posts_by_the_replayed_rule_on_the_directed_link_groups() -> No
     spec = JobSpec(_unused, _unused, _unused, _unused, recv_lookahead=5)
     for device, program in schedule.programs.items():
         ex = Executor(spec, plan, device, rank_of, program, {}, {}, {}, boundary, 8, torch.device("cpu"), links=links)
-        assert ex.post_before == recv_post_points(program, 5)
+        assert ex.tables.post_before == recv_post_points(program, 5)
         for i, a in enumerate(program):
-            if a.kind in (Kind.SEND_F, Kind.SEND_B) and ex.info[i][2]:
-                assert ex.info[i][8] is links[(device, a.peer)]
-            elif a.kind in (Kind.RECV_F, Kind.RECV_B) and ex.info[i] is not None:
-                assert ex.info[i][8] is links[(a.peer, device)]
+            if a.kind in (Kind.SEND_F, Kind.SEND_B) and ex.tables.info[i][2]:
+                assert ex.tables.info[i][8] is links[(device, a.peer)]
+            elif a.kind in (Kind.RECV_F, Kind.RECV_B) and ex.tables.info[i] is not None:
+                assert ex.tables.info[i][8] is links[(a.peer, device)]
     assert all((b, a) in links for a, b in links)  # pipelines talk both ways: two groups per neighbour pair
 
 

@@ -7,6 +7,8 @@ old per-action code applied on the fly. No timing here; speed is measured by ben
 
 from __future__ import annotations
 
+import gc
+import weakref
 from dataclasses import replace
 from typing import Any
 
@@ -20,6 +22,7 @@ from actors.job_spec import JobSpec
 from orchestrator.core.plan import Plan, ScheduleKind, interleave, straight_plan
 from orchestrator.schedule.ir import Kind
 from orchestrator.schedule.lowering import lower
+from orchestrator.schedule.nccl import directed_links
 
 BATCH = 11  # uneven micro-batches and replica shares
 PLANS = {
@@ -53,7 +56,7 @@ def executors(plan: Plan, lookahead: int = 8) -> dict[int, Executor]:
 def test_receives_are_posted_once_and_in_the_lookahead_window(name: str, lookahead: int) -> None:
     for ex in executors(PLANS[name], lookahead).values():
         recv_at = [i for i, a in enumerate(ex.program) if a.kind in (Kind.RECV_F, Kind.RECV_B)]
-        posted = [(r, i) for i, rs in enumerate(ex.post_before) for r in rs]
+        posted = [(r, i) for i, rs in enumerate(ex.tables.post_before) for r in rs]
         assert [r for r, _ in posted] == recv_at  # each once, in program order
         # the rule of the original loop: before action i, post every receive at index < i + lookahead
         assert all(i == max(0, r - lookahead + 1) for r, i in posted)
@@ -66,7 +69,7 @@ def test_every_send_matches_one_receive_with_same_tag_and_rows(name: str) -> Non
     recvs: dict[tuple[int, int, int], int] = {}
     for d, ex in exs.items():
         for i, a in enumerate(ex.program):
-            info = ex.info[i]
+            info = ex.tables.info[i]
             if a.kind in (Kind.SEND_F, Kind.SEND_B):
                 _, _, any_rows, _, lo, hi, rank, msg_tag, _, _ = info
                 if any_rows:
@@ -88,7 +91,7 @@ def test_received_and_local_pieces_tile_each_unit_exactly(name: str) -> None:
         covered: dict[tuple[str, int, tuple[int, int]], list[tuple[int, int]]] = {}
         rows: dict[tuple[str, int, tuple[int, int]], int] = {}
         for i, a in enumerate(ex.program):
-            info = ex.info[i]
+            info = ex.tables.info[i]
             if a.kind in (Kind.RECV_F, Kind.RECV_B) and info is not None:
                 assembly, shape, _, lo, hi, whole, _, _, _ = info
                 covered.setdefault(assembly, []).append((lo, hi))
@@ -96,8 +99,8 @@ def test_received_and_local_pieces_tile_each_unit_exactly(name: str) -> None:
                 assert whole == ((lo, hi) == (0, shape[0]))
             elif a.kind is Kind.FORWARD and a.stage > 0 or a.kind is Kind.BACKWARD and a.stage < ex.last:
                 direction = "F" if a.kind is Kind.FORWARD else "B"
-                pieces = ex.info[i][4] if a.kind is Kind.FORWARD else ex.info[i][3]
-                lo, hi = ex.rows(a.stage, a.unit)
+                pieces = ex.tables.info[i][4] if a.kind is Kind.FORWARD else ex.tables.info[i][3]
+                lo, hi = ex.tables.rows(a.stage, a.unit)
                 assembly = (direction, a.stage, a.unit)
                 covered.setdefault(assembly, []).extend((d_lo, d_hi) for local, _, _, _, d_lo, d_hi in pieces if local)
                 rows[assembly] = hi - lo
@@ -113,7 +116,7 @@ def test_received_and_local_pieces_tile_each_unit_exactly(name: str) -> None:
 
 def test_labels_and_dispatch_are_per_action() -> None:
     ex = executors(PLANS["interleaved-replicas"])[0]
-    assert ex.labels == [str(a) for a in ex.program]
+    assert ex.tables.labels == [str(a) for a in ex.program]
     assert [c.__name__ for c in ex.calls] == [ex.handlers[a.kind].__name__ for a in ex.program]
 
 
@@ -121,7 +124,33 @@ def test_backward_keeps_input_grad_only_when_someone_consumes_it() -> None:
     for ex in executors(PLANS["interleaved-local-handoff"]).values():
         for i, a in enumerate(ex.program):
             if a.kind is Kind.BACKWARD:
-                assert ex.info[i][4] == (ex.consumers.get(("B", a.stage, a.unit), 0) > 0)
+                assert ex.tables.info[i][4] == (ex.tables.consumers.get(("B", a.stage, a.unit), 0) > 0)
+
+
+class _Handle:
+    """Stands for a process group: only whether something still holds it matters here."""
+
+
+def test_dropping_communicators_leaves_no_handle_alive() -> None:
+    """After a failed iteration the worker aborts its groups; any handle the executor still held (its
+    exchange's groups and links, the per-action table that caches the links) would keep their sockets open."""
+    plan = PLANS["replicas-2-3"]
+    links: dict[tuple[int, int], Any] = {key: _Handle() for key in directed_links(lower(plan))}
+    groups: dict[tuple[int, ...], Any] = {g: _Handle() for g in plan.device_groups if len(g) > 1}
+    alive = [weakref.ref(h) for h in [*links.values(), *groups.values()]]
+    boundary: list[tuple[tuple[int, ...], torch.dtype]] = [((4,), torch.float32)] * (plan.num_blocks + 1)
+    rank_of = {d: i for i, d in enumerate(sorted(plan.devices))}
+    ex = Executor(_spec(), plan, 0, rank_of, lower(plan).programs[0], {}, {}, groups, boundary, BATCH, torch.device("cpu"),
+                  links=links)
+    held = links[(0, 2)]
+    assert any(len(e) > 8 and e[8] is held for e in ex.tables.info if isinstance(e, tuple))  # a send's or receive's entry
+    assert ex.exchange.communicators()  # the replica group and the links
+    del links, groups, held
+    gc.collect()
+    assert any(ref() is not None for ref in alive)  # the executor holds them
+    ex.drop_communicators()
+    gc.collect()
+    assert all(ref() is None for ref in alive) and ex.exchange.communicators() == [] and ex.tables.info == []
 
 
 def _report(device: int, cpu: float | None) -> dict[str, Any]:
@@ -177,11 +206,12 @@ def test_a_run_of_steps_splits_the_drivers_time_by_the_workers_completions() -> 
 
 
 def test_fault_injection_is_opt_in_and_wraps_only_the_call_table() -> None:
-    """A plain executor calls its handlers directly; ``install`` wraps compute and send actions
-    (and the kill point) once, and leaves the handlers themselves alone."""
+    """A plain executor calls its handlers directly (its own, or its exchange's for sends and receives);
+    ``install`` wraps compute and send actions (and the kill point) once, and leaves the handlers themselves alone."""
     ex = executors(PLANS["1f1b"])[0]
     plain = list(ex.calls)
-    assert all(getattr(c, "__self__", None) is ex for c in plain) and not ex.injected
+    owners = [ex.exchange if a.kind in (Kind.SEND_F, Kind.SEND_B, Kind.RECV_F, Kind.RECV_B) else ex for a in ex.program]
+    assert all(getattr(c, "__self__", None) is owner for c, owner in zip(plain, owners)) and not ex.injected
     injection.install(ex, injection.FaultKnobs())
     injection.install(ex, injection.FaultKnobs())  # idempotent
     wrapped = [c is not p for c, p in zip(ex.calls, plain)]
