@@ -141,6 +141,36 @@ class Executor:
         self.step_index = -1
         self.injected = False  # call table wrapped by actors.injection.install (tests, rehearsals)
 
+    # ----- what the stage worker and rehearsals set, through these methods only -----
+    def use_hooks(self, before_step: Callable[[int], bool] | None, after_step: Callable[[int], None] | None,
+                  scale_loss: Callable[[Tensor], Tensor] | None) -> None:
+        """The step hooks of this plan (tied weights, clipping, LR schedules, fp16 loss scaling; actors/training.py)."""
+        self.before_step, self.after_step, self.scale_loss = before_step, after_step, scale_loss
+
+    def wait_before_step(self, copied: threading.Event | None) -> None:
+        """The next optimizer step waits for ``copied`` (an asynchronous checkpoint's copy of the state)."""
+        self.snapshot_due = copied
+
+    def arm_kill(self, step: int) -> None:
+        """Rehearsal: this device's process dies halfway through ``step`` (the kill hook of actors/injection.py)."""
+        from actors import injection
+
+        self.spec = injection.with_kills(self.spec, injection.kills_of(self.spec) | {(step, self.device)})
+
+    def wrap_calls(self, wrap: Callable[[int, Action, Handler], Handler]) -> bool:
+        """Rehearsal (actors/injection.py): every entry of the call table becomes ``wrap(i, action, handler)``, once
+        per executor; returns whether it was wrapped now. Between iterations only: ``run`` reads the table once."""
+        if self.injected:
+            return False
+        self.injected = True
+        self.calls = [wrap(i, a, h) for i, (a, h) in enumerate(zip(self.program, self.calls))]
+        return True
+
+    def stretch_last_span(self, end: float) -> None:
+        """Rehearsal: the newest compute span ends at ``end`` (an injected slowdown kept the device busy)."""
+        label, kind, start, _ = self.spans[-1]
+        self.spans[-1] = (label, kind, start, end)
+
     def drop_communicators(self) -> None:
         """Forget every handle on a communicator (receives posted, sends in flight, groups, links, the per-action
         table that caches them, the step hooks' groups) after a failed iteration. Why: a handle keeps its group,

@@ -66,20 +66,17 @@ class FaultKnobs:
 
 def install(ex: "Executor", knobs: FaultKnobs) -> "Executor":
     """Wrap ``ex``'s call table with the hooks of ``knobs`` (read at every call, so knobs set later
-    apply) and the kill hook of the spec's :class:`Kills`; returns ``ex``."""
-    if getattr(ex, "injected", False):
-        return ex
-    ex.injected = True
+    apply) and the kill hook of the spec's :class:`Kills` (:meth:`Executor.wrap_calls`: once); returns ``ex``."""
     middle = len(ex.program) // 2
-    for i, action in enumerate(ex.program):
-        call = ex.calls[i]
+
+    def wrap(i: int, action: Action, call: "Handler") -> "Handler":
         if action.kind in (Kind.SEND_F, Kind.SEND_B):
             call = _delayed_send(ex, knobs, call)
         elif action.kind not in _NOT_COMPUTE:
             call = _slowed(ex, knobs, call)
-        if i == middle:
-            call = _killing(ex, call)
-        ex.calls[i] = call
+        return _killing(ex, call) if i == middle else call
+
+    ex.wrap_calls(wrap)
     return ex
 
 
@@ -93,12 +90,11 @@ def _slowed(ex: "Executor", knobs: FaultKnobs, handler: "Handler") -> "Handler":
         cpu0 = time.process_time()
         handler(a, index)
         if len(ex.spans) > before:
-            label, kind, start, end = ex.spans[-1]
             # The extra time follows the work the action did (the process's CPU seconds), not its
             # wall time: on a CPU box where actors share cores, wall time also counts the waits for
             # a core, so a wall-time slowdown would grow and shrink with everyone else's load.
             time.sleep(max(0.0, (factor - 1.0) * (time.process_time() - cpu0)))
-            ex.spans[-1] = (label, kind, start, ex.now())  # the device was busy all along
+            ex.stretch_last_span(ex.now())  # the device was busy all along
 
     return run
 

@@ -201,13 +201,13 @@ class StageWorker:
 
     def _install(self, hooks: StepHooks | None) -> None:
         ex = self._ready()
-        ex.before_step = None if hooks is None else hooks.before
-        ex.after_step = None if hooks is None or not self.schedulers else hooks.after
-        ex.scale_loss = None if hooks is None or hooks.scaler is None else hooks.scaler.scale_loss
+        ex.use_hooks(None if hooks is None else hooks.before,
+                     None if hooks is None or not self.schedulers else hooks.after,
+                     None if hooks is None or hooks.scaler is None else hooks.scaler.scale_loss)
 
     def _executor(self, *args: Any, **kwargs: Any) -> Executor:
         ex = Executor(*args, **kwargs)
-        ex.snapshot_due = self.checkpoints.snapshot_pending()  # a new plan's first step waits for the copy too
+        ex.wait_before_step(self.checkpoints.snapshot_pending())  # a new plan's first step waits for the copy too
         if self.injecting or ex.spec.injected is not None:  # fault injection is opt-in (actors/injection.py)
             injection.install(ex, self.knobs)
         return ex
@@ -240,7 +240,7 @@ class StageWorker:
     def arm_kill(self, step: int) -> None:
         """Die halfway through iteration ``step`` (like a crashed process), via the executor's hook."""
         ex = self._ready()
-        ex.spec = injection.with_kills(ex.spec, injection.kills_of(ex.spec) | {(step, self.device_id)})
+        ex.arm_kill(step)
         injection.install(ex, self.knobs)
 
     def status(self) -> dict[str, Any]:
@@ -370,7 +370,7 @@ class StageWorker:
         ex = self._ready()
         out = self.checkpoints.save_blocks(ex, self.completed_step + 1, directory, background, step)
         if background:  # the next optimizer step waits for the upload thread's copy of the state
-            ex.snapshot_due = self.checkpoints.snapshot_pending()
+            ex.wait_before_step(self.checkpoints.snapshot_pending())
         return out
 
     def finish_blocks(self) -> list[dict[str, Any]]:

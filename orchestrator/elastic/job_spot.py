@@ -46,6 +46,18 @@ class PriceView:
         """Age of the current offer's price at ``now`` (None: unknown)."""
         return self.current.age_s(now)
 
+    def is_current(self) -> Any:
+        """A boolean mask over ``offers``: the rows of the offer the job runs on."""
+        cur, offers = self.current, self.offers
+        return (offers.cloud == cur.cloud) & (offers.region == cur.region) & (offers.zone == cur.zone) \
+            & (offers.instance_type == cur.instance_type) & (offers.spot == cur.spot)
+
+    def reprice_current(self, factor: float) -> "Offer":
+        """A replayed price change of the offer the job runs on: its rows and ``current`` scaled by ``factor``."""
+        self.offers.loc[self.is_current(), "usd_per_hour"] *= factor
+        self.current = replace(self.current, usd_per_hour=self.current.usd_per_hour * factor)
+        return self.current
+
 
 def build_price_view(job: "JobView", stamp_now: "datetime | None" = None) -> PriceView:
     """The job's view of the price catalog (it plans the model for every GPU type of the catalog, so the job
@@ -111,15 +123,12 @@ def spot_decision(job: "JobView", step: int, preempted: bool = False, max_price_
         return None
     view = job.price_view()
     cur = view.current
-    same = (view.offers.cloud == cur.cloud) & (view.offers.region == cur.region) & (view.offers.zone == cur.zone) \
-        & (view.offers.instance_type == cur.instance_type) & (view.offers.spot == cur.spot)
     for factor in changes:
-        view.offers.loc[same, "usd_per_hour"] *= factor
-        view.current = cur = replace(cur, usd_per_hour=cur.usd_per_hour * factor)
+        cur = view.reprice_current(factor)
         job.emit("price_change", step=step, offer=cur.label(), usd_per_hour=round(cur.usd_per_hour, 4), factor=factor)
     rows = float(job.train.data_fn(0)[0].shape[0])
     remaining = max(1.0, job.target_steps - step) * rows * spot.horizon_scale
-    table = view.offers[~same] if preempted else view.offers
+    table = view.offers[~view.is_current()] if preempted else view.offers
     costs = MigrationCosts(checkpoint_gb=spot.checkpoint_gb, preemptions_per_hour=dict(preemption_rates or {}))
     decision = plan_migration(cur, table, view.throughputs, "job", remaining, costs)
     at = now or _dt.now(timezone.utc)
