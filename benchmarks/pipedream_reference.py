@@ -11,13 +11,21 @@ runs. Both bottlenecks are PipeDream's objective as the published DP computes it
 ours, see orchestrator/planners/pipedream.py): per stage (compute + 4(m−1)/m·|w|/B)/m, per cut
 2·a/(B·m') with m' the receiving stage's replicas, and a stage other than the first also pays
 2·a/(B·m) for sending its output. "Re-scored": our flat plan evaluated stage by stage
-(``pipedream.bottleneck``), a check that the plan realizes the DP's value. Exits 0 only when ours ≤ published on every row
-(1e-9 relative) or, on a row where it is not, the published optimum ends a stage at an antichain that
-no prefix of our chain is (our loader fixes one topological order of the graph and thins graphs of
-more than 256 blocks; our plans are ranges of that chain) and the published optimizer run on our
-chain (:func:`solve`) equals ours — that row says so and names the antichain and which of the two
-reasons. Otherwise 1; a row whose reference did not finish within ``--ref-timeout``
-counts as a failure.
+(``pipedream.bottleneck``), a check that the plan realizes the DP's value. Exits 0 only when ours ≤
+published on every row (1e-9 relative), 1 otherwise; a row whose reference did not finish within
+``--ref-timeout`` counts as a failure. There is no exemption: a worse row is "**no**", and where the
+published optimum ends a stage at a down-set of the graph that no prefix of our chain is, the row names
+that down-set and the published optimizer's value on our own chain (:func:`solve`), so the reader sees
+whether the gap is the chain's order or our DP. Our loader fixes one topological order of the graph
+(the model's program order; every node with work is a block, nothing is thinned away) and our plans are
+ranges of that chain; PipeDream's optimizer chooses among all down-sets per cluster. On resnet18's
+downsampling blocks the published two-level optima end a stage with the shortcut finished and the main
+branch part-way ({node38, node42}); program order runs the main branch first. Running the shorter
+branch first (the order that minimizes the bytes crossing each cut of a fork/join region) makes that a
+prefix but removes the prefix resnext50's flat 16-GPU optimum ends at ({node146}: main branch part-way,
+shortcut not started): +0.92% there. One chain per model cannot hold both kinds of down-set at the same
+point of a fork region, so parity on every row needs plans that name their linear extension, or a DP
+over down-sets.
 
 Two other uses, both from ``benchmarks/planners.py``:
 
@@ -405,37 +413,24 @@ def _ref_worker(path: str, levels: list[tuple[int, float]], q: Any) -> None:
     q.put((time.perf_counter() - t, value, states, ends))
 
 
-def outside_chain(profile: Profile, ends: list[tuple[list[str], float]], unthinned: Profile | None = None) -> list[str]:
+def outside_chain(profile: Profile, ends: list[tuple[list[str], float]]) -> list[str]:
     """The published optimum's stage ends that no prefix of our chain matches (by the work before
-    them): cuts our plan format cannot express, because our loader fixed one topological order of
-    the graph — or, when ``unthinned`` (the same order, not thinned to the loader's block cap) has
-    that prefix, because the loader dropped the cut to keep the chain short."""
-    def works(p: Profile) -> list[float]:
-        return [p.compute_time(0, b) for b in range(1, p.num_blocks + 1)]
-
-    def has(ws: list[float], work: float) -> bool:
-        return any(abs(w - work) <= 1e-9 * max(1.0, work) for w in ws)
-
-    ours, full = works(profile), works(unthinned) if unthinned is not None else []
-    return [f"{{{', '.join(nodes)}}} ({work * 1e3:.3f} ms of work before it; "
-            + (f"a cut the loader thinned away to keep {profile.num_blocks} blocks)" if has(full, work) else "a prefix our chain's order does not have)")
-            for nodes, work in ends if not has(ours, work)]
+    them): cuts our plans cannot make, because our loader fixed one topological order of the graph."""
+    works = [profile.compute_time(0, b) for b in range(1, profile.num_blocks + 1)]
+    return [f"{{{', '.join(nodes)}}} ({work * 1e3:.3f} ms of work before it)" for nodes, work in ends
+            if not any(abs(w - work) <= 1e-9 * max(1.0, work) for w in works)]
 
 
-def _why_worse(profile: Profile, levels: list[tuple[int, float]], ours: float, ends: list[tuple[list[str], float]], path: Path) -> str:
-    """The verdict of a row where the published optimum beats ours: explained only when that optimum
-    ends a stage where our chain has no cut *and* the published optimizer run on our own chain
-    (:func:`solve`) finds no better plan than ours."""
-    from orchestrator.core.profile_loader import parse_graph_txt
-
-    missing = outside_chain(profile, ends, parse_graph_txt(path.read_text(), profile.name, str(path), max_blocks=10**6))
+def _why_worse(profile: Profile, levels: list[tuple[int, float]], ours: float, ends: list[tuple[list[str], float]]) -> str:
+    """The verdict of a row where the published optimum beats ours, with what explains it: the stage
+    ends no prefix of our chain has, and the published optimizer run on our own chain (:func:`solve`)."""
+    missing = outside_chain(profile, ends)
     if not missing:
         return "**no**"
     on_chain = solve(profile, levels)
-    if ours > on_chain * (1 + 1e-9):
-        return f"**no** (the published optimizer on our chain: {on_chain * 1e3:.3f} ms)"
-    return (f"no, outside our plan space: the published plan ends a stage after {'; '.join(missing)}; "
-            f"the published optimizer on our chain: {on_chain * 1e3:.3f} ms = ours")
+    same = "= ours" if ours <= on_chain * (1 + 1e-9) else "< ours"
+    return (f"**no**: the published plan ends a stage after {'; '.join(missing)}, a down-set no prefix of our chain's "
+            f"order is; the published optimizer on our chain: {on_chain * 1e3:.3f} ms {same}")
 
 
 def compare(models: tuple[str, ...], ref_timeout: float) -> tuple[list[str], bool]:
@@ -478,8 +473,8 @@ def compare(models: tuple[str, ...], ref_timeout: float) -> tuple[list[str], boo
                 took_s, value, states, ends = ref
                 pub, took = f"{value * 1e3:.3f} ms", f"{took_s:.1f} s"
                 if not (ours <= value * (1 + 1e-9) and (bw is None or bottleneck(res.plan, prof, cluster, opts) <= value * (1 + 1e-9))):
-                    verdict = _why_worse(prof, levels, ours, ends, path)
-            ok_all &= verdict == "yes" or verdict.startswith("no, outside")
+                    verdict = _why_worse(prof, levels, ours, ends)
+            ok_all &= verdict == "yes"
             lines.append(f"| {name} | {states or '?'} / {prof.num_blocks} | {label} | {ours * 1e3:.3f} ms | {again} | {pub} | {took} | "
                          f"{verdict} | {shape} |")
             print(lines[-1], flush=True)
@@ -502,10 +497,11 @@ def main(argv: list[str] | None = None) -> int:
                 "`python benchmarks/pipedream_reference.py --compare` (M = 1, no memory constraint). Both bottlenecks in "
                 "PipeDream's own cost model: per stage (compute + 4(m−1)/m·|w|/B)/m, per cut 2·a/(B·m'), m' the receiving "
                 "stage's replicas, a stage other than the first also paying 2·a/(B·m) to send its output on (the published DP's "
-                "terms). \"Re-scored\": our flat plan evaluated stage by stage. \"states / blocks\": the published optimizer's antichain states / our chain's blocks.", ""]
+                "terms). \"Re-scored\": our flat plan evaluated stage by stage. \"states / blocks\": the published optimizer's antichain states / our chain's blocks. "
+                "A row marked **no** is worse than the published optimizer, counted as a failure; the module docstring of "
+                "`benchmarks/pipedream_reference.py` says why the two resnet18 two-level rows are (one topological order per model).", ""]
         args.out.write_text("\n".join(head + lines) + "\n")
-    print("ours ≤ published on every row (or the published plan is outside our plan space, explained in the row)" if ok
-          else "ours > published (or no reference) on some row")
+    print("ours ≤ published on every row" if ok else "ours > published (or no reference) on some row")
     return 0 if ok else 1
 
 

@@ -12,11 +12,13 @@ import pytest
 
 from orchestrator.core.cluster import flat
 from orchestrator.core.errors import UserError
-from orchestrator.core.profile_loader import MAX_BLOCKS, block_nodes, parse_graph_txt
+from orchestrator.core.coarsen import coarse_groups
+from orchestrator.core.profile_loader import block_nodes, parse_graph_txt
 from orchestrator.planners.base import PlannerOptions, run_planner
 from orchestrator.core.profile_loader import load_profile
+from tests.helpers import SHARED
 
-PROFILES = Path(__file__).resolve().parents[1].parent / "shared" / "profiles"
+PROFILES = SHARED / "profiles"
 IMG = 3 * 224 * 224 * 4
 
 
@@ -328,16 +330,46 @@ def test_gnmt_reaches_pipedreams_published_optimizer_on_4_workers(capsys: pytest
     assert max(widths) >= 2
 
 
-def test_big_dags_are_thinned_to_the_cap_keeping_legal_boundaries() -> None:
+def test_big_dags_keep_every_cut_and_thin_only_on_request() -> None:
     nasnet = PROFILES / "pipedream/profiler/image_classification/profiles/nasnetalarge/graph.txt"
     if not nasnet.is_file():
         pytest.skip("nasnetalarge not present")
     text = nasnet.read_text()
-    prof = load_profile(nasnet)
-    assert prof.num_blocks == MAX_BLOCKS
-    full = parse_graph_txt(text, name="n", max_blocks=10_000)
-    assert full.num_blocks > 1000  # one per node with work
+    full = load_profile(nasnet)
+    assert full.num_blocks > 1000  # one per node with work: the loader drops no cut
+    prof = parse_graph_txt(text, name="n", max_blocks=256)
+    assert prof.num_blocks == 256
     assert prof.total_compute_s == pytest.approx(full.total_compute_s)
-    block_of = {m: k for k, block in enumerate(block_nodes(text)) for m in block}
+    block_of = {m: k for k, block in enumerate(block_nodes(text, max_blocks=256)) for m in block}
     edges = [[part.strip() for part in line.split(" -- ")] for line in text.splitlines() if line.startswith("\t")]
     assert edges and all(block_of[src] <= block_of[dst] for src, dst in edges)  # no edge runs backwards
+    # A planner handed at most 256 blocks plans the chain coarsened by the same rule the loader thins by.
+    coarse = full.coarsened(coarse_groups(full, 256))
+    assert [b.activation_bytes for b in coarse.blocks] == [b.activation_bytes for b in prof.blocks]
+    assert [b.forward_s + b.backward_s for b in coarse.blocks] == pytest.approx([b.forward_s + b.backward_s for b in prof.blocks])
+
+
+def _light_middle_chain() -> str:
+    """300 layers, equal bytes at every cut; a light middle third, where a balanced 2-stage cut falls
+    (after the 151st layer: 1005.1 ms on each side)."""
+    works = [10.0] * 100 + [0.1] * 100 + [10.0] * 99 + [10.2]
+    nodes = [node(f"node{i}", f"l{i}", f=w / 2, b=w / 2, a=100.0, p=1.0) for i, w in enumerate(works)]
+    return graph(nodes, [(f"node{i}", f"node{i + 1}") for i in range(299)])
+
+
+def test_a_long_chain_reaches_pipedream_whole_and_auto_coarsened() -> None:
+    """The loader used to thin every graph to 256 blocks, so the cut in the middle of the light third
+    (where half of the work lies on each side) was gone before any planner looked. Now ``pipedream``
+    (up to 384 blocks) plans all 300 and finds the balanced cut; ``auto`` (256) plans a coarsened copy
+    and its plan is mapped back onto the 300 blocks."""
+    text = _light_middle_chain()
+    full, thinned = parse_graph_txt(text, name="long"), parse_graph_txt(text, name="long", max_blocks=256)
+    assert full.num_blocks == 300 and thinned.num_blocks == 256
+    fast = flat(2, 1000.0)  # compute-bound
+    opts = PlannerOptions(num_microbatches=1, straight=True, check_memory=False)
+    whole = run_planner("pipedream", full, fast, opts)
+    assert whole.objective_s is not None and whole.objective_s == pytest.approx(1.0051, rel=1e-9)
+    was = run_planner("pipedream", thinned, fast, opts).objective_s
+    assert was is not None and was > whole.objective_s * (1 + 1e-6)
+    auto = run_planner("auto", full, flat(4, 1000.0), PlannerOptions(num_microbatches=8))
+    assert auto.plan.stages[-1].last == 300 and auto.plan.stages[0].first == 0

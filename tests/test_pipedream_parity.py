@@ -3,8 +3,8 @@
 
 The fast subset of ``benchmarks/pipedream_reference.py --compare``: the small graphs, flat and
 two-level, each also against the published DP run on our own chain (where the published plan
-ends a stage at an antichain our chain's order has no prefix for, that is the comparison that
-holds: ``--compare`` explains those rows). Before the cut term was divided by the receiving stage's replicas (PipeDream's
+ends a stage at a down-set our chain's order has no prefix for -- resnet18 on two levels, see the
+benchmark's docstring -- that is the comparison that holds, and ``--compare`` counts the row as worse). Before the cut term was divided by the receiving stage's replicas (PipeDream's
 ``input_transfer_time``), replicated plans were worse than the published ones (resnet50, 4 GPUs:
 +8.2%; vgg16, 16 GPUs: +2.0%)."""
 

@@ -15,13 +15,12 @@ residual at once), where cutting only where one tensor crosses could not.
 The order keeps gradient-free side inputs (attention masks, one-hot segment ids, dropout masks in
 the DAPPLE transformer files) first and otherwise follows the nodes' numbering, which is the
 model's program order in these files. The data-loader ``Input`` nodes never count as crossing:
-every stage can read the batch itself. Very large graphs are thinned to :data:`MAX_BLOCKS` blocks
-(:func:`_thin`), since the planners' cost grows with the chain's length.
+every stage can read the batch itself. The chain is not thinned: a planner that cannot afford its
+length plans on a coarsened copy (:mod:`orchestrator.core.coarsen`), the others see every cut.
 """
 
 from __future__ import annotations
 
-import heapq
 import math
 import os
 import re
@@ -31,6 +30,7 @@ from pathlib import Path
 import networkx as nx
 import numpy as np
 
+from orchestrator.core.coarsen import thin
 from orchestrator.core.errors import UserError
 from orchestrator.core.files import parse_json, read_text
 from orchestrator.core.profile import Block, Profile
@@ -42,8 +42,6 @@ _TRAILING_INT = re.compile(r"(\d+)$")
 #: Bytes of one 3xHxW fp32 image (224: most CNNs, 299: Inception); PipeDream's image profiles
 #: record the batch size only through the Input activation.
 _IMAGE_BYTES = (3 * 224 * 224 * 4, 3 * 299 * 299 * 4)
-#: Longest chain handed to the planners (see :func:`_thin`).
-MAX_BLOCKS = 256
 
 
 def _number(text: str, where: str, key: str) -> float:
@@ -94,10 +92,10 @@ def parse_graph_txt(text: str, name: str, source: str = "", max_blocks: int | No
     The profiled batch becomes one micro-batch; its size comes from ``pbs-K`` in ``source``
     (DAPPLE names), else from the Input node's activation as a whole number of 224x224 (or
     299x299) RGB fp32 images, else 1. Malformed input raises UserError("<source>:<line>: ...").
-    ``max_blocks`` (default :data:`MAX_BLOCKS`) caps the chain's length.
+    ``max_blocks`` (default: none) caps the chain's length (:func:`~orchestrator.core.coarsen.thin`).
     """
     g = _read(text, source or name or "<graph>")
-    order, ends, crossing = _chain(g, MAX_BLOCKS if max_blocks is None else max_blocks)
+    order, ends, crossing = _chain(g, max_blocks)
     data = g.data
     ordered = data[np.asarray(order)]
     starts = [0] + [e + 1 for e in ends[:-1]]
@@ -138,7 +136,7 @@ def block_nodes(text: str, source: str = "", max_blocks: int | None = None) -> l
     Maps a plan's block ranges back to the graph's nodes (what PipeDream writes as ``stage_id``).
     """
     g = _read(text, source or "<graph>")
-    order, ends, _ = _chain(g, MAX_BLOCKS if max_blocks is None else max_blocks)
+    order, ends, _ = _chain(g, max_blocks)
     starts = [0] + [e + 1 for e in ends[:-1]]
     return [tuple(g.ids[v] for v in order[a : b + 1]) for a, b in zip(starts, ends)]
 
@@ -229,7 +227,7 @@ def _order(g: _Graph) -> list[int]:
     return list(nx.lexicographical_topological_sort(graph, key=key))
 
 
-def _chain(g: _Graph, max_blocks: int) -> tuple[list[int], list[int], np.ndarray]:
+def _chain(g: _Graph, max_blocks: int | None) -> tuple[list[int], list[int], np.ndarray]:
     """(order, last position of each block, bytes crossing a cut after each position).
 
     One block per node with backward work or parameters. Between two such nodes lie only nodes
@@ -237,7 +235,7 @@ def _chain(g: _Graph, max_blocks: int) -> tuple[list[int], list[int], np.ndarray
     them splits the training work alike; the boundary goes where the fewest bytes cross (after a
     multi-output LSTM's getitems rather than before them), the earliest on ties.
     """
-    if max_blocks < 1:
+    if max_blocks is not None and max_blocks < 1:
         raise UserError(f"max_blocks must be >= 1, got {max_blocks}")
     order = _order(g)
     n = len(order)
@@ -259,55 +257,9 @@ def _chain(g: _Graph, max_blocks: int) -> tuple[list[int], list[int], np.ndarray
     for a, b in zip(useful[:-1], useful[1:]):
         window = crossing[a:b]
         ends.append(int(a + np.flatnonzero(window <= window.min())[0]))
-    ends = _thin(ends, crossing, np.cumsum(ordered[:, 0] + ordered[:, 1]), max_blocks)
+    if max_blocks is not None:
+        ends = thin(ends, crossing, np.cumsum(ordered[:, 0] + ordered[:, 1]), max_blocks)
     return order, ends + [n - 1], crossing
-
-
-def _thin(cuts: list[int], crossing: np.ndarray, work: np.ndarray, max_blocks: int) -> list[int]:
-    """At most ``max_blocks - 1`` of ``cuts`` (positions), dropping the least useful first.
-
-    A NASNet has over a thousand nodes with work and the planners' cost grows quadratically or
-    worse with the chain's length, while a stage rarely needs to end within a fraction of a
-    percent of the model's work of its ideal place. So cuts are removed one at a time, each time
-    the one whose two neighbouring blocks together hold the least work (the finest resolution
-    lost), but a cut with fewer bytes crossing than both neighbouring cuts goes only after all
-    the others: communication-bound plans are made of those. ``work[k]`` is the cumulative
-    compute up to and including position ``k``.
-    """
-    total = count = len(cuts)
-    if count < max_blocks:
-        return cuts
-    at = np.asarray(cuts, dtype=np.int64)
-    cut_bytes = crossing[at]
-    upto = np.concatenate([[0.0], work[at], [work[-1]]])  # cumulative work at cut i is upto[i + 1]
-    left = list(range(-1, count - 1))
-    right = list(range(1, count + 1))  # neighbours; -1 and ``total`` are the chain's ends
-    alive = [True] * count
-    version = [0] * count
-
-    def key(i: int) -> tuple[bool, float]:
-        lb = cut_bytes[left[i]] if left[i] >= 0 else math.inf
-        rb = cut_bytes[right[i]] if right[i] < total else math.inf
-        return (bool(cut_bytes[i] < min(lb, rb)), float(upto[right[i] + 1] - upto[left[i] + 1]))
-
-    heap = [(key(i), i, 0) for i in range(count)]
-    heapq.heapify(heap)
-    while count >= max_blocks:
-        _, i, ver = heapq.heappop(heap)
-        if not alive[i] or ver != version[i]:
-            continue
-        alive[i] = False
-        count -= 1
-        lo, hi = left[i], right[i]
-        if lo >= 0:
-            right[lo] = hi
-        if hi < total:
-            left[hi] = lo
-        for j in (lo, hi):
-            if 0 <= j < total:
-                version[j] += 1
-                heapq.heappush(heap, (key(j), j, version[j]))
-    return [c for c, keep in zip(cuts, alive) if keep]
 
 
 def load_profile(path: str | os.PathLike[str]) -> Profile:

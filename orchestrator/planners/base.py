@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from orchestrator.core.cluster import Cluster
+from orchestrator.core.coarsen import coarse_groups
 from orchestrator.core.errors import UserError
 from orchestrator.costmodel.group_sim import simulate_groups
 from orchestrator.costmodel.terms import fits_memory, stage_memory
@@ -132,8 +133,12 @@ def run_planner(name: str, profile: Profile, cluster: Cluster, options: PlannerO
     if options.max_stages is not None and options.max_stages > cluster.size:
         raise UserError(f"asked for up to {options.max_stages} stages but the cluster has {cluster.size} devices")
     start = time.perf_counter()
-    plan = spec.fn(profile, cluster, options)
-    plan = _honour_schedule(spec.name, plan, profile, cluster, options)
+    if profile.num_blocks > spec.max_blocks:
+        groups = coarse_groups(profile, spec.max_blocks)
+        coarse = profile.coarsened(groups)
+        plan = _expanded(_honour_schedule(spec.name, spec.fn(coarse, cluster, options), coarse, cluster, options), groups)
+    else:
+        plan = _honour_schedule(spec.name, spec.fn(profile, cluster, options), profile, cluster, options)
     elapsed = time.perf_counter() - start
     plan.check_against(profile.num_blocks, cluster.size)
     try:
@@ -150,6 +155,11 @@ def run_planner(name: str, profile: Profile, cluster: Cluster, options: PlannerO
     if objective is None and spec.objective is not None:
         objective = spec.objective(plan, profile, cluster, options)
     return PlanResult(spec.name, plan, sim, lower_bound(profile, cluster, options.num_microbatches), elapsed, objective)
+
+
+def _expanded(plan: Plan, groups: tuple[tuple[int, int], ...]) -> Plan:
+    """A plan over the coarsened blocks ``groups`` as a plan over the blocks they merge."""
+    return replace(plan, stages=tuple(replace(s, first=groups[s.first][0], last=groups[s.last - 1][1]) for s in plan.stages))
 
 
 def _honour_schedule(name: str, plan: Plan, profile: Profile, cluster: Cluster, options: PlannerOptions) -> Plan:

@@ -72,6 +72,10 @@ class PlannerSpec:
     description: str
     objective: ObjectiveFn | None = None
     aliases: tuple[str, ...] = ()
+    max_blocks: int = 256
+    """The longest chain the planner is handed: a longer profile is planned coarsened to this many blocks
+    (:func:`orchestrator.core.coarsen.coarse_groups`) and the plan mapped back, so planning time stays bounded
+    on 1000-node graphs. A planner whose cost grows slowly with the chain's length sets it higher."""
 
 
 

@@ -217,4 +217,4 @@ def bottleneck(plan: Plan, profile: Profile, cluster: Cluster, options: PlannerO
     return worst
 
 
-SPEC = PlannerSpec("pipedream", plan_pipedream, "PipeDream hierarchical DP with replication", bottleneck, ("pd",))
+SPEC = PlannerSpec("pipedream", plan_pipedream, "PipeDream hierarchical DP with replication", bottleneck, ("pd",), max_blocks=384)
