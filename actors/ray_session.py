@@ -5,6 +5,11 @@ on the machine (``/tmp/ray/ray_current_cluster``, or a GCS process it detects) �
 another test's, or a cluster the supervisor started for another segment of the run — and the job's
 actors then wait for resources that cluster does not have. An explicit ``address="local"`` starts
 this process's own instance.
+
+A local instance runs its workers at the driver's priority (:data:`LOCAL_SYSTEM_CONFIG`): Ray starts worker
+processes at nice 15 by default, so beside any other busy process on the machine (another user's job, a build, a
+second test suite) the stage workers — which do all of the training — got a few percent of a core each and every
+collective timed out (measured: two CPU-bound processes at nice 0 on 2 cores slowed the suite about fourfold).
 """
 
 from __future__ import annotations
@@ -12,6 +17,9 @@ from __future__ import annotations
 import logging
 import os
 from typing import Any
+
+
+LOCAL_SYSTEM_CONFIG = {"worker_niceness": 0}  # see the module docstring
 
 
 def address() -> str:
@@ -28,9 +36,10 @@ def ensure_ray(**kwargs: Any) -> bool:
         return False
     where = address()
     quiet = {"log_to_driver": False, "logging_level": logging.ERROR}  # a driver's stderr is its own: one line per user error
-    options = {**quiet, **kwargs} if where == "local" else {**quiet, "log_to_driver": kwargs.get("log_to_driver", False)}
+    options = {**quiet, "_system_config": LOCAL_SYSTEM_CONFIG, **kwargs} if where == "local" \
+        else {**quiet, "log_to_driver": kwargs.get("log_to_driver", False)}
     ray.init(address=where, ignore_reinit_error=True, **options)
     return True
 
 
-__all__ = ["address", "ensure_ray"]
+__all__ = ["LOCAL_SYSTEM_CONFIG", "address", "ensure_ray"]

@@ -79,13 +79,15 @@ class Soak:
         import ray
         from ray.cluster_utils import Cluster
 
+        from actors.ray_session import LOCAL_SYSTEM_CONFIG
         from orchestrator import AdaptConfig, ElasticJob, RunConfig, ScalingConfig, SpotConfig, TrainConfig
         from orchestrator.adapt.controller import ControllerConfig
         from orchestrator.core.plan import straight_plan
         from orchestrator.profiling.models import example_batch, loss_fn, mlp
 
         self.steps, self.every, self.kinds, self.rng = steps, every, kinds, random.Random(seed + 1)
-        self.cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+        self.cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
+                                                                         "_system_config": LOCAL_SYSTEM_CONFIG})
         self.nodes = [self.cluster.add_node(num_cpus=2) for _ in range(2)]
         self.cluster.wait_for_nodes()
         ray.init(address=self.cluster.address, log_to_driver=False)

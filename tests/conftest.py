@@ -16,9 +16,12 @@ import pytest
 def ray_session() -> Iterator[Any]:
     """A local Ray with a few logical CPUs; actors request fractions of one, so 2 cores suffice."""
     ray = pytest.importorskip("ray")
+    from actors.ray_session import LOCAL_SYSTEM_CONFIG
+
     started = not ray.is_initialized()
     if started:
-        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True,
+                 _system_config=LOCAL_SYSTEM_CONFIG)
     yield ray
     if started:
         ray.shutdown()

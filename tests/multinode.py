@@ -27,7 +27,10 @@ WIDTHS = (8, 16, 16, 16, 16, 16, 16, 16, 4)
 def start_cluster() -> Any:
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    from actors.ray_session import LOCAL_SYSTEM_CONFIG
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
+                                                                    "_system_config": LOCAL_SYSTEM_CONFIG})
     # custom resources stand in for GPU types: Ray reports accelerators as accelerator_type:<name>
     workers = [cluster.add_node(num_cpus=2, resources={f"accelerator_type:{kind}": 1}) for kind in ("A100", "V100")]
     cluster.wait_for_nodes()
@@ -130,6 +133,7 @@ def growth(tmp: Path) -> dict[str, Any]:
     import ray
     from ray.cluster_utils import Cluster
 
+    from actors.ray_session import LOCAL_SYSTEM_CONFIG
     from orchestrator import AdaptConfig, ElasticJob, RunConfig, ScalingConfig, SpotConfig
     from orchestrator.adapt.controller import ControllerConfig
     from orchestrator.adapt.faults import FaultSchedule, Slowdown
@@ -146,7 +150,8 @@ def growth(tmp: Path) -> dict[str, Any]:
                              arbiter=ArbiterConfig(noise_z=0.0, margin=1e-6, min_relative_gain=0.0))
     slow = (Slowdown(0, 10.0, 0), Slowdown(1, 10.0, 0))
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
+                                                                    "_system_config": LOCAL_SYSTEM_CONFIG})
     nodes = [cluster.head_node, cluster.add_node(num_cpus=1)]
     cluster.wait_for_nodes()
     try:
@@ -181,6 +186,8 @@ def jobs(tmp: Path) -> dict[str, Any]:
     import ray
     from ray.cluster_utils import Cluster
 
+    from actors.ray_session import LOCAL_SYSTEM_CONFIG
+
     # One head node: raylets started on one machine share the session folder, and each would
     # unpack the job's working directory into the same place while the others import from it.
     port = _free_port()
@@ -190,7 +197,7 @@ def jobs(tmp: Path) -> dict[str, Any]:
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 3, "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": port,
         "dashboard_agent_listen_port": _free_port(), "runtime_env_agent_port": _free_port(),
-        "metrics_agent_port": _free_port()})
+        "metrics_agent_port": _free_port(), "_system_config": LOCAL_SYSTEM_CONFIG})
     workers: list[Any] = []
     cluster.wait_for_nodes()
     try:

@@ -35,6 +35,7 @@ from orchestrator.profiling.models import example_batch, loss_fn, tiny_transform
 from orchestrator.elastic.observability import plot_throughput
 
 from orchestrator.core.cluster import Cluster, two_level
+from actors.ray_session import LOCAL_SYSTEM_CONFIG
 from orchestrator.core.errors import UserError
 from orchestrator.planners.base import PlannerOptions, PlanResult, available, run_planner
 from orchestrator.core.profile import Profile
@@ -258,7 +259,8 @@ def run_demo(out: Path) -> int:
     (out / "events.jsonl").unlink(missing_ok=True)
     t0 = time.perf_counter()
     chapter_planning(out)
-    ray.init(address="local", ignore_reinit_error=True, log_to_driver=False, include_dashboard=False, num_cpus=4)
+    ray.init(address="local", ignore_reinit_error=True, log_to_driver=False, include_dashboard=False, num_cpus=4,
+             _system_config=LOCAL_SYSTEM_CONFIG)
     try:
         diff = chapter_job(out)
     finally:

@@ -9,7 +9,6 @@ through other hosts would achieve. A topology with a pair that no path connects 
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -300,7 +299,9 @@ def from_ray(intra_gbps: float = 100.0, inter_gbps: float = 10.0, memory_bytes: 
     import ray
 
     if not ray.is_initialized():
-        ray.init(address=os.environ.get("RAY_ADDRESS") or "local", ignore_reinit_error=True, log_to_driver=False)
+        from actors.ray_session import ensure_ray
+
+        ensure_ray()
     devices: list[Device] = []
     node_of: list[int] = []
     for k, node in enumerate(n for n in ray.nodes() if n.get("Alive")):

@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from actors.ray_session import ensure_ray
+from actors.ray_session import LOCAL_SYSTEM_CONFIG, ensure_ray
 from orchestrator.core.cluster import GBPS, Cluster, Device
 from orchestrator.core.errors import UserError
 
@@ -147,7 +147,8 @@ def connect(address: str | None) -> bool:
         if target:
             ray.init(address=address, ignore_reinit_error=True, log_to_driver=False, logging_level=logging.ERROR)
         else:  # a fresh local instance: no dashboard to start
-            ray.init(address="local", ignore_reinit_error=True, log_to_driver=False, include_dashboard=False, logging_level=logging.ERROR)
+            ray.init(address="local", ignore_reinit_error=True, log_to_driver=False, include_dashboard=False, logging_level=logging.ERROR,
+                     _system_config=LOCAL_SYSTEM_CONFIG)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         text = " ".join(str(exc).split())[:200]
         raise UserError(f"no Ray cluster reachable at {address or 'RAY_ADDRESS'}: {text}") from None
