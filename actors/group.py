@@ -97,6 +97,10 @@ class WorkerGroup:
         """Worker slots known to have died."""
         return frozenset(self.processes.dead)
 
+    def node_of(self, device: int) -> str:
+        """The Ray node id of ``device``'s worker slot (where it was placed)."""
+        return self.processes.slots[self.slot_of.get(device, device)].node_id
+
     def node_lost_slots(self) -> set[int]:
         return self.processes.node_lost_slots()
 

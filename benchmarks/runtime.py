@@ -355,7 +355,7 @@ def actor_settings(group: Any) -> str:
     def probe() -> tuple[int, int, int]:
         return torch.get_num_threads(), torch.get_num_interop_threads(), os.getpriority(os.PRIO_PROCESS, 0)
 
-    found = {ray.get(a.__ray_call__.remote(lambda _self: probe())) for a in group.actors[:2]}
+    found = {ray.get(a.__ray_call__.remote(lambda _self: probe())) for a in group.processes.actors[:2]}
     return ", ".join(f"{t} intra-op / {i} inter-op threads, nice {n}" for t, i, n in sorted(found))
 
 

@@ -114,7 +114,7 @@ class Soak:
         group = job.runtime.group
         assert group is not None
         workers = [n for n in self.nodes if n in self.cluster.worker_nodes]
-        node_of = {d: group.slots[group.slot_of.get(d, d)].node_id for d in job.alive}
+        node_of = {d: group.node_of(d) for d in job.alive}
         if kind in ("node_removal", "notice_node") and len(workers) < 2:
             kind = "join"  # keep a node to train on: add capacity instead
         # a node the job trains on, where there is one (the fault reaches it), but not one holding every device the
