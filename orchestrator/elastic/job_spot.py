@@ -142,7 +142,7 @@ def spot_decision(job: "JobView", step: int, preempted: bool = False, max_price_
     return decision
 
 
-def relocate(job: "JobView", decision: Any, forced: bool, reason: str, notice: "Notice | None" = None,
+def relocate(job: "JobView", decision: "Migrate | None", forced: bool, reason: str, notice: "Notice | None" = None,
              iteration_s: float = 0.0) -> None:
     """Checkpoint, then leave this placement: the one path for preemptions that cannot be evacuated
     and for migrations that pay (``decision``: a :class:`cloud.migration.Migrate` or None).
@@ -160,6 +160,7 @@ def relocate(job: "JobView", decision: Any, forced: bool, reason: str, notice: "
     doomed = set(notice.devices) if notice is not None else set()
     survivors = sorted(job.alive - doomed)
     if not forced and not job.run.supervised:
+        assert decision is not None, "an unforced relocation is a migration that pays"
         job.emit("migration_recommended", reason=reason, step=runtime.step, target=decision.target.label(),
                  detail=decision.reason + "; run under `orchestrator run` for the supervisor to carry it out")
         return
@@ -174,7 +175,10 @@ def relocate(job: "JobView", decision: Any, forced: bool, reason: str, notice: "
         source = runtime.latest()
         job.emit("notice_too_short", seconds_left=round(left, 3), fallback=str(source) if source else "start")
     if forced and job.spot.enabled:
-        decision = spot_decision(job, runtime.step, preempted=True)
+        from cloud.migration import Migrate
+
+        found = spot_decision(job, runtime.step, preempted=True)  # a forced move is never skipped for stale prices
+        decision = found if isinstance(found, Migrate) else None
     if job.run.supervised and (decision is not None or not survivors):
         target = decision.target.label() if decision is not None else job.price_view().current.label()
         job.request_migration(reason, target, getattr(decision, "reason", "this placement is going away"), commit=room)

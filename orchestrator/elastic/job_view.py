@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from orchestrator.core.plan import Plan
     from orchestrator.core.profile import Profile
     from orchestrator.elastic.evacuation import Notice
+    from orchestrator.elastic.job_spot import PriceView
     from orchestrator.elastic.job_config import AdaptConfig, RunConfig, ScalingConfig, SpotConfig, TrainConfig
     from orchestrator.train.runtime import PipelineRuntime
 
@@ -55,7 +56,7 @@ class JobView(Protocol):
 
     def slot_map(self) -> dict[int, int]: ...
 
-    def price_view(self) -> Any: ...  # job_spot.PriceView, built once by the job
+    def price_view(self) -> "PriceView": ...  # built once by the job
 
     def checkpoint_now(self, why: str) -> str | None: ...
 
