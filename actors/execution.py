@@ -151,11 +151,9 @@ class Executor:
         """The next optimizer step waits for ``copied`` (an asynchronous checkpoint's copy of the state)."""
         self.snapshot_due = copied
 
-    def arm_kill(self, step: int) -> None:
-        """Rehearsal: this device's process dies halfway through ``step`` (the kill hook of actors/injection.py)."""
-        from actors import injection
-
-        self.spec = injection.with_kills(self.spec, injection.kills_of(self.spec) | {(step, self.device)})
+    def rehearse_with(self, spec: JobSpec) -> None:
+        """Rehearsal: ``spec`` with the kills armed (:func:`actors.injection.with_kills`), read by the kill hook."""
+        self.spec = spec
 
     def wrap_calls(self, wrap: Callable[[int, Action, Handler], Handler]) -> bool:
         """Rehearsal (actors/injection.py): every entry of the call table becomes ``wrap(i, action, handler)``, once

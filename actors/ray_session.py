@@ -6,10 +6,7 @@ another test's, or a cluster the supervisor started for another segment of the r
 actors then wait for resources that cluster does not have. An explicit ``address="local"`` starts
 this process's own instance.
 
-A local instance runs its workers at the driver's priority (:data:`LOCAL_SYSTEM_CONFIG`): Ray starts worker
-processes at nice 15 by default, so beside any other busy process on the machine (another user's job, a build, a
-second test suite) the stage workers — which do all of the training — got a few percent of a core each and every
-collective timed out (measured: two CPU-bound processes at nice 0 on 2 cores slowed the suite about fourfold).
+A local instance runs its workers at the driver's priority (:data:`~orchestrator.core.ray_local.LOCAL_SYSTEM_CONFIG`).
 """
 
 from __future__ import annotations
@@ -18,8 +15,7 @@ import logging
 import os
 from typing import Any
 
-
-LOCAL_SYSTEM_CONFIG = {"worker_niceness": 0}  # see the module docstring
+from orchestrator.core.ray_local import LOCAL_SYSTEM_CONFIG
 
 
 def address() -> str:

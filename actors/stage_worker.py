@@ -240,7 +240,7 @@ class StageWorker:
     def arm_kill(self, step: int) -> None:
         """Die halfway through iteration ``step`` (like a crashed process), via the executor's hook."""
         ex = self._ready()
-        ex.arm_kill(step)
+        ex.rehearse_with(injection.with_kills(ex.spec, injection.kills_of(ex.spec) | {(step, self.device_id)}))
         injection.install(ex, self.knobs)
 
     def status(self) -> dict[str, Any]:

@@ -9,6 +9,7 @@ through other hosts would achieve. A topology with a pair that no path connects 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -17,6 +18,7 @@ import numpy as np
 
 from orchestrator.core import limits
 from orchestrator.core.errors import UserError
+from orchestrator.core.ray_local import LOCAL_SYSTEM_CONFIG
 from orchestrator.core.files import read_json
 
 GBPS = 1e9 / 8  # bytes per second in one gigabit per second
@@ -299,9 +301,9 @@ def from_ray(intra_gbps: float = 100.0, inter_gbps: float = 10.0, memory_bytes: 
     import ray
 
     if not ray.is_initialized():
-        from actors.ray_session import ensure_ray
-
-        ensure_ray()
+        where = os.environ.get("RAY_ADDRESS") or "local"
+        ray.init(address=where, ignore_reinit_error=True, log_to_driver=False,
+                 _system_config=LOCAL_SYSTEM_CONFIG if where == "local" else None)
     devices: list[Device] = []
     node_of: list[int] = []
     for k, node in enumerate(n for n in ray.nodes() if n.get("Alive")):

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from orchestrator.core.plan import Plan
     from orchestrator.core.profile import Profile
     from orchestrator.elastic.evacuation import Notice
-    from orchestrator.elastic.job_spot import PriceView
+    from orchestrator.elastic.price_view import PriceView
     from orchestrator.elastic.job_config import AdaptConfig, RunConfig, ScalingConfig, SpotConfig, TrainConfig
     from orchestrator.train.runtime import PipelineRuntime
 
