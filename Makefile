@@ -29,7 +29,7 @@ $(AZURITE): $(STAMP)
 
 test: $(STAMP) $(AZURITE)
 	$(PY) -m mypy orchestrator cloud actors
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 bench: $(STAMP)
 	$(PY) benchmarks/planners.py

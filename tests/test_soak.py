@@ -1,6 +1,7 @@
 """The short soak: benchmarks/soak.py for 60 steps on a 3-node ``ray.cluster_utils`` cluster, a seeded fault every
 10 steps, each of the six kinds once (unnoticed death, node removal, notice for a device, notice for a node, node
-join, slowdown). Marked ``soak`` (a few minutes on a loaded machine): ``pytest -m 'not soak'`` leaves it out.
+join, slowdown). It runs in ``make test`` (about 1 minute alone, 2-3 beside other work); marked ``soak``, so
+``pytest -m 'not soak'`` leaves it out.
 The ``--trace`` schedule (benchmarks/soak_trace.py) is pure and checked here without Ray, in every run."""
 
 from __future__ import annotations

@@ -6,8 +6,10 @@ Candidate *structures* (stages: block ranges on device groups) come from:
   ``dapple``, ``autopipe``, ``2bw``) — on clusters of identical servers larger than
   ``FULL_SEARCH_DEVICES``, run on one pipeline's share of the cluster and replicated as data
   parallelism (:mod:`hierarchy`), because their cost grows with every device;
-* on small instances, every structure there is (:mod:`exhaustive`, when the space has at most
-  ``EXACT_STRUCTURES``), so there ``auto`` is the simulator's optimum over that space.
+* on small instances, every structure there is, one per device-symmetry class (:mod:`exhaustive`,
+  when that space has at most ``WALK_STRUCTURES``): walked after the planners' structures are
+  searched, dropping every partial structure whose bound reaches the best time found, within
+  ``WALK_BUDGET`` visits. When the walk completes, ``auto`` is the simulator's optimum over that space.
 
 Each structure is then timed under every schedule the options allow: GPipe, 1F1B and ZB-H1 (zero
 bubble: split backwards, weight passes deferred into bubbles), each with AutoPipe's slicing of the first ``s`` micro-batches (every ``s`` on exhaustive structures; 0, the
@@ -40,6 +42,7 @@ seconds there); the final plan is still simulated in full by ``run_planner``.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -47,7 +50,7 @@ import numpy as np
 from orchestrator.core.cluster import Cluster
 from orchestrator.core.errors import UserError
 from orchestrator.costmodel.group_sim import BoundTerms, GroupSim, simulate_groups, work_bound
-from orchestrator.costmodel.terms import fits_memory
+from orchestrator.costmodel.terms import compute_time, fits_memory, group_all_reduce, static_bytes
 from orchestrator.core.plan import Plan, ScheduleKind, Stage
 from orchestrator.planners import exhaustive, hierarchy
 from orchestrator.planners.catalog import baseline
@@ -58,10 +61,16 @@ from orchestrator.core.profile import Profile
 from orchestrator.costmodel.simulator import memory_error, simulate
 
 CANDIDATES = ("even", "params", "pipedream", "spp", "dapple", "autopipe", "2bw")
+WALK_STRUCTURES = 2 * 10**7
+"""``auto`` walks every structure (:mod:`exhaustive`) when the space, one per device-symmetry class, has
+at most this many: 10 blocks × 8 devices of all different speeds is 1.6·10^7 (8 identical devices:
+10 508). Below ~45 000 the walk always completes; above, bounds must cut it down to ``WALK_BUDGET``."""
 EXACT_STRUCTURES = 45000
-"""Up to this many structures ``auto`` enumerates them all: every instance of up to 16 blocks on 4 devices
-(40 735). At 16 × 4 that is 2–8 s CPU; at 20 000 (up to 12 blocks) the 13–16-block instances fell back
-to the planners' structures and were up to 15% slower (a resnet101 slice, M = 8: 93.3 → 79.5 ms)."""
+"""Up to this many structures the walk needs no bound: every instance of up to 16 blocks on 4 devices
+(40 735). It is also the walk's budget while no plan that fits has been timed (every bound is then infinite)."""
+WALK_BUDGET = 2 * 10**6
+"""Partial structures the walk may visit (~10 s of CPU); beyond it ``auto`` is not exhaustive and says
+nothing more than that its plan is the best it timed."""
 FULL_SEARCH_DEVICES = 64
 REFINE = 3
 RESOLVE_DEVICES = 32
@@ -104,6 +113,33 @@ def _slices(M: int, depth: int, own: int, slicing: str) -> list[int]:
             s *= 2
         out.add(M)
     return sorted(x for x in out if x <= M)
+
+
+class _StageCost:
+    """One stage's share of its device group's cheapest bound (:func:`work_bound`'s terms), cached
+    per (blocks, devices): the walk asks for the same stages over and over. A stage whose weights
+    and optimizer state alone exceed a device's memory (``state_factor``, checked when memory is)
+    costs infinity: no schedule, slicing or recomputation makes it fit."""
+
+    def __init__(self, profile: Profile, cluster: Cluster, options: PlannerOptions) -> None:
+        self.profile, self.cluster, self.total = profile, cluster, options.num_microbatches
+        self.state_factor = options.state_factor if options.check_memory else None
+        self.speeds, self.memories = cluster.speeds, cluster.memories
+        self.cache: dict[tuple[int, int, tuple[int, ...]], float] = {}
+
+    def __call__(self, first: int, last: int, devices: tuple[int, ...]) -> float:
+        key = (first, last, devices)
+        got = self.cache.get(key)
+        if got is None:
+            p, devs = self.profile, list(devices)
+            params = p.param_bytes(first, last)
+            if self.state_factor is not None and not fits_memory(static_bytes(params, self.state_factor), float(self.memories[devs].min())):
+                got = INF
+            else:
+                got = (compute_time(p.compute_time(first, last) * self.total, float(self.speeds[devs].max()), len(devices))
+                       + group_all_reduce(self.cluster, devices, params))
+            self.cache[key] = got
+        return got
 
 
 class _Cuts:
@@ -159,30 +195,49 @@ def _interleavable(M: int, p: int) -> bool:
     return any((M + s) % p == 0 for s in range(min(M, p - 1) + 1))
 
 
-def _expand(item: _Item, profile: Profile, cluster: Cluster, options: PlannerOptions, kinds: tuple[ScheduleKind, ...], slicing: str) -> list[_Item]:
-    """Every schedule variant of one structure, with its lower bound (:class:`BoundTerms`).
-    Slicing counts: ``all`` (small instances), ``some`` (0, the planner's own, powers of two up to
-    the depth) or ``own`` (0 and the planner's own: the first pass on large clusters)."""
+def _expand(item: _Item, profile: Profile, cluster: Cluster, options: PlannerOptions, kinds: tuple[ScheduleKind, ...], slicing: str, below: float = INF) -> list[_Item]:
+    """Every schedule variant of one structure whose lower bound (:class:`BoundTerms`) is under
+    ``below``. Slicing counts: ``all`` (small instances), ``some`` (0, the planner's own, powers of
+    two up to the depth) or ``own`` (0 and the planner's own: the first pass on large clusters).
+
+    Every sliced variant (s >= 1) has the same smallest unit (half a micro-batch), so its bound
+    differs from another's only by the per-message latency of its M + s units: it grows with s.
+    The bound is computed once per unit count that changes it, and the first sliced count at or
+    over ``below`` ends that kind's counts."""
     M = options.num_microbatches
     stages, own = item.stages, item.own
     p = len({s.devices for s in stages})
     terms = BoundTerms(stages, profile, cluster)
+    memo: dict[tuple[float, int, bool], float] = {}
+
+    def bound(s: int, split: bool = False) -> float:
+        key = (0.5 if s else 1.0, M + s if terms.lat else M, split)
+        got = memo.get(key)
+        if got is None:
+            got = memo[key] = terms.bound(M, key[0], M + s, split)
+        return got
+
     out: list[_Item] = []
     if p < len(stages):  # interleaved: sliced too, where the unit count stays a multiple of the depth
         for s in _slices(M, p, 0, slicing):
             if (M + s) % p == 0:
+                lo = bound(s)
+                if lo >= below and s:
+                    break
                 tag = f"/s{s}" if s else ""
-                out.append(_Item(terms.bound(M, 0.5 if s else 1.0, M + s), item.rank, item.label + tag, stages, ScheduleKind.INTERLEAVED, s))
+                out.append(_Item(lo, item.rank, item.label + tag, stages, ScheduleKind.INTERLEAVED, s))
         return out
     own_slices = own.sliced_microbatches if own is not None else 0
     for kind in STRAIGHT_KINDS:
         if kind not in kinds:
             continue
         for s in _slices(M, p, own_slices, slicing):
+            lo = bound(s, kind is ScheduleKind.ZB_H1)
+            if lo >= below and s:
+                break
             same = own is not None and kind is own.schedule and s == own_slices
             tag = "" if same else f"/{kind.value}" + (f"/s{s}" if s else "")
-            bound = terms.bound(M, 0.5 if s else 1.0, M + s, kind is ScheduleKind.ZB_H1)
-            out.append(_Item(bound, item.rank, item.label + tag, stages, kind, s))
+            out.append(_Item(lo, item.rank, item.label + tag, stages, kind, s))
     return out
 
 
@@ -247,7 +302,7 @@ def plan_auto(profile: Profile, cluster: Cluster, options: PlannerOptions) -> Pl
     def push(label: str, stages: tuple[Stage, ...], own: Plan | None) -> None:
         if stages not in seen:  # several planners often return the same structure: score it once
             seen.add(stages)
-            heap.append(_Item(work_bound(stages, profile, cluster, M), len(heap), label, stages, None, 0, own))
+            heapq.heappush(heap, _Item(work_bound(stages, profile, cluster, M), len(seen), label, stages, None, 0, own))
 
     interleave = ScheduleKind.INTERLEAVED in kinds
     for name, plan in _seed_plans(profile, cluster, options, names, failures):
@@ -259,21 +314,36 @@ def plan_auto(profile: Profile, cluster: Cluster, options: PlannerOptions) -> Pl
                 push(label, var, None)
     L, n = profile.num_blocks, cluster.size
     max_stages = min(options.max_stages or n, n)
-    small = exhaustive.space_size(L, n, max_stages, options.straight, interleave) <= EXACT_STRUCTURES
-    if small:
-        for stages in exhaustive.structures(L, n, max_stages, options.straight, interleave, exhaustive.automorphisms(cluster)):
-            p = len({s.devices for s in stages})
-            if p == len(stages) or _interleavable(M, p):
-                push("exhaustive", stages, None)
-    if not heap:
+    walk: Callable[[float], bool] | None = None
+    classes = exhaustive.device_classes(cluster) if n <= FULL_SEARCH_DEVICES else []
+    if classes and exhaustive.space_size(L, classes, max_stages, options.straight, interleave) <= WALK_STRUCTURES:
+        cost = _StageCost(profile, cluster, options)
+
+        def walk(below: float) -> bool:
+            """Push every structure whose bound is under ``below``; False if the budget ran out first
+            (with nothing timed yet that fits, no bound prunes: the budget is ``EXACT_STRUCTURES``)."""
+            try:
+                budget = WALK_BUDGET if below < INF else EXACT_STRUCTURES
+                for stages in exhaustive.structures(L, classes, max_stages, options.straight, interleave, cost, below, budget):
+                    p = len({s.devices for s in stages})
+                    if p == len(stages) or _interleavable(M, p):
+                        push("exhaustive", stages, None)
+            except exhaustive.Budget:
+                return False
+            return True
+
+    if not heap and walk is None:
         detail = "; ".join(failures) or "no candidate plan"
         raise UserError(f"auto: no planner produced a plan ({detail})")
-    return _branch_and_bound(heap, profile, cluster, options, kinds, small, failures)
+    return _branch_and_bound(heap, profile, cluster, options, kinds, walk, failures)
 
 
-def _branch_and_bound(heap: list[_Item], profile: Profile, cluster: Cluster, options: PlannerOptions, kinds: tuple[ScheduleKind, ...], every: bool, failures: list[str]) -> Plan:
+def _branch_and_bound(heap: list[_Item], profile: Profile, cluster: Cluster, options: PlannerOptions, kinds: tuple[ScheduleKind, ...], walk: Callable[[float], bool] | None, failures: list[str]) -> Plan:
     """Best-first: pop the least lower bound; expand a structure into its variants, or time a
-    variant in the group mode; stop when the least bound reaches the best time found."""
+    variant in the group mode; stop when the least bound reaches the best time found. With
+    ``walk``, the planners' structures are searched first and the best time found bounds the walk
+    of every structure (:mod:`exhaustive`), whose survivors are then searched the same way."""
+    every = walk is not None
     check = options.check_memory
     sim_options = options.sim_options
     M = options.num_microbatches
@@ -303,7 +373,7 @@ def _branch_and_bound(heap: list[_Item], profile: Profile, cluster: Cluster, opt
             if item.kind is None:
                 refined_all.add(item.stages)
                 slicing = "all" if every else ("own" if large and item.stages not in refined else "some")
-                for var in _expand(item, profile, cluster, options, kinds, slicing):
+                for var in _expand(item, profile, cluster, options, kinds, slicing, best_hi):
                     if var.lo < best_hi:
                         heapq.heappush(heap, var)
                 continue
@@ -333,6 +403,9 @@ def _branch_and_bound(heap: list[_Item], profile: Profile, cluster: Cluster, opt
 
     heapq.heapify(heap)
     search()
+    if walk is not None:
+        walk(best_hi)
+        search()
     if large:  # second pass: every slicing count for the REFINE best structures
         for c in sorted(alive, key=lambda c: c.hi):
             base = c.plan.stages

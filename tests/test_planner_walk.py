@@ -1,0 +1,108 @@
+"""The walk over plan structures ``auto`` uses on small instances (orchestrator/planners/exhaustive.py).
+
+Listing one structure per device-class pattern and dropping partial structures by their bound
+are both ways to miss the optimum silently; these tests pin them to the naive listing."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from orchestrator.core.cluster import GBPS, Cluster, Device, two_level
+from orchestrator.planners import exhaustive
+from tests.oracle import partitions, placements
+from orchestrator.core.plan import Stage
+
+CLASSES = [
+    [(0,), (1,), (2,), (3,)],
+    [(0, 1), (2, 3)],
+    [(0, 1, 2, 3)],
+    [(0, 1, 2), (3,)],
+    [(0,), (1, 2), (3, 4, 5)],
+]
+
+
+def naive(L: int, n: int, max_stages: int, straight: bool) -> set[tuple[Stage, ...]]:
+    """Every structure, listed the plain way (the oracle's own placements and partitions)."""
+    out = set()
+    for k in range(1, min(max_stages, L, n) + 1):
+        for groups in placements(n, k, straight):
+            for cuts in partitions(L, k):
+                out.add(tuple(Stage(cuts[i], cuts[i + 1], groups[i]) for i in range(k)))
+    for p in range(2, min(max_stages, n) + 1):
+        for v in range(2, exhaustive.MAX_VIRTUAL_STAGES // p + 1):
+            if p * v <= L:
+                for groups in placements(n, p, straight):
+                    for cuts in partitions(L, p * v):
+                        out.add(tuple(Stage(cuts[i], cuts[i + 1], groups[i % p]) for i in range(p * v)))
+    return out
+
+
+@pytest.mark.parametrize("classes", CLASSES, ids=str)
+@pytest.mark.parametrize("L", [3, 6])
+@pytest.mark.parametrize("straight", [False, True])
+def test_space_size_counts_what_the_walk_lists(classes: list[tuple[int, ...]], L: int, straight: bool) -> None:
+    got = list(exhaustive.structures(L, classes, 4, straight, True))
+    assert len(got) == len(set(got)) == exhaustive.space_size(L, classes, 4, straight, True)
+
+
+@pytest.mark.parametrize("n,L", [(3, 5), (4, 4), (4, 6)])
+@pytest.mark.parametrize("straight", [False, True])
+def test_one_device_per_class_lists_every_structure(n: int, L: int, straight: bool) -> None:
+    assert set(exhaustive.structures(L, [(d,) for d in range(n)], 4, straight, True)) == naive(L, n, 4, straight)
+
+
+def test_classes_list_one_structure_per_swap_orbit() -> None:
+    """Every naive structure maps, by swapping devices within classes, onto exactly one listed one."""
+    classes = [(0, 1), (2, 3, 4)]
+    listed = set(exhaustive.structures(5, classes, 3, False, True))
+    perms = [dict(zip(range(5), (*a, *b))) for a in itertools.permutations(classes[0]) for b in itertools.permutations(classes[1])]
+    for st in naive(5, 5, 3, False):
+        images = {tuple(Stage(s.first, s.last, tuple(sorted(p[d] for d in s.devices))) for s in st) for p in perms}
+        assert len(images & listed) == 1, st
+
+
+@pytest.mark.parametrize("classes", CLASSES[:3], ids=str)
+def test_bounds_drop_exactly_the_structures_over_the_bar(classes: list[tuple[int, ...]]) -> None:
+    rng = np.random.default_rng(5)
+    L = 6
+    w = rng.uniform(0.1, 1.0, size=L)
+    speed = rng.uniform(0.5, 1.5, size=sum(len(c) for c in classes))
+
+    def cost(a: int, b: int, devs: tuple[int, ...]) -> float:
+        return float(w[a:b].sum() / (len(devs) * speed[list(devs)].max()) + 0.05 * (len(devs) - 1))
+
+    def worst(st: tuple[Stage, ...]) -> float:
+        per: dict[tuple[int, ...], float] = {}
+        for s in st:
+            per[s.devices] = per.get(s.devices, 0.0) + cost(s.first, s.last, s.devices)
+        return max(per.values())
+
+    every = list(exhaustive.structures(L, classes, 4, False, True))
+    for below in sorted({worst(st) for st in every})[:: max(1, len(every) // 7)]:
+        kept = set(exhaustive.structures(L, classes, 4, False, True, cost, below))
+        assert kept == {st for st in every if worst(st) * (1 - 1e-9) < below}
+
+
+def test_the_walk_stops_at_its_budget() -> None:
+    with pytest.raises(exhaustive.Budget):
+        list(exhaustive.structures(8, [(d,) for d in range(6)], 6, False, True, budget=1000))
+
+
+def test_device_classes() -> None:
+    assert exhaustive.device_classes(two_level(2, 4, 100, 5)) == [(0, 1, 2, 3), (4, 5, 6, 7)]
+    bw = np.full((4, 4), 10 * GBPS)
+    np.fill_diagonal(bw, 0.0)
+    same = Cluster(tuple(Device(i, "n0", 1.0, 1e9) for i in range(4)), bw)
+    assert exhaustive.device_classes(same) == [(0, 1, 2, 3)]
+    # device 1 is slower: 0 and 2 are alike but not neighbours, so no class joins them (a ring's
+    # order, sorted device ids, would differ between a set and its image)
+    odd = Cluster(tuple(Device(i, "n0", 0.5 if i == 1 else 1.0, 1e9) for i in range(4)), bw)
+    assert exhaustive.device_classes(odd) == [(0,), (1,), (2, 3)]
+    bw2 = bw.copy()
+    bw2[0, :] = bw2[:, 0] = 5 * GBPS  # device 0 sits behind a slower link
+    np.fill_diagonal(bw2, 0.0)
+    linked = Cluster(tuple(Device(i, "n0", 1.0, 1e9) for i in range(4)), bw2)
+    assert exhaustive.device_classes(linked) == [(0,), (1, 2, 3)]
