@@ -68,9 +68,9 @@ at most this many: 10 blocks × 8 devices of all different speeds is 1.6·10^7 (
 EXACT_STRUCTURES = 45000
 """Up to this many structures the walk needs no bound: every instance of up to 16 blocks on 4 devices
 (40 735). It is also the walk's budget while no plan that fits has been timed (every bound is then infinite)."""
-WALK_BUDGET = 2 * 10**6
-"""Partial structures the walk may visit (~10 s of CPU); beyond it ``auto`` is not exhaustive and says
-nothing more than that its plan is the best it timed."""
+WALK_BUDGET = 10**6
+"""Partial structures the walk may visit (~5 s of CPU; the hardest 10 × 8 instance measured needs 6.5·10^5);
+beyond it ``auto`` is not exhaustive: its plan is the best it timed."""
 FULL_SEARCH_DEVICES = 64
 REFINE = 3
 RESOLVE_DEVICES = 32
