@@ -63,8 +63,9 @@ from orchestrator.costmodel.simulator import memory_error, simulate
 CANDIDATES = ("even", "params", "pipedream", "spp", "dapple", "autopipe", "2bw")
 WALK_STRUCTURES = 2 * 10**7
 """``auto`` walks every structure (:mod:`exhaustive`) when the space, one per device-symmetry class, has
-at most this many: 10 blocks × 8 devices of all different speeds is 1.6·10^7 (8 identical devices:
-10 508). Below ~45 000 the walk always completes; above, bounds must cut it down to ``WALK_BUDGET``."""
+at most this many. 10 blocks × 8 devices, up to 8 stages: 21 800 on identical devices, 505 560 on two
+servers of four, 1.1·10^8 when every device differs (not walked). Below ``EXACT_STRUCTURES`` the walk
+always completes; above, bounds must cut it down to ``WALK_BUDGET`` visits."""
 EXACT_STRUCTURES = 45000
 """Up to this many structures the walk needs no bound: every instance of up to 16 blocks on 4 devices
 (40 735). It is also the walk's budget while no plan that fits has been timed (every bound is then infinite)."""

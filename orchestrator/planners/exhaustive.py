@@ -7,15 +7,15 @@ cut anywhere (``p·v <= MAX_VIRTUAL_STAGES``). ``auto`` times each structure und
 and slicing count it allows, so on these instances its answer is the optimum of the simulator
 over that whole space, not the best of the literature planners' guesses.
 
-Two things keep the space small enough to walk at 10 blocks × 8 devices (1.6·10^7 structures
-listed naively):
+Two things keep the space small enough to walk at 10 blocks × 8 devices (1.1·10^8 structures of
+up to 8 stages listed naively):
 
 * **Symmetry.** Devices that can be swapped without changing any cost (same speed and memory,
   the same links to every other device: the GPUs of one server, usually) form a *class*; a
   structure and its image under such a swap simulate alike, so only one per class-count pattern
   is listed (the lowest-numbered devices of each class go to the earliest stage). A class is a
   run of consecutive device ids, which also keeps a ring all-reduce's order (sorted device ids)
-  the same between the two. 8 identical devices: 1.6·10^7 → 10 508; two servers of four: 143 940.
+  the same between the two. 8 identical devices: 1.1·10^8 → 21 800; two servers of four: 505 560.
 * **Bounds.** Stages are chosen one at a time; a partial structure whose cheapest bound (one
   device group's compute and all-reduces: ``group_sim.work_bound``'s terms) already reaches the
   best time ``auto`` has found is dropped with everything below it. ``auto``'s best-first search
