@@ -172,14 +172,21 @@ class LocalProvisioner:
 
     @staticmethod
     def _signal_all(handle: ClusterHandle, sig: int, wait_s: float) -> None:
-        for pid in cluster_processes(handle):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
+        """``sig`` once to every process of the cluster, and to any that appears while waiting (a raylet
+        may start a worker between the scan and its own signal), until none is left or ``wait_s``."""
         deadline = time.monotonic() + wait_s
-        while cluster_processes(handle) and time.monotonic() < deadline:
+        signalled: set[int] = set()
+        while True:
+            left = cluster_processes(handle)
+            for pid in set(left) - signalled:
+                signalled.add(pid)
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
             _reap(handle.session)
+            if not left or time.monotonic() >= deadline:
+                break
             time.sleep(0.2)
         _reap(handle.session)
 
