@@ -34,12 +34,15 @@ SURVIVORS = straight_plan([0, 3, 6, 8], M, devices=[[0], [2], [3]])  # device 1 
 
 @pytest.fixture
 def pool(worker_group: Any) -> Iterator[Any]:
-    """The shared pool, with every worker replaced after a test that killed one: the survivors of a death may still
-    hold calls the failure cancelled, and Ray's in-order actor queue then waits 30 s for the cancelled call's
-    sequence number and cancels the next test's setup (seen once in a full run: "Timed out waiting for seq_no")."""
+    """The shared pool, whole again after a test that killed a worker: a fresh process on each dead slot, the survivors
+    kept, as a recovery in place keeps them (no call is cancelled any more, so none can leave a hole in Ray's
+    per-caller sequence numbers for the next test to wait on); every worker replaced only if the group is broken.
+    Restarting all four after each kill cost 30-45 s of teardown per test on a loaded machine."""
     yield worker_group
-    if worker_group.dead or worker_group.broken:
+    if worker_group.broken:
         worker_group.restart()
+    elif worker_group.dead:
+        worker_group.respawn(sorted(worker_group.dead))
 
 
 def trainer_on(pool: Any, tmp: Path | None = None) -> PipelineRuntime:
