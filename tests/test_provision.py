@@ -195,3 +195,29 @@ def test_orchestrator_run_on_ray_up_fails_over_and_tears_down_each_offer(ray_stu
     failed = [e for e in events if e["event"] == "provision_failed"]
     assert len(failed) == 2 and all("Job API refused the driver" in e["reason"] for e in failed)
     assert len([e for e in events if e["event"] == "cluster_down"]) == 2
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(600)
+def test_a_port_taken_after_it_was_chosen_is_chosen_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Free ports are chosen before Ray binds them; another Ray instance starting beside can take one in between
+    (`ray start` then exits: "make sure the same port is not used by multiple components"). The start is retried
+    with fresh ports instead of the offer being reported unprovisionable."""
+    import socket
+
+    from orchestrator.supervise import local
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    busy = taken.getsockname()[1]
+    real = local.free_port
+    calls = iter(range(1000))
+    monkeypatch.setattr(local, "free_port", lambda: busy if next(calls) == 0 else real())  # the GCS port of the first try
+    prov = LocalProvisioner(cpus=1)
+    handle = prov.provision("local/a/cpu-1 (spot)", "t-port")
+    try:
+        assert prov.alive(handle) and not handle.gcs_address.endswith(f":{busy}")
+    finally:
+        prov.teardown(handle)
+        taken.close()

@@ -105,6 +105,13 @@ def _ray_exe() -> str:
     return exe
 
 
+PORT_ATTEMPTS = 3
+
+
+class _PortTaken(ProvisionError):
+    """``ray start`` refused a port it was given: another process took it after it was chosen."""
+
+
 class LocalProvisioner:
     """Each offer a separate local Ray cluster with ``cpus`` CPUs (see the module docstring)."""
 
@@ -116,6 +123,18 @@ class LocalProvisioner:
         self.env = env
 
     def provision(self, offer: str, cluster_id: str) -> ClusterHandle:
+        """Start the cluster; again with fresh ports (up to ``PORT_ATTEMPTS`` times) when ``ray start`` found
+        one of the ports it was given taken: free ports are chosen before Ray binds them, and another Ray
+        instance starting on the same machine can take one in between (seen in a suite run beside a demo)."""
+        for attempt in range(PORT_ATTEMPTS):
+            try:
+                return self._start(offer, cluster_id)
+            except _PortTaken as exc:
+                if attempt == PORT_ATTEMPTS - 1:
+                    raise ProvisionError(str(exc)) from None
+        raise AssertionError("unreachable")
+
+    def _start(self, offer: str, cluster_id: str) -> ClusterHandle:
         workdir = tempfile.mkdtemp(prefix="rp-", dir="/tmp")  # short: Ray's socket paths live under it
         ports = {name: free_port() for name in ("port", "node-manager-port", "object-manager-port", "dashboard-port",
                                                 "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
@@ -147,7 +166,9 @@ class LocalProvisioner:
             if proc.poll() is not None:
                 reason = _last_line(Path(workdir) / "ray-start.log")
                 self.teardown(handle)
-                raise ProvisionError(f"{offer}: `ray start` exited with {proc.returncode}: {reason}")
+                # someone else holds one of its ports (ours are gone after teardown), or Ray says so
+                taken = any(listening(f"{HOST}:{p}") for p in ports.values()) or "used by multiple components" in reason
+                raise (_PortTaken if taken else ProvisionError)(f"{offer}: `ray start` exited with {proc.returncode}: {reason}")
             if listening(handle.gcs_address) and dashboard_answers(handle.dashboard_url, 2.0, auth_headers(handle)):
                 return ClusterHandle(**{**handle.__dict__, "pids": tuple(session_processes(proc.pid))})
             time.sleep(1.0)
