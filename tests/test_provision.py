@@ -15,7 +15,7 @@ import yaml
 
 from cloud.records import Offer
 from orchestrator.elastic.launch import validate_config
-from orchestrator.supervise.local import LocalProvisioner, cluster_processes, listening, session_processes
+from orchestrator.supervise.local import LocalProvisioner, cluster_processes, listening, session_of, session_processes
 from orchestrator.supervise.provision import ClusterHandle, ExistingProvisioner, ProvisionError, auth_headers
 from orchestrator.supervise.rayup import RayUpProvisioner
 
@@ -112,15 +112,7 @@ def test_ray_up_failures_name_the_offer(ray_stub: Path, tmp_path: Path, monkeypa
 def outside_session(handle: ClusterHandle) -> list[int]:
     """The cluster's processes (found by its temp dir) that run outside its session, each read once:
     comparing two scans of /proc raced with Ray starting or ending workers between them."""
-    out = []
-    for pid in cluster_processes(handle):
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # gone since the scan
-        if int(fields[3]) != handle.session and fields[0] != "Z":
-            out.append(pid)
-    return out
+    return [pid for pid in cluster_processes(handle) if session_of(pid) not in (None, handle.session)]
 
 
 @pytest.mark.ray

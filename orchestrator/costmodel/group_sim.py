@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
+
 
 from orchestrator.core.cluster import Cluster
 from orchestrator.costmodel.terms import compute_time, fits_memory, group_all_reduce, pair_stats, stash_bytes, static_bytes, transfer_time
@@ -366,6 +368,13 @@ def work_bound(stages: Sequence[Stage], profile: Profile, cluster: Cluster, tota
     speeds = cluster.speeds
     per_group: dict[tuple[int, ...], float] = {}
     for s in stages:
-        w = compute_time(profile.compute_time(s.first, s.last) * total, float(speeds[list(s.devices)].max()), s.replicas)
-        per_group[s.devices] = per_group.get(s.devices, 0.0) + w + group_all_reduce(cluster, s.devices, profile.param_bytes(s.first, s.last))
+        per_group[s.devices] = per_group.get(s.devices, 0.0) + stage_work(profile, cluster, speeds, s.first, s.last, s.devices, total)
     return max(per_group.values()) * (1 - 1e-9)
+
+
+def stage_work(profile: Profile, cluster: Cluster, speeds: np.ndarray, first: int, last: int, devices: tuple[int, ...], total: float) -> float:
+    """One stage's share of :func:`work_bound`: blocks [first, last) for ``total`` micro-batches at the
+    fastest of ``devices`` (``speeds``: ``cluster.speeds``, passed in because it is built per call),
+    rows split over them, plus their all-reduce of the stage's gradients."""
+    return (compute_time(profile.compute_time(first, last) * total, float(speeds[list(devices)].max()), len(devices))
+            + group_all_reduce(cluster, devices, profile.param_bytes(first, last)))

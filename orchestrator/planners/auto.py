@@ -49,8 +49,8 @@ import numpy as np
 
 from orchestrator.core.cluster import Cluster
 from orchestrator.core.errors import UserError
-from orchestrator.costmodel.group_sim import BoundTerms, GroupSim, simulate_groups, work_bound
-from orchestrator.costmodel.terms import compute_time, fits_memory, group_all_reduce, static_bytes
+from orchestrator.costmodel.group_sim import BoundTerms, GroupSim, simulate_groups, stage_work, work_bound
+from orchestrator.costmodel.terms import fits_memory, static_bytes
 from orchestrator.core.plan import Plan, ScheduleKind, Stage
 from orchestrator.planners import exhaustive, hierarchy
 from orchestrator.planners.catalog import baseline
@@ -137,8 +137,7 @@ class _StageCost:
             if self.state_factor is not None and not fits_memory(static_bytes(params, self.state_factor), float(self.memories[devs].min())):
                 got = INF
             else:
-                got = (compute_time(p.compute_time(first, last) * self.total, float(self.speeds[devs].max()), len(devices))
-                       + group_all_reduce(self.cluster, devices, params))
+                got = stage_work(p, self.cluster, self.speeds, first, last, devices, self.total)
             self.cache[key] = got
         return got
 

@@ -63,21 +63,20 @@ def _worker_range(count: int = WORKER_PORTS) -> tuple[int, int]:
     raise ProvisionError("no free block of worker ports between 20000 and 30000")
 
 
+def session_of(pid: int) -> int | None:
+    """The session id of a live process (from ``/proc/PID/stat``); None if it is gone or a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    # after the command: state ppid pgrp session ...; a zombie no longer runs anything
+    return None if fields[0] == "Z" else int(fields[3])
+
+
 def session_processes(session: int) -> list[int]:
-    """Pids of live processes whose session id is ``session`` (from ``/proc/PID/stat``)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        # after the command: state ppid pgrp session ...; a zombie no longer runs anything
-        if int(fields[3]) == session and fields[0] != "Z":
-            found.append(int(entry))
-    return sorted(found)
+    """Pids of live processes whose session id is ``session``."""
+    return sorted(int(e) for e in os.listdir("/proc") if e.isdigit() and session_of(int(e)) == session)
 
 
 def cluster_processes(handle: ClusterHandle) -> list[int]:
@@ -126,13 +125,12 @@ class LocalProvisioner:
         """Start the cluster; again with fresh ports (up to ``PORT_ATTEMPTS`` times) when ``ray start`` found
         one of the ports it was given taken: free ports are chosen before Ray binds them, and another Ray
         instance starting on the same machine can take one in between (seen in a suite run beside a demo)."""
-        for attempt in range(PORT_ATTEMPTS):
+        for _ in range(PORT_ATTEMPTS - 1):
             try:
                 return self._start(offer, cluster_id)
-            except _PortTaken as exc:
-                if attempt == PORT_ATTEMPTS - 1:
-                    raise ProvisionError(str(exc)) from None
-        raise AssertionError("unreachable")
+            except _PortTaken:
+                pass
+        return self._start(offer, cluster_id)  # the last refusal is reported as it is (a ProvisionError)
 
     def _start(self, offer: str, cluster_id: str) -> ClusterHandle:
         workdir = tempfile.mkdtemp(prefix="rp-", dir="/tmp")  # short: Ray's socket paths live under it
