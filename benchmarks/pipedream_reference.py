@@ -14,18 +14,16 @@ ours, see orchestrator/planners/pipedream.py): per stage (compute + 4(m−1)/m·
 (``pipedream.bottleneck``), a check that the plan realizes the DP's value. Exits 0 only when ours ≤
 published on every row (1e-9 relative), 1 otherwise; a row whose reference did not finish within
 ``--ref-timeout`` counts as a failure. There is no exemption: a worse row is "**no**", and where the
-published optimum ends a stage at a down-set of the graph that no prefix of our chain is, the row names
+published optimum ends a stage at a down-set that no prefix of our chain is, the row names
 that down-set and the published optimizer's value on our own chain (:func:`solve`), so the reader sees
-whether the gap is the chain's order or our DP. Our loader fixes one topological order of the graph
-(the model's program order; every node with work is a block, nothing is thinned away) and our plans are
-ranges of that chain; PipeDream's optimizer chooses among all down-sets per cluster. On resnet18's
-downsampling blocks the published two-level optima end a stage with the shortcut finished and the main
-branch part-way ({node38, node42}); program order runs the main branch first. Running the shorter
-branch first (the order that minimizes the bytes crossing each cut of a fork/join region) makes that a
-prefix but removes the prefix resnext50's flat 16-GPU optimum ends at ({node146}: main branch part-way,
-shortcut not started): +0.92% there. One chain per model cannot hold both kinds of down-set at the same
-point of a fork region, so parity on every row needs plans that name their linear extension, or a DP
-over down-sets.
+whether the gap is the chain's order or our DP. Our plans are ranges of a chain, one topological order
+of the graph; PipeDream's optimizer chooses among all down-sets per cluster, and no one order holds
+them all (resnet18's best two-server plans end a stage with a downsampling block's shortcut finished
+and its main branch part-way; resnext50's best 16-GPU plan, the main branch part-way and the shortcut
+not started). So ``pipedream`` on a graph.txt runs its DP over the graph's down-sets first
+(:mod:`orchestrator.planners.pipedream_graph`) and plans on the order whose prefixes hold that
+optimum's cuts where it is better than the loader's: the "chain" column says which, as
+``orchestrator plan`` does (it writes the order as ``profile_chain``).
 
 Two other uses, both from ``benchmarks/planners.py``:
 
@@ -437,13 +435,14 @@ def compare(models: tuple[str, ...], ref_timeout: float) -> tuple[list[str], boo
     """The rows of ``--compare`` (markdown) and whether ours ≤ published on every one."""
     from benchmarks.planners import in_process, profiles
     from orchestrator.core.cluster import GBPS, flat, two_level
-    from orchestrator.core.profile_loader import load_profile
+    from orchestrator.core.profile_loader import read_graph
     from orchestrator.planners.base import PlannerOptions, run_planner
     from orchestrator.planners.pipedream import bottleneck
+    from orchestrator.planners.pipedream_graph import pipedream_chain
 
     graphs = profiles()
-    lines = ["| model | states / blocks | cluster | ours (DP) | our plan re-scored | published optimizer | its time | ours ≤ published | our stages (blocks × replicas) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | states / blocks | cluster | chain | ours (DP) | our plan re-scored | published optimizer | its time | ours ≤ published | our stages (blocks × replicas) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     ok_all = True
     opts = PlannerOptions(num_microbatches=1, check_memory=False)
     for name in models:
@@ -452,7 +451,7 @@ def compare(models: tuple[str, ...], ref_timeout: float) -> tuple[list[str], boo
             ok_all = False
             continue
         path = graphs[name]
-        prof = load_profile(path)
+        graph = read_graph(Path(path).read_text(), str(path))
         cases: list[tuple[str, Any, list[tuple[int, float]], float | None]] = [
             (f"flat {w} × {g:.0f} Gb/s", flat(w, g), [(w, g * GBPS)], g * GBPS) for w, g in FLAT]
         cases += [(f"{sv} × {gp} GPUs, {i:.0f}/{e:.0f} Gb/s", two_level(sv, gp, i, e), [(gp, i * GBPS), (sv, e * GBPS)], None)
@@ -461,7 +460,10 @@ def compare(models: tuple[str, ...], ref_timeout: float) -> tuple[list[str], boo
         for label, cluster, levels, bw in cases:
             if len(levels) > 1 and states > TWO_LEVEL_MAX_STATES:
                 continue
+            started = time.perf_counter()
+            prof, chain = pipedream_chain(graph, name, str(path), cluster, opts)
             res = run_planner("pipedream", prof, cluster, opts)
+            ours_s = time.perf_counter() - started
             ours = float(res.objective_s or 0.0)
             again = f"{bottleneck(res.plan, prof, cluster, opts) * 1e3:.3f} ms" if bw is not None else "n/a"
             ref = in_process(_ref_worker, (str(path), levels), ref_timeout)
@@ -475,7 +477,8 @@ def compare(models: tuple[str, ...], ref_timeout: float) -> tuple[list[str], boo
                 if not (ours <= value * (1 + 1e-9) and (bw is None or bottleneck(res.plan, prof, cluster, opts) <= value * (1 + 1e-9))):
                     verdict = _why_worse(prof, levels, ours, ends)
             ok_all &= verdict == "yes"
-            lines.append(f"| {name} | {states or '?'} / {prof.num_blocks} | {label} | {ours * 1e3:.3f} ms | {again} | {pub} | {took} | "
+            order = f"down-sets ({ours_s:.2f} s)" if chain is not None else f"loader's ({ours_s:.2f} s)"
+            lines.append(f"| {name} | {states or '?'} / {prof.num_blocks} | {label} | {order} | {ours * 1e3:.3f} ms | {again} | {pub} | {took} | "
                          f"{verdict} | {shape} |")
             print(lines[-1], flush=True)
     return lines, ok_all
@@ -498,8 +501,9 @@ def main(argv: list[str] | None = None) -> int:
                 "PipeDream's own cost model: per stage (compute + 4(m−1)/m·|w|/B)/m, per cut 2·a/(B·m'), m' the receiving "
                 "stage's replicas, a stage other than the first also paying 2·a/(B·m) to send its output on (the published DP's "
                 "terms). \"Re-scored\": our flat plan evaluated stage by stage. \"states / blocks\": the published optimizer's antichain states / our chain's blocks. "
-                "A row marked **no** is worse than the published optimizer, counted as a failure; the module docstring of "
-                "`benchmarks/pipedream_reference.py` says why the two resnet18 two-level rows are (one topological order per model).", ""]
+                "\"chain\": the order our plan cuts (the loader's, or the one the DP over the graph's down-sets chose: "
+                "`orchestrator/planners/pipedream_graph.py`) and our planning time. "
+                "A row marked **no** is worse than the published optimizer, counted as a failure.", ""]
         args.out.write_text("\n".join(head + lines) + "\n")
     print("ours ≤ published on every row" if ok else "ours > published (or no reference) on some row")
     return 0 if ok else 1

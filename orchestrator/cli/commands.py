@@ -7,10 +7,12 @@ only bugs show a traceback.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -130,13 +132,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from orchestrator.core.plan import ScheduleKind
     from orchestrator.planners.base import PlannerOptions, run_planner
     from orchestrator.core.files import check_outputs, json_output, write_outputs
-    from orchestrator.core.profile_loader import load_profile
+    from orchestrator.core.profile_loader import chain_profile, graph_name, load_graph, load_profile
+    from orchestrator.planners.base import get_planner
 
     check_outputs([(args.out, "plan"), (args.trace, "trace"), (args.png, "figure")])
     limits.count(args.microbatches, "--microbatches", "value", maximum=limits.MAX_MICROBATCHES)
     if args.max_stages is not None and args.max_stages < 1:
         raise UserError(f"--max-stages must be >= 1, got {args.max_stages}")
-    profile = load_profile(args.profile)
+    spec = get_planner(args.algorithm)
+    graph = load_graph(args.profile)
+    profile = chain_profile(graph, graph_name(args.profile), str(args.profile)) if graph is not None else load_profile(args.profile)
     cluster = build_cluster(args)
     # the planners simulate plans of up to min(devices, blocks) stages (x chunks when interleaving)
     stages = min(cluster.size, profile.num_blocks) if not args.interleave else profile.num_blocks
@@ -149,8 +154,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
         check_memory=not args.ignore_memory,
         interleave=args.interleave,
     )
+    chain: tuple[str, ...] | None = None
+    chain_s = 0.0
+    if graph is not None and spec.name == "pipedream":  # PipeDream cuts at down-sets: the order is part of its plan
+        from orchestrator.planners.pipedream_graph import pipedream_chain
+
+        started = time.perf_counter()
+        profile, chain = pipedream_chain(graph, profile.name, profile.source, cluster, options)
+        chain_s = time.perf_counter() - started
     result = run_planner(args.algorithm, profile, cluster, options)
+    if chain_s:
+        result = dataclasses.replace(result, planning_time_s=result.planning_time_s + chain_s)
     payload = result.to_json()
+    if chain is not None:
+        payload["profile_chain"] = list(chain)
     outputs = [json_output(args.out, dict(payload, cluster=cluster.to_dict()), "plan")] if args.out else []
     write_outputs(outputs + _timelines(result.sim, args.trace, args.png, f"{result.algorithm}: {result.plan.describe()}"))
     if args.json:
@@ -177,8 +194,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     check_outputs([(args.trace, "trace"), (args.png, "figure")],
                   inputs=[(args.profile, "profile"), (args.plan, "plan"), (args.cluster, "cluster")])
-    profile = load_profile(args.profile)
     data = read_json(args.plan, "plan")
+    chain = data.get("profile_chain") if isinstance(data, dict) else None
+    if chain is not None and not (isinstance(chain, list) and all(isinstance(v, str) for v in chain)):
+        raise UserError(f"plan {args.plan}: profile_chain must be a list of node ids")
+    profile = load_profile(args.profile, chain=chain)
     plan = Plan.from_dict(data, origin=f"plan {args.plan}")
     if args.cluster or args.gpus:
         cluster = build_cluster(args)

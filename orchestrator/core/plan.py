@@ -250,8 +250,10 @@ FORMAT_VERSIONS = (1,)  # a plan file without "version" is 1
 PLAN_FIELDS = ("format", "version", "algorithm", "schedule", "num_microbatches", "sliced_microbatches", "virtual_chunks",
                "num_stages", "stages", "predicted_iteration_s")
 RESULT_FIELDS = ("cluster", "iteration_time_s", "bottleneck_s", "lower_bound_s", "ratio_to_lower_bound", "planning_time_s",
-                 "peak_memory_bytes", "bubble_fraction", "bubble_fraction_per_device", "objective_s")
-"""What ``orchestrator plan --out`` writes beside the plan (the planner's result and the cluster): read, not used."""
+                 "peak_memory_bytes", "bubble_fraction", "bubble_fraction_per_device", "objective_s", "profile_chain")
+"""What ``orchestrator plan --out`` writes beside the plan (the planner's result and the cluster): read, not used
+here. ``profile_chain`` (a graph.txt profile's node order, when ``pipedream`` chose another than the loader's)
+is used by ``orchestrator simulate`` to chain the profile as the plan was made."""
 STAGE_FIELDS = ("blocks", "devices", "recompute")
 
 

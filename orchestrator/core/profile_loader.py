@@ -26,6 +26,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import networkx as nx
 import numpy as np
@@ -76,7 +77,7 @@ def _parse_stats(text: str, where: str) -> list[float]:
 
 
 @dataclass(frozen=True)
-class _Graph:
+class Graph:
     """The parsed file: per node id, op text and ``[fwd ms, bwd ms, activation B, param B]``."""
 
     ids: list[str]
@@ -94,8 +95,14 @@ def parse_graph_txt(text: str, name: str, source: str = "", max_blocks: int | No
     299x299) RGB fp32 images, else 1. Malformed input raises UserError("<source>:<line>: ...").
     ``max_blocks`` (default: none) caps the chain's length (:func:`~orchestrator.core.coarsen.thin`).
     """
-    g = _read(text, source or name or "<graph>")
-    order, ends, crossing = _chain(g, max_blocks)
+    return chain_profile(read_graph(text, source or name or "<graph>"), name, source, max_blocks)
+
+
+def chain_profile(g: Graph, name: str, source: str = "", max_blocks: int | None = None, chain: Sequence[str] | None = None) -> Profile:
+    """The graph as a chain profile, in the loader's order or in ``chain`` (node ids, a topological
+    order of every node: :func:`node_order` checks it). Another order is another set of prefixes,
+    so other pipeline cuts: :mod:`orchestrator.planners.pipedream_graph` picks one for PipeDream's DP."""
+    order, ends, crossing = _chain(g, max_blocks, None if chain is None else node_order(g, chain))
     data = g.data
     ordered = data[np.asarray(order)]
     starts = [0] + [e + 1 for e in ends[:-1]]
@@ -130,18 +137,35 @@ def parse_graph_txt(text: str, name: str, source: str = "", max_blocks: int | No
     )
 
 
-def block_nodes(text: str, source: str = "", max_blocks: int | None = None) -> list[tuple[str, ...]]:
-    """The node ids of each block of :func:`parse_graph_txt`'s chain, in order.
+def block_nodes(text: str, source: str = "", max_blocks: int | None = None, chain: Sequence[str] | None = None) -> list[tuple[str, ...]]:
+    """The node ids of each block of :func:`parse_graph_txt`'s chain (or of ``chain``'s), in order.
 
     Maps a plan's block ranges back to the graph's nodes (what PipeDream writes as ``stage_id``).
     """
-    g = _read(text, source or "<graph>")
-    order, ends, _ = _chain(g, max_blocks)
+    g = read_graph(text, source or "<graph>")
+    order, ends, _ = _chain(g, max_blocks, None if chain is None else node_order(g, chain))
     starts = [0] + [e + 1 for e in ends[:-1]]
     return [tuple(g.ids[v] for v in order[a : b + 1]) for a, b in zip(starts, ends)]
 
 
-def _read(text: str, origin: str) -> _Graph:
+def node_order(g: Graph, chain: Sequence[str]) -> list[int]:
+    """``chain``'s node ids as indices, checked: every node once, each after all it reads."""
+    index = {v: i for i, v in enumerate(g.ids)}
+    unknown = [v for v in chain if v not in index]
+    if unknown:
+        raise UserError(f"chain names node {unknown[0]!r}, which the graph does not have")
+    order = [index[v] for v in chain]
+    if len(set(order)) != len(order) or len(order) != len(g.ids):
+        raise UserError(f"chain must name each of the graph's {len(g.ids)} nodes once, got {len(order)} names ({len(set(order))} distinct)")
+    pos = np.empty(len(order), dtype=np.int64)
+    pos[np.asarray(order)] = np.arange(len(order))
+    for u, v in g.graph.edges():
+        if pos[u] > pos[v]:
+            raise UserError(f"chain puts node {g.ids[v]!r} before {g.ids[u]!r}, which it reads")
+    return order
+
+
+def read_graph(text: str, origin: str) -> Graph:
     ids: list[str] = []
     ops: list[str] = []
     stats: list[list[float]] = []
@@ -194,7 +218,7 @@ def _read(text: str, origin: str) -> _Graph:
         first = min(edge_line[(int(u), int(v))] for u, v in cycle)
         path = " -> ".join(ids[int(u)] for u, _ in cycle) + f" -> {ids[int(cycle[0][0])]}"
         raise UserError(f"{origin}:{first}: edges form a cycle ({path})")
-    return _Graph(ids, ops, data, is_input, graph)
+    return Graph(ids, ops, data, is_input, graph)
 
 
 def _microbatch_size(source: str, input_bytes: float) -> int:
@@ -208,7 +232,7 @@ def _microbatch_size(source: str, input_bytes: float) -> int:
     return 1
 
 
-def _order(g: _Graph) -> list[int]:
+def default_order(g: Graph) -> list[int]:
     """A topological order with gradient-free side nodes first, then by the ids' numbering.
 
     Side inputs first keeps them out of the trunk's run of nodes; numbering keeps each branch
@@ -227,8 +251,9 @@ def _order(g: _Graph) -> list[int]:
     return list(nx.lexicographical_topological_sort(graph, key=key))
 
 
-def _chain(g: _Graph, max_blocks: int | None) -> tuple[list[int], list[int], np.ndarray]:
-    """(order, last position of each block, bytes crossing a cut after each position).
+def _chain(g: Graph, max_blocks: int | None, order: list[int] | None = None) -> tuple[list[int], list[int], np.ndarray]:
+    """(order, last position of each block, bytes crossing a cut after each position), in
+    :func:`default_order` unless ``order`` is given.
 
     One block per node with backward work or parameters. Between two such nodes lie only nodes
     without either (``__getitem__``, ``Add``, ``Concat``, reshapes), so every position between
@@ -237,7 +262,7 @@ def _chain(g: _Graph, max_blocks: int | None) -> tuple[list[int], list[int], np.
     """
     if max_blocks is not None and max_blocks < 1:
         raise UserError(f"max_blocks must be >= 1, got {max_blocks}")
-    order = _order(g)
+    order = default_order(g) if order is None else order
     n = len(order)
     pos = np.empty(n, dtype=np.int64)
     pos[np.asarray(order)] = np.arange(n)
@@ -262,10 +287,26 @@ def _chain(g: _Graph, max_blocks: int | None) -> tuple[list[int], list[int], np.
     return order, ends + [n - 1], crossing
 
 
-def load_profile(path: str | os.PathLike[str]) -> Profile:
-    """Load a profile from our JSON or a PipeDream/DAPPLE ``graph.txt``, by content."""
+def load_profile(path: str | os.PathLike[str], chain: Sequence[str] | None = None) -> Profile:
+    """Load a profile from our JSON or a PipeDream/DAPPLE ``graph.txt``, by content; ``chain``: a
+    graph's node ids in the order to chain them (a plan made on another order names it)."""
     p = Path(path)
     text = read_text(p, "profile")
     if text.lstrip().startswith("{"):
+        if chain is not None:
+            raise UserError(f"profile {p} is a chain already: only a graph.txt profile can be chained in another order")
         return Profile.from_dict(parse_json(text, p, "profile"), origin=f"profile {p}")
-    return parse_graph_txt(text, name=p.parent.name if p.name == "graph.txt" else p.stem, source=str(p))
+    return chain_profile(read_graph(text, str(p)), graph_name(p), str(p), chain=chain)
+
+
+def load_graph(path: str | os.PathLike[str]) -> Graph | None:
+    """A graph.txt profile's graph (to chain in an order of the caller's choosing), None for our JSON."""
+    p = Path(path)
+    text = read_text(p, "profile")
+    return None if text.lstrip().startswith("{") else read_graph(text, str(p))
+
+
+def graph_name(path: str | os.PathLike[str]) -> str:
+    """A graph.txt profile's name: its folder's (PipeDream's layout), else the file's stem."""
+    p = Path(path)
+    return p.parent.name if p.name == "graph.txt" else p.stem

@@ -122,36 +122,41 @@ def _plan(profile: Profile, cluster: Cluster, options: PlannerOptions, memory: t
     if options.max_stages is not None and options.max_stages < min(cluster.size, L):
         # Every flat stage takes a block and a device, so only a smaller cap can bind.
         return _plan_capped(profile, cluster, options, options.max_stages, memory)
-    levels = hierarchy(cluster)
     compute, params, cut = _ranges(profile, memory)
-    straight = options.straight
+    stages, objective = solve_tables(compute, params, cut, cluster, options.straight)
+    return _finish([Stage(first, last + 1, devs) for first, last, devs in stages], options, objective)
+
+
+def solve_tables(compute: np.ndarray, params: np.ndarray, cut: np.ndarray, cluster: Cluster, straight: bool) -> tuple[list[tuple[int, int, tuple[int, ...]]], float]:
+    """The DP on range tables (``compute``/``params`` [L, L] over ranges i..j, INF where impossible;
+    ``cut[k]`` the bytes crossing after k): flat stages (first, last inclusive, devices) and the
+    objective. The indices need not be a chain's blocks: :mod:`orchestrator.planners.pipedream_graph`
+    passes a graph's down-sets, with INF where one does not contain the other."""
+    L = compute.shape[0]
+    levels = hierarchy(cluster)
     node_groups = list(cluster.nodes().values())
     if len(levels) == 1:
         table = solve_level(compute, params, cut, levels[0], straight, all_starts=False)
-        stages = unwind(table, 0, L - 1, levels[0].units)
         order = [d for g in node_groups for d in g]
-        flat: list[Stage] = []
+        flat: list[tuple[int, int, tuple[int, ...]]] = []
         pos = 0
-        for first, last, m in stages:
-            flat.append(Stage(first, last + 1, tuple(order[pos : pos + m])))
+        for first, last, m in unwind(table, 0, L - 1, levels[0].units):
+            flat.append((first, last, tuple(order[pos : pos + m])))
             pos += m
-        return _finish(flat, options, float(table.best[0, L - 1, levels[0].units - 1]))
+        return flat, float(table.best[0, L - 1, levels[0].units - 1])
     inner, outer = levels
     t1 = solve_level(compute, params, cut, inner, straight, all_starts=True)
     unit_best = t1.best[:, :, inner.units - 1]
     t2 = solve_level(unit_best, params, cut, outer, straight, all_starts=False)
-    top = unwind(t2, 0, L - 1, outer.units)
     flat = []
     server = 0
-    for first, last, servers in top:
-        sub = unwind(t1, first, last, inner.units)
+    for first, last, servers in unwind(t2, 0, L - 1, outer.units):
         gpu = 0
-        for sfirst, slast, gpus in sub:
-            devs = tuple(node_groups[server + s][gpu + g] for s in range(servers) for g in range(gpus))
-            flat.append(Stage(sfirst, slast + 1, devs))
+        for sfirst, slast, gpus in unwind(t1, first, last, inner.units):
+            flat.append((sfirst, slast, tuple(node_groups[server + s][gpu + g] for s in range(servers) for g in range(gpus))))
             gpu += gpus
         server += servers
-    return _finish(flat, options, float(t2.best[0, L - 1, outer.units - 1]))
+    return flat, float(t2.best[0, L - 1, outer.units - 1])
 
 
 # ----------------------------------------------------------------------------------------------
