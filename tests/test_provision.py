@@ -194,22 +194,18 @@ def test_orchestrator_run_on_ray_up_fails_over_and_tears_down_each_offer(ray_stu
 def test_a_port_taken_after_it_was_chosen_is_chosen_again(monkeypatch: pytest.MonkeyPatch) -> None:
     """Free ports are chosen before Ray binds them; another Ray instance starting beside can take one in between
     (`ray start` then exits: "make sure the same port is not used by multiple components"). The start is retried
-    with fresh ports instead of the offer being reported unprovisionable."""
-    import socket
-
+    with fresh ports instead of the offer being reported unprovisionable. The first try here is given one port for
+    two components, which Ray refuses with that message at once (a port held by another process makes Ray wait
+    for its GCS first: the same retry, 40 s later)."""
     from orchestrator.supervise import local
 
-    taken = socket.socket()
-    taken.bind(("127.0.0.1", 0))
-    taken.listen()
-    busy = taken.getsockname()[1]
     real = local.free_port
+    dup = real()
     calls = iter(range(1000))
-    monkeypatch.setattr(local, "free_port", lambda: busy if next(calls) == 0 else real())  # the GCS port of the first try
+    monkeypatch.setattr(local, "free_port", lambda: dup if next(calls) < 2 else real())  # GCS and node manager
     prov = LocalProvisioner(cpus=1)
     handle = prov.provision("local/a/cpu-1 (spot)", "t-port")
     try:
-        assert prov.alive(handle) and not handle.gcs_address.endswith(f":{busy}")
+        assert prov.alive(handle) and not handle.gcs_address.endswith(f":{dup}")
     finally:
         prov.teardown(handle)
-        taken.close()
