@@ -1,6 +1,6 @@
 """``auto`` against the exhaustive optimum of its own simulator on slices of the shared profiles.
 
-    python benchmarks/planner_oracle.py [--set small|large] [--instances N] [--reference PATH] [--out FILE] [--json]
+    python benchmarks/planner_oracle.py [--set small|large|x8|memory] [--instances N] [--memory-gib G] [--reference PATH] [--out FILE] [--json]
 
 Two committed instance sets (``--set``):
 
@@ -12,6 +12,19 @@ Two committed instance sets (``--set``):
 * ``x8`` (issue 28, 6 instances): 10 blocks on 8 devices (plans of up to 8 stages): one server of 8
   identical GPUs at 25 Gb/s (M = 8, 4), two servers × 4 at 100/5 Gb/s (M = 4, 2), and the same
   with the second server half as fast (M = 4, 2).
+
+* ``memory`` (issue 28, item 2, 3 instances; needs no ``../shared``): 8–12-block slices of the committed
+  OPT-30B-like profile (``benchmarks/profiles/opt30-like-100.json``) on two servers × 2 GPUs at 100/5 Gb/s,
+  M = 8, each GPU holding 0.6× a balanced share of the whole model's need (weights and optimizer state ×4,
+  every micro-batch's stash), the stash 4× the profile's (which records only each block's output; a layer
+  keeps several such tensors for its backward): the setting where literature planners answer "no
+  candidate plan fits device memory" while a sliced 1F1B plan fits (here pipedream, dapple and 2bw
+  refuse the first instance, autopipe and 2bw the second). About 4 min of oracle.
+
+``--memory-gib G`` gives every device G GiB instead. Where that is below any plan's need, ``auto``
+refuses with one line naming the least GiB per GPU it would need; the script prints that line and
+exits 2 (after checking that the oracle finds nothing that fits either, and that the GiB named is enough:
+``auto`` plans with it).
 
 ``small`` uses the plain oracle (every plan simulated). ``large`` and ``x8`` use
 ``optimum_by_classes`` (tests/oracle.py): one structure per device-class pattern, timed in order
@@ -40,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import time
@@ -94,6 +108,17 @@ def x8_instances(count: int) -> list[dict[str, Any]]:
              "start_frac": float(rng.uniform(0, 1)), "net": kinds[i % len(kinds)]} for i in range(count)]
 
 
+MEMORY_PROFILE = ROOT / "benchmarks" / "profiles" / "opt30-like-100.json"
+"""The ``memory`` set's profile (committed: the set runs without ``../shared``)."""
+
+
+def memory_instances(count: int) -> list[dict[str, Any]]:
+    """The ``memory`` set (see the module docstring)."""
+    cuts = ((10, 0.1), (12, 0.5), (8, 0.9))  # blocks, where the slice starts
+    return [{"path": str(MEMORY_PROFILE), "L": L, "n": 4, "M": 8, "seed": 4000 + i, "start_frac": f, "net": "two-level", "share": 0.6, "stash_scale": 4.0}
+            for i, (L, f) in enumerate(cuts[:count])]
+
+
 def build(inst: dict[str, Any]) -> tuple[Any, Any, int]:
     import numpy as np
 
@@ -104,7 +129,8 @@ def build(inst: dict[str, Any]) -> tuple[Any, Any, int]:
     full = load_profile(inst["path"])
     L = min(inst["L"], full.num_blocks)
     start = int(inst["start_frac"] * (full.num_blocks - L))
-    blocks = tuple(Block(b.name, b.forward_s, b.backward_s, b.activation_bytes, b.param_bytes, b.stash_bytes) for b in full.blocks[start : start + L])
+    scale = float(inst.get("stash_scale", 1.0))
+    blocks = tuple(Block(b.name, b.forward_s, b.backward_s, b.activation_bytes, b.param_bytes, b.stash_bytes * scale) for b in full.blocks[start : start + L])
     prof = Profile(f"{Path(inst['path']).parent.name}/{Path(inst['path']).stem}[{start}:{start + L}]", blocks, input_bytes=full.boundary_bytes(start))
     rng = np.random.default_rng(inst["seed"])
     n, M = inst["n"], inst["M"]
@@ -113,6 +139,10 @@ def build(inst: dict[str, Any]) -> tuple[Any, Any, int]:
     np.fill_diagonal(bw, 0.0)
     whole = prof.total_param_bytes * 4.0 + M * prof.stash_bytes(0, prof.num_blocks)
     memory = whole * float(rng.uniform(0.35, 1.2))
+    if "share" in inst:  # a fraction of the balanced share of the whole model's need
+        memory = whole / n * inst["share"]
+    if inst.get("memory_gib") is not None:
+        memory = inst["memory_gib"] * 2**30
     speeds = rng.uniform(0.5, 1.5, size=n)
     latency = float(rng.choice([0.0, 1e-3]))
     net = inst.get("net", "random")
@@ -149,14 +179,15 @@ def run_auto(insts: list[dict[str, Any]]) -> list[dict[str, Any]]:
             r = run_planner("auto", prof, cl, PlannerOptions(num_microbatches=M, state_factor=4.0))
             out.append({"t": r.iteration_time_s, "plan": r.plan.describe(), "label": r.plan.algorithm, "s": time.perf_counter() - t})
         except UserError as exc:
-            out.append({"t": None, "plan": str(exc)[:80], "label": "", "s": time.perf_counter() - t})
+            out.append({"t": None, "plan": str(exc)[:80], "label": "", "s": time.perf_counter() - t, "refusal": str(exc)})
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--set", choices=("small", "large", "x8"), default="small", help="which committed instance set (see the docstring)")
-    ap.add_argument("--instances", type=int, help="the first N of the set (default: all of it: small 60, large 12, x8 6)")
+    ap.add_argument("--set", choices=("small", "large", "x8", "memory"), default="small", help="which committed instance set (see the docstring)")
+    ap.add_argument("--instances", type=int, help="the first N of the set (default: all of it: small 60, large 12, x8 6, memory 3)")
+    ap.add_argument("--memory-gib", type=float, help="every device's memory in GiB (default: the set's own)")
     ap.add_argument("--reference")
     ap.add_argument("--out")
     ap.add_argument("--json", action="store_true", help="print one JSON summary line last")
@@ -167,7 +198,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:  # run that checkout's auto on the instances in the JSON file
         print(json.dumps(run_auto(json.loads(Path(args.child).read_text()))))
         return 0
-    if not (SHARED / "profiles").exists():
+    if args.memory_gib is not None and not (0 < args.memory_gib <= 1e6):
+        print(f"error: --memory-gib must be in (0, 1e6], got {args.memory_gib}", file=sys.stderr)
+        return 2
+    if args.set != "memory" and not (SHARED / "profiles").exists():
         print(f"benchmarks/planner_oracle.py: {SHARED} not found; nothing to benchmark")
         return 0
     sys.path.insert(0, str(ROOT / "tests"))
@@ -176,8 +210,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.set == "small":
         insts = instances(args.instances or 60)
     else:
-        insts = large_instances(args.instances or 12) if args.set == "large" else x8_instances(args.instances or 6)
+        sets = {"large": (large_instances, 12), "x8": (x8_instances, 6), "memory": (memory_instances, 3)}
+        make, default = sets[args.set]
+        insts = make(args.instances or default)
         optimum = optimum_by_classes  # noqa: F811  (every plan up to 4 stages or 8 devices, timed in bound order)
+    if args.memory_gib is not None:
+        insts = [dict(inst, memory_gib=args.memory_gib) for inst in insts]
     ours = run_auto(insts)
     ref: list[dict[str, Any]] | None = None
     if args.reference:
@@ -213,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         print(rows[-1], flush=True)
     import numpy as np
 
-    fin = [x for x in ratios if x == x]
+    fin = [x for x in ratios if x == x] or [1.0]
     bf = [x for x in before if x == x]
     summary = [
         "",
@@ -233,6 +271,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps({"instances": len(insts), "optimal": equal, "nothing_fits": none, "worst_ratio": worst, "false_refusals": false_refusals,
                           "gap_limit": GAP, "ok": ok}))
+    if ok and args.memory_gib is not None and none:
+        # memory below any plan's need: auto's one line, once its GiB is shown to be enough
+        k = min(nothing)
+        line = ours[k]["refusal"]
+        found = re.search(r"needs is ([0-9.]+) GiB per GPU", line)
+        enough = found is not None and run_auto([dict(insts[k], memory_gib=float(found.group(1)))])[0]["t"] is not None
+        print(line if enough else f"{line} (but auto does not plan with that memory either)", file=sys.stderr)
+        return 2 if enough else 1
     return 0 if ok else 1
 
 
