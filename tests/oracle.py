@@ -87,11 +87,12 @@ def optimum(profile: Profile, cluster: Cluster, M: int, state_factor: float, max
 
 
 def busiest_group(stages: tuple[Stage, ...], profile: Profile, cluster: Cluster, M: int) -> float:
-    """Seconds of compute the busiest device group of ``stages`` does per iteration, at best."""
+    """Seconds of compute the busiest device group's slowest device does per iteration (each replica
+    computes an equal share of the rows at its own speed)."""
     speeds = cluster.speeds
     per: dict[tuple[int, ...], float] = {}
     for s in stages:
-        per[s.devices] = per.get(s.devices, 0.0) + M * profile.compute_time(s.first, s.last) / (len(s.devices) * float(speeds[list(s.devices)].max()))
+        per[s.devices] = per.get(s.devices, 0.0) + M * profile.compute_time(s.first, s.last) / (len(s.devices) * float(speeds[list(s.devices)].min()))
     return max(per.values())
 
 

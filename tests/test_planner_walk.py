@@ -106,3 +106,37 @@ def test_device_classes() -> None:
     np.fill_diagonal(bw2, 0.0)
     linked = Cluster(tuple(Device(i, "n0", 1.0, 1e9) for i in range(4)), bw2)
     assert exhaustive.device_classes(linked) == [(0,), (1, 2, 3)]
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_the_rest_bound_never_exceeds_a_simulated_plan(seed: int) -> None:
+    """``auto``'s bound for the blocks a partial structure has not placed (their work at the free
+    devices' summed speed) is below the simulated time of every plan completing it, schedule and
+    slicing included: dropping a partial structure by it loses nothing."""
+    from orchestrator.core.plan import ScheduleKind
+    from orchestrator.costmodel.simulator import SimOptions, simulate
+    from orchestrator.planners.auto import _RestCost
+    from orchestrator.planners.options import PlannerOptions
+    from tests.helpers import random_profile
+    from tests.oracle import plan_space
+
+    rng = np.random.default_rng(seed)
+    n, M = 4, 2
+    bw = rng.uniform(2, 50, size=(n, n)) * GBPS
+    bw = (bw + bw.T) / 2
+    np.fill_diagonal(bw, 0.0)
+    cluster = Cluster(tuple(Device(i, f"n{i}", float(rng.uniform(0.5, 1.5)), 1e12) for i in range(n)), bw)
+    profile = random_profile(4, seed)
+    rest = _RestCost(profile, cluster, PlannerOptions(num_microbatches=M))
+    checked = 0
+    for plan in plan_space(profile, cluster, M):
+        if plan.schedule is ScheduleKind.INTERLEAVED:
+            continue
+        t = simulate(plan, profile, cluster, SimOptions()).iteration_s
+        used: set[int] = set()
+        for stage in plan.stages:
+            free = tuple(d for d in range(n) if d not in used)
+            assert rest(stage.first, free) <= t * (1 + 1e-9), plan.describe()
+            used.update(stage.devices)
+        checked += 1
+    assert checked > 500

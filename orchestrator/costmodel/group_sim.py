@@ -363,8 +363,9 @@ def plan_lower_bound(plan: Plan, profile: Profile, cluster: Cluster) -> float:
 
 def work_bound(stages: Sequence[Stage], profile: Profile, cluster: Cluster, total: float) -> float:
     """The cheapest true lower bound of every schedule and slicing variant of ``stages``: per
-    device group, its compute for ``total`` micro-batches at its fastest replica plus its
-    all-reduces (no messages, so no pair costs: a few operations per group)."""
+    device group, the busy time of its slowest replica (every replica computes an equal share of
+    the rows at its own speed) for ``total`` micro-batches plus its all-reduces (no messages, so
+    no pair costs: a few operations per group)."""
     speeds = cluster.speeds
     per_group: dict[tuple[int, ...], float] = {}
     for s in stages:
@@ -374,7 +375,7 @@ def work_bound(stages: Sequence[Stage], profile: Profile, cluster: Cluster, tota
 
 def stage_work(profile: Profile, cluster: Cluster, speeds: np.ndarray, first: int, last: int, devices: tuple[int, ...], total: float) -> float:
     """One stage's share of :func:`work_bound`: blocks [first, last) for ``total`` micro-batches at the
-    fastest of ``devices`` (``speeds``: ``cluster.speeds``, passed in because it is built per call),
-    rows split over them, plus their all-reduce of the stage's gradients."""
-    return (compute_time(profile.compute_time(first, last) * total, float(speeds[list(devices)].max()), len(devices))
+    slowest of ``devices`` (``speeds``: ``cluster.speeds``, passed in because it is built per call),
+    rows split evenly over them, plus their all-reduce of the stage's gradients."""
+    return (compute_time(profile.compute_time(first, last) * total, float(speeds[list(devices)].min()), len(devices))
             + group_all_reduce(cluster, devices, profile.param_bytes(first, last)))

@@ -142,6 +142,21 @@ class _StageCost:
         return got
 
 
+class _RestCost:
+    """A lower bound for the blocks a partial structure has not placed yet, on the devices it left
+    free: their work for every micro-batch at the free devices' summed speed. A device group's slowest
+    replica is busy at least its share at its own speed (:func:`stage_work`), and the groups' shares
+    add up to the work, so the busiest group is busy at least this long."""
+
+    def __init__(self, profile: Profile, cluster: Cluster, options: PlannerOptions) -> None:
+        self.tail = profile.prefix("forward_s") + profile.prefix("backward_s")
+        self.work = (self.tail[-1] - self.tail) * options.num_microbatches
+        self.speeds = cluster.speeds
+
+    def __call__(self, first: int, free: tuple[int, ...]) -> float:
+        return float(self.work[first]) / float(self.speeds[list(free)].sum())
+
+
 class _Cuts:
     """Balanced cuts (min-max of forward + backward) per part count, shared by every structure."""
 
@@ -317,14 +332,14 @@ def plan_auto(profile: Profile, cluster: Cluster, options: PlannerOptions) -> Pl
     walk: Callable[[float], bool] | None = None
     classes = exhaustive.device_classes(cluster) if n <= FULL_SEARCH_DEVICES else []
     if classes and exhaustive.space_size(L, classes, max_stages, options.straight, interleave) <= WALK_STRUCTURES:
-        cost = _StageCost(profile, cluster, options)
+        cost, rest = _StageCost(profile, cluster, options), _RestCost(profile, cluster, options)
 
         def walk(below: float) -> bool:
             """Push every structure whose bound is under ``below``; False if the budget ran out first
             (with nothing timed yet that fits, no bound prunes: the budget is ``EXACT_STRUCTURES``)."""
             try:
                 budget = WALK_BUDGET if below < INF else EXACT_STRUCTURES
-                for stages in exhaustive.structures(L, classes, max_stages, options.straight, interleave, cost, below, budget):
+                for stages in exhaustive.structures(L, classes, max_stages, options.straight, interleave, cost, below, budget, rest):
                     p = len({s.devices for s in stages})
                     if p == len(stages) or _interleavable(M, p):
                         push("exhaustive", stages, None)
@@ -430,14 +445,21 @@ def _branch_and_bound(heap: list[_Item], profile: Profile, cluster: Cluster, opt
     # Above RESOLVE_DEVICES a full simulation costs seconds: candidates compete by their upper
     # bounds (the group mode's time, never below the simulator's), the winner among them.
     win = min(alive, key=lambda c: (c.hi, c.rank))
-    while cluster.size <= RESOLVE_DEVICES:
-        win = min(alive, key=lambda c: (c.hi, c.rank))
-        pending = [c for c in alive if c is not win and not c.exact and c.lo < win.hi]
-        if not pending:
-            break
-        c = min(pending, key=lambda c: (c.lo, c.rank))
-        if not simulate_exact(c):
-            alive.remove(c)
+    if cluster.size <= RESOLVE_DEVICES:
+        # Contenders in order of their lower bounds: an exact time only lowers the bar (win.hi), so
+        # once one contender's bound reaches it, every later one's does too (one pass, not one
+        # scan of every candidate per simulation: a walk leaves 10^5 of them).
+        for c in sorted((c for c in alive if not c.exact), key=lambda c: (c.lo, c.rank)):
+            if c is win or c.exact:  # exact already: a replaced winner, timed below (its lo is not its sort key now)
+                continue
+            if c.lo >= win.hi:
+                break
+            if not simulate_exact(c) or (c.hi, c.rank) >= (win.hi, win.rank):
+                continue
+            old, win = win, c
+            # the winner it replaces, if it was timed by the group mode only, is now a contender too
+            if not old.exact and old.lo < win.hi and simulate_exact(old) and (old.hi, old.rank) < (win.hi, win.rank):
+                win = old
     return replace(win.plan, algorithm=f"auto:{win.label}", objective_s=win.hi)
 
 

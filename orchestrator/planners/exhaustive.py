@@ -20,6 +20,9 @@ up to 8 stages listed naively):
   device group's compute and all-reduces: ``group_sim.work_bound``'s terms) already reaches the
   best time ``auto`` has found is dropped with everything below it. ``auto``'s best-first search
   would never expand such a structure, so dropping it early changes nothing but the time spent.
+  With ``rest``, a partial structure is also dropped when the blocks still to place cannot be done
+  in time by the devices still free (``auto``: their work at the free devices' summed speed), which
+  is what makes clusters of all-different devices (no symmetry) walkable.
 
 :func:`space_size` counts the listed space (without bounds) so ``auto`` knows what it takes on.
 """
@@ -38,6 +41,8 @@ from orchestrator.core.plan import Stage
 MAX_VIRTUAL_STAGES = 4
 Structure = tuple[Stage, ...]
 StageCost = Callable[[int, int, tuple[int, ...]], float]
+RestCost = Callable[[int, tuple[int, ...]], float]
+"""A lower bound for blocks ``[b, L)`` on (a subset of) the given free devices."""
 """A stage's share of its device group's lower bound: (first block, end block, devices) -> seconds."""
 INF = float("inf")
 
@@ -131,10 +136,12 @@ def _takes(rem: Sequence[int], straight: bool) -> Iterator[tuple[int, ...]]:
 
 
 def structures(num_blocks: int, classes: Sequence[Sequence[int]], max_stages: int, straight: bool, interleave: bool,
-               cost: StageCost | None = None, below: float = INF, budget: int | None = None) -> Iterator[Structure]:
+               cost: StageCost | None = None, below: float = INF, budget: int | None = None, rest: RestCost | None = None) -> Iterator[Structure]:
     """Every straight structure with up to ``max_stages`` stages, then the interleaved ones, one per
     class-count pattern; with ``cost``, only those whose every device group costs less than
-    ``below`` (raises :class:`Budget` after ``budget`` partial structures)."""
+    ``below`` (raises :class:`Budget` after ``budget`` partial structures), and with ``rest`` too,
+    only straight partial structures whose unplaced blocks cost less than ``below`` on the free
+    devices."""
     L = num_blocks
     sizes = tuple(len(c) for c in classes)
     n = sum(sizes)
@@ -152,6 +159,18 @@ def structures(num_blocks: int, classes: Sequence[Sequence[int]], max_stages: in
         got = made.get(key)
         if got is None:
             got = made[key] = Stage(a, b, devs)
+        return got
+
+    rest_cache: dict[tuple[int, tuple[int, ...]], bool] = {}
+
+    def rest_ok(b: int, off: tuple[int, ...]) -> bool:
+        if rest is None:
+            return True
+        key = (b, off)
+        got = rest_cache.get(key)
+        if got is None:
+            free = tuple(d for j, c in enumerate(classes) for d in c[off[j]:])
+            got = rest_cache[key] = bool(free) and keep(rest(b, free))
         return got
 
     def tick() -> None:
@@ -172,7 +191,7 @@ def structures(num_blocks: int, classes: Sequence[Sequence[int]], max_stages: in
                 stage = stage_of(a, b, devs)
                 if last:
                     yield (*done, stage)
-                else:
+                elif rest_ok(b, nxt):
                     yield from straight_from(k, s + 1, b, nxt, (*done, stage))
 
     def groups_from(p: int, off: tuple[int, ...], done: tuple[tuple[int, ...], ...]) -> Iterator[tuple[tuple[int, ...], ...]]:
