@@ -272,8 +272,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"instances": len(insts), "optimal": equal, "nothing_fits": none, "worst_ratio": worst, "false_refusals": false_refusals,
                           "gap_limit": GAP, "ok": ok}))
     if ok and args.memory_gib is not None and none:
-        # memory below any plan's need: auto's one line, once its GiB is shown to be enough
-        k = min(nothing)
+        # memory below any plan's need: auto's one line, once its GiB is shown to be enough (an instance
+        # where auto still plans by recomputing, which the oracle's space lacks, is not one of these)
+        k = min(k for k in nothing if ours[k]["t"] is None)
         line = ours[k]["refusal"]
         found = re.search(r"needs is ([0-9.]+) GiB per GPU", line)
         enough = found is not None and run_auto([dict(insts[k], memory_gib=float(found.group(1)))])[0]["t"] is not None

@@ -42,6 +42,7 @@ seconds there); the final plan is still simulated in full by ``run_planner``.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -287,7 +288,8 @@ class _Need:
         have = float(self.cluster.memories.min()) / 2**30
         if self.plan is None:
             return f"no candidate was timed (devices have {have:.2f} GiB)"
-        return f"the least memory any candidate plan needs is {self.best / 2**30:.2f} GiB per GPU (devices have {have:.2f} GiB)"
+        need = math.ceil(self.best / 2**30 * 100 - 1e-9) / 100  # rounded up: the figure named must be enough
+        return f"the least memory any candidate plan needs is {need:.2f} GiB per GPU (devices have {have:.2f} GiB)"
 
 
 def _seed_plans(profile: Profile, cluster: Cluster, options: PlannerOptions, names: list[str], failures: list[str]) -> list[tuple[str, Plan]]:
