@@ -435,7 +435,7 @@ def compare(models: tuple[str, ...], ref_timeout: float) -> tuple[list[str], boo
     """The rows of ``--compare`` (markdown) and whether ours ≤ published on every one."""
     from benchmarks.planners import in_process, profiles
     from orchestrator.core.cluster import GBPS, flat, two_level
-    from orchestrator.core.profile_loader import read_graph
+    from orchestrator.core.profile_loader import load_source
     from orchestrator.planners.base import PlannerOptions, run_planner
     from orchestrator.planners.pipedream import bottleneck
     from orchestrator.planners.pipedream_graph import pipedream_chain
@@ -451,7 +451,7 @@ def compare(models: tuple[str, ...], ref_timeout: float) -> tuple[list[str], boo
             ok_all = False
             continue
         path = graphs[name]
-        graph = read_graph(Path(path).read_text(), str(path))
+        base, graph = load_source(path)
         cases: list[tuple[str, Any, list[tuple[int, float]], float | None]] = [
             (f"flat {w} × {g:.0f} Gb/s", flat(w, g), [(w, g * GBPS)], g * GBPS) for w, g in FLAT]
         cases += [(f"{sv} × {gp} GPUs, {i:.0f}/{e:.0f} Gb/s", two_level(sv, gp, i, e), [(gp, i * GBPS), (sv, e * GBPS)], None)
@@ -461,7 +461,7 @@ def compare(models: tuple[str, ...], ref_timeout: float) -> tuple[list[str], boo
             if len(levels) > 1 and states > TWO_LEVEL_MAX_STATES:
                 continue
             started = time.perf_counter()
-            prof, chain = pipedream_chain(graph, name, str(path), cluster, opts)
+            prof, chain = pipedream_chain(graph, base, cluster, opts) if graph is not None else (base, None)
             res = run_planner("pipedream", prof, cluster, opts)
             ours_s = time.perf_counter() - started
             ours = float(res.objective_s or 0.0)

@@ -63,7 +63,7 @@ def test_downsets_are_every_downward_closed_set_smaller_first() -> None:
 def test_fork_is_cut_at_the_downset_program_order_lacks(cluster) -> None:  # type: ignore[no-untyped-def]
     g = read_graph(FORK, "fork")
     base = plan_pipedream(chain_profile(g, "fork"), cluster, OPTS)
-    profile, chain = pipedream_chain(g, "fork", "", cluster, OPTS)
+    profile, chain = pipedream_chain(g, chain_profile(g, "fork"), cluster, OPTS)
     assert chain is not None and chain.index("n4") < chain.index("n3")
     plan = plan_pipedream(profile, cluster, OPTS)
     assert plan.objective_s is not None and base.objective_s is not None
@@ -81,7 +81,7 @@ def test_downset_dp_equals_the_best_chain_over_every_topological_order(seed: int
         assert order is not None
         on_it = plan_pipedream(chain_profile(g, "dag", chain=[g.ids[v] for v in order]), cluster, OPTS).objective_s
         assert on_it == pytest.approx(best, rel=1e-12)
-        profile, _ = pipedream_chain(g, "dag", "", cluster, OPTS)
+        profile, _ = pipedream_chain(g, chain_profile(g, "dag"), cluster, OPTS)
         assert plan_pipedream(profile, cluster, OPTS).objective_s == pytest.approx(best, rel=1e-12)
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from benchmarks import pipedream_reference as ref
 from orchestrator.core.cluster import GBPS, flat, two_level
-from orchestrator.core.profile_loader import load_profile, read_graph
+from orchestrator.core.profile_loader import load_source
 from orchestrator.planners.base import PlannerOptions, run_planner
 from orchestrator.planners.pipedream import bottleneck
 from orchestrator.planners.pipedream_graph import pipedream_chain
@@ -44,10 +44,12 @@ def test_replicated_pipedream_equals_or_beats_published_optimizer(name: str, sha
         cluster, levels = two_level(shape[0], shape[1], 100, 10), [(shape[1], 100 * GBPS), (shape[0], 10 * GBPS)]
     published, _, ends = ref.solve_graph_stages(path, levels, straight=False)
     opts = PlannerOptions(num_microbatches=1, check_memory=False)
-    profile, chain = pipedream_chain(read_graph(path.read_text(), str(path)), name, str(path), cluster, opts)
+    base, graph = load_source(path)
+    assert graph is not None
+    profile, chain = pipedream_chain(graph, base, cluster, opts)
     assert (chain is not None) == (name == "resnet18")  # the one case here the loader's order lacks a cut of
     if chain is not None:
-        assert ref.outside_chain(load_profile(path), ends) and not ref.outside_chain(profile, ends)
+        assert ref.outside_chain(base, ends) and not ref.outside_chain(profile, ends)
     res = run_planner("pipedream", profile, cluster, opts)
     assert res.objective_s is not None
     # on our own chain the published DP finds nothing better (flat: the same value)

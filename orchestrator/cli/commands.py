@@ -132,7 +132,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from orchestrator.core.plan import ScheduleKind
     from orchestrator.planners.base import PlannerOptions, run_planner
     from orchestrator.core.files import check_outputs, json_output, write_outputs
-    from orchestrator.core.profile_loader import chain_profile, graph_name, load_graph, load_profile
+    from orchestrator.core.profile_loader import load_source
     from orchestrator.planners.base import get_planner
 
     check_outputs([(args.out, "plan"), (args.trace, "trace"), (args.png, "figure")])
@@ -140,8 +140,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.max_stages is not None and args.max_stages < 1:
         raise UserError(f"--max-stages must be >= 1, got {args.max_stages}")
     spec = get_planner(args.algorithm)
-    graph = load_graph(args.profile)
-    profile = chain_profile(graph, graph_name(args.profile), str(args.profile)) if graph is not None else load_profile(args.profile)
+    profile, graph = load_source(args.profile)
     cluster = build_cluster(args)
     # the planners simulate plans of up to min(devices, blocks) stages (x chunks when interleaving)
     stages = min(cluster.size, profile.num_blocks) if not args.interleave else profile.num_blocks
@@ -160,7 +159,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         from orchestrator.planners.pipedream_graph import pipedream_chain
 
         started = time.perf_counter()
-        profile, chain = pipedream_chain(graph, profile.name, profile.source, cluster, options)
+        profile, chain = pipedream_chain(graph, profile, cluster, options)
         chain_s = time.perf_counter() - started
     result = run_planner(args.algorithm, profile, cluster, options)
     if chain_s:

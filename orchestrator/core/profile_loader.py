@@ -290,20 +290,20 @@ def _chain(g: Graph, max_blocks: int | None, order: list[int] | None = None) -> 
 def load_profile(path: str | os.PathLike[str], chain: Sequence[str] | None = None) -> Profile:
     """Load a profile from our JSON or a PipeDream/DAPPLE ``graph.txt``, by content; ``chain``: a
     graph's node ids in the order to chain them (a plan made on another order names it)."""
+    return load_source(path, chain)[0]
+
+
+def load_source(path: str | os.PathLike[str], chain: Sequence[str] | None = None) -> tuple[Profile, Graph | None]:
+    """:func:`load_profile`, and the graph a graph.txt profile was chained from (None for our JSON),
+    for a caller that may chain it in another order (``orchestrator plan`` with ``pipedream``)."""
     p = Path(path)
     text = read_text(p, "profile")
     if text.lstrip().startswith("{"):
         if chain is not None:
             raise UserError(f"profile {p} is a chain already: only a graph.txt profile can be chained in another order")
-        return Profile.from_dict(parse_json(text, p, "profile"), origin=f"profile {p}")
-    return chain_profile(read_graph(text, str(p)), graph_name(p), str(p), chain=chain)
-
-
-def load_graph(path: str | os.PathLike[str]) -> Graph | None:
-    """A graph.txt profile's graph (to chain in an order of the caller's choosing), None for our JSON."""
-    p = Path(path)
-    text = read_text(p, "profile")
-    return None if text.lstrip().startswith("{") else read_graph(text, str(p))
+        return Profile.from_dict(parse_json(text, p, "profile"), origin=f"profile {p}"), None
+    g = read_graph(text, str(p))
+    return chain_profile(g, graph_name(p), str(p), chain=chain), g
 
 
 def graph_name(path: str | os.PathLike[str]) -> str:

@@ -150,12 +150,11 @@ class _RestCost:
     add up to the work, so the busiest group is busy at least this long."""
 
     def __init__(self, profile: Profile, cluster: Cluster, options: PlannerOptions) -> None:
-        self.tail = profile.prefix("forward_s") + profile.prefix("backward_s")
-        self.work = (self.tail[-1] - self.tail) * options.num_microbatches
-        self.speeds = cluster.speeds
+        self.profile, self.total, self.speeds = profile, options.num_microbatches, cluster.speeds
 
     def __call__(self, first: int, free: tuple[int, ...]) -> float:
-        return float(self.work[first]) / float(self.speeds[list(free)].sum())
+        work = self.profile.compute_time(first, self.profile.num_blocks) * self.total
+        return work / float(self.speeds[list(free)].sum())
 
 
 class _Cuts:

@@ -105,20 +105,20 @@ def downset_order(g: Graph, cluster: Cluster, straight: bool) -> list[int] | Non
     return order
 
 
-def pipedream_chain(g: Graph, name: str, source: str, cluster: Cluster, options: PlannerOptions) -> tuple[Profile, tuple[str, ...] | None]:
-    """The chain profile ``pipedream`` should plan on, and its node order when it is not the loader's.
+def pipedream_chain(g: Graph, base: Profile, cluster: Cluster, options: PlannerOptions) -> tuple[Profile, tuple[str, ...] | None]:
+    """The chain profile ``pipedream`` should plan on, and its node order when it is not the loader's
+    (``base``: ``g`` chained in the loader's order).
 
     The order from :func:`downset_order` is taken only when PipeDream's objective (with the memory
     fallback of :func:`~orchestrator.planners.pipedream.plan_pipedream`) is lower on it; a depth cap
     keeps the loader's order (the down-set DP has no stage count)."""
-    base = chain_profile(g, name, source)
     if options.max_stages is not None or base.num_blocks > SPEC.max_blocks:
         return base, None
     order = downset_order(g, cluster, options.straight)
     if order is None:
         return base, None
     chain = tuple(g.ids[v] for v in order)
-    other = chain_profile(g, name, source, chain=chain)
+    other = chain_profile(g, base.name, base.source, chain=chain)
     if other == base:
         return base, None
     objective = []
