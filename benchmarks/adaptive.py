@@ -38,9 +38,9 @@ from orchestrator.adapt import (  # noqa: E402
     Controller, ControllerConfig, FaultSchedule, SimulatedCosts, SimulatedPipeline, Slowdown, full_replan, scenario,
     set_inter_node_bandwidth,
 )
-from orchestrator.adapt.estimate import Layout  # noqa: E402
-from orchestrator.adapt.moves import path_to, walk  # noqa: E402
-from orchestrator.adapt.estimate import CostModel  # noqa: E402
+from orchestrator.costmodel.estimate import Layout  # noqa: E402
+from orchestrator.planners.moves import path_to, walk  # noqa: E402
+from orchestrator.costmodel.estimate import CostModel  # noqa: E402
 from orchestrator.core.plan import Plan, straight_plan  # noqa: E402
 from orchestrator.core.profile import Block, Profile  # noqa: E402
 from orchestrator.core.profile_loader import load_profile  # noqa: E402

@@ -1,5 +1,5 @@
 """The plain enumeration of two-worker moves, Layout by Layout: the test oracle that
-:class:`orchestrator.adapt.moves.Candidates` (the array-built candidates the controller uses)
+:class:`orchestrator.planners.moves.Candidates` (the array-built candidates the controller uses)
 must equal, move for move and in the same order. It lives with the tests, not in the product:
 the product has one enumeration of moves."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
-from orchestrator.adapt.estimate import Layout
-from orchestrator.adapt.moves import Move, MoveKind
+from orchestrator.costmodel.estimate import Layout
+from orchestrator.planners.moves import Move, MoveKind
 
 
 def enumerate_moves(layout: Layout, alive: Iterable[int], straight: bool = False) -> list[Move]:

@@ -20,7 +20,7 @@ from orchestrator.adapt import (
     set_inter_node_bandwidth, walk,
 )
 from orchestrator.adapt.monitor import log_noise
-from orchestrator.adapt.moves import Candidates, Move, Walk, best_moves, path_to
+from orchestrator.planners.moves import Candidates, Move, Walk, best_moves, path_to
 from orchestrator.adapt.policies import SPEED_AGNOSTIC_PLANNERS, Decision, Option, full_replan, planner_plan
 from orchestrator.adapt.simcache import SimCache
 from orchestrator.core.plan import Plan, straight_plan

@@ -8,7 +8,7 @@ import pytest
 
 from orchestrator.costmodel import terms as ct
 from orchestrator.core.cluster import heterogeneous_servers, two_level
-from orchestrator.adapt.estimate import CostModel, Layout
+from orchestrator.costmodel.estimate import CostModel, Layout
 from orchestrator.costmodel.group_sim import simulate_groups
 from orchestrator.core.plan import Plan, ScheduleKind, Stage
 from orchestrator.planners import autopipe, scoring

@@ -7,11 +7,11 @@ state machine and ``handle.py`` for the runtime contract.
 """
 
 from orchestrator.adapt.controller import Controller, ControllerConfig, ControllerState, StepRecord, Transition
-from orchestrator.adapt.estimate import CostModel, Layout
+from orchestrator.costmodel.estimate import CostModel, Layout
 from orchestrator.adapt.faults import FaultSchedule, Join, Kill, Slowdown, Throttle, scenario, set_inter_node_bandwidth
 from orchestrator.adapt.handle import IterationMetrics, MoveReport, PipelineHandle, RestartReport, move_transfers, handover_time
 from orchestrator.adapt.monitor import MonitorConfig, Beliefs, Track, model_cluster, observe, update_track
-from orchestrator.adapt.moves import Move, MoveKind, path_to, walk, workers_touched
+from orchestrator.planners.moves import Move, MoveKind, path_to, walk, workers_touched
 from orchestrator.adapt.policies import (
     ArbiterConfig, Continue, DropReplicas, ExplicitArbiter, Option, Restart, Stay, Switch, full_replan, on_device_loss, should_switch,
 )

@@ -52,13 +52,13 @@ from typing import Callable, Union
 from orchestrator.core.cluster import GBPS, Cluster
 from orchestrator.core.plan import Plan
 from orchestrator.core.profile import Profile
-from orchestrator.adapt.estimate import CostModel, Layout
+from orchestrator.costmodel.estimate import CostModel, Layout
 from orchestrator.adapt.handle import IterationMetrics, MoveReport, PipelineHandle, RestartReport, handover_time, move_transfers
 from orchestrator.costmodel.terms import shipped_bytes, transfer_time
 from orchestrator.adapt.monitor import (
     Observation, initial_state, log_noise, model_cluster, observe, relearn, relearning, settled_links, speed_error,
 )
-from orchestrator.adapt.moves import best_moves, path_to, walk
+from orchestrator.planners.moves import best_moves, path_to, walk
 from orchestrator.adapt.simcache import SimCache
 from orchestrator.adapt.policies import (
     Arbiter, Continue, Decision, DropReplicas, ExplicitArbiter, FailureDecision, Option, Restart, Stay, Switch,

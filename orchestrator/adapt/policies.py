@@ -35,8 +35,8 @@ from orchestrator.core.plan import Plan, Stage
 from orchestrator.planners.base import PlannerOptions, run_planner
 from orchestrator.core.profile import Profile
 from orchestrator.costmodel.simulator import simulate
-from orchestrator.adapt.estimate import CostModel, Layout
-from orchestrator.adapt.moves import walk
+from orchestrator.costmodel.estimate import CostModel, Layout
+from orchestrator.planners.moves import walk
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -30,7 +30,7 @@ import statistics
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
-from orchestrator.adapt.estimate import Layout
+from orchestrator.costmodel.estimate import Layout
 from orchestrator.adapt.policies import Option
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence, Union
 
 from orchestrator.core.cluster import Cluster
-from orchestrator.adapt.estimate import CostModel, Layout
+from orchestrator.costmodel.estimate import CostModel, Layout
 from orchestrator.adapt.handle import move_transfers, handover_time
 from orchestrator.core.errors import UserError
 from orchestrator.core.plan import Plan

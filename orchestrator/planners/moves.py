@@ -39,7 +39,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from orchestrator.core.plan import Plan
-from orchestrator.adapt.estimate import CostModel, Layout
+from orchestrator.costmodel.estimate import CostModel, Layout
 
 
 class MoveKind(str, Enum):
