@@ -27,9 +27,11 @@ $(AZURITE): $(STAMP)
 	if command -v npm >/dev/null 2>&1; then npm install --silent --no-audit --no-fund --prefix $(VENV)/node azurite@3 || echo "azurite not installed: the Azure Blob tests will skip"; \
 	else echo "npm not found: the Azure Blob tests will skip"; fi
 
+# Two workers, each test file on one of them (its module fixtures and servers stay together): most
+# of the slow tests wait on Ray clusters and subprocesses, so two at once take ~2/3 of the time.
 test: $(STAMP) $(AZURITE)
 	$(PY) -m mypy orchestrator cloud actors
-	$(PY) -m pytest -q --durations=25
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=25
 
 bench: $(STAMP)
 	$(PY) benchmarks/planners.py

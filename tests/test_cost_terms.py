@@ -113,3 +113,20 @@ def test_group_mode_trace_covers_every_compute_action() -> None:
     assert max(e[2] for evs in res.trace for e in evs) == pytest.approx(res.iteration_s)
     total, per = autopipe.critical_stage_times(plan, prof, cl)
     assert total == res.iteration_s and 0 < sum(per) <= total * (1 + 1e-12)
+
+
+def test_groups_registered_a_few_at_a_time_get_the_same_links_as_all_at_once() -> None:
+    """The cost model grows its group-to-group link table by new rows and columns only (a climb
+    registers thousands of groups); the table must equal the one built in one go."""
+    rng = np.random.default_rng(11)
+    cluster = heterogeneous_servers([3, 2, 3], [300.0, 100.0, 600.0], np.array([[0, 10, 25], [10, 0, 40], [25, 40, 0]], dtype=float))
+    profile = random_profile(6, 1)
+    groups = list({tuple(sorted(rng.choice(cluster.size, size=int(rng.integers(1, 4)), replace=False).tolist())) for _ in range(40)})
+    one, many = CostModel(profile, cluster, 4), CostModel(profile, cluster, 4)
+    one.group_ids(groups)
+    for k in range(0, len(groups), 3):
+        many.group_ids(groups[k: k + 3])
+    a, b = one.group_ids(groups), many.group_ids(groups)
+    assert np.array_equal(one._glink[np.ix_(a, a)], many._glink[np.ix_(b, b)])
+    worst = np.array([[min(cluster.effective[i, j] for i in g for j in h) for h in groups] for g in groups])
+    assert np.array_equal(one._glink[np.ix_(a, a)], worst)

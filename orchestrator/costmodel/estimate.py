@@ -84,6 +84,8 @@ class CostModel:
         self._groups: list[tuple[int, ...]] = []  # by id
         self._gattr = np.zeros((0, 4))
         self._glink = np.zeros((0, 0))
+        self._members = np.zeros((0, cluster.size), dtype=bool)  # [G, n]: which devices each group holds
+        self._from = np.zeros((0, cluster.size))  # [G, n]: slowest link from any device of the group to each device
 
     def group_ids(self, groups: Iterable[tuple[int, ...]]) -> list[int]:
         """Small integer ids of device groups (registering unseen ones), in the given order."""
@@ -105,14 +107,22 @@ class CostModel:
             self._groups.append(g)
             ids = list(g)
             attrs.append((float(self._speeds[ids].min()), float(len(g)), self.cluster.ring_bandwidth(g), float(self._mem[ids].min())))
-        groups = self._groups
         self._gattr = np.concatenate([self._gattr, np.array(attrs)])
-        members = np.zeros((len(groups), self.cluster.size), dtype=bool)
-        for k, g in enumerate(groups):
+        # slowest link from any device of group a to any device of group b: only the new rows and
+        # columns are computed (a climb registers thousands of groups, a few at a time)
+        old, n = len(self._glink), self.cluster.size
+        members = np.zeros((len(self._groups) - old, n), dtype=bool)
+        for k, g in enumerate(self._groups[old:]):
             members[k, list(g)] = True
-        # slowest link from any device of group a to any device of group b, for all pairs at once
-        from_a = np.where(members[:, :, None], self.cluster.effective[None, :, :], np.inf).min(axis=1)  # [G, n]
-        self._glink = np.where(members[None, :, :], from_a[:, None, :], np.inf).min(axis=2)  # [G, G]
+        self._members = np.concatenate([self._members, members])
+        from_new = np.where(members[:, :, None], self.cluster.effective[None, :, :], np.inf).min(axis=1)  # [new, n]
+        self._from = np.concatenate([self._from, from_new])  # [G, n]: slowest link from group a to each device
+        G = len(self._groups)
+        link = np.full((G, G), np.inf)
+        link[:old, :old] = self._glink
+        link[:, old:] = np.where(members[None, :, :], self._from[:, None, :], np.inf).min(axis=2)
+        link[old:, :old] = np.where(self._members[None, :old, :], from_new[:, None, :], np.inf).min(axis=2)
+        self._glink = link
 
     def _ids(self, lays: list[Layout]) -> np.ndarray:
         gid = self._gid
