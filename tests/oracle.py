@@ -123,3 +123,50 @@ def optimum_by_classes(profile: Profile, cluster: Cluster, M: int, state_factor:
             if memory_error(res, cluster) is None and res.iteration_s < best[0]:
                 best = (res.iteration_s, plan)
     return best[0], best[1], count
+
+
+def optimum_below(profile: Profile, cluster: Cluster, M: int, state_factor: float, below: float, max_stages: int | None = None) -> tuple[float, Plan | None, int]:
+    """The fastest plan of :func:`optimum_by_classes`'s space *under* ``below`` seconds, or (inf, None)
+    when there is none: a certificate that nothing beats ``below``, where the full optimum is out of
+    reach (10 blocks on 8 devices that all differ: no symmetry folds the 1.1·10^8 structures).
+
+    Partial structures are dropped by the busiest-device bound (:func:`busiest_group`'s terms) and
+    by the blocks still to place at the free devices' summed speed (every group's share of that work
+    at its slowest device is at least its share at their summed speed); each remaining plan is then
+    dropped by the simulator's own lower bounds (``plan_lower_bound``, then the group mode's lower
+    pass) before a full simulation, and every bound is asserted against every plan simulated."""
+    from orchestrator.costmodel.group_sim import BoundTerms, simulate_groups
+    from orchestrator.planners.exhaustive import device_classes, structures
+
+    n, L = cluster.size, profile.num_blocks
+    speeds = cluster.speeds
+    opts = SimOptions(state_factor=state_factor)
+
+    def cost(a: int, b: int, devs: tuple[int, ...]) -> float:
+        return M * profile.compute_time(a, b) / (len(devs) * float(speeds[list(devs)].min()))
+
+    def rest(b: int, free: tuple[int, ...]) -> float:
+        return M * profile.compute_time(b, L) / float(speeds[list(free)].sum())
+
+    best: tuple[float, Plan | None] = (below, None)
+    count = 0
+    for stages in structures(L, device_classes(cluster), max_stages or n, False, True, cost, below, None, rest):
+        p = len({s.devices for s in stages})
+        if p == len(stages):
+            plans = [Plan(stages, M, kind, sliced) for kind in (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.ZB_H1) for sliced in range(M + 1)]
+        else:
+            plans = [Plan(stages, M, ScheduleKind.INTERLEAVED, sliced) for sliced in range(M + 1) if (M + sliced) % p == 0]
+        terms = BoundTerms(stages, profile, cluster)
+        for plan in plans:
+            lo = terms.bound(M, 0.5 if plan.sliced_microbatches else 1.0, M + plan.sliced_microbatches, plan.schedule is ScheduleKind.ZB_H1)
+            if lo >= best[0]:
+                continue
+            group_lo = simulate_groups(plan, profile, cluster, opts, lower=True).iteration_s
+            if group_lo * (1 - 1e-9) >= best[0]:
+                continue
+            res = simulate(plan, profile, cluster, opts)
+            count += 1
+            assert res.iteration_s >= max(lo, group_lo * (1 - 1e-9), busiest_group(stages, profile, cluster, M)) * (1 - 1e-9), plan.describe()
+            if memory_error(res, cluster) is None and res.iteration_s < best[0]:
+                best = (res.iteration_s, plan)
+    return (best[0], best[1], count) if best[1] is not None else (float("inf"), None, count)

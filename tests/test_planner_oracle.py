@@ -144,3 +144,19 @@ def test_auto_equals_the_optimum_on_eight_devices(kind: str, servers: int, seed:
     profile = random_profile(L, seed)
     whole = profile.total_param_bytes * STATE + M * profile.stash_bytes(0, profile.num_blocks)
     check(profile, symmetric_cluster(kind, servers, 8 // servers, whole * 0.3), M, optimum_by_classes)
+
+
+@pytest.mark.parametrize("seed,L,n,M", [(61, 6, 4, 3), (62, 5, 5, 2)])
+def test_the_certifying_oracle_finds_the_optimum_and_nothing_under_it(seed: int, L: int, n: int, M: int) -> None:
+    """``optimum_below`` (the x8r benchmark's certificate) against the class oracle: under a bar just
+    above the optimum it finds the optimum's time; under the optimum itself, nothing."""
+    from tests.oracle import optimum_below
+
+    rng = np.random.default_rng(seed)
+    profile = random_profile(L, seed)
+    cluster = random_cluster(rng, n, profile, M)
+    best, plan, _ = optimum_by_classes(profile, cluster, M, STATE)
+    assert plan is not None
+    got, found, _ = optimum_below(profile, cluster, M, STATE, best * (1 + 1e-6))
+    assert found is not None and got == pytest.approx(best, rel=1e-12)
+    assert optimum_below(profile, cluster, M, STATE, best * (1 - 1e-9))[1] is None

@@ -76,6 +76,10 @@ WALK_BUDGET = 10**6
 """Partial structures the walk may visit (~5 s of CPU; the hardest 10 × 8 instance measured needs 6.5·10^5);
 beyond it ``auto`` is not exhaustive: its plan is the best it timed."""
 FULL_SEARCH_DEVICES = 64
+ALL_SLICES = 16
+"""Walked structures are timed with every slicing count up to this many micro-batches; above, with 0, the powers
+of two and M (``_slices``' ``some``): at M = 64 every count is 195 variants per structure, and 100 blocks on 4
+GPUs at 80 GiB timed 32 000 of them, nearly all over memory and retried with recomputation (20 s)."""
 CLIMB_DEVICES = 16
 """``auto`` climbs (:mod:`climb`) on clusters of different devices up to this size where it did not walk every structure."""
 CLIMB_ROUNDS = 1024
@@ -430,7 +434,7 @@ def _branch_and_bound(heap: list[_Item], profile: Profile, cluster: Cluster, opt
             item = heapq.heappop(heap)
             if item.kind is None:
                 refined_all.add(item.stages)
-                slicing = "all" if every else ("own" if large and item.stages not in refined else "some")
+                slicing = "all" if every and M <= ALL_SLICES else ("own" if large and item.stages not in refined else "some")
                 for var in _expand(item, profile, cluster, options, kinds, slicing, best_hi):
                     if var.lo < best_hi:
                         heapq.heappush(heap, var)
