@@ -22,7 +22,7 @@ naively) with two arguments that are each checked rather than trusted:
   of a class are interchangeable in every cost). Tests check it equals :func:`optimum` on small
   symmetric clusters, and the walk equals the naive listing when every class is one device;
 * *busiest device*: no plan is faster than the compute its busiest device group must do (each
-  unit's forward and backward, at the group's fastest device, rows split over its replicas).
+  unit's forward and backward, at the group's slowest device, rows split over its replicas).
   Structures are timed in order of that bound, which is computed here from the profile alone,
   not by ``auto``'s bound code, and asserted against every plan simulated; the walk stops when the
   next structure's bound reaches the best time found.

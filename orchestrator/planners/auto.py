@@ -9,13 +9,14 @@ Candidate *structures* (stages: block ranges on device groups) come from:
 * on small instances, every structure there is, one per device-symmetry class (:mod:`exhaustive`,
   when that space has at most ``WALK_STRUCTURES``): walked after the planners' structures are
   searched, dropping every partial structure whose bound reaches the best time found, within
-  ``WALK_BUDGET`` visits. When the walk completes, ``auto`` is the simulator's optimum over that space.
+  ``WALK_BUDGET`` visits. When the walk completes (and M <= ``ALL_SLICES``), ``auto`` is the simulator's
+  optimum over that space.
 * where it did not (clusters of up to ``CLIMB_DEVICES`` different devices), a hill-climb
   (:mod:`climb`): rounds of the structures one move away from the best plans timed so far.
 
 Each structure is then timed under every schedule the options allow: GPipe, 1F1B and ZB-H1 (zero
-bubble: split backwards, weight passes deferred into bubbles), each with AutoPipe's slicing of the first ``s`` micro-batches (every ``s`` on exhaustive structures; 0, the
-planner's own and powers of two up to M otherwise), and Megatron's interleaving with
+bubble: split backwards, weight passes deferred into bubbles), each with AutoPipe's slicing of the first ``s`` micro-batches (every ``s`` on exhaustive structures
+while M <= ``ALL_SLICES``; 0, the planner's own, the powers of two and M otherwise), and Megatron's interleaving with
 ``v = 2..MAX_CHUNKS`` balanced chunks, sliced as well where M + s stays a multiple of the depth. ``options.schedule`` (CLI ``--schedule``) restricts the kinds.
 
 Search without simulating everything: best-first branch and bound on the simulator's own terms
@@ -74,7 +75,7 @@ EXACT_STRUCTURES = 45000
 (40 735). It is also the walk's budget while no plan that fits has been timed (every bound is then infinite)."""
 WALK_BUDGET = 10**6
 """Partial structures the walk may visit (~5 s of CPU; the hardest 10 × 8 instance measured needs 6.5·10^5);
-beyond it ``auto`` is not exhaustive: its plan is the best it timed."""
+beyond it ``auto`` is not exhaustive: its plan is the best it timed (then climbed, on clusters of different devices)."""
 FULL_SEARCH_DEVICES = 64
 ALL_SLICES = 16
 """Walked structures are timed with every slicing count up to this many micro-batches; above, with 0, the powers
@@ -84,7 +85,8 @@ CLIMB_DEVICES = 16
 """``auto`` climbs (:mod:`climb`) on clusters of different devices up to this size where it did not walk every structure."""
 CLIMB_ROUNDS = 1024
 CLIMB_WIDTH = 24
-"""Structures pushed per climbing round: the best by the cost model's estimate of one move's neighbours."""
+"""Structures pushed per climbing round: the best of one move's neighbours by the cost model's estimate (straight
+parents) or by ``work_bound`` (interleaved ones, which the cost model does not know)."""
 CLIMB_WORK = 2 * 10**6
 """Ticks of timing the climb may spend (~3 s of CPU): enough for the 10-block, 8-device instances of
 all-different devices measured (the last improvement came at 1.3·10^6)."""
@@ -231,8 +233,8 @@ def _interleavable(M: int, p: int) -> bool:
 
 def _expand(item: _Item, profile: Profile, cluster: Cluster, options: PlannerOptions, kinds: tuple[ScheduleKind, ...], slicing: str, below: float = INF) -> list[_Item]:
     """Every schedule variant of one structure whose lower bound (:class:`BoundTerms`) is under
-    ``below``. Slicing counts: ``all`` (small instances), ``some`` (0, the planner's own, powers of
-    two up to the depth) or ``own`` (0 and the planner's own: the first pass on large clusters).
+    ``below``. Slicing counts: ``all`` (small instances), ``some`` (0, the planner's own, the powers of
+    two and M) or ``own`` (0 and the planner's own: the first pass on large clusters).
 
     Every sliced variant (s >= 1) has the same smallest unit (half a micro-batch), so its bound
     differs from another's only by the per-message latency of its M + s units: it grows with s.
@@ -310,6 +312,11 @@ class _Need:
         return f"the least memory any candidate plan needs is {need:.2f} GiB per GPU (devices have {have:.2f} GiB)"
 
 
+def _bare(stages: tuple[Stage, ...]) -> tuple[Stage, ...]:
+    """The structure without recomputation flags (a structure timed both ways is climbed from once)."""
+    return tuple(Stage(s.first, s.last, s.devices) for s in stages)
+
+
 def _uniform(cluster: Cluster, classes: list[tuple[int, ...]]) -> bool:
     """Identical devices, or identical servers: the clusters the literature planners are built for.
     There their answers (with the hierarchy's) were within 0.2% of the climb's at every 8- and
@@ -383,7 +390,7 @@ def plan_auto(profile: Profile, cluster: Cluster, options: PlannerOptions) -> Pl
         def climb(plan: Plan) -> int:
             """Push the structures one move from ``plan``'s (:mod:`climb`), and their interleaved re-cuts;
             the number of neighbours ranked."""
-            base = tuple(Stage(s.first, s.last, s.devices) for s in plan.stages)
+            base = _bare(plan.stages)
             before = neighbours.considered
             for nb in neighbours(base):
                 push("climb", nb, None)
@@ -482,12 +489,12 @@ def _branch_and_bound(heap: list[_Item], profile: Profile, cluster: Cluster, opt
             for i in range(listed, len(alive)):
                 heapq.heappush(order, (alive[i].hi, alive[i].rank, i))
             listed = len(alive)
-            while order and alive[order[0][2]].plan.stages in seen_bases:
+            while order and _bare(alive[order[0][2]].plan.stages) in seen_bases:
                 heapq.heappop(order)
             if not order or work >= budget:
                 break
             parent = alive[heapq.heappop(order)[2]].plan
-            seen_bases.add(parent.stages)
+            seen_bases.add(_bare(parent.stages))
             work += NEIGHBOUR_TICKS * climb(parent)
             search()
     if large:  # second pass: every slicing count for the REFINE best structures

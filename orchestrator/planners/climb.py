@@ -13,8 +13,9 @@ cut, swap two groups, move a replica, grow onto an idle device, merge, fuse, spl
 *exchange* of two devices (a device of one group for an idle one or one of another group), which
 is two moves for the controller but one step here: it lets a slow device leave a heavy stage
 without changing any group's size. They are ranked by the cost model's estimate
-(:class:`CostModel`, the same one the controller ranks by) and only the ``width`` best are kept,
-which bounds a round's cost at any block count.
+(:class:`CostModel`, the same one the controller ranks by, vectorized over all O(L²) of them) and
+only the ``width`` best distinct ones are kept and timed, which bounds a round's timing at any
+block count.
 
 On an interleaved structure (``p`` device groups, ``p·v`` chunks) the moves are: shift one chunk
 cut by a block, swap two groups, exchange two devices; they are ranked by ``rank`` (``auto``'s
@@ -78,9 +79,11 @@ class Neighbours:
         for k in np.argsort(times, kind="stable"):  # only the best-ranked become objects
             m = cands.move(int(k)).layout if k < len(cands) else swaps[int(k) - len(cands)]
             if len(m.groups) <= self.max_stages:
-                out.append(tuple(Stage(m.cuts[i], m.cuts[i + 1], tuple(sorted(g))) for i, g in enumerate(m.groups)))
-                if len(out) == self.width:
-                    break
+                st = tuple(Stage(m.cuts[i], m.cuts[i + 1], tuple(sorted(g))) for i, g in enumerate(m.groups))
+                if st not in out:  # an exchange of two one-device groups is also a swap
+                    out.append(st)
+                    if len(out) == self.width:
+                        break
         return out
 
     def _interleaved(self, stages: Structure, groups: list[tuple[int, ...]]) -> list[Structure]:
@@ -97,6 +100,6 @@ class Neighbours:
                 gg[i], gg[j] = groups[j], groups[i]
                 options.append((cuts, gg))
         options += [(cuts, gg) for gg in _exchanges(groups, self.n)]
-        out = [tuple(Stage(cc[k], cc[k + 1], tuple(sorted(gg[k % p]))) for k in range(len(cc) - 1)) for cc, gg in options]
+        out = list(dict.fromkeys(tuple(Stage(cc[k], cc[k + 1], tuple(sorted(gg[k % p]))) for k in range(len(cc) - 1)) for cc, gg in options))
         self.considered += len(out)
         return sorted(out, key=self.rank)[: self.width]
