@@ -1,6 +1,6 @@
 """``auto`` against the exhaustive optimum of its own simulator on slices of the shared profiles.
 
-    python benchmarks/planner_oracle.py [--set small|large|x8|x8r|memory] [--instances N] [--memory-gib G] [--reference PATH] [--out FILE] [--json]
+    python benchmarks/planner_oracle.py [--set small|large|x8|x8r|memory] [--instances N] [--skip K] [--certify] [--memory-gib G] [--reference PATH] [--out FILE] [--json]
 
 Two committed instance sets (``--set``):
 
@@ -27,6 +27,9 @@ Two committed instance sets (``--set``):
   keeps several such tensors for its backward): the setting where literature planners answer "no
   candidate plan fits device memory" while a sliced 1F1B plan fits (here pipedream, dapple and 2bw
   refuse the first instance, autopipe and 2bw the second). About 4 min of oracle.
+
+``--certify`` replaces any set's oracle with ``x8r``'s certificate (for instances whose optimum is out of reach:
+``x8``'s last two); ``--skip K`` leaves out the set's first K instances.
 
 ``--memory-gib G`` gives every device G GiB instead. Where that is below any plan's need, ``auto``
 refuses with one line naming the least GiB per GPU it would need; the script prints that line and
@@ -200,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", choices=("small", "large", "x8", "x8r", "memory"), default="small", help="which committed instance set (see the docstring)")
     ap.add_argument("--instances", type=int, help="the first N of the set (default: all of it: small 60, large 12, x8 6, x8r 6, memory 3)")
     ap.add_argument("--memory-gib", type=float, help="every device's memory in GiB (default: the set's own)")
+    ap.add_argument("--certify", action="store_true", help="certify (optimum_below) instead of finding the optimum: always so for x8r")
+    ap.add_argument("--skip", type=int, default=0, help="leave out the first N instances of the set")
     ap.add_argument("--reference")
     ap.add_argument("--out")
     ap.add_argument("--json", action="store_true", help="print one JSON summary line last")
@@ -210,6 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:  # run that checkout's auto on the instances in the JSON file
         print(json.dumps(run_auto(json.loads(Path(args.child).read_text()))))
         return 0
+    if args.skip < 0:
+        print(f"error: --skip must be >= 0, got {args.skip}", file=sys.stderr)
+        return 2
     if args.memory_gib is not None and not (0 < args.memory_gib <= 1e6):
         print(f"error: --memory-gib must be in (0, 1e6], got {args.memory_gib}", file=sys.stderr)
         return 2
@@ -226,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         make, default = sets[args.set]
         insts = make(args.instances or default)
         optimum = optimum_by_classes  # noqa: F811  (every plan up to 4 stages or 8 devices, timed in bound order)
+    insts = insts[args.skip:]
     if args.memory_gib is not None:
         insts = [dict(inst, memory_gib=args.memory_gib) for inst in insts]
     ours = run_auto(insts)
@@ -250,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.process_time()
         mine = ours[k]["t"]
         certified = False
-        if args.set == "x8r":  # no optimum in reach: certify that nothing beats auto by more than GAP
+        if args.set == "x8r" or args.certify:  # no optimum in reach: certify that nothing beats auto by more than GAP
             bar = mine / (1 + GAP) if mine is not None else float("inf")  # nothing under the bar: auto / optimum <= 1 + GAP
             best, plan, count = optimum_below(prof, cl, M, 4.0, bar)
             if plan is None and mine is not None:
