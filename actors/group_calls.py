@@ -3,7 +3,9 @@
 Functions with no state of their own: each waits for remote calls and says what came back; the group, which owns
 which workers are dead and whether its process group is still usable, draws the consequences. When one worker dies
 its peers fail a little later (their receives see a closed socket, or time out); the death is the root cause, so
-:func:`collect` stops at it and reports it in preference to their errors.
+:func:`collect` stops at it and reports it in preference to their errors. Likewise a user's mistake (a
+:class:`~orchestrator.core.errors.UserError` raised in the user's code) is preferred to the errors of the peers
+whose links its worker closed, whichever of them the driver happens to see first.
 
 Nothing is ever cancelled: Ray's in-order actor queue, given a cancelled call that never reached the worker, waits
 30 s for its sequence number and then cancels the calls behind it (ray-project/ray#65785), which would fail the
@@ -21,6 +23,7 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from actors.transport import CommunicatorsAborted
+from orchestrator.core.errors import UserError
 
 DEATH_GRACE_S = 10.0  # after a worker's error, how long to look for the death that may have caused it
 
@@ -64,7 +67,9 @@ def collect(refs: Sequence[Any], devices: Sequence[int], timeout_s: float) -> Ga
             return Gathered(results, died=(dev, exc), failure=failure, pending=tuple(pending.values()))
         except RayTaskError as exc:
             cause = getattr(exc, "cause", None)
-            failure = failure or (dev, cause if isinstance(cause, BaseException) else exc)
+            err = cause if isinstance(cause, BaseException) else exc
+            if failure is None or (isinstance(err, UserError) and not isinstance(failure[1], UserError)):
+                failure = (dev, err)  # a user's mistake is the root cause: the peers' broken links only follow it
     return Gathered(results, failure=failure, pending=tuple(pending.values()))
 
 

@@ -152,3 +152,27 @@ def test_user_error_mid_training_is_reported_once_without_restarts(
     with pytest.raises(UserCodeError, match=pattern):
         trainer.fit(3)
     assert trainer.failures == 0  # not retried: max_failures=3 would have cost three group restarts
+
+
+def test_a_user_error_is_reported_before_the_peer_errors_it_caused(ray_session: Any) -> None:
+    # Why: the failing stage aborts its communicators, so its peers fail too; when the driver gathers late, all are
+    # ready and the peers (listed first) would be seen first. The user's mistake must still be what is reported.
+    from actors import group_calls
+
+    @ray_session.remote(num_cpus=0.01)
+    def peer() -> None:
+        raise RuntimeError("Connection closed by peer")
+
+    @ray_session.remote(num_cpus=0.01)
+    def last_stage() -> None:
+        import time
+
+        time.sleep(0.5)  # seen after its peers' errors (the outcome below does not rest on it: any order must pass)
+        raise UserCodeError("loss_fn (vector_loss) must return a scalar tensor, got (2,)")
+
+    refs = [peer.remote(), peer.remote(), last_stage.remote()]
+    ray_session.wait(refs[:2], num_returns=2, timeout=60)
+    got = group_calls.collect(refs, [0, 1, 2], timeout_s=60)
+    assert got.died is None and got.pending == ()
+    dev, err = got.failure or (None, None)
+    assert dev == 2 and isinstance(err, UserCodeError), got.failure
