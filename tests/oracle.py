@@ -96,6 +96,26 @@ def busiest_group(stages: tuple[Stage, ...], profile: Profile, cluster: Cluster,
     return max(per.values())
 
 
+def headed_busiest_group(stages: tuple[Stage, ...], profile: Profile, cluster: Cluster, M: int) -> float:
+    """:func:`busiest_group` with each group's work starting when the first (half) unit reaches its first
+    stage (:class:`~orchestrator.costmodel.group_sim.FirstUnitPath`): the bound the walk's ``head`` applies,
+    computed here independently, stage by stage, from the whole structure."""
+    from orchestrator.costmodel.group_sim import FirstUnitPath
+
+    path = FirstUnitPath(profile, cluster)
+    speeds = cluster.speeds
+    start: dict[tuple[int, ...], float] = {}
+    work: dict[tuple[int, ...], float] = {}
+    at = 0.0
+    for j, s in enumerate(stages):
+        if j:
+            at += path.message(s.first, stages[j - 1].devices, s.devices)
+        start.setdefault(s.devices, at)
+        work[s.devices] = work.get(s.devices, 0.0) + M * profile.compute_time(s.first, s.last) / (len(s.devices) * float(speeds[list(s.devices)].min()))
+        at += path.forward(s.first, s.last, s.devices)
+    return max(start[g] + work[g] for g in work)
+
+
 def optimum_by_classes(profile: Profile, cluster: Cluster, M: int, state_factor: float, max_stages: int | None = None) -> tuple[float, Plan | None, int]:
     """:func:`optimum` over up to ``max_stages`` (default: every device) stages, one structure per
     device-class pattern, structures in order of :func:`busiest_group` (see the module docstring)."""
@@ -130,12 +150,13 @@ def optimum_below(profile: Profile, cluster: Cluster, M: int, state_factor: floa
     when there is none: a certificate that nothing beats ``below``, where the full optimum is out of
     reach (10 blocks on 8 devices that all differ: no symmetry folds the 1.1·10^8 structures).
 
-    Partial structures are dropped by the busiest-device bound (:func:`busiest_group`'s terms) and
-    by the blocks still to place at the free devices' summed speed (every group's share of that work
+    Partial structures are dropped by the busiest-device bound (:func:`busiest_group`'s terms, from when the
+    first unit reaches the group: :class:`FirstUnitPath`) and by the blocks still to place at the free devices'
+    summed speed (every group's share of that work
     at its slowest device is at least its share at their summed speed); each remaining plan is then
     dropped by the simulator's own lower bounds (``plan_lower_bound``, then the group mode's lower
     pass) before a full simulation, and every bound is asserted against every plan simulated."""
-    from orchestrator.costmodel.group_sim import BoundTerms, simulate_groups
+    from orchestrator.costmodel.group_sim import BoundTerms, FirstUnitPath, simulate_groups
     from orchestrator.planners.exhaustive import device_classes, structures
 
     n, L = cluster.size, profile.num_blocks
@@ -150,7 +171,7 @@ def optimum_below(profile: Profile, cluster: Cluster, M: int, state_factor: floa
 
     best: tuple[float, Plan | None] = (below, None)
     count = 0
-    for stages in structures(L, device_classes(cluster), max_stages or n, False, True, cost, below, None, rest):
+    for stages in structures(L, device_classes(cluster), max_stages or n, False, True, cost, below, None, rest, FirstUnitPath(profile, cluster)):
         p = len({s.devices for s in stages})
         if p == len(stages):
             plans = [Plan(stages, M, kind, sliced) for kind in (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.ZB_H1) for sliced in range(M + 1)]
@@ -166,7 +187,7 @@ def optimum_below(profile: Profile, cluster: Cluster, M: int, state_factor: floa
                 continue
             res = simulate(plan, profile, cluster, opts)
             count += 1
-            assert res.iteration_s >= max(lo, group_lo * (1 - 1e-9), busiest_group(stages, profile, cluster, M)) * (1 - 1e-9), plan.describe()
+            assert res.iteration_s >= max(lo, group_lo * (1 - 1e-9), headed_busiest_group(stages, profile, cluster, M)) * (1 - 1e-9), plan.describe()
             if memory_error(res, cluster) is None and res.iteration_s < best[0]:
                 best = (res.iteration_s, plan)
     return (best[0], best[1], count) if best[1] is not None else (float("inf"), None, count)

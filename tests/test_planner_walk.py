@@ -11,9 +11,12 @@ import numpy as np
 import pytest
 
 from orchestrator.core.cluster import GBPS, Cluster, Device, two_level
+from orchestrator.core.plan import Plan, ScheduleKind, Stage
+from orchestrator.core.profile import Profile
+from orchestrator.costmodel.group_sim import FirstUnitPath
 from orchestrator.planners import exhaustive
-from tests.oracle import partitions, placements
-from orchestrator.core.plan import Stage
+from tests.helpers import random_profile
+from tests.oracle import busiest_group, headed_busiest_group, partitions, placements
 
 CLASSES = [
     [(0,), (1,), (2,), (3,)],
@@ -140,3 +143,51 @@ def test_the_rest_bound_never_exceeds_a_simulated_plan(seed: int) -> None:
             used.update(stage.devices)
         checked += 1
     assert checked > 500
+
+
+def _busy(M: int, profile: Profile, cluster: Cluster) -> exhaustive.StageCost:
+    speeds = cluster.speeds
+    return lambda a, b, devs: M * profile.compute_time(a, b) / (len(devs) * float(speeds[list(devs)].min()))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_head_drops_exactly_the_structures_whose_headed_bound_is_over_the_bar(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    profile, cluster, M = random_profile(6, seed, act_scale=5e9), _slow_random_cluster(rng, 4), 2
+    classes = exhaustive.device_classes(cluster)
+    every = list(exhaustive.structures(6, classes, 4, False, True))
+    path = FirstUnitPath(profile, cluster)
+    bound = {st: headed_busiest_group(st, profile, cluster, M) for st in every}
+    assert any(bound[st] > busiest_group(st, profile, cluster, M) * 1.01 for st in every)  # the head adds something
+    for below in sorted(bound.values())[:: max(1, len(every) // 6)]:
+        kept = set(exhaustive.structures(6, classes, 4, False, True, _busy(M, profile, cluster), below, None, None, path))
+        assert kept == {st for st in every if bound[st] * (1 - 1e-9) < below}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_headed_bound_holds_for_every_schedule_and_slicing(seed: int) -> None:
+    # Why: the walk and the certificate drop structures by it; a bound above some variant's simulated time would
+    # hide that variant (slow links and large activations make the messages count).
+    from orchestrator.costmodel.simulator import SimOptions, simulate
+
+    rng = np.random.default_rng(100 + seed)
+    profile, cluster, M = random_profile(6, seed, act_scale=5e9), _slow_random_cluster(rng, 4), 3
+    every = list(exhaustive.structures(6, exhaustive.device_classes(cluster), 4, False, True))
+    picked = [every[i] for i in rng.choice(len(every), size=min(120, len(every)), replace=False)]
+    for st in picked:
+        p = len({s.devices for s in st})
+        if p == len(st):
+            plans = [Plan(st, M, kind, sliced) for kind in (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B, ScheduleKind.ZB_H1) for sliced in range(M + 1)]
+        else:
+            plans = [Plan(st, M, ScheduleKind.INTERLEAVED, sliced) for sliced in range(M + 1) if (M + sliced) % p == 0]
+        lo = headed_busiest_group(st, profile, cluster, M)
+        for plan in plans:
+            assert simulate(plan, profile, cluster, SimOptions()).iteration_s >= lo * (1 - 1e-9), plan.describe()
+
+
+def _slow_random_cluster(rng: np.random.Generator, n: int) -> Cluster:
+    bw = rng.uniform(0.5, 20, size=(n, n)) * GBPS
+    bw = (bw + bw.T) / 2
+    np.fill_diagonal(bw, 0.0)
+    speeds = rng.uniform(0.5, 1.5, size=n)
+    return Cluster(tuple(Device(i, f"n{i // 2}", float(speeds[i]), 1e12) for i in range(n)), bw, 1e-3)

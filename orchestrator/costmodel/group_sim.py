@@ -361,6 +361,42 @@ def plan_lower_bound(plan: Plan, profile: Profile, cluster: Cluster) -> float:
     return BoundTerms(plan.stages, profile, cluster).bound(total, fmin, len(units), plan.schedule is ScheduleKind.ZB_H1)
 
 
+class FirstUnitPath:
+    """How long the first unit takes to reach a stage, for bounding *partial* structures (the walk's
+    ``head``, :func:`orchestrator.planners.exhaustive.structures`): :class:`BoundTerms`' ``head`` built
+    one stage at a time. No replica of a stage starts before one unit went forward through every stage
+    before it, each boundary costing at least its cheapest receiver's slowest message, so a device group
+    is busy from its first stage's head on; its work bound added to that is a lower bound of every
+    schedule and slicing variant. ``fmin``: the smallest unit (half a micro-batch: every variant's
+    slicing is allowed)."""
+
+    def __init__(self, profile: Profile, cluster: Cluster, fmin: float = 0.5) -> None:
+        self.profile, self.cluster, self.fmin = profile, cluster, fmin
+        self.speeds = cluster.speeds
+        self._forward: dict[tuple[int, int, tuple[int, ...]], float] = {}
+        self._message: dict[tuple[int, tuple[int, ...], tuple[int, ...]], float] = {}
+
+    def forward(self, first: int, last: int, devices: tuple[int, ...]) -> float:
+        """The smallest unit's forward through blocks ``[first, last)`` at the group's fastest speed."""
+        key = (first, last, devices)
+        got = self._forward.get(key)
+        if got is None:
+            fast = float(self.speeds[list(devices)].max())
+            got = self._forward[key] = compute_time(self.profile.forward_time(first, last), fast, len(devices)) * self.fmin
+        return got
+
+    def message(self, boundary: int, src: tuple[int, ...], dst: tuple[int, ...]) -> float:
+        """The first unit's message across the cut before block ``boundary`` from ``src`` to ``dst`` (0 when a
+        receiver shares a device with a sender)."""
+        key = (boundary, src, dst)
+        got = self._message.get(key)
+        if got is None:
+            first = pair_stats(self.cluster, src, dst).first
+            nbytes = self.profile.boundary_bytes(boundary)
+            got = self._message[key] = 0.0 if first <= 0 else self.cluster.latency_s + first * nbytes * self.fmin
+        return got
+
+
 def work_bound(stages: Sequence[Stage], profile: Profile, cluster: Cluster, total: float) -> float:
     """The cheapest true lower bound of every schedule and slicing variant of ``stages``: per
     device group, the busy time of its slowest replica (every replica computes an equal share of

@@ -53,7 +53,7 @@ import numpy as np
 
 from orchestrator.core.cluster import Cluster
 from orchestrator.core.errors import UserError
-from orchestrator.costmodel.group_sim import BoundTerms, GroupSim, simulate_groups, stage_work, work_bound
+from orchestrator.costmodel.group_sim import BoundTerms, FirstUnitPath, GroupSim, simulate_groups, stage_work, work_bound
 from orchestrator.costmodel.terms import fits_memory, static_bytes
 from orchestrator.core.plan import Plan, ScheduleKind, Stage
 from orchestrator.planners import climb as climbing, exhaustive, hierarchy
@@ -368,13 +368,14 @@ def plan_auto(profile: Profile, cluster: Cluster, options: PlannerOptions) -> Pl
     classes = exhaustive.device_classes(cluster) if n <= FULL_SEARCH_DEVICES else []
     if classes and exhaustive.space_size(L, classes, max_stages, options.straight, interleave) <= WALK_STRUCTURES:
         cost, rest = _StageCost(profile, cluster, options), _RestCost(profile, cluster, options)
+        head = FirstUnitPath(profile, cluster)
 
         def walk(below: float) -> bool:
             """Push every structure whose bound is under ``below``; False if the budget ran out first
             (with nothing timed yet that fits, no bound prunes: the budget is ``EXACT_STRUCTURES``)."""
             try:
                 budget = WALK_BUDGET if below < INF else EXACT_STRUCTURES
-                for stages in exhaustive.structures(L, classes, max_stages, options.straight, interleave, cost, below, budget, rest):
+                for stages in exhaustive.structures(L, classes, max_stages, options.straight, interleave, cost, below, budget, rest, head):
                     p = len({s.devices for s in stages})
                     if p == len(stages) or _interleavable(M, p):
                         push("exhaustive", stages, None)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol
 from math import comb
 
 import numpy as np
@@ -41,10 +42,19 @@ from orchestrator.core.plan import Stage
 MAX_VIRTUAL_STAGES = 4
 Structure = tuple[Stage, ...]
 StageCost = Callable[[int, int, tuple[int, ...]], float]
+"""A stage's share of its device group's lower bound: (first block, end block, devices) -> seconds."""
 RestCost = Callable[[int, tuple[int, ...]], float]
 """A lower bound for blocks ``[b, L)`` on (a subset of) the given free devices."""
-"""A stage's share of its device group's lower bound: (first block, end block, devices) -> seconds."""
 INF = float("inf")
+
+
+class HeadCost(Protocol):
+    """When the first unit reaches each stage (:class:`orchestrator.costmodel.group_sim.FirstUnitPath`): a device
+    group is busy no earlier than its first stage's head, so head + cost bounds the group."""
+
+    def forward(self, first: int, last: int, devices: tuple[int, ...]) -> float: ...
+
+    def message(self, boundary: int, src: tuple[int, ...], dst: tuple[int, ...]) -> float: ...
 
 
 class Budget(Exception):
@@ -136,12 +146,19 @@ def _takes(rem: Sequence[int], straight: bool) -> Iterator[tuple[int, ...]]:
 
 
 def structures(num_blocks: int, classes: Sequence[Sequence[int]], max_stages: int, straight: bool, interleave: bool,
-               cost: StageCost | None = None, below: float = INF, budget: int | None = None, rest: RestCost | None = None) -> Iterator[Structure]:
+               cost: StageCost | None = None, below: float = INF, budget: int | None = None, rest: RestCost | None = None,
+               head: HeadCost | None = None) -> Iterator[Structure]:
     """Every straight structure with up to ``max_stages`` stages, then the interleaved ones, one per
     class-count pattern; with ``cost``, only those whose every device group costs less than
     ``below`` (raises :class:`Budget` after ``budget`` partial structures), and with ``rest`` too,
     only straight partial structures whose unplaced blocks cost less than ``below`` on the free
-    devices."""
+    devices. With ``head``, each group's cost (and the unplaced blocks') starts when the first unit
+    reaches it.
+
+    Why the head: with few micro-batches the fill is a large share of a plan's time, and a bound
+    without it keeps millions of deep partial structures the simulator then rejects (10 blocks on 8
+    devices that all differ, M = 4: 3.5·10^6 in two minutes before the head, see
+    ``benchmarks/results/planner_oracle.md``)."""
     L = num_blocks
     sizes = tuple(len(c) for c in classes)
     n = sum(sizes)
@@ -161,38 +178,49 @@ def structures(num_blocks: int, classes: Sequence[Sequence[int]], max_stages: in
             got = made[key] = Stage(a, b, devs)
         return got
 
-    rest_cache: dict[tuple[int, tuple[int, ...]], bool] = {}
+    rest_cache: dict[tuple[int, tuple[int, ...]], float] = {}
 
-    def rest_ok(b: int, off: tuple[int, ...]) -> bool:
+    def rest_ok(b: int, off: tuple[int, ...], start: float) -> bool:
         if rest is None:
             return True
         key = (b, off)
         got = rest_cache.get(key)
         if got is None:
             free = tuple(d for j, c in enumerate(classes) for d in c[off[j]:])
-            got = rest_cache[key] = bool(free) and keep(rest(b, free))
-        return got
+            got = rest_cache[key] = rest(b, free) if free else INF
+        return keep(start + got)
+
+    def hop(boundary: int, src: tuple[int, ...] | None, dst: tuple[int, ...]) -> float:
+        return 0.0 if head is None or src is None else head.message(boundary, src, dst)
+
+    def ahead(a: int, b: int, devs: tuple[int, ...]) -> float:
+        return 0.0 if head is None else head.forward(a, b, devs)
 
     def tick() -> None:
         visits[0] += 1
         if budget is not None and visits[0] > budget:
             raise Budget
 
-    def straight_from(k: int, s: int, a: int, off: tuple[int, ...], done: tuple[Stage, ...]) -> Iterator[Structure]:
+    def straight_from(k: int, s: int, a: int, off: tuple[int, ...], done: tuple[Stage, ...], h: float) -> Iterator[Structure]:
+        """Stage ``s`` of ``k`` from block ``a`` on; ``h``: when the first unit left the stage before (its head
+        plus its forward), the message to this stage not yet counted."""
         rem = tuple(c - o for c, o in zip(sizes, off))
         last = s == k - 1
         for x in _takes(rem, straight):
             devs = devices(off, x)
             nxt = tuple(o + t for o, t in zip(off, x))
+            start = h + hop(a, done[-1].devices if done else None, devs)
             for b in ((L,) if last else range(a + 1, L - (k - 1 - s) + 1)):
                 tick()
-                if not keep(price(a, b, devs)):
+                if not keep(start + price(a, b, devs)):
                     break  # more blocks on the same devices only cost more
                 stage = stage_of(a, b, devs)
                 if last:
                     yield (*done, stage)
-                elif rest_ok(b, nxt):
-                    yield from straight_from(k, s + 1, b, nxt, (*done, stage))
+                else:
+                    left = start + ahead(a, b, devs)
+                    if rest_ok(b, nxt, left):
+                        yield from straight_from(k, s + 1, b, nxt, (*done, stage), left)
 
     def groups_from(p: int, off: tuple[int, ...], done: tuple[tuple[int, ...], ...]) -> Iterator[tuple[tuple[int, ...], ...]]:
         if len(done) == p:
@@ -202,26 +230,32 @@ def structures(num_blocks: int, classes: Sequence[Sequence[int]], max_stages: in
         for x in _takes(rem, straight):
             yield from groups_from(p, tuple(o + t for o, t in zip(off, x)), (*done, devices(off, x)))
 
-    def chunks_from(groups: tuple[tuple[int, ...], ...], total: int, i: int, a: int, sums: tuple[float, ...], done: tuple[Stage, ...]) -> Iterator[Structure]:
+    def chunks_from(groups: tuple[tuple[int, ...], ...], total: int, i: int, a: int, sums: tuple[float, ...], done: tuple[Stage, ...],
+                    h: float, starts: tuple[float, ...]) -> Iterator[Structure]:
+        """Chunk ``i`` from block ``a`` on; ``sums``: each group's cost so far, ``starts``: the heads of the groups
+        placed so far (a group is busy from its first chunk's head), ``h``: as in ``straight_from``."""
         p = len(groups)
         g = i % p
         last = i == total - 1
+        at = h + hop(a, groups[(i - 1) % p] if i else None, groups[g])
+        begins = starts if i >= p else (*starts, at)
         for b in ((L,) if last else range(a + 1, L - (total - 1 - i) + 1)):
             tick()
             spent = sums[g] + price(a, b, groups[g])
-            if not keep(spent):
+            if not keep(begins[g] + spent):
                 break
             stage = stage_of(a, b, groups[g])
             if last:
                 yield (*done, stage)
             else:
-                yield from chunks_from(groups, total, i + 1, b, sums[:g] + (spent,) + sums[g + 1:], (*done, stage))
+                yield from chunks_from(groups, total, i + 1, b, sums[:g] + (spent,) + sums[g + 1:], (*done, stage),
+                                       at + ahead(a, b, groups[g]), begins)
 
     zero = tuple(0 for _ in sizes)
     for k in range(1, min(max_stages, L, n) + 1):
-        yield from straight_from(k, 0, 0, zero, ())
+        yield from straight_from(k, 0, 0, zero, (), 0.0)
     if not interleave:
         return
     for p, v in _interleavings(L, n, max_stages):
         for groups in groups_from(p, zero, ()):
-            yield from chunks_from(groups, p * v, 0, 0, tuple(0.0 for _ in groups), ())
+            yield from chunks_from(groups, p * v, 0, 0, tuple(0.0 for _ in groups), (), 0.0, ())
