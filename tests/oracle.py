@@ -182,7 +182,7 @@ def optimum_below(profile: Profile, cluster: Cluster, M: int, state_factor: floa
             lo = terms.bound(M, 0.5 if plan.sliced_microbatches else 1.0, M + plan.sliced_microbatches, plan.schedule is ScheduleKind.ZB_H1)
             if lo >= best[0]:
                 continue
-            group_lo = simulate_groups(plan, profile, cluster, opts, lower=True).iteration_s
+            group_lo = simulate_groups(plan, profile, cluster, opts, lower=True, memory=False).iteration_s
             if group_lo * (1 - 1e-9) >= best[0]:
                 continue
             res = simulate(plan, profile, cluster, opts)

@@ -53,7 +53,7 @@ class GroupSim:
 
     def as_sim_result(self, plan: Plan) -> SimResult:
         """The per-device result the full simulator would give (no events: a large plan's trace
-        would be as large as its cluster). Only meaningful when ``exact``."""
+        would be as large as its cluster). Only meaningful when ``exact`` and simulated with ``memory``."""
         busy, stash, static = {}, {}, {}
         for g, devs in enumerate(plan.device_groups):
             for d in devs:
@@ -91,9 +91,11 @@ def _orders(kind: ScheduleKind, p: int, v: int, M: int, sliced: int, plan: Plan)
 
 
 def simulate_groups(plan: Plan, profile: Profile, cluster: Cluster, options: SimOptions | None = None, lower: bool = False,
-                    trace: bool = False) -> GroupSim:
+                    trace: bool = False, memory: bool = True) -> GroupSim:
     """One iteration of ``plan`` with one timeline per device group (see the module docstring);
-    ``trace`` records every compute action's interval (:data:`Traced`).
+    ``trace`` records every compute action's interval (:data:`Traced`). ``memory=False`` leaves out the
+    peak-memory walk (no peaks; ``fits`` True): what a caller that only bounds the time needs, a third of
+    the cost.
 
     ``lower=True`` gives a lower bound instead: each group at its fastest replica's speed, each
     boundary at its cheapest receiver's slowest message. The simulator is a max-plus system over
@@ -247,6 +249,9 @@ def simulate_groups(plan: Plan, profile: Profile, cluster: Cluster, options: Sim
             extra = sum(step * profile.param_bytes(stages[j].first, stages[j].last) for j in range(g, S, p))
             clock[g] += extra
             busy[g] += extra
+    traced = tuple(tuple(r) for r in rec) if rec is not None else ()
+    if not memory:
+        return GroupSim(max(clock), (), True, exact, tuple(busy), (), traced)
     peaks, statics = [], []
     fits = True
     per_unit = [profile.stage_stash_bytes(s.first, s.last, s.recompute) for s in stages]
@@ -264,7 +269,6 @@ def simulate_groups(plan: Plan, profile: Profile, cluster: Cluster, options: Sim
         statics.append(static)
         if not fits_memory(static + peak, float(cluster.memories[list(groups[g])].min())):
             fits = False
-    traced = tuple(tuple(r) for r in rec) if rec is not None else ()
     return GroupSim(max(clock), tuple(peaks), fits, exact, tuple(busy), tuple(statics), traced)
 
 

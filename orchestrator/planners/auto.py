@@ -468,7 +468,7 @@ def _branch_and_bound(heap: list[_Item], profile: Profile, cluster: Cluster, opt
             if res.iteration_s == INF and not simulate_exact(c):
                 continue
             if not c.exact:  # tighten the bound before anyone pays for a full simulation
-                c.lo = max(c.lo, simulate_groups(plan, profile, cluster, sim_options, lower=True).iteration_s * (1 - 1e-9))
+                c.lo = max(c.lo, simulate_groups(plan, profile, cluster, sim_options, lower=True, memory=False).iteration_s * (1 - 1e-9))
             alive.append(c)
             best_hi = min(best_hi, c.hi)
 
