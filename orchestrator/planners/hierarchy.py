@@ -16,7 +16,11 @@ So the search is over replica counts and stage counts, never over device permuta
   micro-batch's rows (compute, activations and stash), and their plans are replicated;
 * for every depth ``S`` (any share size, also the whole cluster), the balanced (min-max of
   forward + backward) partition with ``floor(g/S)`` replicas per stage is added (the remainder of
-  the share, at most an eighth, stays idle).
+  the share, at most an eighth, stays idle);
+* and the balanced pipelines with one server per stage on some of the servers, the others idle:
+  from the shallowest, each depth whose slowest stage is faster than every
+  shallower one's (a deeper pipeline with an equally slow stage only fills longer), and the deepest
+  (the least memory per device, the smallest messages' share of a stage).
 
 Every candidate is then scored by ``auto``'s bounds and the simulator's group-level mode, whose
 cost grows with stages and micro-batches, not devices.
@@ -108,6 +112,20 @@ def replicated_plans(profile: Profile, cluster: Cluster, options: PlannerOptions
             out.append((f"hier:{R}x{S}x{t}", Plan(replicate(base, order, g, R), M)))
         if g <= MAX_SHARE:
             _run_planners(profile, cluster, options, names, failures, order, g, R, out)
+    # One pipeline on part of the cluster, whole servers idle: more devices are not always faster (a
+    # pipeline cannot be deeper than the model has blocks, and copies all-reduce over the slow links
+    # between servers), so the plans of fewer servers stay candidates on more of them.
+    seen = {label for label, _ in out}
+    t, slowest = per_server, float("inf")
+    deepest = min(L, cap, n // t)
+    for S in range(1, deepest + 1):
+        cuts = balanced(S)
+        worst = max(float(weights[a:b].sum()) for a, b in zip(cuts, cuts[1:]))
+        if worst >= slowest and S < deepest:  # as slow a stage as a shallower pipeline's: only a longer fill
+            continue
+        slowest, label = worst, f"hier:1x{S}x{t}"
+        if label not in seen:
+            out.append((label, Plan(tuple(Stage(cuts[i], cuts[i + 1], tuple(order[i * t + d] for d in range(t))) for i in range(S)), M)))
     return out
 
 
