@@ -17,8 +17,9 @@ So the search is over replica counts and stage counts, never over device permuta
 * for every depth ``S`` (any share size, also the whole cluster), the balanced (min-max of
   forward + backward) partition with ``floor(g/S)`` replicas per stage is added (the remainder of
   the share, at most an eighth, stays idle);
-* and the balanced pipelines with one server per stage on some of the servers, the others idle:
-  from the shallowest, each depth whose slowest stage is faster than every
+* and, where the servers outnumber the blocks (no one-server-per-stage pipeline can span more than
+  7/8 of them), the balanced pipelines with one server per stage on some of the servers, the others
+  idle: from the shallowest, each depth whose slowest stage is faster than every
   shallower one's (a deeper pipeline with an equally slow stage only fills longer), and the deepest
   (the least memory per device, the smallest messages' share of a stage).
 
@@ -112,12 +113,14 @@ def replicated_plans(profile: Profile, cluster: Cluster, options: PlannerOptions
             out.append((f"hier:{R}x{S}x{t}", Plan(replicate(base, order, g, R), M)))
         if g <= MAX_SHARE:
             _run_planners(profile, cluster, options, names, failures, order, g, R, out)
-    # One pipeline on part of the cluster, whole servers idle: more devices are not always faster (a
-    # pipeline cannot be deeper than the model has blocks, and copies all-reduce over the slow links
-    # between servers), so the plans of fewer servers stay candidates on more of them.
+    # One pipeline on part of the cluster, whole servers idle, where the cluster has more servers than
+    # the model has blocks: more devices are not always faster there (no pipeline is deeper, and copies
+    # all-reduce over the slow links between servers), so the plans of fewer servers stay candidates.
     seen = {label for label, _ in out}
     t, slowest = per_server, float("inf")
     deepest = min(L, cap, n // t)
+    if deepest * t >= n - n // 8:  # the shares above already hold such pipelines, at most an eighth idle
+        return out
     for S in range(1, deepest + 1):
         cuts = balanced(S)
         worst = max(float(weights[a:b].sum()) for a, b in zip(cuts, cuts[1:]))
