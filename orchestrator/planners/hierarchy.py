@@ -19,9 +19,9 @@ So the search is over replica counts and stage counts, never over device permuta
   the share, at most an eighth, stays idle);
 * and, where the servers outnumber the blocks (no one-server-per-stage pipeline can span more than
   7/8 of them), the balanced pipelines with one server per stage on some of the servers, the others
-  idle: from the shallowest, each depth whose slowest stage is faster than every
-  shallower one's (a deeper pipeline with an equally slow stage only fills longer), and the deepest
-  (the least memory per device, the smallest messages' share of a stage).
+  idle: where deeper pipelines' busiest stages (compute and all-reduce) are equally busy, the
+  shallowest (the shortest fill) and the deepest (the least memory and work on the other stages) of
+  such a run of depths.
 
 Every candidate is then scored by ``auto``'s bounds and the simulator's group-level mode, whose
 cost grows with stages and micro-batches, not devices.
@@ -36,6 +36,7 @@ import numpy as np
 from orchestrator.core.cluster import Cluster
 from orchestrator.core.errors import UserError
 from orchestrator.core.plan import Plan, Stage
+from orchestrator.costmodel.group_sim import stage_work
 from orchestrator.planners.catalog import baseline
 from orchestrator.planners.options import PlannerOptions
 from orchestrator.planners.partition import min_max_partition, regular_servers
@@ -49,6 +50,7 @@ HEAVY_LARGE = {"spp": 16, "dapple": 16, "autopipe": 16}
 """... and of at most this many on clusters of more than ``LARGE`` devices, where the balanced
 structures of every share and depth already number in the hundreds (seconds of seeds saved at 1024)."""
 LARGE = 256
+INF = float("inf")
 
 
 FALLBACK_DEVICES = 8
@@ -117,17 +119,21 @@ def replicated_plans(profile: Profile, cluster: Cluster, options: PlannerOptions
     # the model has blocks: more devices are not always faster there (no pipeline is deeper, and copies
     # all-reduce over the slow links between servers), so the plans of fewer servers stay candidates.
     seen = {label for label, _ in out}
-    t, slowest = per_server, float("inf")
+    t = per_server
     deepest = min(L, cap, n // t)
     if deepest * t >= n - n // 8:  # the shares above already hold such pipelines, at most an eighth idle
         return out
+    server, speeds = tuple(order[:t]), cluster.speeds
+    busiest = {S: max(stage_work(profile, cluster, speeds, a, b, server, M) for a, b in zip(balanced(S), balanced(S)[1:]))
+               for S in range(1, deepest + 1)}  # the busiest stage's compute and all-reduce (every stage a server alike)
     for S in range(1, deepest + 1):
-        cuts = balanced(S)
-        worst = max(float(weights[a:b].sum()) for a, b in zip(cuts, cuts[1:]))
-        if worst >= slowest and S < deepest:  # as slow a stage as a shallower pipeline's: only a longer fill
-            continue
-        slowest, label = worst, f"hier:1x{S}x{t}"
+        first = busiest[S] < min((busiest[k] for k in range(1, S)), default=INF)
+        last = S == deepest or busiest[S + 1] < busiest[S]
+        if not (first or last):  # inside a run of depths with an equally busy stage: only its ends (every depth
+            continue  # of a 100-block model at 1024 GPUs costs 4 s more; see benchmarks/results/planner_scale.md)
+        label = f"hier:1x{S}x{t}"
         if label not in seen:
+            cuts = balanced(S)
             out.append((label, Plan(tuple(Stage(cuts[i], cuts[i + 1], tuple(order[i * t + d] for d in range(t))) for i in range(S)), M)))
     return out
 
