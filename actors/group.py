@@ -295,7 +295,7 @@ class WorkerGroup:
             raise PipelineActorError(f"{self._name(dev)} died during {what}: {detail}", dev, self._stages(dev), died=True) from None
         if got.failure is not None:
             dev, err = got.failure
-            if got.pending:  # peers still blocked (on the failed one): the process group is unusable
+            if got.pending or got.superseded:  # peers blocked or failed (on the failed one): the process group is unusable
                 self.broken = True
             if isinstance(err, UserError):  # a user mistake (bad checkpoint, bad data): say it plainly, keep its type
                 raise (UserError(str(err)) if isinstance(err, RayTaskError) else err.with_traceback(None)) from None

@@ -4,8 +4,9 @@ Functions with no state of their own: each waits for remote calls and says what 
 which workers are dead and whether its process group is still usable, draws the consequences. When one worker dies
 its peers fail a little later (their receives see a closed socket, or time out); the death is the root cause, so
 :func:`collect` stops at it and reports it in preference to their errors. Likewise a user's mistake (a
-:class:`~orchestrator.core.errors.UserError` raised in the user's code) is preferred to the errors of the peers
-whose links its worker closed, whichever of them the driver happens to see first.
+:class:`~orchestrator.core.errors.UserError` raised in the user's code) is preferred to the broken-link errors of
+the peers whose links its worker closed (:func:`follows_a_peer`), whichever of them the driver happens to see
+first; any other earlier error stays the cause.
 
 Nothing is ever cancelled: Ray's in-order actor queue, given a cancelled call that never reached the worker, waits
 30 s for its sequence number and then cancels the calls behind it (ray-project/ray#65785), which would fail the
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import ray
+import torch.distributed as dist
 from ray.exceptions import RayActorError, RayTaskError
 
 from actors.transport import CommunicatorsAborted
@@ -42,8 +44,9 @@ class Gathered:
 
     results: dict[int, Any]
     died: tuple[int, BaseException] | None = None  # a worker's process died: the root cause, reported first
-    failure: tuple[int, BaseException] | None = None  # the first error raised inside a worker
+    failure: tuple[int, BaseException] | None = None  # the first error raised inside a worker (see collect)
     pending: tuple[int, ...] = ()  # devices still running at the deadline (blocked: their process group is unusable)
+    superseded: bool = False  # a peer's broken-link error came first; the user's mistake replaced it as the cause
 
 
 def collect(refs: Sequence[Any], devices: Sequence[int], timeout_s: float) -> Gathered:
@@ -53,6 +56,7 @@ def collect(refs: Sequence[Any], devices: Sequence[int], timeout_s: float) -> Ga
     results: dict[int, Any] = {}
     deadline = time.monotonic() + timeout_s
     failure: tuple[int, BaseException] | None = None
+    superseded = False
     while pending:
         left = deadline - time.monotonic()
         if failure is not None:
@@ -64,13 +68,28 @@ def collect(refs: Sequence[Any], devices: Sequence[int], timeout_s: float) -> Ga
         try:
             results[dev] = ray.get(ready[0])
         except RayActorError as exc:
-            return Gathered(results, died=(dev, exc), failure=failure, pending=tuple(pending.values()))
+            return Gathered(results, died=(dev, exc), failure=failure, pending=tuple(pending.values()), superseded=superseded)
         except RayTaskError as exc:
             cause = getattr(exc, "cause", None)
             err = cause if isinstance(cause, BaseException) else exc
-            if failure is None or (isinstance(err, UserError) and not isinstance(failure[1], UserError)):
-                failure = (dev, err)  # a user's mistake is the root cause: the peers' broken links only follow it
-    return Gathered(results, failure=failure, pending=tuple(pending.values()))
+            if failure is None:
+                failure = (dev, err)
+            elif isinstance(err, UserError) and follows_a_peer(failure[1]):
+                failure, superseded = (dev, err), True  # the user's mistake closed the links the peer failed on
+    return Gathered(results, failure=failure, pending=tuple(pending.values()), superseded=superseded)
+
+
+BROKEN_LINK = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+"""What gloo's error says when the rank at the other end closed its sockets (as a failing rank does:
+:func:`actors.transport.abort_communicators`)."""
+
+
+def follows_a_peer(err: BaseException) -> bool:
+    """Whether ``err`` is what a worker raises when a *peer* gave up the iteration (its communicators aborted,
+    a closed link, NCCL's abort), rather than a failure of its own."""
+    if isinstance(err, (CommunicatorsAborted, dist.DistError)):
+        return True
+    return isinstance(err, RuntimeError) and any(s in str(err) for s in BROKEN_LINK)
 
 
 def ran_after_failure(refs: Sequence[Any], grace_s: float) -> bool:

@@ -271,8 +271,8 @@ def main(argv: list[str] | None = None) -> int:
                 certified, best, plan = True, mine, "certified"  # type: ignore[assignment]
         elif (args.set in ("x8", "x8r") or args.exact) and mine is not None:  # the same bounded search just above auto's time finds the optimum
             best, plan, count = optimum_below(prof, cl, M, 4.0, mine * (1 + EXACT_SLACK))
-            if plan is None:  # nothing in the space at or under auto's time: auto's plan is outside it and no slower
-                certified, best, plan = True, mine, "certified"  # type: ignore[assignment]
+            if plan is None:  # nothing in the space at or under auto's time: auto's plan is outside it, and optimal
+                best, plan = mine, "auto's own"  # type: ignore[assignment]
         else:
             best, plan, count = optimum(prof, cl, M, 4.0)
         oracle_s = time.process_time() - t0

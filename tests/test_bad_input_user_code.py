@@ -161,7 +161,7 @@ def test_a_user_error_is_reported_before_the_peer_errors_it_caused(ray_session: 
 
     @ray_session.remote(num_cpus=0.01)
     def peer() -> None:
-        raise RuntimeError("Connection closed by peer")
+        raise RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:11660")  # gloo's words (measured)
 
     @ray_session.remote(num_cpus=0.01)
     def last_stage() -> None:
@@ -176,3 +176,13 @@ def test_a_user_error_is_reported_before_the_peer_errors_it_caused(ray_session: 
     assert got.died is None and got.pending == ()
     dev, err = got.failure or (None, None)
     assert dev == 2 and isinstance(err, UserCodeError), got.failure
+
+
+def test_only_a_broken_link_gives_way_to_a_user_error() -> None:
+    from actors.group_calls import follows_a_peer
+    from actors.transport import CommunicatorsAborted
+
+    assert follows_a_peer(RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:11660"))
+    assert follows_a_peer(CommunicatorsAborted("device 0: communicators aborted after a failed iteration"))
+    assert not follows_a_peer(RuntimeError("CUDA error: an illegal memory access was encountered"))  # its own failure
+    assert not follows_a_peer(MemoryError())

@@ -94,8 +94,8 @@ def simulate_groups(plan: Plan, profile: Profile, cluster: Cluster, options: Sim
                     trace: bool = False, memory: bool = True) -> GroupSim:
     """One iteration of ``plan`` with one timeline per device group (see the module docstring);
     ``trace`` records every compute action's interval (:data:`Traced`). ``memory=False`` leaves out the
-    peak-memory walk (no peaks; ``fits`` True): what a caller that only bounds the time needs, a third of
-    the cost.
+    peak-memory walk (no peaks; ``fits`` True unless the orders deadlock): what a caller that only bounds
+    the time needs, a third of the cost.
 
     ``lower=True`` gives a lower bound instead: each group at its fastest replica's speed, each
     boundary at its cheapest receiver's slowest message. The simulator is a max-plus system over

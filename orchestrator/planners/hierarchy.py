@@ -17,8 +17,8 @@ So the search is over replica counts and stage counts, never over device permuta
 * for every depth ``S`` (any share size, also the whole cluster), the balanced (min-max of
   forward + backward) partition with ``floor(g/S)`` replicas per stage is added (the remainder of
   the share, at most an eighth, stays idle);
-* and, where the servers outnumber the blocks (no one-server-per-stage pipeline can span more than
-  7/8 of them), the balanced pipelines with one server per stage on some of the servers, the others
+* and, where no one-server-per-stage pipeline can span 7/8 of the servers (more servers than blocks,
+  or than ``max_stages``), the balanced pipelines with one server per stage on some of the servers, the others
   idle: where deeper pipelines' busiest stages (compute and all-reduce) are equally busy, the
   shallowest (the shortest fill) and the deepest (the least memory and work on the other stages) of
   such a run of depths.
@@ -121,14 +121,16 @@ def replicated_plans(profile: Profile, cluster: Cluster, options: PlannerOptions
     seen = {label for label, _ in out}
     t = per_server
     deepest = min(L, cap, n // t)
-    if deepest * t >= n - n // 8:  # the shares above already hold such pipelines, at most an eighth idle
+    if deepest * t >= n - n // 8:  # the shares above hold the deepest such pipeline, at most an eighth idle
         return out
     server, speeds = tuple(order[:t]), cluster.speeds
     busiest = {S: max(stage_work(profile, cluster, speeds, a, b, server, M) for a, b in zip(balanced(S), balanced(S)[1:]))
                for S in range(1, deepest + 1)}  # the busiest stage's compute and all-reduce (every stage a server alike)
+    record = INF  # the least busy stage of any shallower depth
     for S in range(1, deepest + 1):
-        first = busiest[S] < min((busiest[k] for k in range(1, S)), default=INF)
-        last = S == deepest or busiest[S + 1] < busiest[S]
+        first = busiest[S] < record
+        last = S == deepest or (busiest[S] <= record and busiest[S + 1] != busiest[S])
+        record = min(record, busiest[S])
         if not (first or last):  # inside a run of depths with an equally busy stage: only its ends (every depth
             continue  # of a 100-block model at 1024 GPUs costs 4 s more; see benchmarks/results/planner_scale.md)
         label = f"hier:1x{S}x{t}"
