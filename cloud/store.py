@@ -32,6 +32,10 @@ def default_cache_path() -> Path:
     return base / "raypipe" / "prices.csv.gz"
 
 
+RESOLUTIONS = ("s", "ms", "us", "ns")
+"""pandas' datetime resolutions, coarsest first."""
+
+
 def empty_frame() -> pd.DataFrame:
     return normalize(pd.DataFrame({c: [] for c in SCHEMA}))
 
@@ -47,7 +51,10 @@ def normalize(frame: pd.DataFrame, origin: str = "price table") -> pd.DataFrame:
     try:
         out["timestamp"] = pd.to_datetime(out["timestamp"], utc=True, format="mixed")
         out["observed_at"] = pd.to_datetime(out["observed_at"].replace("", None), utc=True, format="mixed")
-        out["observed_at"] = out["observed_at"].fillna(out["timestamp"])
+        # strings parse to the resolution they carry (s, us, ns): one dtype before filling one from the other
+        finer = max(out["timestamp"].dt.unit, out["observed_at"].dt.unit, key=RESOLUTIONS.index)
+        out["timestamp"] = out["timestamp"].dt.as_unit(finer)  # out of range at ns: a ValueError, one line below
+        out["observed_at"] = out["observed_at"].dt.as_unit(finer).fillna(out["timestamp"])
         out["usd_per_hour"] = pd.to_numeric(out["usd_per_hour"]).astype(float)
         out["gpu_count"] = pd.to_numeric(out["gpu_count"]).astype(int)
     except (ValueError, TypeError) as exc:

@@ -114,3 +114,20 @@ def test_shared_traces_import(traces):
     aws = frame[frame.cloud == "aws"].drop_duplicates(subset=["timestamp", "zone", "instance_type", "usd_per_hour"])
     assert len(aws) == 16560  # README: 16,560 unique AWS records after de-duplicating overlaps
     assert set(frame[frame.cloud == "azure"].region) == {"eastus", "northcentralus", "southcentralus"}
+
+
+def test_timestamps_of_different_resolutions_fill_one_another():
+    # Why: pandas parses "2026-01-01" to microseconds and a nanosecond string to nanoseconds; filling one column
+    # from the other across resolutions warns now and raises in pandas' next major version.
+    import warnings
+
+    from cloud.store import SCHEMA, normalize
+
+    row = {c: "" for c in SCHEMA} | {"timestamp": "2026-01-01 00:00:00.123456789", "cloud": "aws", "region": "us-east-1",
+                                       "instance_type": "p3.2xlarge", "gpu_type": "V100", "gpu_count": "1", "spot": "true",
+                                       "usd_per_hour": "0.9", "source": "test"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = normalize(pd.DataFrame([row, row | {"observed_at": "2026-01-02"}]))
+    assert out["observed_at"].iloc[0] == out["timestamp"].iloc[0] == pd.Timestamp("2026-01-01 00:00:00.123456789", tz="UTC")
+    assert out["observed_at"].iloc[1] == pd.Timestamp("2026-01-02", tz="UTC")
