@@ -310,7 +310,7 @@ class BoundTerms:
             src, dst = stages[j].devices, stages[j + 1].devices
             fw_st, bw_st = pair_stats(cluster, src, dst), pair_stats(cluster, dst, src)
             nbytes = out_bytes[j]
-            self.msg_first.append((fw_st.first * nbytes if fw_st.first > 0 else -1.0, bw_st.first * nbytes if bw_st.first > 0 else -1.0))
+            self.msg_first.append((first_message(cluster, src, dst, nbytes), first_message(cluster, dst, src, nbytes)))
             self.msg_link.append((fw_st.top * nbytes, bw_st.top * nbytes))
             self.has_msg.append((fw_st.top > 0, bw_st.top > 0))
         self.lat = lat
@@ -333,8 +333,7 @@ class BoundTerms:
         chain = [b[0]] + self.bi[1:] if split else b
 
         def first(j: int, k: int) -> float:
-            v = self.msg_first[j][k]
-            return 0.0 if v < 0 else lat + v * fmin  # a receiver that needs no message (same device) waits 0
+            return first_wait(self.msg_first[j][k], lat, fmin)
 
         head = [0.0] * S
         for j in range(S - 1):
@@ -395,10 +394,21 @@ class FirstUnitPath:
         key = (boundary, src, dst)
         got = self._message.get(key)
         if got is None:
-            first = pair_stats(self.cluster, src, dst).first
-            nbytes = self.profile.boundary_bytes(boundary)
-            got = self._message[key] = 0.0 if first <= 0 else self.cluster.latency_s + first * nbytes * self.fmin
+            cost = first_message(self.cluster, src, dst, self.profile.boundary_bytes(boundary))
+            got = self._message[key] = first_wait(cost, self.cluster.latency_s, self.fmin)
         return got
+
+
+def first_message(cluster: Cluster, src: tuple[int, ...], dst: tuple[int, ...], nbytes: float) -> float:
+    """A whole unit's message from ``src`` to ``dst`` at its cheapest receiver's slowest pair, in byte-seconds
+    (no latency); -1 when some receiver shares a device with a sender and so waits for nothing."""
+    first = pair_stats(cluster, src, dst).first
+    return first * nbytes if first > 0 else -1.0
+
+
+def first_wait(cost: float, latency_s: float, fraction: float) -> float:
+    """How long the first unit (``fraction`` of a micro-batch) waits for a message of :func:`first_message`'s ``cost``."""
+    return 0.0 if cost < 0 else latency_s + cost * fraction
 
 
 def work_bound(stages: Sequence[Stage], profile: Profile, cluster: Cluster, total: float) -> float:

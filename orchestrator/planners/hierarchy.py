@@ -124,8 +124,13 @@ def replicated_plans(profile: Profile, cluster: Cluster, options: PlannerOptions
     if deepest * t >= n - n // 8:  # the shares above hold the deepest such pipeline, at most an eighth idle
         return out
     server, speeds = tuple(order[:t]), cluster.speeds
-    busiest = {S: max(stage_work(profile, cluster, speeds, a, b, server, M) for a, b in zip(balanced(S), balanced(S)[1:]))
-               for S in range(1, deepest + 1)}  # the busiest stage's compute and all-reduce (every stage a server alike)
+
+    def busiest_at(S: int) -> float:
+        """The busiest stage's compute and all-reduce at depth ``S`` (every stage has a server of the same shape)."""
+        cuts = balanced(S)
+        return max(stage_work(profile, cluster, speeds, a, b, server, M) for a, b in zip(cuts, cuts[1:]))
+
+    busiest = {S: busiest_at(S) for S in range(1, deepest + 1)}
     record = INF  # the least busy stage of any shallower depth
     for S in range(1, deepest + 1):
         first = busiest[S] < record
