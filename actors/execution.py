@@ -189,6 +189,7 @@ class Executor:
         self.step_index = step
         self.inputs = self.targets = None
         stages = self.plan.stages_of_device(self.device)
+        lr = self._first_lr()  # the rate this step's optimizer steps use (schedulers step after them)
         if 0 in stages or self.last in stages:
             inputs, targets = user_code.batch(spec.data_fn, step, self.batch_rows, self.boundary[0])
             if self.cuda:  # pinned host memory: the copy overlaps instead of blocking the host
@@ -228,10 +229,20 @@ class Executor:
             "device": self.device, "step": step, "t0_wall": clock.t0_wall, "iteration_s": elapsed, "busy_s": busy,
             "bubble_s": max(0.0, elapsed - busy), "spans": spans, "sends": sends, "recvs": recvs,
             "loss": loss if self.last in stages else None,
+            "rows": self.batch_rows if 0 in stages else None, "lr": lr,
             "peak_memory_bytes": int(peak), "memory_metric": "cuda_max_memory_allocated" if self.cuda else "stash_high_water",
             "maxrss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "cpu_s": cpu,
             "wait_s": waited, "actions": len(self.program),
         }
+
+    def _first_lr(self) -> tuple[int, float] | None:
+        """``(block, lr)`` of this device's first block optimizer's first parameter group (reported so that the
+        driver can show the learning rate in force: the lowest block across devices wins)."""
+        if not self.optimizers:
+            return None
+        block = min(self.optimizers)
+        groups = self.optimizers[block].param_groups
+        return (block, float(groups[0]["lr"])) if groups and "lr" in groups[0] else None
 
     def _forward(self, a: Action, index: int) -> None:
         start = self.now()

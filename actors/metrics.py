@@ -51,6 +51,8 @@ class MeasuredIteration:
     device_s: dict[int, float] = field(default_factory=dict)  # each device's own first-to-last-action time
     wait_s: dict[int, float] = field(default_factory=dict)  # time each device was blocked on receives
     actions: dict[int, int] = field(default_factory=dict)  # program length per device
+    rows: int = 0  # samples in the step's batch (0: not reported)
+    lr: float | None = None  # the first block optimizer's learning rate during the step
 
     @property
     def overhead_s(self) -> dict[int, float]:
@@ -123,6 +125,8 @@ def combine(reports: Sequence[Mapping[str, Any]], wall_s: float | None = None) -
             transfers.append(Transfer(key[4], d, label, int(nbytes), start, max(start, done + off)))
     iteration = max(float(r["iteration_s"]) + offset[int(r["device"])] for r in reports)
     losses = [float(r["loss"]) for r in reports if r.get("loss") is not None]
+    rates = sorted(tuple(r["lr"]) for r in reports if r.get("lr") is not None)
+    rows = [int(r["rows"]) for r in reports if r.get("rows") is not None]
     return MeasuredIteration(
         step=int(reports[0]["step"]),
         iteration_s=wall_s if wall_s is not None else iteration,
@@ -139,6 +143,8 @@ def combine(reports: Sequence[Mapping[str, Any]], wall_s: float | None = None) -
         device_s={int(r["device"]): float(r["iteration_s"]) for r in reports},
         wait_s={int(r["device"]): float(r["wait_s"]) for r in reports if "wait_s" in r},
         actions={int(r["device"]): int(r["actions"]) for r in reports if "actions" in r},
+        rows=rows[0] if rows else 0,
+        lr=float(rates[0][1]) if rates else None,
     )
 
 

@@ -38,6 +38,9 @@ _API = {
     "SpotConfig": "orchestrator.elastic.job_config", "InjectedNotice": "orchestrator.elastic.job_config",
     "JobFailed": "orchestrator.elastic.signals", "JobStopped": "orchestrator.elastic.signals",
     "MigrationRequested": "orchestrator.elastic.signals",
+    "Callback": "orchestrator.elastic.callbacks", "Checkpoint": "orchestrator.elastic.callbacks",
+    "Stop": "orchestrator.elastic.callbacks", "StepInfo": "orchestrator.elastic.callbacks",
+    "StartInfo": "orchestrator.elastic.callbacks",
     "add_job_arguments": "orchestrator.elastic.driver_args", "job_configs": "orchestrator.elastic.driver_args",
     # training options (torch): what TrainConfig.training and the factories' wrappers take
     "TrainingOptions": "actors.training", "LossScale": "actors.training", "decay_groups": "actors.training",
@@ -59,6 +62,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs only; at run time each name is i
     from orchestrator.core.plan import Plan, ScheduleKind, Stage, straight_plan
     from orchestrator.elastic.driver_args import add_job_arguments, job_configs
     from orchestrator.elastic.signals import JobFailed, JobStopped, MigrationRequested
+    from orchestrator.elastic.callbacks import Callback, Checkpoint, StartInfo, StepInfo, Stop
     from orchestrator.core.profile import Block, Profile
     from orchestrator.core.profile_loader import load_profile
     from orchestrator.costmodel.simulator import simulate

@@ -44,8 +44,10 @@ def job(pool: Any, root: Path, devices: int = 4, plan_cuts: list[int] | None = N
     adapt = run.pop("adapt", AdaptConfig(enabled=False))
     spot = run.pop("spot", SpotConfig(enabled=False))
     widths = run.pop("widths", WIDTHS)
+    callbacks = run.pop("callbacks", ())
     return ElasticJob(train_config(widths), ScalingConfig(devices=devices, plan=plan),
-                      RunConfig(storage=str(root / "ckpt"), events=root / "events.jsonl", **run), adapt, spot, workers=pool)
+                      RunConfig(storage=str(root / "ckpt"), events=root / "events.jsonl", **run), adapt, spot, workers=pool,
+                      callbacks=callbacks)
 
 
 def tree_digest(root: Path) -> dict[str, str]:

@@ -152,6 +152,8 @@ class RunConfig:
     recover_in_place: bool = True
     """A death without notice: the survivors keep their processes and roll back from host copies
     (off, or when impossible: every worker restarts from the newest checkpoint)."""
+    progress: bool = True
+    """A progress line on stdout every 10 steps (:class:`~orchestrator.elastic.callbacks.Progress`)."""
 
     def __post_init__(self) -> None:
         where = "RunConfig"
@@ -164,6 +166,7 @@ class RunConfig:
         limits.flag(self.async_checkpoints, where, "async_checkpoints")
         limits.flag(self.pipelined, where, "pipelined")
         limits.flag(self.recover_in_place, where, "recover_in_place")
+        limits.flag(self.progress, where, "progress")
         if not limits.text(self.name, where, "name").strip():
             raise UserError(f"{where}: name must not be empty")
         if self.resume not in ("auto", "never", "require"):

@@ -51,6 +51,7 @@ from orchestrator.adapt.live import to_controller_metrics
 from orchestrator.adapt.rehearsal import Rehearsal
 from orchestrator.adapt.policies import DeathDecision, GiveUp, RecoverInPlace, Restart, on_worker_death, planner_plan
 from orchestrator.core.errors import UserError
+from orchestrator.elastic.callbacks import Callback, CallbackError, Callbacks, Checkpoint, Progress, StartInfo, StepInfo
 from orchestrator.train.discovery import connect
 from orchestrator.elastic.evacuation import Evacuate, Fallback, Notice, check_notice, plan_evacuation
 from orchestrator.elastic.job_config import AdaptConfig, RunConfig, ScalingConfig, SpotConfig, TrainConfig
@@ -72,9 +73,12 @@ class ElasticJob:
 
     def __init__(self, train: TrainConfig, scaling: ScalingConfig = ScalingConfig(), run: RunConfig = RunConfig(),
                  adapt: AdaptConfig = AdaptConfig(), spot: SpotConfig = SpotConfig(),
-                 clock: Callable[[], float] = time.monotonic, workers: WorkerGroup | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, workers: WorkerGroup | None = None,
+                 callbacks: Sequence[Callback] = ()) -> None:
         """``workers``: an existing pool of stage workers (slot ``d`` runs device ``d``) to use
-        instead of starting one, kept alive afterwards (tests share one pool)."""
+        instead of starting one, kept alive afterwards (tests share one pool). ``callbacks``: the user's
+        (:mod:`orchestrator.elastic.callbacks`), called in order after the built-in progress line."""
+        self.callbacks = Callbacks([*([Progress()] if run.progress else []), *callbacks])
         for n in spot.notices:
             bad = sorted(d for d in n.devices or () if not 0 <= d < scaling.devices)
             if bad:
@@ -131,6 +135,7 @@ class ElasticJob:
         self.growth = Growth(self)
         self._prices: PriceView | None = None  # built on first use (price_view)
         self.target_steps = 0
+        self._stopped_for: str | None = None  # a callback's Stop ended this fit
 
     # ----- inputs -----
     def notify(self, devices: tuple[int, ...], seconds_left: float, source: str = "injected") -> None:
@@ -148,9 +153,16 @@ class ElasticJob:
         first = self.runtime.step
         self._watch(target)
         self._stop_signals = stop = StopSignals()
+        self._stopped_for = None
+        resumed = self.opened.resume_step if first == self.opened.resume_step else None
+        self.callbacks.start(StartInfo(first, target, self.runstate.run_id, str(self.run.storage), self.runtime.plan.describe(), resumed))
         try:
+            self._user_turn()  # a callback that failed in on_start
             self.loop.run(target)
             self._finish()
+        except UserError as exc:  # the user's mistake (a callback, data_fn, loss_fn, ...): recorded, never retried
+            self._user_failed(exc)
+            raise
         finally:
             stop.restore()
             self._stop_signals = None
@@ -158,10 +170,13 @@ class ElasticJob:
                 self._notice_watchers.stop()
                 self._notice_watchers = None
         losses = {s: self.runtime.history[s] for s in range(first, target) if s in self.runtime.history}
-        self.emit("job_finished", step=self.runtime.step, plan=self.runtime.plan.describe(), final_loss=losses.get(target - 1))
-        self.runstate.ended("finished", self.runtime.step)
-        return JobResult(self.runtime.step, losses, self.runtime.plan, list(self.records), time.perf_counter() - start,
-                         self.moves, self.restarts)
+        if self._stopped_for is None:
+            self.emit("job_finished", step=self.runtime.step, plan=self.runtime.plan.describe(), final_loss=losses.get(target - 1))
+            self.runstate.ended("finished", self.runtime.step)
+        result = JobResult(self.runtime.step, losses, self.runtime.plan, list(self.records), time.perf_counter() - start,
+                           self.moves, self.restarts)
+        self.callbacks.end(result)
+        return result
 
     def _start(self) -> None:
         """Workers up, resumed from the run's newest committed checkpoint (if any), ``job_started``."""
@@ -215,9 +230,47 @@ class ElasticJob:
         self.iteration_s.extend(m.iteration_s for m in run)
         if self._recovering is not None:
             self._recovered()
+        for m in run:
+            self.callbacks.step_end(StepInfo(m.step + 1, self.target_steps, m.loss, m.iteration_s,
+                                             m.rows / m.iteration_s if m.rows and m.iteration_s > 0 else 0.0, m.lr,
+                                             self.moves, self.restarts, self.loop.failures))
 
     def between(self, run: Sequence[MeasuredIteration], target: int) -> None:
-        self._after(run[-1], target)
+        self._user_turn()
+        if not self.loop.stopped:
+            self._after(run[-1], target)
+
+    def _user_turn(self) -> None:
+        """What the user's callbacks asked for since the last step, carried out with nothing in flight: a
+        callback's failure ends the run (raised to ``fit``), then checkpoints and a stop, in order."""
+        callbacks = self.callbacks
+        if callbacks.failure is None and not callbacks.pending:
+            return
+        self.loop.finish_in_flight()  # the step in flight completes (its callbacks run) before anything acts
+        if callbacks.failure is not None:
+            raise callbacks.failure
+        for action in callbacks.take():
+            if isinstance(action, Checkpoint):
+                self.checkpoint_now(action.reason)
+            else:
+                self._commit_final()
+                self._stopped_for = action.reason
+                self.emit("stopped", step=self.runtime.step, reason=action.reason)
+                self.runstate.ended("stopped", self.runtime.step)
+                self.loop.stop()
+                return
+
+    def _user_failed(self, exc: UserError) -> None:
+        """The run ends on the user's mistake: ``failed`` in the run record with the cause, never relaunched.
+        A callback's failure leaves the workers consistent: the step reached is committed first."""
+        if isinstance(exc, CallbackError):
+            try:
+                self._commit_final()
+            except (PipelineActorError, UserError):
+                pass  # the newest committed checkpoint stands
+        trace = exc.trace if isinstance(exc, CallbackError) else ""
+        self.emit("user_error", step=self.runtime.step, error=" ".join(str(exc).split()), traceback=trace)
+        self.runstate.ended("failed", self.runtime.step)
 
     def failed(self, exc: PipelineActorError, failures: int) -> None:
         self._failed(exc, failures)
@@ -226,6 +279,8 @@ class ElasticJob:
         self.loop.finish_in_flight()
         if self._recovering is not None:
             self._recovered()
+        if self.callbacks.failure is not None:
+            raise self.callbacks.failure
         self._commit_final()
         self.growth.finish()
 
@@ -579,7 +634,9 @@ class ElasticJob:
         while self._skipped_told < len(skipped):
             s, self._skipped_told = skipped[self._skipped_told], self._skipped_told + 1
             self.emit("checkpoint_skipped", path=s.location, reason=s.reason)
-        self.records.append(self.runstate.emit(event, **fields))
+        record = self.runstate.emit(event, **fields)
+        self.records.append(record)
+        self.callbacks.event(record)
 
     def max_abs_diff(self) -> float:
         """Final weights against uninterrupted single-process training on the same data."""

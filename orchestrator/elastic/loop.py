@@ -71,12 +71,18 @@ class TrainingLoop:
         self.done_at: float | None = None  # when the newest step completed (a recovery's stall runs from it)
         self._ahead: InFlight | None = None
         self._last_done: float | None = None  # when the previous run was gathered, if the next was submitted before
+        self.stopped = False  # a policy ended the run early (a user's Stop): no step is submitted after it
+
+    def stop(self) -> None:
+        """End :meth:`run` at the step reached (asked by a policy between runs, after it drained what was in flight)."""
+        self.stopped = True
 
     def run(self, target: int) -> None:
-        """Train to step ``target`` (at or past it: return at once); ends with nothing in flight."""
+        """Train to step ``target`` (at or past it, or once stopped: return at once); ends with nothing in flight."""
         runtime = self.runtime
+        self.stopped = False
         try:
-            while runtime.step < target:
+            while runtime.step < target and not self.stopped:
                 self.policies.before(runtime.step)
                 run = self._next(target)
                 if run is None:  # a worker died: the failure policy recovered (or raised)

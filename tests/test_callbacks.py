@@ -1,0 +1,157 @@
+"""The user's callbacks: every step seen once and in order, a checkpoint and a stop on demand, events as they are
+recorded, and a callback's exception as the user's mistake (one line naming it, no retry, a committed checkpoint,
+``failed``). A stopped run resumes exactly."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import orchestrator
+from actors import checkpoint as ckpt
+from orchestrator.elastic import run_record
+from orchestrator.elastic.callbacks import CallbackError
+from tests.test_run_lifecycle import job
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Recorder(orchestrator.Callback):
+    def __init__(self, checkpoint_at: int = 0, stop_at: int = 0, raise_at: int = 0) -> None:
+        self.steps: list[int] = []
+        self.losses: list[float] = []
+        self.rates: list[float | None] = []
+        self.events: list[str] = []
+        self.starts: list[orchestrator.StartInfo] = []
+        self.ended: list[Any] = []
+        self.checkpoint_at, self.stop_at, self.raise_at = checkpoint_at, stop_at, raise_at
+
+    def on_start(self, info: orchestrator.StartInfo) -> None:
+        self.starts.append(info)
+
+    def on_step_end(self, info: orchestrator.StepInfo) -> orchestrator.Checkpoint | orchestrator.Stop | None:
+        self.steps.append(info.step)
+        self.losses.append(info.loss)
+        self.rates.append(info.lr)
+        assert info.samples_per_s > 0
+        if info.step == self.raise_at:
+            raise ValueError("boom")
+        if info.step == self.checkpoint_at:
+            return orchestrator.Checkpoint()
+        if info.step == self.stop_at:
+            return orchestrator.Stop("enough")
+        return None
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        self.events.append(event["event"])
+
+    def on_end(self, result: Any) -> None:
+        self.ended.append(result)
+
+
+def committed_steps(events: list[dict[str, Any]]) -> list[int]:
+    return [e["step"] for e in events if (e["event"] == "checkpoint" and not e["background"]) or e["event"] == "checkpoint_committed"]
+
+
+@pytest.mark.ray
+def test_a_callback_checkpoints_and_stops_the_run_which_then_resumes_exactly(worker_group: Any, tmp_path: Path) -> None:
+    cb = Recorder(checkpoint_at=7, stop_at=9)
+    j = job(worker_group, tmp_path, checkpoint_every=0, callbacks=[cb])
+    try:
+        result = j.fit(20)
+        assert result.step in (9, 10) and cb.ended == [result]
+        assert cb.steps == list(range(1, result.step + 1)) and all(math.isfinite(x) for x in cb.losses)
+        assert cb.rates == [0.05] * result.step  # the SGD rate of the first block optimizer
+        assert cb.starts[0].step == 0 and cb.starts[0].target == 20 and cb.starts[0].resumed_from is None
+        steps = committed_steps(result.events)
+        assert any(s in (7, 8) for s in steps) and steps[-1] == result.step
+        assert result.events[-1]["event"] == "stopped" and result.events[-1]["reason"] == "enough"
+        assert "job_finished" not in cb.events and cb.events[0] == "job_started" and cb.events[-1] == "stopped"
+        record = run_record.read(str(tmp_path / "ckpt"))
+        assert record is not None and record.status == "stopped" and record.last_committed == result.step
+    finally:
+        j.close()
+    again = job(worker_group, tmp_path, checkpoint_every=0)
+    try:
+        resumed = again.fit(12)
+        assert resumed.events[0]["resumed_from"] == result.step and resumed.step == 12
+        assert again.max_abs_diff() <= 1e-5
+        assert run_record.read(str(tmp_path / "ckpt")).status == "finished"  # type: ignore[union-attr]
+    finally:
+        again.close()
+
+
+@pytest.mark.ray
+def test_a_raising_callback_ends_the_run_once_on_a_committed_checkpoint_as_the_users_mistake(worker_group: Any, tmp_path: Path) -> None:
+    cb = Recorder(raise_at=3)
+    j = job(worker_group, tmp_path, checkpoint_every=0, max_failures=3, callbacks=[cb])
+    try:
+        with pytest.raises(CallbackError, match=r"callback Recorder.on_step_end raised ValueError: boom"):
+            j.fit(20)
+        assert cb.steps == [1, 2, 3]  # never called again after it raised
+        events = j.records
+        error = [e for e in events if e["event"] == "user_error"]
+        assert len(error) == 1 and "boom" in error[0]["error"] and "raise ValueError" in error[0]["traceback"]
+        assert not [e for e in events if e["event"] in ("worker_failed", "recovered", "job_finished")]
+        step = j.runtime.step
+        assert step in (3, 4) and ckpt.verify(ckpt.latest(tmp_path / "ckpt"))["step"] == step  # type: ignore[arg-type]
+        assert run_record.read(str(tmp_path / "ckpt")).status == "failed"  # type: ignore[union-attr]
+    finally:
+        j.close()
+
+
+def test_callbacks_must_be_callbacks(tmp_path: Path) -> None:
+    from orchestrator.core.errors import UserError
+    from orchestrator.elastic.callbacks import Callbacks
+
+    with pytest.raises(UserError, match="is not an orchestrator.Callback"):
+        Callbacks([object()])  # type: ignore[list-item]
+
+
+@pytest.mark.ray
+def test_a_driver_whose_callback_raises_exits_2_with_one_line(tmp_path: Path) -> None:
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER)
+    out = subprocess.run([sys.executable, str(driver), "--steps", "12", "--devices", "2", "--out", str(tmp_path / "out")],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 2, out.stderr[-2000:]
+    lines = out.stderr.strip().splitlines()
+    assert lines == ["error: callback Boom.on_step_end raised ValueError: boom"], out.stderr[-2000:]
+    assert "[raypipe] run" in out.stdout  # progress goes to stdout, never stderr
+    events = [json.loads(x) for x in (tmp_path / "out" / "events.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events].count("job_started") == 1 and events[-1]["event"] == "user_error"
+
+
+DRIVER = '''
+import argparse
+from functools import partial
+import torch
+import orchestrator
+from orchestrator import ElasticJob, TrainConfig
+from orchestrator.cli.commands import run_main
+from orchestrator.elastic.driver_args import add_job_arguments, job_configs
+from orchestrator.profiling.models import example_batch, loss_fn, mlp
+
+class Boom(orchestrator.Callback):
+    def on_step_end(self, info):
+        if info.step == 3:
+            raise ValueError("boom")
+
+def main():
+    p = argparse.ArgumentParser()
+    add_job_arguments(p)
+    args = p.parse_args()
+    widths = (8, 16, 16, 4)
+    train = TrainConfig(model_factory=partial(mlp, widths), loss_fn=loss_fn("mlp"), optimizer_factory=partial(torch.optim.SGD, lr=0.05),
+                        data_fn=partial(example_batch, "mlp", 8, widths=widths), num_microbatches=2)
+    with ElasticJob(train, *job_configs(args), callbacks=[Boom()]) as job:
+        job.fit(args.steps)
+
+run_main(main)
+'''
