@@ -1,4 +1,4 @@
-"""Command line: ``orchestrator profile | plan | simulate | demo | checkpoint | run | events | prices | cost-sim``.
+"""Command line: ``orchestrator profile | plan | simulate | demo | checkpoint | run | events | status | stop | runs | prices | cost-sim``.
 
 Every user mistake becomes one line on stderr and exit code 2 (argparse's own errors included);
 only bugs show a traceback.
@@ -392,9 +392,11 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     q.add_argument("--hf-kwargs", help="with --hf-config: config fields as a JSON object")
     q.set_defaults(func=cmd_checkpoint_export)
 
+    from orchestrator.cli.runs import add_parsers as add_runs
     from orchestrator.supervise.cli import add_parsers as add_supervise
 
     add_supervise(sub)
+    add_runs(sub)
 
     command = next((a for a in argv if not a.startswith("-")), None) if argv is not None else None
     if command in sub.choices:  # one of ours: the cloud commands cannot be the one parsed

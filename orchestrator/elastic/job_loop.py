@@ -51,7 +51,7 @@ from orchestrator.adapt.live import to_controller_metrics
 from orchestrator.adapt.rehearsal import Rehearsal
 from orchestrator.adapt.policies import DeathDecision, GiveUp, RecoverInPlace, Restart, on_worker_death, planner_plan
 from orchestrator.core.errors import UserError
-from orchestrator.elastic.callbacks import Callback, CallbackError, Callbacks, Checkpoint, Progress, StartInfo, StepInfo
+from orchestrator.elastic.callbacks import Callback, CallbackError, Callbacks, Checkpoint, Progress, StartInfo, StepInfo, Stop
 from orchestrator.train.discovery import connect
 from orchestrator.elastic.evacuation import Evacuate, Fallback, Notice, check_notice, plan_evacuation
 from orchestrator.elastic.job_config import AdaptConfig, RunConfig, ScalingConfig, SpotConfig, TrainConfig
@@ -60,7 +60,8 @@ from orchestrator.elastic.growth import Growth, check_joins
 from cloud.migration import MigrationSkipped
 from orchestrator.elastic.job_spot import PriceView, build_price_view, profile_model, relocate, spot_decision
 from orchestrator.elastic.run import RunState, open_run
-from orchestrator.elastic.run_record import MigrationRequest
+from orchestrator.elastic.ledger import Ledger
+from orchestrator.elastic.run_record import Live, MigrationRequest, StageStatus
 from orchestrator.elastic.signals import JobFailed, JobStopped, MigrationRequested, StopSignals
 from orchestrator.core.plan import Plan, straight_plan
 from orchestrator.train.recovery import InPlaceImpossible, InPlaceRecovery
@@ -136,6 +137,9 @@ class ElasticJob:
         self._prices: PriceView | None = None  # built on first use (price_view)
         self.target_steps = 0
         self._stopped_for: str | None = None  # a callback's Stop ended this fit
+        before = self.opened.record.live
+        self.ledger = Ledger(before.usd_total if before is not None else 0.0)
+        self._last_step: StepInfo | None = None  # what the run record's status shows
 
     # ----- inputs -----
     def notify(self, devices: tuple[int, ...], seconds_left: float, source: str = "injected") -> None:
@@ -171,8 +175,9 @@ class ElasticJob:
                 self._notice_watchers = None
         losses = {s: self.runtime.history[s] for s in range(first, target) if s in self.runtime.history}
         if self._stopped_for is None:
-            self.emit("job_finished", step=self.runtime.step, plan=self.runtime.plan.describe(), final_loss=losses.get(target - 1))
-            self.runstate.ended("finished", self.runtime.step)
+            self.emit("job_finished", step=self.runtime.step, plan=self.runtime.plan.describe(), final_loss=losses.get(target - 1),
+                      usd_job=self._usd_job())
+            self.runstate.ended("finished", self.runtime.step, live=self._live())
         result = JobResult(self.runtime.step, losses, self.runtime.plan, list(self.records), time.perf_counter() - start,
                            self.moves, self.restarts)
         self.callbacks.end(result)
@@ -191,6 +196,7 @@ class ElasticJob:
         self.emit("job_started", devices=[{"device": d["device"], "node_id": d["node_id"], "pid": d["pid"]} for d in runtime.devices()],
                   plan=runtime.plan.describe(), step=runtime.step, storage=str(self.run.storage), run_id=self.runstate.run_id,
                   cluster=self.run.cluster, resumed_from=resumed, offer=self._offer())
+        self._usd_job()  # the ledger knows the offer's price from the start
         self.runstate.started(runtime.step)
 
     def _watch(self, target: int) -> None:
@@ -231,34 +237,55 @@ class ElasticJob:
         if self._recovering is not None:
             self._recovered()
         for m in run:
-            self.callbacks.step_end(StepInfo(m.step + 1, self.target_steps, m.loss, m.iteration_s,
-                                             m.rows / m.iteration_s if m.rows and m.iteration_s > 0 else 0.0, m.lr,
-                                             self.moves, self.restarts, self.loop.failures))
+            info = self._last_step = StepInfo(m.step + 1, self.target_steps, m.loss, m.iteration_s,
+                                              m.rows / m.iteration_s if m.rows and m.iteration_s > 0 else 0.0, m.lr,
+                                              self.moves, self.restarts, self.loop.failures)
+            self.callbacks.step_end(info)
 
     def between(self, run: Sequence[MeasuredIteration], target: int) -> None:
-        self._user_turn()
+        self._user_turn(self.runstate.progress(self.runtime.step, self._live))
         if not self.loop.stopped:
             self._after(run[-1], target)
 
-    def _user_turn(self) -> None:
-        """What the user's callbacks asked for since the last step, carried out with nothing in flight: a
-        callback's failure ends the run (raised to ``fit``), then checkpoints and a stop, in order."""
+    def _user_turn(self, stop_requested: bool = False) -> None:
+        """What the user asked for since the last step, carried out with nothing in flight: a callback's failure
+        ends the run (raised to ``fit``), then the callbacks' checkpoints and stops in order; a stop requested
+        from outside (``orchestrator stop``) last."""
         callbacks = self.callbacks
-        if callbacks.failure is None and not callbacks.pending:
+        if callbacks.failure is None and not callbacks.pending and not stop_requested:
             return
         self.loop.finish_in_flight()  # the step in flight completes (its callbacks run) before anything acts
         if callbacks.failure is not None:
             raise callbacks.failure
-        for action in callbacks.take():
+        actions = callbacks.take() + ([Stop("requested by orchestrator stop")] if stop_requested else [])
+        for action in actions:
             if isinstance(action, Checkpoint):
                 self.checkpoint_now(action.reason)
             else:
                 self._commit_final()
                 self._stopped_for = action.reason
-                self.emit("stopped", step=self.runtime.step, reason=action.reason)
-                self.runstate.ended("stopped", self.runtime.step)
+                self.emit("stopped", step=self.runtime.step, reason=action.reason, usd_job=self._usd_job())
+                self.runstate.ended("stopped", self.runtime.step, live=self._live())
                 self.loop.stop()
                 return
+
+    def _usd_job(self) -> float:
+        """This job's dollars so far, at the price of the offer it runs on (see :mod:`orchestrator.elastic.ledger`)."""
+        return round(self.ledger.accrue(self._prices.current.usd_per_hour if self._prices is not None else None), 6)
+
+    def _live(self) -> Live:
+        """What ``orchestrator status`` shows of this job (the run record's ``live``, at most once a second)."""
+        self._usd_job()
+        last, recent = self._last_step, self.iteration_s[-5:]
+        median = statistics.median(recent) if recent else None
+        nodes = {d["device"]: d["node_id"] for d in self.runtime.devices()}
+        plan = tuple(StageStatus((s.first, s.last), s.devices, tuple(str(nodes.get(d, "")) for d in s.devices))
+                     for s in self.runtime.plan.stages)
+        return Live(self.target_steps, loss=last.loss if last is not None else None,
+                    samples_per_s=round(last.samples_per_s, 3) if last is not None else None,
+                    eta_s=round(median * max(0, self.target_steps - self.runtime.step), 1) if median is not None else None,
+                    plan=plan, recoveries=self.loop.failures, moves=self.moves, usd_per_hour=self.ledger.usd_per_hour,
+                    usd_total=round(self.ledger.total, 6), usd_job=round(self.ledger.job, 6))
 
     def _user_failed(self, exc: UserError) -> None:
         """The run ends on the user's mistake: ``failed`` in the run record with the cause, never relaunched.
@@ -270,7 +297,7 @@ class ElasticJob:
                 pass  # the newest committed checkpoint stands
         trace = exc.trace if isinstance(exc, CallbackError) else ""
         self.emit("user_error", step=self.runtime.step, error=" ".join(str(exc).split()), traceback=trace)
-        self.runstate.ended("failed", self.runtime.step)
+        self.runstate.ended("failed", self.runtime.step, live=self._live())
 
     def failed(self, exc: PipelineActorError, failures: int) -> None:
         self._failed(exc, failures)
@@ -309,8 +336,8 @@ class ElasticJob:
         self.loop.finish_in_flight()
         self._commit_final()
         name = signal.Signals(signum).name
-        self.emit("stopped", step=self.runtime.step, signal=name)
-        self.runstate.ended("stopped", self.runtime.step)
+        self.emit("stopped", step=self.runtime.step, signal=name, usd_job=self._usd_job())
+        self.runstate.ended("stopped", self.runtime.step, live=self._live())
         raise JobStopped(f"stopped by {name} at step {self.runtime.step}; checkpoint committed", signum)
 
     def _hold(self, nxt: int) -> bool:
@@ -333,7 +360,6 @@ class ElasticJob:
             where = self._finish_checkpoint()
             self.emit("checkpoint_committed", step=self._saved_at, path=str(where), wait_s=round(time.perf_counter() - t0, 4))
         self.last_metrics = m
-        self.runstate.progress(self.runtime.step)
         if self.spot.enabled:
             leaving = self.leaving
             if leaving is not None and self.clock() >= leaving.deadline - self.spot.margin_s:
@@ -487,7 +513,7 @@ class ElasticJob:
                                                   in_place=self.run.recover_in_place)
         if isinstance(decision, GiveUp):
             self.emit("job_failed", step=before, failures=failures, max_failures=self.run.max_failures, reason=decision.reason)
-            self.runstate.ended("failed", before)
+            self.runstate.ended("failed", before, live=self._live())
             raise JobFailed(f"{decision.reason} (last: {str(exc).splitlines()[0]})") from exc
         if isinstance(decision, RecoverInPlace):
             try:
@@ -583,8 +609,9 @@ class ElasticJob:
         else:
             self._finish_checkpoint()
         step = self.runtime.step if commit else (self.runstate.record.last_committed or 0)
-        self.emit("migration_requested", reason=reason, step=step, target=target, detail=detail, cluster=self.run.cluster)
-        self.runstate.ended("migrating", step, MigrationRequest(reason, step, target))
+        self.emit("migration_requested", reason=reason, step=step, target=target, detail=detail, cluster=self.run.cluster,
+                  usd_job=self._usd_job())
+        self.runstate.ended("migrating", step, MigrationRequest(reason, step, target), live=self._live())
         raise MigrationRequested(f"run {self.runstate.run_id} committed step {step} and asks its supervisor to move it to {target} ({reason})")
 
     def price_view(self, stamp_now: datetime | None = None) -> PriceView:

@@ -16,7 +16,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from actors import checkpoint as ckpt
 from actors import storage
@@ -123,6 +123,7 @@ class RunState:
         self.segment = SegmentLog(root, name)
         self.local_events = EventLog(local_events) if local_events is not None else None
         self._progress_at = 0.0
+        self._stop_seen = False
 
     @property
     def run_id(self) -> str:
@@ -149,19 +150,26 @@ class RunState:
     def started(self, step: int) -> None:
         self._write(steps_done=step, status="running")
 
-    def progress(self, step: int) -> None:
-        """At most once a second: the supervisor follows the run by this."""
+    def progress(self, step: int, live: Callable[[], rr.Live]) -> bool:
+        """At most once a second: the record learns the step and what a watcher wants (the supervisor and
+        ``orchestrator status`` follow the run by this), and the stop request is looked for. Returns whether
+        a stop was requested (once seen, it stays seen)."""
         now = time.monotonic()
         if now - self._progress_at >= PROGRESS_EVERY_S:
             self._progress_at = now
-            self._write(steps_done=step)
+            self._write(steps_done=step, live=live())
+            self._stop_seen = self._stop_seen or rr.stop_requested(self.root)
+        return self._stop_seen
 
     def committed(self, step: int, steps_done: int) -> None:
         self._write(last_committed=step if self.record.last_committed is None else max(step, self.record.last_committed),
                     steps_done=steps_done)
 
-    def ended(self, status: rr.Status, step: int, migration: rr.MigrationRequest | None = None) -> None:
-        self._write(status=status, steps_done=step, migration=migration)
+    def ended(self, status: rr.Status, step: int, migration: rr.MigrationRequest | None = None,
+              live: rr.Live | None = None) -> None:
+        self._write(status=status, steps_done=step, migration=migration, **({"live": live} if live is not None else {}))
+        if status != "migrating":  # a stop asked for during a migration is the next job's to honour
+            rr.clear_stop(self.root)
         self.segment.flush()
 
 

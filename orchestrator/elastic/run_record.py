@@ -30,6 +30,8 @@ from orchestrator.core.errors import UserError
 from orchestrator.core.profile import Profile
 
 RECORD = "run.json"
+STOP = "stop.json"
+"""``orchestrator stop`` writes this beside the record; the job honours it between steps and removes it."""
 FORMAT = "raypipe-run"
 VERSION = 1
 Status = Literal["running", "finished", "migrating", "stopped", "failed"]
@@ -47,6 +49,41 @@ class MigrationRequest:
 
 
 @dataclass(frozen=True)
+class StageStatus:
+    """One stage of the plan in force, as a watcher reads it."""
+
+    blocks: tuple[int, int]
+    devices: tuple[int, ...]
+    nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Live:
+    """What a watcher of a running job wants (``orchestrator status``), written with the progress at most once
+    a second. Numbers only, and the plan: never a secret (nothing the user configured is copied here)."""
+
+    target: int
+    loss: float | None = None
+    eval_loss: float | None = None
+    samples_per_s: float | None = None
+    eta_s: float | None = None
+    plan: tuple[StageStatus, ...] = ()
+    recoveries: int = 0
+    moves: int = 0
+    usd_per_hour: float | None = None
+    usd_total: float = 0.0
+    """The run's dollars so far: every earlier job's ``usd_job`` plus this one's."""
+    usd_job: float = 0.0
+
+    @classmethod
+    def from_dict(cls, body: dict[str, Any]) -> "Live":
+        known = {k: v for k, v in body.items() if k in cls.__dataclass_fields__ and k != "plan"}
+        plan = tuple(StageStatus((int(s["blocks"][0]), int(s["blocks"][1])), tuple(int(d) for d in s["devices"]),
+                                 tuple(str(n) for n in s["nodes"])) for s in body.get("plan") or ())
+        return cls(**known, plan=plan)
+
+
+@dataclass(frozen=True)
 class RunRecord:
     """See the module docstring; one value per write, never changed in place."""
 
@@ -59,6 +96,7 @@ class RunRecord:
     cluster: str | None = None
     migration: MigrationRequest | None = None
     updated_at: float = field(default_factory=time.time)
+    live: Live | None = None
 
     def to_json(self) -> bytes:
         body = {"format": FORMAT, "version": VERSION, **asdict(self)}
@@ -81,7 +119,8 @@ class RunRecord:
                        last_committed=None if body.get("last_committed") is None else int(body["last_committed"]),
                        status=body.get("status", "running"), cluster=body.get("cluster"),
                        migration=MigrationRequest(str(mig["reason"]), int(mig["step"]), str(mig["target"])) if mig else None,
-                       updated_at=float(body.get("updated_at", 0.0)))
+                       updated_at=float(body.get("updated_at", 0.0)),
+                       live=Live.from_dict(body["live"]) if isinstance(body.get("live"), dict) else None)
         except (KeyError, TypeError, ValueError) as exc:
             raise UserError(f"{where}: the run record is malformed ({type(exc).__name__}: {exc})") from None
 
@@ -116,6 +155,21 @@ def write(storage_root: str, record: RunRecord) -> None:
     storage.write_bytes(location(storage_root), record.to_json())
 
 
+def request_stop(storage_root: str, by: str) -> None:
+    """Ask the job running on ``storage_root`` to stop (who may do so is whoever may write the storage)."""
+    storage.write_bytes(storage.join(storage_root, STOP), json.dumps({"requested_at": time.time(), "by": by}).encode())
+
+
+def stop_requested(storage_root: str) -> bool:
+    return storage.exists(storage.join(storage_root, STOP))
+
+
+def clear_stop(storage_root: str) -> None:
+    where = storage.join(storage_root, STOP)
+    if storage.exists(where):
+        storage.remove_file(where)
+
+
 def new_run_id() -> str:
     return uuid.uuid4().hex[:12]
 
@@ -133,5 +187,5 @@ def updated(record: RunRecord, **changes: Any) -> RunRecord:
     return replace(record, updated_at=time.time(), **changes)
 
 
-__all__ = ["MigrationRequest", "RunRecord", "RESUME_MODES", "check_same_run", "config_fingerprint", "model_fingerprint",
+__all__ = ["Live", "MigrationRequest", "RunRecord", "StageStatus", "clear_stop", "request_stop", "stop_requested", "RESUME_MODES", "check_same_run", "config_fingerprint", "model_fingerprint",
            "new_run_id", "read", "updated", "write"]

@@ -271,8 +271,9 @@ class Supervisor:
         cur.job.drain()
         record = read_record(self.config.storage) or {}
         status = record.get("status")
-        if outcome.status == "SUCCEEDED":
-            self.events.emit("run_finished", cluster=cur.handle.cluster_id, steps_done=record.get("steps_done"))
+        if outcome.status == "SUCCEEDED":  # finished, or stopped on request (orchestrator stop): never relaunched
+            self.events.emit("run_stopped" if status == "stopped" else "run_finished", cluster=cur.handle.cluster_id,
+                             steps_done=record.get("steps_done"), usd_total=(record.get("live") or {}).get("usd_total"))
             self._teardown(cur.handle)
             self._save(cluster=None, job_id=None)
             return None
