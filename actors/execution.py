@@ -47,10 +47,11 @@ path of every later iteration.
 
 from __future__ import annotations
 
+import contextlib
 import resource
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -104,9 +105,12 @@ class Executor:
         self, spec: JobSpec, plan: Plan, device: int, rank_of: dict[int, int], program: tuple[Action, ...],
         modules: dict[int, nn.Module], optimizers: dict[int, torch.optim.Optimizer], groups: dict[tuple[int, ...], Any],
         boundary: list[tuple[tuple[int, ...], torch.dtype]], batch_rows: int, torch_device: torch.device,
-        links: dict[tuple[int, int], Any] | None = None,
+        links: dict[tuple[int, int], Any] | None = None, evaluating: bool = False,
     ) -> None:
+        """``evaluating``: ``program`` is a forward-only pass (:func:`~orchestrator.schedule.lowering.forward_only`) run
+        with no gradient and the blocks in eval mode (dropout off), which changes no state."""
         self.spec, self.plan, self.device, self.rank_of, self.program = spec, plan, device, rank_of, program
+        self.evaluating = evaluating
         self.modules, self.optimizers = modules, optimizers
         self.boundary, self.batch_rows, self.torch_device = boundary, batch_rows, torch_device
         self.last = len(plan.stages) - 1
@@ -189,7 +193,7 @@ class Executor:
         self.step_index = step
         self.inputs = self.targets = None
         stages = self.plan.stages_of_device(self.device)
-        lr = self._first_lr()  # the rate this step's optimizer steps use (schedulers step after them)
+        lr = None if self.evaluating else self._first_lr()  # the rate this step's optimizer steps use (schedulers step after them)
         if 0 in stages or self.last in stages:
             inputs, targets = user_code.batch(spec.data_fn, step, self.batch_rows, self.boundary[0])
             if self.cuda:  # pinned host memory: the copy overlaps instead of blocking the host
@@ -208,10 +212,11 @@ class Executor:
         post_before, calls, program, post = self.tables.post_before, self.calls, self.program, exchange.post
         cpu0 = _thread_time()
         clock.start()
-        for i in range(len(program)):
-            for r in post_before[i]:
-                post(r)
-            calls[i](program[i], i)
+        with evaluation(self.modules.values()) if self.evaluating else contextlib.nullcontext():
+            for i in range(len(program)):
+                for r in post_before[i]:
+                    post(r)
+                calls[i](program[i], i)
         exchange.finish()
         loss = float(torch.stack(self.losses).sum().item()) if self.losses else 0.0  # the one host sync (CUDA)
         if self.cuda:
@@ -253,7 +258,7 @@ class Executor:
             held = 0
         else:
             x = self._assemble("F", a.stage, a.unit, pieces, lo, hi).detach()
-            x.requires_grad_(x.is_floating_point())
+            x.requires_grad_(x.is_floating_point() and not self.evaluating)
             held = nbytes(x)
         known = self.held_bytes.get(index)
         if known is None and not self.cuda:  # first time: count what autograd saves (see module docstring)
@@ -275,7 +280,8 @@ class Executor:
         else:
             out = self._apply(a, x, blocks, lo, hi, scale)
             held += known or 0
-        self.stash[key] = (x if a.stage > 0 else None, out, held)
+        if not self.evaluating:  # kept for the backward (an evaluation has none)
+            self.stash[key] = (x if a.stage > 0 else None, out, held)
         if a.stage < self.last:
             self._hand_over("F", key, out.detach())
         self.stash_now += held
@@ -308,7 +314,7 @@ class Executor:
             if hi > lo:
                 out = user_code.loss(self.spec.loss_fn, out, self.targets[lo:hi]) * scale
                 self.losses.append(out.detach())
-                if self.scale_loss is not None:
+                if self.scale_loss is not None and not self.evaluating:
                     out = self.scale_loss(out)
             else:
                 out = torch.zeros((), device=self.torch_device, requires_grad=False)
@@ -374,6 +380,22 @@ class Executor:
         if self.after_step is not None:
             self.after_step(a.stage)
         self.spans.append((self._labels[index], "step", start, self.now()))
+
+
+@contextlib.contextmanager
+def evaluation(modules: Iterable[nn.Module]) -> Iterator[None]:
+    """No gradient and every block in eval mode (dropout off, batch norm on its running statistics); each block's
+    own mode is restored after, so an evaluation changes nothing the next training step sees."""
+    held = list(modules)
+    modes = [m.training for m in held]
+    try:
+        for m in held:
+            m.eval()
+        with torch.no_grad():
+            yield
+    finally:
+        for m, mode in zip(held, modes):
+            m.train(mode)
 
 
 def _identity(t: Tensor) -> Tensor:

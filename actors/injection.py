@@ -134,6 +134,6 @@ def arm_kills(runtime: Any, kills: Iterable[tuple[int, int]]) -> Any:
     """Opt-in crash rehearsal on a :class:`~orchestrator.train.runtime.PipelineRuntime` (a test or a benchmark
     arms it): for each ``(step, device)`` that device's worker dies halfway through that step, once. Goes through the
     runtime's own interface (:meth:`~orchestrator.train.runtime.PipelineRuntime.rehearse_kills`), which drops a kill
-    that fired before fresh processes are configured. Returns ``runtime``."""
-    runtime.rehearse_kills(kills)
+    that fired before fresh processes are configured. A trainer is armed through its runtime. Returns what it was given."""
+    getattr(runtime, "runtime", runtime).rehearse_kills(kills)
     return runtime

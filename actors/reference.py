@@ -103,6 +103,27 @@ class ReferenceTrainer:
                 self.schedulers[b].step()
         return total
 
+    def evaluate(self, eval_data_fn: Callable[[int], tuple[Tensor, Tensor]], batches: int) -> float:
+        """The mean loss over ``eval_data_fn(0 .. batches - 1)`` with no gradient and dropout off, units weighted as in
+        training: the oracle of the pipelined evaluation. Nothing changes (each block's mode is restored)."""
+        from actors.execution import evaluation
+
+        whole = Plan((Stage(0, len(self.blocks), (0,)),), self.num_microbatches, sliced_microbatches=self.sliced)
+        total = 0.0
+        with evaluation(self.blocks):
+            for i in range(batches):
+                inputs, targets = eval_data_fn(i)
+                inputs, targets = inputs.to(self.device), targets.to(self.device)
+                rows = int(inputs.shape[0])
+                for mb, part in units_of(whole):
+                    lo, hi = unit_range(rows, self.num_microbatches, mb, part)
+                    if hi > lo:
+                        x = inputs[lo:hi]
+                        for block in self.blocks:
+                            x = block(x)
+                        total += float(self.loss_fn(x, targets[lo:hi]) * ((hi - lo) / rows))
+        return total / batches
+
     def state_dicts(self) -> dict[int, dict[str, Tensor]]:
         return {b: {k: v.detach().cpu().clone() for k, v in m.state_dict().items()} for b, m in enumerate(self.blocks)}
 

@@ -30,6 +30,7 @@ installed only when asked for.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from typing import Any, Callable
@@ -56,7 +57,7 @@ from actors.transport import (
 from orchestrator.core.errors import UserError
 from orchestrator.core.plan import Plan
 from orchestrator.schedule.ir import Action, Kind
-from orchestrator.schedule.lowering import lower
+from orchestrator.schedule.lowering import forward_only, lower
 from orchestrator.schedule.nccl import directed_links
 
 class StageWorker:
@@ -75,6 +76,7 @@ class StageWorker:
         self.aborted = False  # communicators closed after a failed iteration (until the next group is formed)
         self.norm_layout: NormLayout | None = None  # the model's clip_grad_norm_ order (actors/training.py)
         self.hooks: StepHooks | None = None  # owns the norm and tied groups of the current plan
+        self._evaluator: tuple[Executor, Executor] | None = None  # (the training executor it was built for, the evaluation's)
 
     # ----- setup -----
     def endpoint(self) -> tuple[str, int]:
@@ -171,6 +173,30 @@ class StageWorker:
                 shorten_timeouts(bound, ex.exchange.communicators())
         return report
 
+    def evaluate(self, batches: int) -> list[dict[str, Any]]:
+        """The evaluation pass over ``eval_data_fn(0 .. batches - 1)``, forward only on the current plan (one
+        report each, losses from the last stage). Its executor shares this worker's blocks and communicators and is
+        built once per plan (a move or a re-configure builds a new training executor, and so a new one)."""
+        ex = self._ready()
+        if self.aborted:
+            raise CommunicatorsAborted(f"device {self.device_id}: communicators aborted after a failed iteration; reconfigure first")
+        spec = ex.spec
+        if spec.eval_data_fn is None:
+            raise UserError("evaluate: the job has no eval_data_fn")
+        if self._evaluator is None or self._evaluator[0] is not ex:
+            program = forward_only(ex.plan).programs.get(ex.device, ())
+            eval_spec = dataclasses.replace(spec, data_fn=spec.eval_data_fn, injected=None)
+            rows = int(user_code.batch(spec.eval_data_fn, 0)[0].shape[0])
+            self._evaluator = (ex, Executor(eval_spec, ex.plan, ex.device, ex.rank_of, program, ex.modules, ex.optimizers,
+                                            ex.exchange.groups, ex.boundary, rows, ex.torch_device, links=ex.exchange.links,
+                                            evaluating=True))
+        evaluator = self._evaluator[1]
+        try:
+            return [evaluator.run(i) for i in range(batches)]
+        except BaseException:
+            self.abort()
+            raise
+
     def run_iterations(self, first: int, count: int) -> list[dict[str, Any]]:
         """Steps ``first .. first + count - 1`` back to back in one call, one report each.
 
@@ -220,6 +246,9 @@ class StageWorker:
         # (a gc.collect here would cost most of a second; reference counting frees them at once).
         if self.executor is not None:
             self.executor.drop_communicators()
+        if self._evaluator is not None:
+            self._evaluator[1].drop_communicators()
+            self._evaluator = None
         self.hooks = None  # its norm and tied groups too
         abort_communicators()
         self.aborted = True
@@ -410,7 +439,7 @@ class StageWorker:
     def shutdown(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
-        self.executor = None
+        self.executor = self._evaluator = None
 
     def _ready(self) -> Executor:
         if self.executor is None:

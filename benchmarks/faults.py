@@ -66,7 +66,7 @@ def kills(count: int, seed: int, tmp: Path) -> list[str]:
     return [
         f"| actor deaths injected | {len(kill_at)} at steps {', '.join(str(s) for s, _ in kill_at)} |",
         f"| restarts performed | {result.restarts} |",
-        f"| steps completed | {len(result.steps)} of {steps} |",
+        f"| steps completed | {len(result.losses)} of {steps} |",
         f"| steps redone (bounded by the checkpoint interval, 2) | {redone} |",
         f"| final weights allclose to uninterrupted single-process | {exact} (max abs diff {max_difference(got, reference.state_dicts()):.1e}) |",
         f"| wall time | {wall:.1f} s ({wall / max(1, result.restarts):.2f} s per recovery incl. training) |",

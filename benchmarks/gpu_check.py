@@ -160,7 +160,7 @@ def _api(plan_fixed: bool, device: torch.device) -> str:
     plan = straight_plan([0, BLOCKS], 4) if plan_fixed else None
     with tempfile.TemporaryDirectory() as tmp:
         scaling = ScalingConfig(devices=1, plan=plan, planner="pipedream", use_gpu=device.type == "cuda")
-        with ElasticJob(train, scaling, RunConfig(storage=tmp, checkpoint_every=0)) as job:
+        with ElasticJob(train, scaling, RunConfig(storage=tmp, checkpoint_every=0, progress=False)) as job:
             result = job.fit(3)
             diff = job.max_abs_diff()
     assert diff <= 1e-5, f"max |dW| {diff:.3e} against single-process training"

@@ -68,7 +68,7 @@ def main() -> None:
     data = partial(hf.token_batch, vocab, seq, rows)
     t0 = time.perf_counter()
     with PipelineTrainer(factory, hf.lm_loss, partial(torch.optim.SGD, lr=1e-3), data, 2, plan=plan) as trainer:
-        group = trainer._workers()
+        group = trainer.runtime._workers()
         pids = group.call("pid", what="pids")
         setup_s = time.perf_counter() - t0
         after_setup = [proc_kib(p, "VmRSS") * 1024 for p in pids]
@@ -82,7 +82,7 @@ def main() -> None:
         f"GPT-2 shape, {args.layers} layers, width {args.embd}, vocab {vocab}: **{n_params / 1e9:.2f} B parameters** "
         f"(tied embedding counted once), {args.dtype} weights ({whole / GIB:.2f} GiB for the whole model); "
         f"{args.stages} CPU stage actors on this machine, one step of SGD on {rows} rows x {seq} tokens, "
-        f"setup {setup_s:.0f} s, loss {result.losses[0]:.3f}. Measured from /proc: resident memory after setup "
+        f"setup {setup_s:.0f} s, loss {result.final_loss:.3f}. Measured from /proc: resident memory after setup "
         "and the high-water mark after the step. Before, every actor built the whole model first "
         "(the last column: what it held at least, on top of its runtime).",
         "",

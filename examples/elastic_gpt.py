@@ -22,7 +22,7 @@ import torch
 
 from orchestrator import ElasticJob, TrainConfig
 from orchestrator.cli.commands import run_main
-from orchestrator.elastic.driver_args import add_job_arguments, job_configs
+from orchestrator.cli.driver_args import add_job_arguments, job_configs
 from orchestrator.profiling.models import example_batch, loss_fn, tiny_transformer
 
 GPT = {"vocab": 256, "d_model": 128, "n_layers": 6, "n_heads": 4, "seq_len": 64}

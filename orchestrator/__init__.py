@@ -41,7 +41,8 @@ _API = {
     "Callback": "orchestrator.elastic.callbacks", "Checkpoint": "orchestrator.elastic.callbacks",
     "Stop": "orchestrator.elastic.callbacks", "StepInfo": "orchestrator.elastic.callbacks",
     "StartInfo": "orchestrator.elastic.callbacks",
-    "add_job_arguments": "orchestrator.elastic.driver_args", "job_configs": "orchestrator.elastic.driver_args",
+    "add_job_arguments": "orchestrator.cli.driver_args", "job_configs": "orchestrator.cli.driver_args",
+    "TokenFile": "orchestrator.data", "from_dataset": "orchestrator.data",  # data_fns: token files, map-style datasets
     # training options (torch): what TrainConfig.training and the factories' wrappers take
     "TrainingOptions": "actors.training", "LossScale": "actors.training", "decay_groups": "actors.training",
     "autocast_blocks": "actors.training", "ReferenceTrainer": "actors.reference",
@@ -60,7 +61,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs only; at run time each name is i
     from actors.training import LossScale, TrainingOptions, autocast_blocks, decay_groups
     from orchestrator.adapt.faults import FaultSchedule, Join, Kill, Slowdown, Throttle
     from orchestrator.core.plan import Plan, ScheduleKind, Stage, straight_plan
-    from orchestrator.elastic.driver_args import add_job_arguments, job_configs
+    from orchestrator.cli.driver_args import add_job_arguments, job_configs
+    from orchestrator.data import TokenFile, from_dataset
     from orchestrator.elastic.signals import JobFailed, JobStopped, MigrationRequested
     from orchestrator.elastic.callbacks import Callback, Checkpoint, StartInfo, StepInfo, Stop
     from orchestrator.core.profile import Block, Profile

@@ -135,7 +135,7 @@ import torch
 import orchestrator
 from orchestrator import ElasticJob, TrainConfig
 from orchestrator.cli.commands import run_main
-from orchestrator.elastic.driver_args import add_job_arguments, job_configs
+from orchestrator.cli.driver_args import add_job_arguments, job_configs
 from orchestrator.profiling.models import example_batch, loss_fn, mlp
 
 class Boom(orchestrator.Callback):
@@ -155,3 +155,29 @@ def main():
 
 run_main(main)
 '''
+
+
+@pytest.mark.ray
+def test_the_fixed_plan_trainer_is_a_typed_preset_with_the_same_callbacks_and_result(worker_group: Any, tmp_path: Path) -> None:
+    import inspect
+
+    from orchestrator.core.plan import straight_plan
+    from tests.test_run_lifecycle import train_config
+
+    params = inspect.signature(orchestrator.PipelineTrainer).parameters.values()
+    assert not [p for p in params if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)] and "callbacks" in {p.name for p in params}
+    assert not issubclass(orchestrator.PipelineTrainer, orchestrator.PipelineRuntime)
+    t = train_config()
+    cb = Recorder(checkpoint_at=2, stop_at=4)
+    trainer = orchestrator.PipelineTrainer(t.model_factory, t.loss_fn, t.optimizer_factory, t.data_fn, t.num_microbatches,
+                                           plan=straight_plan([0, 4, 8], 4), workers=worker_group, checkpoint_dir=tmp_path,
+                                           iterations_per_call=1, callbacks=[cb])
+    try:
+        result = trainer.fit(10)
+        assert type(result) is orchestrator.JobResult and cb.ended == [result]
+        assert result.step in (4, 5) and cb.steps == list(range(1, result.step + 1))
+        assert sorted(result.losses) == [s - 1 for s in cb.steps] and len(result.metrics) == result.step
+        assert any(c.endswith(("step_00000002", "step_00000003")) for c in result.checkpoints)
+        assert result.checkpoints[-1].endswith(f"step_{result.step:08d}")  # the run ends committed
+    finally:
+        trainer.shutdown()

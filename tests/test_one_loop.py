@@ -51,13 +51,13 @@ class UpwardCalls:
 def test_the_tracer_sees_an_upward_call() -> None:
     """The check itself can fail: a lower-layer frame calling an elastic function is recorded."""
     tracer = UpwardCalls()
-    code = compile("from orchestrator.elastic.driver_args import parse_kill\nparse_kill('3')", str(ROOT / "orchestrator/adapt/x.py"), "exec")
+    code = compile("from orchestrator.elastic.loop import every\nevery(2, 4)", str(ROOT / "orchestrator/adapt/x.py"), "exec")
     sys.setprofile(tracer)
     try:
         exec(code, {})
     finally:
         sys.setprofile(None)
-    assert tracer.found and "parse_kill" in tracer.found[0]
+    assert tracer.found and "every" in tracer.found[0]
 
 
 @pytest.mark.ray

@@ -488,8 +488,7 @@ def run_main(fn: Callable[[], object]) -> None:
     except MigrationRequested as exc:  # committed; the supervisor resumes the run elsewhere
         print(f"migrating: {_one_line(exc)}", file=sys.stderr)
         raise SystemExit(EXIT_MIGRATE) from None
-    except JobStopped as exc:
-        print(f"stopped: {_one_line(exc)}", file=sys.stderr)
+    except JobStopped as exc:  # its line is on stderr already (the job printed it)
         raise SystemExit(128 + exc.signum) from None
 
 

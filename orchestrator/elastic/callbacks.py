@@ -60,6 +60,10 @@ class StepInfo:
     moves: int
     restarts: int
     failures: int
+    usd_per_hour: float | None = None
+    """The price of the offer the job runs on (``None``: unknown; see :mod:`orchestrator.elastic.ledger`)."""
+    usd_total: float | None = None
+    """The run's dollars so far."""
 
 
 @dataclass(frozen=True)

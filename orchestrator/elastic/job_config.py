@@ -46,10 +46,25 @@ class TrainConfig:
     and mixed precision wrap the factories (``decay_groups(AdamW, 0.1)``, ``autocast_blocks(factory,
     torch.bfloat16)``); recomputation is a plan stage's ``recompute`` (planners turn it on for
     devices over memory)."""
+    eval_data_fn: Callable[[int], tuple[Tensor, Tensor]] | None = None
+    """Evaluation batches: ``eval_data_fn(i)`` for ``i`` in ``0 .. eval_steps - 1`` (the same batches every time),
+    read on the workers of the first and the last stage like ``data_fn``."""
+    eval_every: int = 0
+    """Evaluate every N steps (0: never): a forward-only pass over the current plan, no gradient, dropout off,
+    nothing changed; its mean loss is an ``eval`` event (a callback's ``on_event``) and ``orchestrator status``'s
+    ``eval_loss``."""
+    eval_steps: int = 1
+    """Batches per evaluation."""
 
     def __post_init__(self) -> None:
         for name in ("model_factory", "loss_fn", "optimizer_factory", "data_fn"):
             limits.function(getattr(self, name), "TrainConfig", name)
+        if self.eval_data_fn is not None:
+            limits.function(self.eval_data_fn, "TrainConfig", "eval_data_fn")
+        limits.count(self.eval_every, "TrainConfig", "eval_every", minimum=0, maximum=10**9)
+        limits.count(self.eval_steps, "TrainConfig", "eval_steps", minimum=1, maximum=10**6)
+        if self.eval_every and self.eval_data_fn is None:
+            raise UserError("TrainConfig: eval_every needs an eval_data_fn")
         limits.count(self.num_microbatches, "TrainConfig", "num_microbatches", maximum=MAX_RUNTIME_MICROBATCHES)
         limits.count(self.seed, "TrainConfig", "seed", minimum=0, maximum=2**63 - 1)
         limits.instance(self.training, TrainingOptions, "TrainConfig", "training")
@@ -154,6 +169,9 @@ class RunConfig:
     (off, or when impossible: every worker restarts from the newest checkpoint)."""
     progress: bool = True
     """A progress line on stdout every 10 steps (:class:`~orchestrator.elastic.callbacks.Progress`)."""
+    callbacks: tuple[Any, ...] = ()
+    """The user's callbacks and trackers (:mod:`orchestrator.elastic.callbacks`, :mod:`orchestrator.sinks`), called
+    before those given to the job itself (as in Ray Train's ``RunConfig(callbacks=...)``)."""
 
     def __post_init__(self) -> None:
         where = "RunConfig"
@@ -167,6 +185,10 @@ class RunConfig:
         limits.flag(self.pipelined, where, "pipelined")
         limits.flag(self.recover_in_place, where, "recover_in_place")
         limits.flag(self.progress, where, "progress")
+        from orchestrator.elastic.callbacks import Callback
+
+        if not isinstance(self.callbacks, tuple) or not all(isinstance(c, Callback) for c in self.callbacks):
+            raise UserError(f"{where}: callbacks must be a tuple of orchestrator.Callback objects")
         if not limits.text(self.name, where, "name").strip():
             raise UserError(f"{where}: name must not be empty")
         if self.resume not in ("auto", "never", "require"):

@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
+from collections import deque
 import statistics
 from datetime import datetime, timezone
 import threading
@@ -55,7 +57,7 @@ from orchestrator.elastic.callbacks import Callback, CallbackError, Callbacks, C
 from orchestrator.train.discovery import connect
 from orchestrator.elastic.evacuation import Evacuate, Fallback, Notice, check_notice, plan_evacuation
 from orchestrator.elastic.job_config import AdaptConfig, RunConfig, ScalingConfig, SpotConfig, TrainConfig
-from orchestrator.train.fit_result import JobResult
+from orchestrator.train.fit_result import KEPT_METRICS, JobResult
 from orchestrator.elastic.growth import Growth, check_joins
 from cloud.migration import MigrationSkipped
 from orchestrator.elastic.job_spot import PriceView, build_price_view, profile_model, relocate, spot_decision
@@ -66,7 +68,7 @@ from orchestrator.elastic.signals import JobFailed, JobStopped, MigrationRequest
 from orchestrator.core.plan import Plan, straight_plan
 from orchestrator.train.recovery import InPlaceImpossible, InPlaceRecovery
 from orchestrator.train.runtime import PipelineRuntime
-from orchestrator.elastic.loop import TrainingLoop
+from orchestrator.elastic.loop import TrainingLoop, every
 
 
 class ElasticJob:
@@ -79,7 +81,7 @@ class ElasticJob:
         """``workers``: an existing pool of stage workers (slot ``d`` runs device ``d``) to use
         instead of starting one, kept alive afterwards (tests share one pool). ``callbacks``: the user's
         (:mod:`orchestrator.elastic.callbacks`), called in order after the built-in progress line."""
-        self.callbacks = Callbacks([*([Progress()] if run.progress else []), *callbacks])
+        self.callbacks = Callbacks([*([Progress()] if run.progress else []), *run.callbacks, *callbacks])
         for n in spot.notices:
             bad = sorted(d for d in n.devices or () if not 0 <= d < scaling.devices)
             if bad:
@@ -107,7 +109,7 @@ class ElasticJob:
         self.runtime = PipelineRuntime(train.model_factory, train.loss_fn, train.optimizer_factory, train.data_fn,
                                        train.num_microbatches, plan=plan, checkpoint_dir=run.storage, seed=train.seed,
                                        use_gpu=scaling.use_gpu, workers=workers, training=train.training,
-                                       run_id=self.opened.record.run_id)
+                                       run_id=self.opened.record.run_id, eval_data_fn=train.eval_data_fn)
         self.loop = TrainingLoop(self.runtime, self, run.pipelined)  # dispatches, counts failures; this job decides
         self.runstate = RunState(str(run.storage), self.opened, run.events_path())
         self._skipped_told = 0  # runtime.skipped_checkpoints already in the event log
@@ -140,6 +142,8 @@ class ElasticJob:
         before = self.opened.record.live
         self.ledger = Ledger(before.usd_total if before is not None else 0.0)
         self._last_step: StepInfo | None = None  # what the run record's status shows
+        self._eval_loss: float | None = None  # the newest evaluation's
+        self._fit_metrics: deque[MeasuredIteration] = deque(maxlen=KEPT_METRICS)  # the current fit's, for its result
 
     # ----- inputs -----
     def notify(self, devices: tuple[int, ...], seconds_left: float, source: str = "injected") -> None:
@@ -158,6 +162,7 @@ class ElasticJob:
         self._watch(target)
         self._stop_signals = stop = StopSignals()
         self._stopped_for = None
+        self._fit_metrics.clear()
         resumed = self.opened.resume_step if first == self.opened.resume_step else None
         self.callbacks.start(StartInfo(first, target, self.runstate.run_id, str(self.run.storage), self.runtime.plan.describe(), resumed))
         try:
@@ -179,7 +184,8 @@ class ElasticJob:
                       usd_job=self._usd_job())
             self.runstate.ended("finished", self.runtime.step, live=self._live())
         result = JobResult(self.runtime.step, losses, self.runtime.plan, list(self.records), time.perf_counter() - start,
-                           self.moves, self.restarts)
+                           self.moves, self.restarts, list(self._fit_metrics), [],
+                           {d["device"]: d["node_id"] for d in self.runtime.devices()})
         self.callbacks.end(result)
         return result
 
@@ -234,18 +240,31 @@ class ElasticJob:
 
     def completed(self, run: Sequence[MeasuredIteration]) -> None:
         self.iteration_s.extend(m.iteration_s for m in run)
+        self._fit_metrics.extend(run)
         if self._recovering is not None:
             self._recovered()
+        self._usd_job()
         for m in run:
             info = self._last_step = StepInfo(m.step + 1, self.target_steps, m.loss, m.iteration_s,
                                               m.rows / m.iteration_s if m.rows and m.iteration_s > 0 else 0.0, m.lr,
-                                              self.moves, self.restarts, self.loop.failures)
+                                              self.moves, self.restarts, self.loop.failures, self.ledger.usd_per_hour,
+                                              round(self.ledger.total, 6))
             self.callbacks.step_end(info)
 
     def between(self, run: Sequence[MeasuredIteration], target: int) -> None:
+        if every(self.train.eval_every, self.runtime.step):
+            self._evaluate()
         self._user_turn(self.runstate.progress(self.runtime.step, self._live))
         if not self.loop.stopped:
             self._after(run[-1], target)
+
+    def _evaluate(self) -> None:
+        """The evaluation due at this step: forward only over the current plan, with nothing in flight."""
+        self.loop.finish_in_flight()
+        t0 = time.perf_counter()
+        self._eval_loss = loss = self.runtime.evaluate(self.train.eval_steps)
+        self.emit("eval", step=self.runtime.step, loss=loss, batches=self.train.eval_steps,
+                  seconds=round(time.perf_counter() - t0, 4))
 
     def _user_turn(self, stop_requested: bool = False) -> None:
         """What the user asked for since the last step, carried out with nothing in flight: a callback's failure
@@ -281,7 +300,7 @@ class ElasticJob:
         nodes = {d["device"]: d["node_id"] for d in self.runtime.devices()}
         plan = tuple(StageStatus((s.first, s.last), s.devices, tuple(str(nodes.get(d, "")) for d in s.devices))
                      for s in self.runtime.plan.stages)
-        return Live(self.target_steps, loss=last.loss if last is not None else None,
+        return Live(self.target_steps, loss=last.loss if last is not None else None, eval_loss=self._eval_loss,
                     samples_per_s=round(last.samples_per_s, 3) if last is not None else None,
                     eta_s=round(median * max(0, self.target_steps - self.runtime.step), 1) if median is not None else None,
                     plan=plan, recoveries=self.loop.failures, moves=self.moves, usd_per_hour=self.ledger.usd_per_hour,
@@ -338,11 +357,14 @@ class ElasticJob:
         name = signal.Signals(signum).name
         self.emit("stopped", step=self.runtime.step, signal=name, usd_job=self._usd_job())
         self.runstate.ended("stopped", self.runtime.step, live=self._live())
-        raise JobStopped(f"stopped by {name} at step {self.runtime.step}; checkpoint committed", signum)
+        stopped = JobStopped(f"stopped by {name} at step {self.runtime.step}; checkpoint committed", signum)
+        print(f"stopped: {stopped}", file=sys.stderr, flush=True)
+        raise stopped
 
     def _hold(self, nxt: int) -> bool:
         """Whether a decision is due after the step before ``nxt``: then nothing is submitted ahead."""
         due = self.runtime.upload_pending or self._checkpoint_due(nxt) or self._snapshot_due(nxt) or bool(self._notices)
+        due |= every(self.train.eval_every, nxt)
         due |= any(n.at_step == nxt for n in self.spot.notices)
         due |= self.spot.enabled and (any(s == nxt for s, _ in self.spot.price_events) or self._migration_due(nxt))
         due |= any(f.at_iteration in (nxt, nxt + 1) or getattr(f, "until_iteration", None) in (nxt, nxt + 1)

@@ -20,12 +20,20 @@ class JobFailed(RuntimeError):
     checkpoint stays loadable). Drivers exit 1 with this one line."""
 
 
-class JobStopped(RuntimeError):
-    """The job stopped on a signal after committing a checkpoint of the step it reached."""
+class JobStopped(SystemExit):
+    """The job stopped on a signal after committing a checkpoint of the step it reached.
+
+    A :class:`SystemExit` whose ``code`` is 128 + the signal's number: a driver that does not catch it exits as a
+    shell expects of a stopped program (130 after Ctrl-C, 143 after ``ray job stop``'s SIGTERM) with no
+    traceback, whatever wraps its ``main``. The job prints its one line on stderr when it raises it."""
 
     def __init__(self, message: str, signum: int) -> None:
         super().__init__(message)
-        self.signum = signum
+        self.message, self.signum = message, signum
+        self.code = 128 + signum
+
+    def __str__(self) -> str:
+        return self.message
 
 
 class MigrationRequested(RuntimeError):

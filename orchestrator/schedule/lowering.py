@@ -76,3 +76,14 @@ def lower(plan: Plan, check: bool = True, orders: list[list[Action]] | None = No
     if check:
         validate(schedule)
     return schedule
+
+
+def forward_only(plan: Plan) -> Schedule:
+    """The plan's evaluation pass: every unit forwarded once per stage replica with its sends and receives, in the
+    order of the plan's own schedule less its backwards; no all-reduce, no optimizer step. Removing backwards
+    keeps a deadlock-free order so (a forward waits only on forwards, which come no later than before)."""
+    units = units_of(plan)
+    orders = [[a for a in order if a.kind is Kind.FORWARD] for order in GENERATORS[plan.schedule](plan, units)]
+    lowered = lower(plan, check=False, orders=orders)
+    return Schedule(plan, {d: tuple(a for a in prog if a.kind is not Kind.STEP) for d, prog in lowered.programs.items()},
+                    lowered.units)

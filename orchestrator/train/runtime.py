@@ -63,6 +63,7 @@ class PipelineRuntime:
         validate: bool = True,
         training: TrainingOptions | None = None,
         run_id: str = "",
+        eval_data_fn: Callable[[int], tuple[Tensor, Tensor]] | None = None,
     ) -> None:
         """``validate``: check the user's functions on the driver first (see
         :func:`actors.user_code.validate_job`): one model build, one probe row, two ``data_fn(0)``.
@@ -71,7 +72,7 @@ class PipelineRuntime:
         if validate:
             user_code.validate_job(model_factory, loss_fn, optimizer_factory, data_fn, num_microbatches, checkpoint_dir, seed)
         self.spec = JobSpec(model_factory, loss_fn, optimizer_factory, data_fn, seed, pg_timeout_s, training=training or TrainingOptions(),
-                            run_id=run_id)  # every block a worker writes records the run it belongs to
+                            run_id=run_id, eval_data_fn=eval_data_fn)  # every block a worker writes records the run it belongs to
         self.num_microbatches = num_microbatches
         self.use_gpu = use_gpu
         self._probed: WorkerGroup | None = None  # the workers that measured the cluster, kept to run the plan
@@ -180,6 +181,16 @@ class PipelineRuntime:
             return
         fired = {(s, d) for s, d in armed if lo <= s < hi and (dead is None or d in dead)}
         self.spec = injection.with_kills(self.spec, armed - fired)
+
+    def evaluate(self, batches: int) -> float:
+        """The mean loss of the forward-only pass over ``eval_data_fn(0 .. batches - 1)`` on the current plan (no
+        gradient, dropout off, nothing changed); no step may be in flight. Each batch's loss is weighted by unit
+        rows as a training step's is, so it equals the single-process model's on the same batch."""
+        group = self._workers()
+        reports = group.call("evaluate", batches, devices=sorted(self.plan.devices), what="evaluation",
+                             timeout_s=self.iteration_timeout_s * batches)
+        per_batch = [sum(float(r[i]["loss"]) for r in reports if r[i].get("loss") is not None) for i in range(batches)]
+        return sum(per_batch) / batches
 
     def discard_step(self, flight: "InFlight") -> None:
         self._workers().discard(flight.refs)

@@ -44,6 +44,7 @@ def add_job_arguments(p: argparse.ArgumentParser, devices: int = 4, steps: int =
     p.add_argument("--catalog", help="price file or folder for migration decisions (default: the bundled snapshot)")
     p.add_argument("--verify", action="store_true", help="compare with uninterrupted single-process training")
     p.add_argument("--out", default="out/elastic", help="events.jsonl (and the default storage) go here")
+    p.add_argument("--tensorboard", metavar="DIR", help="write per-step scalars for TensorBoard under DIR")
 
 
 def parse_kill(text: str) -> Kill:
@@ -62,8 +63,13 @@ def job_configs(args: argparse.Namespace) -> tuple[ScalingConfig, RunConfig, Ada
     resume: dict[str, Any] = {"resume": args.resume} if args.resume else {}
     catalog: dict[str, Any] = {"catalog": args.catalog} if args.catalog else {}
     where = args.storage or os.environ.get("RAYPIPE_STORAGE") or f"{args.out}/checkpoints"
+    sinks: list[Any] = []
+    if args.tensorboard:
+        from orchestrator.sinks import TensorBoard
+
+        sinks.append(TensorBoard(args.tensorboard))
     run = RunConfig(storage=where, events=f"{args.out}/events.jsonl", checkpoint_every=args.checkpoint_every,
-                    max_failures=args.max_failures, snapshot_every=args.snapshot_every, **resume)
+                    max_failures=args.max_failures, snapshot_every=args.snapshot_every, callbacks=tuple(sinks), **resume)
     adapt = AdaptConfig(faults=FaultSchedule(tuple(parse_kill(t) for t in args.inject_kill_at)))
     return ScalingConfig(devices=args.devices, planner=args.planner), run, adapt, SpotConfig(notices=notices, watch=args.watch, **catalog)
 
