@@ -307,30 +307,45 @@ class decay_groups:  # noqa: N801 - used like a function: decay_groups(AdamW, 0.
         return self.optimizer_factory([g for g in groups if g["params"]])
 
 
-class Autocast(nn.Module):
-    """A block whose forward runs under ``torch.autocast(dtype)`` on its input's device."""
+class Autocast:
+    """Forward hooks that run one block under ``torch.autocast(dtype)`` on its input's device. Hooks, not a wrapper
+    module: the block stays the user's own object, so its parameter names (and what a loader recorded on it, such as
+    the Hugging Face names) are unchanged in ``state_dict()``, checkpoints and exports."""
 
-    def __init__(self, block: nn.Module, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.block, self.dtype = block, dtype
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+        self.entered: list[Any] = []  # one per forward in progress (recomputation runs a forward inside a backward)
 
-    def forward(self, x: Any) -> Any:
+    def install(self, block: nn.Module) -> nn.Module:
+        block.register_forward_pre_hook(self.enter)
+        block.register_forward_hook(self.leave, always_call=True)  # leaves autocast even when the forward raises
+        return block
+
+    def enter(self, module: nn.Module, args: tuple[Any, ...]) -> None:
+        x = args[0] if args else None
         device = x.device.type if isinstance(x, Tensor) else "cpu"
-        if device == "meta":  # a shape probe: autocast has no meta kernels; the cast below fixes the dtype
-            out = self.block(x)
-        else:
-            with torch.autocast(device_type=device, dtype=self.dtype):
-                out = self.block(x)
+        if device == "meta":  # a shape probe: autocast has no meta kernels; the cast in leave fixes the dtype
+            self.entered.append(None)
+            return
+        context = torch.autocast(device_type=device, dtype=self.dtype)
+        context.__enter__()
+        self.entered.append(context)
+
+    def leave(self, module: nn.Module, args: tuple[Any, ...], out: Any) -> Any:
+        context = self.entered.pop() if self.entered else None
+        if context is not None:
+            context.__exit__(None, None, None)
         # boundaries stay float32 whatever ran inside: a fixed dtype the probe can know
         return out.float() if isinstance(out, Tensor) and out.is_floating_point() else out
 
 
 @dataclass(frozen=True)
 class autocast_blocks:  # noqa: N801 - used like a function: autocast_blocks(factory, torch.bfloat16)
-    """A model factory whose blocks run their forward under ``torch.autocast(dtype)``."""
+    """A model factory whose blocks run their forward under ``torch.autocast(dtype)`` (the blocks themselves, with
+    :class:`Autocast` hooks: their names are the user's)."""
 
     model_factory: Callable[[], Sequence[nn.Module]]
     dtype: torch.dtype = torch.bfloat16
 
     def __call__(self) -> list[nn.Module]:
-        return [Autocast(b, self.dtype) for b in self.model_factory()]
+        return [Autocast(self.dtype).install(b) for b in self.model_factory()]

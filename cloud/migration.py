@@ -199,7 +199,8 @@ def plan_migration(
     table = offers[(offers.gpu_count > 0) & (offers.usd_per_hour > 0)].reset_index(drop=True)
     key = (table.cloud == current.cloud) & (table.region == current.region) & (table.zone == current.zone) \
         & (table.instance_type == current.instance_type) & (table.spot == current.spot) \
-        & (table.gpu_count == current.gpu_count) & (table.gpu_type == current.gpu_type)
+        & (table.gpu_count == current.gpu_count) & (table.gpu_type == current.gpu_type) \
+        & (table.get("instances", pd.Series(1, index=table.index)).fillna(1) == current.instances)
     if not key.any():
         table = pd.concat([table, pd.DataFrame([{**_offer_row(current), "usd_per_hour": np.nan}])], ignore_index=True)
         key = pd.Series([False] * (len(table) - 1) + [True])
@@ -216,7 +217,8 @@ def plan_migration(
     seen = target.get("observed_at")
     offer = Offer(str(target.cloud), str(target.region), str(target.zone), str(target.instance_type),
                   str(target.gpu_type), int(target.gpu_count), bool(target.spot), float(target.usd_per_hour),
-                  None if seen is None or pd.isna(seen) else pd.Timestamp(seen).to_pydatetime())
+                  None if seen is None or pd.isna(seen) else pd.Timestamp(seen).to_pydatetime(),
+                  int(target.get("instances", 1) if not pd.isna(target.get("instances", 1)) else 1))
     if not np.isfinite(stay):
         return Migrate(offer, "current offer is no longer available", 0.0)
     return Migrate(offer, f"expected ${move[best]:.2f} to finish there vs ${stay:.2f} here, migration costs included",
@@ -236,4 +238,5 @@ def risk_vector(table: pd.DataFrame, costs: MigrationCosts) -> np.ndarray:
 
 def _offer_row(offer: Offer) -> dict[str, object]:
     return {"cloud": offer.cloud, "region": offer.region, "zone": offer.zone, "instance_type": offer.instance_type,
-            "gpu_type": offer.gpu_type, "gpu_count": offer.gpu_count, "spot": offer.spot, "usd_per_hour": offer.usd_per_hour}
+            "gpu_type": offer.gpu_type, "gpu_count": offer.gpu_count, "spot": offer.spot, "usd_per_hour": offer.usd_per_hour,
+            "instances": offer.instances}

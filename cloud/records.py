@@ -167,7 +167,9 @@ class PriceRecord:
 
 @dataclass(frozen=True, slots=True)
 class Offer:
-    """A place a job can run: one instance type in one zone, spot or on-demand, at a price."""
+    """A place a job can run: one instance type in one zone, spot or on-demand, at a price. ``instances`` > 1: a
+    fleet of that many identical instances placed as one cluster of as many nodes (how spot training is usually
+    bought: Parcae's 32 x p3.2xlarge); ``gpu_count`` and ``usd_per_hour`` are then the fleet's totals."""
 
     cloud: str
     region: str
@@ -180,12 +182,15 @@ class Offer:
     observed_at: datetime | None = None
     """When this price was read (a refresh, an import, a trace line); None: unknown. Decisions
     report it and refuse to move automatically on a price older than their limit."""
+    instances: int = 1
 
     def __post_init__(self) -> None:
         if self.observed_at is not None:
             object.__setattr__(self, "observed_at", utc(self.observed_at))
         if self.gpu_count <= 0:
             raise CloudInputError(f"offer {self.instance_type}: needs at least one GPU")
+        if self.instances < 1 or self.gpu_count % self.instances:
+            raise CloudInputError(f"offer {self.instance_type}: {self.gpu_count} GPUs do not split over {self.instances} instances")
         if not math.isfinite(self.usd_per_hour) or self.usd_per_hour <= 0:
             raise CloudInputError(f"offer {self.instance_type}: bad price {self.usd_per_hour!r}")
 
@@ -201,9 +206,10 @@ class Offer:
         """The offer as an event-log field (``job_started``'s ``offer``)."""
         return {"cloud": self.cloud, "region": self.region, "zone": self.zone, "instance_type": self.instance_type,
                 "gpu_type": self.gpu_type, "gpu_count": self.gpu_count, "spot": self.spot,
-                "usd_per_hour": self.usd_per_hour,
+                "usd_per_hour": self.usd_per_hour, "instances": self.instances,
                 "observed_at": self.observed_at.isoformat() if self.observed_at else None}
 
     def label(self) -> str:
         kind = "spot" if self.spot else "on-demand"
-        return f"{self.cloud}/{self.zone or self.region}/{self.instance_type} ({kind})"
+        fleet = f"{self.instances}x " if self.instances > 1 else ""
+        return f"{self.cloud}/{self.zone or self.region}/{fleet}{self.instance_type} ({kind})"

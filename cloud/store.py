@@ -96,9 +96,23 @@ def write_frame_atomic(frame: pd.DataFrame, path: Path) -> None:
 def offer_of(row: Mapping[Any, Any] | pd.Series) -> Offer:
     """One row of a price frame as an :class:`Offer` (with its ``observed_at``)."""
     seen = row["observed_at"]
+    instances = row.get("instances", 1)
     return Offer(str(row["cloud"]), str(row["region"]), str(row["zone"]), str(row["instance_type"]),
                  str(row["gpu_type"]), int(row["gpu_count"]), bool(row["spot"]), float(row["usd_per_hour"]),
-                 None if seen is None or pd.isna(seen) else pd.Timestamp(seen).to_pydatetime())
+                 None if seen is None or pd.isna(seen) else pd.Timestamp(seen).to_pydatetime(),
+                 1 if instances is None or pd.isna(instances) else int(instances))
+
+
+def with_fleets(rows: pd.DataFrame, gpus: int) -> pd.DataFrame:
+    """``rows`` (one per offer) and, for each instance type with fewer GPUs than ``gpus`` that divides it, the
+    fleet of ``gpus / gpu_count`` such instances as an offer of its own (``instances``; ``gpu_count`` and
+    ``usd_per_hour`` the fleet's totals). Why: a job of 4 devices can run on 4 x p3.2xlarge as well as on one
+    p3.8xlarge, and spot capacity is mostly bought that way; the migration planner weighs both alike."""
+    singles = rows.assign(instances=1)
+    small = singles[(singles.gpu_count < gpus) & (gpus % singles.gpu_count == 0)]
+    count = gpus // small.gpu_count
+    fleets = small.assign(instances=count, gpu_count=gpus, usd_per_hour=small.usd_per_hour * count)
+    return pd.concat([singles, fleets], ignore_index=True)
 
 
 def latest_rows(frame: pd.DataFrame) -> pd.DataFrame:

@@ -92,3 +92,15 @@ def test_learned_preemption_rates_keep_the_job_off_an_offer_taken_every_hour(tmp
     assert isinstance(spot_decision(Job(SpotConfig(catalog=path, migration_check_every=1)), 1, now=NOW), Migrate)
     rates = {("aws", "us-east-1b", "V100", 8): 3.0}  # three preemptions an hour there
     assert spot_decision(Job(SpotConfig(catalog=path, migration_check_every=1)), 1, now=NOW, preemption_rates=rates) is None
+
+
+def test_a_job_of_four_devices_starts_on_a_fleet_of_four_one_gpu_instances_priced_four_times(tmp_path):
+    rows = [rec("us-east-1a", "p3.2xlarge", 1, 0.5, 30), rec("us-east-1a", "p3.2xlarge", 1, 1.2, 0.1),  # newest: 1.2
+            rec("us-east-1b", "p3.2xlarge", 1, 0.9, 0.1)]
+    job = Job(SpotConfig(catalog=catalog(tmp_path, rows)), scaling=ScalingConfig(devices=4))
+    current = job.price_view().current
+    assert (current.zone, current.instances, current.gpu_count) == ("us-east-1b", 4, 4)
+    assert current.usd_per_hour == 4 * 0.9 and current.as_event()["instances"] == 4
+    assert current.label() == "aws/us-east-1b/4x p3.2xlarge (spot)"
+    fleets = job.price_view().offers
+    assert sorted(fleets[fleets.instances == 4].usd_per_hour.round(6)) == [3.6, 4.8]  # one fleet per offer, newest prices

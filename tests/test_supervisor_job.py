@@ -49,3 +49,7 @@ def test_a_price_rise_moves_the_real_job_between_local_clusters_exactly(s3_bucke
     down = [e for e in events if e["event"] == "cluster_down" and e["cluster"] == move["from_cluster"]]
     assert len(down) == 1 and re.fullmatch(r"127\.0\.0\.1:\d+", down[0]["address"])
     assert not listening(down[0]["address"])
+    # the ledger: each job's last event carries its dollars; the run's total covers both jobs
+    spent = [e["usd_job"] for e in events if e["event"] in ("migration_requested", "job_finished")]
+    (finished,) = [e for e in events if e["event"] == "run_finished"]
+    assert len(spent) == 2 and all(x > 0 for x in spent) and finished["usd_total"] >= sum(spent) - 1e-6

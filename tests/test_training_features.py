@@ -146,6 +146,12 @@ def test_bf16_autocast_with_dropout_on_four_stages(worker_group: Any) -> None:
     ref.train(3)
     assert max(float((got[b][k] - v).abs().max()) for b, sd in ref.state_dicts().items() for k, v in sd.items()) < 1e-6
     assert diff(list(factory()), got, single_process(gpt2(), 3, autocast=torch.bfloat16)) < 2e-3
+    # the hooks keep the user's names: the weights load strictly into the stock model
+    from orchestrator.profiling.export import user_state_dict
+    from transformers import AutoModelForCausalLM
+
+    stock = AutoModelForCausalLM.from_config(gpt2())
+    stock.load_state_dict(user_state_dict(factory(), got), strict=True)
 
 
 @pytest.mark.ray

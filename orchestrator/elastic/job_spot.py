@@ -39,10 +39,10 @@ def build_price_view(job: "JobView", stamp_now: "datetime | None" = None) -> Pri
     time (``observed_at``) when the view is built, so replayed prices count as fresh.
     """
     from cloud.importers import load_any, load_snapshot
-    from cloud.store import latest_rows, offer_of
+    from cloud.store import latest_rows, offer_of, with_fleets
 
     spot = job.spot
-    offers = latest_rows(load_any(spot.catalog) if spot.catalog else load_snapshot())
+    offers = with_fleets(latest_rows(load_any(spot.catalog) if spot.catalog else load_snapshot()), job.scaling.devices)
     if stamp_now is not None:
         import pandas as pd
 
@@ -59,7 +59,7 @@ def build_price_view(job: "JobView", stamp_now: "datetime | None" = None) -> Pri
     if current is None:
         rows = offers[offers.spot & (offers.gpu_count == job.scaling.devices)].sort_values("usd_per_hour", kind="stable")
         if rows.empty:
-            raise UserError(f"the price catalog has no spot offer with {job.scaling.devices} GPUs to start from")
+            raise UserError(f"the price catalog has no spot offer with {job.scaling.devices} GPUs (one instance or a fleet) to start from")
         current = offer_of(rows.iloc[0])
     gpus = {(str(g), int(c)) for g, c in zip(offers.gpu_type, offers.gpu_count)}
     return PriceView(offers, current, simulated_throughputs(job.profile, gpus, job.train.num_microbatches))
