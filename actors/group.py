@@ -44,6 +44,7 @@ from actors.gpu import recv_lookahead
 from actors import group_calls
 from actors.group_calls import PipelineActorError, last_line
 from actors.processes import WorkerProcesses
+from actors.user_code import UserCodeError
 from actors.job_spec import JobSpec
 from actors import waits
 from orchestrator.core.errors import UserError
@@ -297,8 +298,11 @@ class WorkerGroup:
             dev, err = got.failure
             if got.pending or got.superseded:  # peers blocked or failed (on the failed one): the process group is unusable
                 self.broken = True
-            if isinstance(err, UserError):  # a user mistake (bad checkpoint, bad data): say it plainly, keep its type
-                raise (UserError(str(err)) if isinstance(err, RayTaskError) else err.with_traceback(None)) from None
+            if isinstance(err, UserError):  # a user mistake (bad checkpoint, bad data): say it plainly, keep its type and trace
+                trace = str(getattr(err, "trace", "") or "")
+                if isinstance(err, RayTaskError):
+                    raise (UserCodeError(str(err), trace) if trace else UserError(str(err))) from None
+                raise err.with_traceback(None) from None
             self.broken = True
             raise PipelineActorError(f"{what} failed on {self._name(dev)}: {type(err).__name__}: {last_line(err)}",
                                      dev, self._stages(dev)) from err

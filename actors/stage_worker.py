@@ -30,10 +30,12 @@ installed only when asked for.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import os
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -160,10 +162,13 @@ class StageWorker:
         if self.aborted:
             raise CommunicatorsAborted(f"device {self.device_id}: communicators aborted after a failed iteration; reconfigure first")
         try:
-            report = self.executor.run(step)
+            with user_output() as out:
+                report = self.executor.run(step)
         except BaseException:
             self.abort()
             raise
+        if out.getvalue():
+            report["out"] = out.getvalue()
         self.completed_step = step
         if not self.steady:
             self.steady = True
@@ -192,10 +197,14 @@ class StageWorker:
                                             evaluating=True))
         evaluator = self._evaluator[1]
         try:
-            return [evaluator.run(i) for i in range(batches)]
+            with user_output() as out:
+                reports = [evaluator.run(i) for i in range(batches)]
         except BaseException:
             self.abort()
             raise
+        if out.getvalue():
+            reports[-1]["out"] = out.getvalue()
+        return reports
 
     def run_iterations(self, first: int, count: int) -> list[dict[str, Any]]:
         """Steps ``first .. first + count - 1`` back to back in one call, one report each.
@@ -460,6 +469,27 @@ def _state_bytes(payload: dict[int, tuple[Any, Any]]) -> int:
         elif isinstance(item, (list, tuple)):
             stack.extend(item)
     return total
+
+
+USER_OUTPUT_LIMIT = 1 << 16
+"""Characters of the user's printed output a worker returns per call (the rest is cut, saying so)."""
+
+
+class _Bounded(io.StringIO):
+    def write(self, text: str) -> int:
+        room = USER_OUTPUT_LIMIT - self.tell()
+        if room > 0:
+            super().write(text[:room] if len(text) <= room else text[:room] + "\n[output cut]\n")
+        return len(text)
+
+
+@contextlib.contextmanager
+def user_output() -> Iterator[io.StringIO]:
+    """What the user's code (their model, ``data_fn``, loss) prints during a call, kept for the driver, which prints
+    it on its own stdout prefixed by stage (Ray's log streaming is off: a driver's stderr is for its errors)."""
+    buffer = _Bounded()
+    with contextlib.redirect_stdout(buffer):
+        yield buffer
 
 
 def probe_boundaries(blocks: list[nn.Module], inputs: Tensor) -> list[tuple[tuple[int, ...], torch.dtype]]:

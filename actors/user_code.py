@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import os
+import traceback
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
@@ -34,7 +35,19 @@ MAX_MESSAGE = 300  # characters of the user's exception message kept in the one 
 
 
 class UserCodeError(UserError):
-    """An exception raised by (or a contract broken by) code the user handed to the trainer."""
+    """An exception raised by (or a contract broken by) code the user handed to the trainer. ``trace``: the user's
+    own frames (for the run's event log; the one line on stderr stays one line)."""
+
+    def __init__(self, message: str, trace: str = "") -> None:
+        super().__init__(message)
+        self.trace = trace[-MAX_TRACE:]
+
+    def __reduce__(self) -> tuple[Any, ...]:  # the trace survives the trip from a worker to the driver
+        return (type(self), (str(self), self.trace))
+
+
+MAX_TRACE = 20_000
+"""Characters of a user's traceback kept (the innermost frames)."""
 
 
 def callable_name(fn: Any) -> str:
@@ -64,7 +77,7 @@ def call(role: str, fn: Callable[..., T], *args: Any) -> T:
     except UserError:
         raise
     except Exception as exc:  # noqa: BLE001 - whatever the user's code raises is reported, not retried
-        raise UserCodeError(f"{role} ({callable_name(fn)}) raised {_quote(exc)}") from None
+        raise UserCodeError(f"{role} ({callable_name(fn)}) raised {_quote(exc)}", traceback.format_exc()) from None
 
 
 def batch(
@@ -93,7 +106,8 @@ def block_failed(index: int, block: nn.Module, x: Tensor, exc: BaseException) ->
     """The one-line error for block ``index`` raising on input ``x`` during training."""
     if isinstance(exc, UserError):
         return exc
-    return UserCodeError(f"block {index} ({type(block).__name__}) raised {_quote(exc)} on a {tuple(x.shape)} input")
+    trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return UserCodeError(f"block {index} ({type(block).__name__}) raised {_quote(exc)} on a {tuple(x.shape)} input", trace)
 
 
 def blocks(model_factory: Callable[[], Any]) -> list[nn.Module]:
@@ -130,7 +144,8 @@ def forward(index: int, block: nn.Module, x: Tensor) -> Tensor:
     except UserError:
         raise
     except Exception as exc:  # noqa: BLE001 - a block that does not fit its input is the user's model
-        raise UserCodeError(f"block {index} ({type(block).__name__}) raised {_quote(exc)} on a {tuple(x.shape)} input") from None
+        raise UserCodeError(f"block {index} ({type(block).__name__}) raised {_quote(exc)} on a {tuple(x.shape)} input",
+                            traceback.format_exc()) from None
     if not isinstance(out, Tensor):
         raise UserCodeError(f"block {index} ({type(block).__name__}) returned {type(out).__name__}; every block must return one tensor "
                             "(orchestrator.profiling.modules.chain packs tuples and dicts of tensors into one)")

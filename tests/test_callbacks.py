@@ -82,9 +82,10 @@ def test_a_callback_checkpoints_and_stops_the_run_which_then_resumes_exactly(wor
         resumed = again.fit(12)
         assert resumed.events[0]["resumed_from"] == result.step and resumed.step == 12
         assert again.max_abs_diff() <= 1e-5
-        assert run_record.read(str(tmp_path / "ckpt")).status == "finished"  # type: ignore[union-attr]
+        assert run_record.read(str(tmp_path / "ckpt")).status == "running"  # type: ignore[union-attr]  # fit(M) may follow
     finally:
         again.close()
+    assert run_record.read(str(tmp_path / "ckpt")).status == "finished"  # type: ignore[union-attr]
 
 
 @pytest.mark.ray
@@ -181,3 +182,71 @@ def test_the_fixed_plan_trainer_is_a_typed_preset_with_the_same_callbacks_and_re
         assert result.checkpoints[-1].endswith(f"step_{result.step:08d}")  # the run ends committed
     finally:
         trainer.shutdown()
+
+
+def printing_data(step: int) -> Any:
+    from orchestrator.profiling.models import example_batch
+
+    print(f"reading batch {step}")
+    return example_batch("mlp", 11, step, widths=(8, 16, 16, 16, 16, 16, 16, 16, 4))
+
+
+@pytest.mark.ray
+def test_what_the_users_code_prints_on_the_workers_reaches_the_drivers_stdout_by_stage(worker_group: Any, tmp_path: Path,
+                                                                                         capsys: Any) -> None:
+    import ray
+
+    from orchestrator import ElasticJob, RunConfig, ScalingConfig, SpotConfig
+    from orchestrator.core.plan import straight_plan
+    from orchestrator.elastic.job_config import AdaptConfig, TrainConfig
+    from tests.test_run_lifecycle import train_config
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import a test module
+    base = train_config()
+    train = TrainConfig(model_factory=base.model_factory, loss_fn=base.loss_fn, optimizer_factory=base.optimizer_factory,
+                        data_fn=printing_data, num_microbatches=4)
+    job = ElasticJob(train, ScalingConfig(devices=2, plan=straight_plan([0, 4, 8], 4)),
+                     RunConfig(storage=str(tmp_path / "ckpt"), checkpoint_every=0, progress=False), AdaptConfig(enabled=False),
+                     SpotConfig(enabled=False), workers=worker_group)
+    try:
+        capsys.readouterr()
+        job.fit(2)
+    finally:
+        job.close()
+    out = capsys.readouterr().out.splitlines()
+    for step in (0, 1):
+        assert f"[stage 0 device 0] reading batch {step}" in out and f"[stage 1 device 1] reading batch {step}" in out
+
+
+def shard_failing_data(step: int) -> Any:
+    if step == 2:
+        raise ValueError("bad shard")
+    return printing_data(step)
+
+
+@pytest.mark.ray
+def test_a_user_error_on_a_worker_fails_the_run_once_with_the_users_frames_in_the_log(worker_group: Any, tmp_path: Path) -> None:
+    import ray
+
+    from orchestrator import ElasticJob, RunConfig, ScalingConfig, SpotConfig
+    from orchestrator.core.errors import UserError
+    from orchestrator.core.plan import straight_plan
+    from orchestrator.elastic.job_config import AdaptConfig, TrainConfig
+    from tests.test_run_lifecycle import train_config
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    base = train_config()
+    train = TrainConfig(model_factory=base.model_factory, loss_fn=base.loss_fn, optimizer_factory=base.optimizer_factory,
+                        data_fn=shard_failing_data, num_microbatches=4)
+    job = ElasticJob(train, ScalingConfig(devices=2, plan=straight_plan([0, 4, 8], 4)),
+                     RunConfig(storage=str(tmp_path / "ckpt"), checkpoint_every=0, progress=False, max_failures=3),
+                     AdaptConfig(enabled=False), SpotConfig(enabled=False), workers=worker_group)
+    try:
+        with pytest.raises(UserError, match="bad shard"):
+            job.fit(6)
+        (error,) = [e for e in job.records if e["event"] == "user_error"]
+        assert "bad shard" in error["error"] and 'raise ValueError("bad shard")' in error["traceback"]
+        assert not [e for e in job.records if e["event"] in ("worker_failed", "recovered")]
+        assert run_record.read(str(tmp_path / "ckpt")).status == "failed"  # type: ignore[union-attr]
+    finally:
+        job.close()

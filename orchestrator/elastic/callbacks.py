@@ -28,6 +28,7 @@ import traceback
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence, TextIO, Union
 
+from actors.user_code import UserCodeError
 from orchestrator.core.errors import UserError
 
 if TYPE_CHECKING:
@@ -100,12 +101,8 @@ class Callback:
         """Once per ``fit`` that returns (finished, or stopped by a :class:`Stop`)."""
 
 
-class CallbackError(UserError):
+class CallbackError(UserCodeError):
     """A user's callback raised: the run ends (committed, ``failed``), nothing is retried."""
-
-    def __init__(self, message: str, trace: str) -> None:
-        super().__init__(message)
-        self.trace = trace
 
 
 class Callbacks:
@@ -159,6 +156,11 @@ class Callbacks:
         return actions
 
 
+def phase(text: str) -> None:
+    """One start-up phase on stdout (profiling, planning, starting actors): nothing is silent before step 0."""
+    print(f"[raypipe] {text} ...", flush=True)
+
+
 class Progress(Callback):
     """The built-in progress line: on stdout (never stderr, which stays for errors) every ``every`` steps and at
     the last one, or ``every_s`` seconds, whichever comes first; a start line names where the run resumed."""
@@ -188,4 +190,4 @@ class Progress(Callback):
         return None
 
 
-__all__ = ["Action", "Callback", "CallbackError", "Callbacks", "Checkpoint", "Progress", "StartInfo", "StepInfo", "Stop"]
+__all__ = ["Action", "Callback", "CallbackError", "Callbacks", "Checkpoint", "Progress", "StartInfo", "StepInfo", "Stop", "phase"]

@@ -53,7 +53,7 @@ from orchestrator.adapt.live import to_controller_metrics
 from orchestrator.adapt.rehearsal import Rehearsal
 from orchestrator.adapt.policies import DeathDecision, GiveUp, RecoverInPlace, Restart, on_worker_death, planner_plan
 from orchestrator.core.errors import UserError
-from orchestrator.elastic.callbacks import Callback, CallbackError, Callbacks, Checkpoint, Progress, StartInfo, StepInfo, Stop
+from orchestrator.elastic.callbacks import Callback, CallbackError, Callbacks, Checkpoint, Progress, StartInfo, StepInfo, Stop, phase
 from orchestrator.train.discovery import connect
 from orchestrator.elastic.evacuation import Evacuate, Fallback, Notice, check_notice, plan_evacuation
 from orchestrator.elastic.job_config import AdaptConfig, RunConfig, ScalingConfig, SpotConfig, TrainConfig
@@ -92,6 +92,8 @@ class ElasticJob:
         self.train, self.scaling, self.run, self.adapt, self.spot = train, scaling, run, adapt, spot
         self.clock = clock
         storage.check_writable(run.storage)  # unreachable storage / missing credentials: one line, before any actor
+        say = phase if run.progress else (lambda text: None)  # no silence before step 0: each start-up phase is a line
+        say(f"profiling the model's blocks on this machine ({scaling.devices} devices requested)")
         self.profile = profile_model(train, scaling.devices)
         if scaling.devices > self.profile.num_blocks:  # a worker per device would hold nothing, and cost its memory
             raise UserError(f"ScalingConfig: devices={scaling.devices} but the model has {self.profile.num_blocks} blocks; "
@@ -99,10 +101,13 @@ class ElasticJob:
         # the location is the run: another model's checkpoints are refused here, before anything is written
         self.opened = open_run(str(run.storage), self.profile, train.num_microbatches, train.seed,
                                _describe(train.optimizer_factory), run.resume, run.run_id, run.cluster)
+        say("connecting to Ray")
         connect(None)  # RAY_ADDRESS (as under `ray job submit`) or the local instance; a dead address is one line
         # every worker failure is the failure policy's and an event; the results of steps in flight that a
         # failure discards would otherwise print their tracebacks when Ray collects them
         os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
+        if scaling.plan is None:
+            say(f"planning {self.profile.num_blocks} blocks over {scaling.devices} devices ({scaling.planner})")
         plan = scaling.plan or planner_plan(self.profile, self.cluster, tuple(range(scaling.devices)),
                                             straight_plan([0, self.profile.num_blocks], train.num_microbatches), scaling.planner,
                                             straight=True)
@@ -157,6 +162,8 @@ class ElasticJob:
             raise UserError(f"fit(steps) needs a whole number of steps >= 1, not {steps!r}")
         start = time.perf_counter()
         self._start()
+        if self.runstate.fit_finished:  # a fit after a finished one: the run is running again
+            self.runstate.started(self.runtime.step)
         target = self.target_steps = steps
         first = self.runtime.step
         self._watch(target)
@@ -182,7 +189,7 @@ class ElasticJob:
         if self._stopped_for is None:
             self.emit("job_finished", step=self.runtime.step, plan=self.runtime.plan.describe(), final_loss=losses.get(target - 1),
                       usd_job=self._usd_job())
-            self.runstate.ended("finished", self.runtime.step, live=self._live())
+            self.runstate.fit_done(self.runtime.step, self._live())  # 'finished' when the job closes: fit(M) may follow
         result = JobResult(self.runtime.step, losses, self.runtime.plan, list(self.records), time.perf_counter() - start,
                            self.moves, self.restarts, list(self._fit_metrics), [],
                            {d["device"]: d["node_id"] for d in self.runtime.devices()})
@@ -194,6 +201,8 @@ class ElasticJob:
         runtime = self.runtime
         if runtime.started:
             return
+        if self.run.progress:
+            phase(f"starting {self.scaling.devices} stage actors")
         runtime.start(members=sorted(self.alive), slots={d: d for d in range(self.scaling.devices)}, size=self.scaling.devices)
         resumed = None
         if self.opened.resume_from is not None:
@@ -203,6 +212,13 @@ class ElasticJob:
                   plan=runtime.plan.describe(), step=runtime.step, storage=str(self.run.storage), run_id=self.runstate.run_id,
                   cluster=self.run.cluster, resumed_from=resumed, offer=self._offer())
         self._usd_job()  # the ledger knows the offer's price from the start
+        idle = sorted(set(range(self.scaling.devices)) - set(runtime.plan.devices))
+        if idle:  # said once, on stdout and in the log: the user asked for these devices
+            why = (f"the {self.scaling.planner} planner's fastest plan for this model uses {len(runtime.plan.devices)} of the "
+                   f"{self.scaling.devices} devices (another stage would cost more in transfers than it saves)"
+                   if self.scaling.plan is None else "the given plan does not use them")
+            print(f"[raypipe] device(s) {idle} idle: {why}; the controller may give them blocks later", flush=True)
+            self.emit("devices_idle", devices=idle, reason=why)
         self.runstate.started(runtime.step)
 
     def _watch(self, target: int) -> None:
@@ -314,7 +330,7 @@ class ElasticJob:
                 self._commit_final()
             except (PipelineActorError, UserError):
                 pass  # the newest committed checkpoint stands
-        trace = exc.trace if isinstance(exc, CallbackError) else ""
+        trace = str(getattr(exc, "trace", "") or "")  # the user's own frames (a callback's, or code on a worker)
         self.emit("user_error", step=self.runtime.step, error=" ".join(str(exc).split()), traceback=trace)
         self.runstate.ended("failed", self.runtime.step, live=self._live())
 
@@ -698,8 +714,11 @@ class ElasticJob:
         return max_difference(self.runtime.state_dicts(), ref.state_dicts())
 
     def close(self) -> None:
+        """The run is ``finished`` if its last ``fit`` was (a stopped, failed or migrating run keeps its status)."""
         if self.controller is not None:
             self.controller.close()  # no background re-planning outlives the job
+        if self.runstate.fit_finished:
+            self.runstate.ended("finished", self.runtime.step, live=self._live())
         self.runtime.shutdown()
 
     def __enter__(self) -> "ElasticJob":

@@ -124,6 +124,7 @@ class RunState:
         self.local_events = EventLog(local_events) if local_events is not None else None
         self._progress_at = 0.0
         self._stop_seen = False
+        self.fit_finished = False  # the last fit reached its target: the run is finished unless another fit follows
 
     @property
     def run_id(self) -> str:
@@ -148,7 +149,15 @@ class RunState:
         rr.write(self.root, self.record)
 
     def started(self, step: int) -> None:
+        self.fit_finished = False
         self._write(steps_done=step, status="running")
+
+    def fit_done(self, step: int, live: rr.Live) -> None:
+        """A ``fit`` reached its target: the record says so at once (steps, the last status fields) but stays
+        ``running`` while the job lives, since another ``fit`` may follow; :meth:`ended` writes ``finished``."""
+        self.fit_finished = True
+        self._write(steps_done=step, live=live)
+        self.segment.flush()
 
     def progress(self, step: int, live: Callable[[], rr.Live]) -> bool:
         """At most once a second: the record learns the step and what a watcher wants (the supervisor and
@@ -167,6 +176,7 @@ class RunState:
 
     def ended(self, status: rr.Status, step: int, migration: rr.MigrationRequest | None = None,
               live: rr.Live | None = None) -> None:
+        self.fit_finished = False
         self._write(status=status, steps_done=step, migration=migration, **({"live": live} if live is not None else {}))
         if status != "migrating":  # a stop asked for during a migration is the next job's to honour
             rr.clear_stop(self.root)

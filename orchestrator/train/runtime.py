@@ -158,6 +158,7 @@ class PipelineRuntime:
             self._failed_run = (flight.step, end)
             raise
         elapsed = time.perf_counter() - max(flight.submitted, since if since is not None else flight.submitted)
+        self._echo(reports)
         run = combine_run(reports, elapsed)
         for m in run:
             self.history[self.step] = m.loss
@@ -182,6 +183,17 @@ class PipelineRuntime:
         fired = {(s, d) for s, d in armed if lo <= s < hi and (dead is None or d in dead)}
         self.spec = injection.with_kills(self.spec, armed - fired)
 
+    def _echo(self, reports: Sequence[Sequence[Mapping[str, Any]]]) -> None:
+        """The user's output from the workers, on the driver's stdout, each line prefixed by where it ran."""
+        for per_device in reports:
+            for r in per_device:
+                text = r.get("out")
+                if text:
+                    device = int(r["device"])
+                    stages = ",".join(str(j) for j in self.plan.stages_of_device(device))
+                    for line in str(text).splitlines():
+                        print(f"[stage {stages} device {device}] {line}", flush=True)
+
     def evaluate(self, batches: int) -> float:
         """The mean loss of the forward-only pass over ``eval_data_fn(0 .. batches - 1)`` on the current plan (no
         gradient, dropout off, nothing changed); no step may be in flight. Each batch's loss is weighted by unit
@@ -189,6 +201,7 @@ class PipelineRuntime:
         group = self._workers()
         reports = group.call("evaluate", batches, devices=sorted(self.plan.devices), what="evaluation",
                              timeout_s=self.iteration_timeout_s * batches)
+        self._echo(reports)
         per_batch = [sum(float(r[i]["loss"]) for r in reports if r[i].get("loss") is not None) for i in range(batches)]
         return sum(per_batch) / batches
 
