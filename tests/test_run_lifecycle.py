@@ -210,3 +210,51 @@ def test_old_prices_never_move_the_run_and_only_the_newest_row_of_an_offer_count
 def test_more_devices_than_blocks_is_one_line_before_any_worker_starts(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="devices=6 but the model has 3 blocks"):
         job(None, tmp_path, devices=6, plan_cuts=[0, 1, 2, 3], widths=(8, 16, 16, 4))
+
+
+@pytest.mark.ray
+def test_one_writer_per_run_a_second_job_refuses_naming_the_holder_until_the_first_closes(worker_group: Any, tmp_path: Path) -> None:
+    from orchestrator.elastic.lease import LEASE, RunLocked
+
+    first = job(worker_group, tmp_path, checkpoint_every=0)
+    try:
+        before = tree_digest(tmp_path / "ckpt")
+        with pytest.raises(RunLocked, match=rf"being trained by job \w+, pid {os.getpid()} on "):
+            job(worker_group, tmp_path, checkpoint_every=0)
+        assert tree_digest(tmp_path / "ckpt") == before  # the refused job wrote nothing
+        first.fit(2)
+    finally:
+        first.close()
+    assert not (tmp_path / "ckpt" / LEASE).exists()  # released
+    # a lease left by a process of this host that is gone is free at once
+    (tmp_path / "ckpt" / LEASE).write_text(json.dumps({"owner": "gone", "host": os.uname().nodename, "pid": 2**22 + 12345,
+                                                        "cluster": None, "expires_at": time.time() + 3600}))
+    # a torn run record does not block a run whose checkpoints are fine; a damaged newer checkpoint is passed over, said
+    run_id = run_record.read(str(tmp_path / "ckpt")).run_id  # type: ignore[union-attr]
+    (tmp_path / "ckpt" / "run.json").write_text('{"format": "raypipe-run", "ver')
+    (tmp_path / "ckpt" / "step_00000050").mkdir()
+    second = job(worker_group, tmp_path, checkpoint_every=0)
+    try:
+        events = second.fit(3).events
+        assert events[0]["event"] == "checkpoint_skipped" and events[0]["path"].endswith("step_00000050")
+        assert events[1]["event"] == "run_record_rebuilt" and "not valid JSON" in events[1]["reason"]
+        assert started(events)[0]["resumed_from"] == 2 and started(events)[0]["run_id"] == run_id
+        assert second.max_abs_diff() <= 1e-5
+    finally:
+        second.close()
+    assert run_record.read(str(tmp_path / "ckpt")).run_id == run_id  # type: ignore[union-attr]
+
+
+def test_other_data_on_a_run_is_refused_unless_forced_and_then_recorded(tmp_path: Path) -> None:
+    from orchestrator.elastic.run import open_run
+    from tests.helpers import uniform_profile
+
+    root = str(tmp_path / "ckpt")
+    profile = uniform_profile(4, fwd=0.01, bwd=0.02, act=1e6, params=1e6)
+    first = open_run(root, profile, 4, 0, "sgd", "auto", None, None, "data-a")
+    run_record.write(root, first.record)
+    assert open_run(root, profile, 4, 0, "sgd", "auto", None, None, "data-a").data_changed is False
+    with pytest.raises(UserError, match=r"trained on other data .*\(--resume force\)"):
+        open_run(root, profile, 4, 0, "sgd", "auto", None, None, "data-b")
+    forced = open_run(root, profile, 4, 0, "sgd", "force", None, None, "data-b")
+    assert forced.data_changed and forced.record.data_fingerprint == "data-b" and forced.record.run_id == first.record.run_id

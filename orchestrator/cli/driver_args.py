@@ -32,7 +32,8 @@ def add_job_arguments(p: argparse.ArgumentParser, devices: int = 4, steps: int =
     p.add_argument("--planner", default="even", help="the starting plan's planner (the controller re-balances live)")
     p.add_argument("--checkpoint-every", type=int, default=checkpoint_every)
     p.add_argument("--snapshot-every", type=int, default=0, help="in-memory snapshots every N steps (0: off)")
-    p.add_argument("--resume", choices=["auto", "never", "require"], help="continue the run in the storage location (default auto)")
+    p.add_argument("--resume", choices=["auto", "never", "require", "force"],
+                   help="continue the run in the storage location (default auto; force: even on other data, recorded)")
     p.add_argument("--max-failures", type=int, default=3, help="worker deaths without notice the job survives")
     p.add_argument("--inject-kill-at", action="append", default=[], metavar="STEP[:DEVICE]",
                    help="rehearse a death without notice: DEVICE's stage worker (default: the middle stage's) exits mid-step STEP")

@@ -191,8 +191,8 @@ class RunConfig:
             raise UserError(f"{where}: callbacks must be a tuple of orchestrator.Callback objects")
         if not limits.text(self.name, where, "name").strip():
             raise UserError(f"{where}: name must not be empty")
-        if self.resume not in ("auto", "never", "require"):
-            raise UserError(f"{where}: resume={self.resume!r} is not one of auto, never, require")
+        if self.resume not in ("auto", "never", "require", "force"):
+            raise UserError(f"{where}: resume={self.resume!r} is not one of auto, never, require, force")
         for field_name in ("run_id", "cluster"):
             value = getattr(self, field_name)
             if value is not None and not limits.text(value, where, field_name).strip():

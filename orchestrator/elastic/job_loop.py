@@ -62,7 +62,9 @@ from orchestrator.elastic.growth import Growth, check_joins
 from cloud.migration import MigrationSkipped
 from orchestrator.elastic.job_spot import PriceView, build_price_view, profile_model, relocate, spot_decision
 from orchestrator.elastic.run import RunState, open_run
+from orchestrator.elastic.lease import Lease
 from orchestrator.elastic.ledger import Ledger
+from orchestrator.elastic import run_record
 from orchestrator.elastic.run_record import Live, MigrationRequest, StageStatus
 from orchestrator.elastic.signals import JobFailed, JobStopped, MigrationRequested, StopSignals
 from orchestrator.core.plan import Plan, straight_plan
@@ -100,7 +102,18 @@ class ElasticJob:
                             f"at most {self.profile.num_blocks} devices can hold blocks (cut it finer or use fewer devices)")
         # the location is the run: another model's checkpoints are refused here, before anything is written
         self.opened = open_run(str(run.storage), self.profile, train.num_microbatches, train.seed,
-                               _describe(train.optimizer_factory), run.resume, run.run_id, run.cluster)
+                               _describe(train.optimizer_factory), run.resume, run.run_id, run.cluster, _data_fingerprint(train))
+        self.lease = Lease(str(run.storage), run.cluster)  # one writer per run: taken before anything is written
+        self.lease.take()
+        try:
+            self._build(train, scaling, run, adapt, workers, say)
+        except BaseException:
+            self.lease.release()
+            raise
+
+    def _build(self, train: TrainConfig, scaling: ScalingConfig, run: RunConfig, adapt: AdaptConfig,
+               workers: WorkerGroup | None, say: Callable[[str], None]) -> None:
+        """The rest of the job, once it holds the run's lease."""
         say("connecting to Ray")
         connect(None)  # RAY_ADDRESS (as under `ray job submit`) or the local instance; a dead address is one line
         # every worker failure is the failure policy's and an event; the results of steps in flight that a
@@ -201,6 +214,13 @@ class ElasticJob:
         runtime = self.runtime
         if runtime.started:
             return
+        for skipped in self.opened.skipped:  # damaged checkpoints the run's opening passed over, before the resume
+            self.emit("checkpoint_skipped", path=skipped.location, reason=skipped.reason)
+        if self.opened.data_changed:
+            self.emit("data_changed", reason="resume='force': the run goes on with other data than its checkpoints were trained on")
+        if self.opened.rebuilt is not None:
+            print(f"[raypipe] {self.opened.rebuilt}", flush=True)
+            self.emit("run_record_rebuilt", reason=self.opened.rebuilt)
         if self.run.progress:
             phase(f"starting {self.scaling.devices} stage actors")
         runtime.start(members=sorted(self.alive), slots={d: d for d in range(self.scaling.devices)}, size=self.scaling.devices)
@@ -720,6 +740,7 @@ class ElasticJob:
         if self.runstate.fit_finished:
             self.runstate.ended("finished", self.runtime.step, live=self._live())
         self.runtime.shutdown()
+        self.lease.release()
 
     def __enter__(self) -> "ElasticJob":
         return self
@@ -735,6 +756,18 @@ class ElasticJob:
         from orchestrator.profiling.export import user_state_dict
 
         return user_state_dict(user_code.blocks(self.train.model_factory), self.runtime.state_dicts())
+
+
+def _data_fingerprint(train: TrainConfig) -> str:
+    """What identifies the run's data (see :func:`~orchestrator.elastic.run_record.data_fingerprint`)."""
+    import dataclasses
+
+    from actors import user_code
+
+    inputs, _ = user_code.batch(train.data_fn, 0)
+    fn = train.data_fn
+    identity = repr(fn) if dataclasses.is_dataclass(fn) else _describe(fn)  # a TokenFile says its path and sizes
+    return run_record.data_fingerprint(identity, int(inputs.shape[0]), tuple(int(s) for s in inputs.shape[1:]), str(inputs.dtype))
 
 
 def _describe(factory: Any) -> str:

@@ -76,10 +76,12 @@ class Opened:
     resume_from: str | None  # the newest committed checkpoint to restore, None: start from the seed
     resume_step: int | None
     skipped: tuple[ckpt.Skipped, ...]
+    rebuilt: str | None = None  # why the run record was made again from the newest checkpoint (the job says so)
+    data_changed: bool = False  # resume="force" accepted other data (the job records it)
 
 
 def open_run(root: str, profile: Profile, num_microbatches: int, seed: int, optimizer: str, resume: str,
-             run_id: str | None, cluster: str | None) -> Opened:
+             run_id: str | None, cluster: str | None, data: str | None = None) -> Opened:
     """Read the location's record and checkpoints and decide: continue, start fresh, or refuse.
 
     Refusals are one line and happen before anything is written: a location of another model or
@@ -87,10 +89,20 @@ def open_run(root: str, profile: Profile, num_microbatches: int, seed: int, opti
     holds this run's checkpoints (training from the seed there would overwrite them)."""
     model = rr.model_fingerprint(profile)
     config = rr.config_fingerprint(num_microbatches, seed, optimizer)
-    found = rr.read(root)
+    latest = ckpt.find_latest(root) if storage.exists(root) else ckpt.Found(None, None, ())
+    rebuilt = None
+    try:
+        found = rr.read(root)
+    except UserError as damaged:  # a torn or foreign run.json: the checkpoints are the truth, if there are any
+        if latest.location is None:
+            raise
+        found, rebuilt = None, f"{damaged}; made again from the newest committed checkpoint (step {latest.step})"
     if found is not None:
         rr.check_same_run(found, model, run_id, root)
-    latest = ckpt.find_latest(root) if storage.exists(root) else ckpt.Found(None, None, ())
+    changed = found is not None and data is not None and found.data_fingerprint not in (None, data)
+    if changed and resume != "force":
+        raise UserError(f"{root} holds run {found.run_id!r} trained on other data (another data function, batch size or "  # type: ignore[union-attr]
+                        "sample shape): use another storage location, or resume='force' (--resume force) to go on with this data")
     if latest.location is not None and found is None:  # checkpoints of an older raypipe: check their model at least
         manifest = ckpt.read_manifest(latest.location)
         if int(manifest.get("num_blocks", profile.num_blocks)) != profile.num_blocks:
@@ -102,12 +114,21 @@ def open_run(root: str, profile: Profile, num_microbatches: int, seed: int, opti
     if resume == "never" and latest.location is not None:
         raise UserError(f"resume='never': {root} already holds this run's checkpoints (newest: step {latest.step}); "
                         "use another storage location, or resume='auto'")
-    if found is None:
-        record = rr.RunRecord(run_id or rr.new_run_id(), model, config, cluster=cluster)
+    if found is None and latest.location is not None:  # checkpoints without a record: the run they belong to goes on
+        owner = str(ckpt.read_manifest(latest.location).get("run_id") or "")
+        if run_id is not None and owner and owner != run_id:
+            raise UserError(f"{root} holds checkpoints of run {owner!r}, not run {run_id!r}; use another storage location")
+        rebuilt = rebuilt or (f"no run record; run {owner or 'with a new id'} continues from the newest committed checkpoint "
+                              f"(step {latest.step})")
+        record = rr.RunRecord(run_id or owner or rr.new_run_id(), model, config, last_committed=latest.step,
+                              steps_done=latest.step or 0, cluster=cluster, data_fingerprint=data)
+    elif found is None:
+        record = rr.RunRecord(run_id or rr.new_run_id(), model, config, cluster=cluster, data_fingerprint=data)
     else:
-        record = rr.updated(found, config_fingerprint=config, cluster=cluster, status="running", migration=None)
+        record = rr.updated(found, config_fingerprint=config, cluster=cluster, status="running", migration=None,
+                            data_fingerprint=data or found.data_fingerprint)
     step = latest.step if latest.location is not None else None
-    return Opened(record, latest.location, step, latest.skipped)
+    return Opened(record, latest.location, step, latest.skipped, rebuilt, changed)
 
 
 class RunState:

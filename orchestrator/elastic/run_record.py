@@ -35,8 +35,8 @@ STOP = "stop.json"
 FORMAT = "raypipe-run"
 VERSION = 1
 Status = Literal["running", "finished", "migrating", "stopped", "failed"]
-Resume = Literal["auto", "never", "require"]
-RESUME_MODES: tuple[str, ...] = ("auto", "never", "require")
+Resume = Literal["auto", "never", "require", "force"]
+RESUME_MODES: tuple[str, ...] = ("auto", "never", "require", "force")
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,8 @@ class RunRecord:
     migration: MigrationRequest | None = None
     updated_at: float = field(default_factory=time.time)
     live: Live | None = None
+    data_fingerprint: str | None = None
+    """The data the run trains on (the data function's identity, rows, sample shape): a change is refused."""
 
     def to_json(self) -> bytes:
         body = {"format": FORMAT, "version": VERSION, **asdict(self)}
@@ -120,7 +122,8 @@ class RunRecord:
                        status=body.get("status", "running"), cluster=body.get("cluster"),
                        migration=MigrationRequest(str(mig["reason"]), int(mig["step"]), str(mig["target"])) if mig else None,
                        updated_at=float(body.get("updated_at", 0.0)),
-                       live=Live.from_dict(body["live"]) if isinstance(body.get("live"), dict) else None)
+                       live=Live.from_dict(body["live"]) if isinstance(body.get("live"), dict) else None,
+                       data_fingerprint=None if body.get("data_fingerprint") is None else str(body["data_fingerprint"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise UserError(f"{where}: the run record is malformed ({type(exc).__name__}: {exc})") from None
 
@@ -137,6 +140,12 @@ def model_fingerprint(profile: Profile) -> str:
 def config_fingerprint(num_microbatches: int, seed: int, optimizer: str) -> str:
     """What changes the arithmetic of training besides the model (a change is allowed, recorded)."""
     return hashlib.sha256(json.dumps([num_microbatches, seed, optimizer]).encode()).hexdigest()[:16]
+
+
+def data_fingerprint(identity: str, rows: int, sample_shape: tuple[int, ...], dtype: str) -> str:
+    """The data a run trains on: the data function's identity (its arguments: a file's path, ``--rows``), the rows
+    of a batch and one sample's shape and type. Two jobs of one run must read the same batches."""
+    return hashlib.sha256(json.dumps([identity, rows, list(sample_shape), dtype]).encode()).hexdigest()[:16]
 
 
 def location(storage_root: str) -> str:

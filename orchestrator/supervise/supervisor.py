@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import sys
+import threading
 import tempfile
 import time
 import uuid
@@ -33,12 +35,14 @@ from typing import Any
 from cloud.records import Offer
 from orchestrator.core.errors import UserError
 from orchestrator.elastic.observability import redact_text
+from orchestrator.elastic.run_record import request_stop
+from orchestrator.elastic.signals import EXIT_MIGRATE
 from orchestrator.supervise.offers import PRICE_FACTOR, ranked, write_price_file
 from orchestrator.supervise.provision import ClusterHandle, ProvisionError, Provisioner
 from orchestrator.supervise.state import EventSegment, StateStore, SupervisorState, merged_events, newest_committed, read_record
 from orchestrator.supervise.submit import TERMINAL, DriverJob, TextSink
 
-MIGRATE_EXIT = 75
+MIGRATE_EXIT = EXIT_MIGRATE  # one constant with the job (orchestrator.elastic.signals)
 """The driver's exit code after it committed a checkpoint and asked to move (EX_TEMPFAIL)."""
 USER_ERROR_EXITS = (1, 2)
 
@@ -108,6 +112,7 @@ class Supervisor:
         self.store = StateStore(config.storage)
         self.events = EventSegment(config.storage)
         self.by_label = {o.label(): o for o in config.offers}
+        self.interrupted = False  # a first Ctrl-C: the run is being stopped
         self.prices = Path()
         self.state = SupervisorState(run_id=config.run_id or uuid.uuid4().hex[:12])
 
@@ -204,10 +209,12 @@ class Supervisor:
     # ----- the loop -----
     def run(self) -> int:
         """Until the driver finishes (0), a user error is reported (its code), or nothing is left (1, 2).
-        Interrupted (Ctrl-C), the cluster and job are left running and the state says so: the next
-        ``orchestrator run`` on the same storage adopts them."""
+        The first Ctrl-C stops the run (the job commits and stops, the cluster is torn down; 130); a second one
+        detaches: the cluster and job are left running and the state says so, and the next ``orchestrator run`` on
+        the same storage adopts them."""
         adopted = self._take_ownership()
         self.prices = self._price_file()
+        previous = signal.signal(signal.SIGINT, self._interrupt) if threading.current_thread() is threading.main_thread() else None
         try:
             current = self._start(adopted)
             while True:
@@ -219,6 +226,11 @@ class Supervisor:
         except RunFailed as exc:
             print(f"error: {exc}", file=sys.stderr)
             code = exc.code
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+        if code == 0 and self.interrupted:
+            code = 130
         self._save(finished=True)
         self._write_out()
         return code
@@ -238,11 +250,24 @@ class Supervisor:
         step = newest_committed(self.config.storage, record) if self.config.resume != "never" else None
         return self._place(None, set(), self.config.resume, step)
 
+    def _interrupt(self, signum: int, frame: Any) -> None:
+        """Ctrl-C: the first asks the run to stop (see :meth:`run`), the second detaches."""
+        if self.interrupted:
+            raise KeyboardInterrupt
+        self.interrupted = True
+        print("[supervisor] stopping the run: the job commits its step and stops, then its cluster is torn down "
+              "(Ctrl-C again detaches and leaves them running)", flush=True)
+
     def _watch(self, cur: _Current) -> _Current | None:
         """Poll until the current job ends or its cluster is lost; return what runs next (None: done)."""
         beat = 0.0
+        asked = False
         while True:
             time.sleep(self.config.poll_s)
+            if self.interrupted and not asked:  # the job honours it between steps (orchestrator stop writes the same)
+                asked = True
+                request_stop(self.config.storage, "Ctrl-C on orchestrator run")
+                self.events.emit("stop_requested", cluster=cur.handle.cluster_id, by="Ctrl-C")
             if time.monotonic() - beat > 5.0:
                 self._save()
                 beat = time.monotonic()
@@ -271,7 +296,8 @@ class Supervisor:
         cur.job.drain()
         record = read_record(self.config.storage) or {}
         status = record.get("status")
-        if outcome.status == "SUCCEEDED":  # finished, or stopped on request (orchestrator stop): never relaunched
+        if outcome.status == "SUCCEEDED" or status == "stopped":  # finished, or stopped (orchestrator stop, Ctrl-C,
+            # ray job stop's SIGTERM: the job committed and recorded it): never relaunched
             self.events.emit("run_stopped" if status == "stopped" else "run_finished", cluster=cur.handle.cluster_id,
                              steps_done=record.get("steps_done"), usd_total=(record.get("live") or {}).get("usd_total"))
             self._teardown(cur.handle)
