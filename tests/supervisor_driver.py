@@ -67,6 +67,11 @@ def main() -> int:
             return 2
         if step % args.checkpoint_every == 0:
             committed = step
+        if storage.exists(storage.join(root, "stop.json")):  # orchestrator stop / Ctrl-C: commit, record, exit 0
+            storage.remove_file(storage.join(root, "stop.json"))
+            write("stopped", step, step)
+            emit("stopped", cluster=cluster, step=step)
+            return 0
         write("running", step, committed)
         if step in events:
             committed = step

@@ -192,6 +192,27 @@ def test_a_restarted_supervisor_adopts_the_running_job(tmp_path: Path) -> None:
     assert json.loads(record.read_text())["steps_done"] == 40
 
 
+@pytest.mark.ray
+@pytest.mark.timeout(600)
+def test_ctrl_c_on_orchestrator_run_stops_the_run_and_tears_its_cluster_down(tmp_path: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("RAY_ADDRESS", None)
+    cmd = [sys.executable, "-m", "orchestrator", "run", "--storage", str(tmp_path / "run"), "--cpus", "1", "--clusters", "1",
+           "--", "tests/supervisor_driver.py", "--steps", "1000", "--step-s", "0.3"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    record = tmp_path / "run" / "run.json"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not (record.exists() and (json.loads(record.read_text() or "{}").get("steps_done") or 0) >= 3):
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert "stopping the run" in out and json.loads(record.read_text())["status"] == "stopped"
+    events = merged_events(str(tmp_path / "run"))
+    assert len(of(events, "run_stopped")) == 1 and not of(events, "run_finished") and not of(events, "cluster_lost")
+    assert not any(listening(e["address"]) for e in of(events, "cluster_down")) and of(events, "cluster_down")
+
+
 class Refusing:
     """A provider whose every offer is refused (quota, credentials): the supervisor's failover path."""
 
