@@ -143,7 +143,16 @@ class Executor:
         self.held_bytes: dict[int, int] = {}  # forward index -> bytes kept for backward (first iteration)
         self.spans: list[tuple[str, str, float, float]] = []
         self.step_index = -1
+        self.at = -1  # the program action running now (len(program): finishing the sends)
         self.injected = False  # call table wrapped by actors.injection.install (tests, rehearsals)
+
+    def waiting_on_peers(self) -> bool:
+        """Whether the action running now waits for other workers (a receive, an all-reduce, the last sends): a
+        worker that has stopped progressing anywhere else is hung itself, the others wait for it."""
+        at = self.at
+        if at < 0 or at >= len(self.program):
+            return True
+        return self.program[at].kind in (Kind.RECV_F, Kind.RECV_B, Kind.ALL_REDUCE)
 
     # ----- what the stage worker and rehearsals set, through these methods only -----
     def use_hooks(self, before_step: Callable[[int], bool] | None, after_step: Callable[[int], None] | None,
@@ -214,9 +223,11 @@ class Executor:
         clock.start()
         with evaluation(self.modules.values()) if self.evaluating else contextlib.nullcontext():
             for i in range(len(program)):
+                self.at = i  # where this worker is, for the driver's hang triage (StageWorker.progress)
                 for r in post_before[i]:
                     post(r)
                 calls[i](program[i], i)
+        self.at = len(program)  # waiting for its last sends
         exchange.finish()
         loss = float(torch.stack(self.losses).sum().item()) if self.losses else 0.0  # the one host sync (CUDA)
         if self.cuda:

@@ -125,6 +125,22 @@ class WorkerGroup:
     def shutdown(self) -> None:
         self.processes.kill()
 
+    def hung(self, devices: Sequence[int], timeout_s: float = 10.0) -> list[int]:
+        """Of ``devices`` (blocked past a deadline), those that are hung themselves: making no progress in an action
+        that does not wait for a peer (the others wait for them). Asked on each worker's probe thread; a worker
+        that cannot answer counts as hung. When every one waits for another (a wedged collective), all are."""
+        refs = {d: self.actor_of(d).progress.remote() for d in devices}
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+        culprits = []
+        for d, ref in refs.items():
+            try:
+                state = ray.get(ref, timeout=0) if ref in ready else None
+            except (RayActorError, RayTaskError, GetTimeoutError):
+                state = None
+            if state is None or not state.get("waiting", True):
+                culprits.append(d)
+        return culprits or list(devices)
+
     def kill_worker(self, device: int) -> None:
         """Fault injection from the driver side (tests): hard-kill one worker."""
         ray.kill(self.actor_of(device), no_restart=True)
@@ -309,7 +325,8 @@ class WorkerGroup:
         if got.pending:
             self.broken = True
             names = ", ".join(self._name(d) for d in got.pending)
-            raise PipelineActorError(f"{what} timed out after {timeout_s:.0f}s waiting for {names}", got.pending[0])
+            raise PipelineActorError(f"{what} timed out after {timeout_s:.0f}s waiting for {names}", got.pending[0],
+                                     pending=got.pending)
         return [got.results[d] for d in devs]
 
     def discard(self, refs: Sequence[Any], grace_s: float = 2.0) -> None:

@@ -33,9 +33,13 @@ DEATH_GRACE_S = 10.0  # after a worker's error, how long to look for the death t
 class PipelineActorError(RuntimeError):
     """A stage worker died or failed; ``device`` and ``stages`` say which one."""
 
-    def __init__(self, message: str, device: int = -1, stages: Sequence[int] = (), died: bool = False) -> None:
+    def __init__(self, message: str, device: int = -1, stages: Sequence[int] = (), died: bool = False,
+                 pending: Sequence[int] = (), cause: str = "", detect_s: float | None = None) -> None:
+        """``pending``: the devices that had not answered at the deadline; ``cause``: ``"hang"`` when the worker
+        was ended for making no progress (``detect_s``: the deadline it missed)."""
         super().__init__(message)
         self.device, self.stages, self.died = device, tuple(stages), died
+        self.pending, self.cause, self.detect_s = tuple(pending), cause, detect_s
 
 
 @dataclass(frozen=True)

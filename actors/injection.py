@@ -40,16 +40,19 @@ class Kills:
     must reach the fresh processes a recovery starts; nothing outside this module reads it."""
 
     at: frozenset[tuple[int, int]] = frozenset()
+    hangs: frozenset[tuple[int, int]] = frozenset()  # of ``at``: these block for ever instead of exiting (a hang)
 
 
 def kills_of(spec: Any) -> frozenset[tuple[int, int]]:
     return spec.injected.at if isinstance(spec.injected, Kills) else frozenset()
 
 
-def with_kills(spec: Any, kills: Iterable[tuple[int, int]]) -> Any:
-    """``spec`` (a :class:`~actors.job_spec.JobSpec`) with exactly these kills armed (none: no injection)."""
+def with_kills(spec: Any, kills: Iterable[tuple[int, int]], hangs: Iterable[tuple[int, int]] | None = None) -> Any:
+    """``spec`` (a :class:`~actors.job_spec.JobSpec`) with exactly these kills armed (none: no injection); ``hangs``
+    (default: those the spec had) are the kills that block instead of exiting."""
     kills = frozenset(kills)
-    return replace(spec, injected=Kills(kills) if kills else None)
+    hung = frozenset(hangs) if hangs is not None else (spec.injected.hangs if isinstance(spec.injected, Kills) else frozenset())
+    return replace(spec, injected=Kills(kills, hung & kills) if kills else None)
 
 
 @dataclass
@@ -67,7 +70,10 @@ class FaultKnobs:
 def install(ex: "Executor", knobs: FaultKnobs) -> "Executor":
     """Wrap ``ex``'s call table with the hooks of ``knobs`` (read at every call, so knobs set later
     apply) and the kill hook of the spec's :class:`Kills` (:meth:`Executor.wrap_calls`: once); returns ``ex``."""
-    middle = len(ex.program) // 2
+    # the first compute action from the middle on: a kill or a hang mid-step, in the device's own work (a hang in a
+    # receive would look like waiting for a peer, which is what the hung rank's peers do)
+    middle = next((i for i in range(len(ex.program) // 2, len(ex.program)) if ex.program[i].kind not in _NOT_COMPUTE),
+                  len(ex.program) // 2)
 
     def wrap(i: int, action: Action, call: "Handler") -> "Handler":
         if action.kind in (Kind.SEND_F, Kind.SEND_B):
@@ -123,7 +129,11 @@ def _delayed_send(ex: "Executor", knobs: FaultKnobs, handler: "Handler") -> "Han
 
 def _killing(ex: "Executor", handler: "Handler") -> "Handler":
     def run(a: Action, index: int) -> None:
-        if (ex.step_index, ex.device) in kills_of(ex.spec):
+        here = (ex.step_index, ex.device)
+        if here in kills_of(ex.spec):
+            if here in ex.spec.injected.hangs:  # a hang: no progress, no error, until the driver ends this process
+                while True:
+                    time.sleep(1.0)
             os._exit(KILL_EXIT_CODE)  # die mid-iteration like a crashed process would
         handler(a, index)
 

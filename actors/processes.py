@@ -23,6 +23,10 @@ from actors.placement import Slot, actor_options, check_identity
 from actors.stage_worker import StageWorker
 from orchestrator.core.errors import UserError
 
+PROBE = {"probe": 1}
+"""A concurrency group of its own for :meth:`StageWorker.progress`: it answers while the worker's one call at a
+time (``max_concurrency=1``) is blocked in an iteration, which is what hang triage needs."""
+
 
 class WorkerProcesses:
     """One Ray actor per slot (see the module docstring); ``actors[i]`` is ``None`` where slot ``i``'s node is gone."""
@@ -58,7 +62,7 @@ class WorkerProcesses:
 
     def _start(self, skip: Sequence[int] = ()) -> None:
         """A worker on every slot but those in ``skip`` (slots whose node is gone: dead, with no actor)."""
-        remote = ray.remote(StageWorker)
+        remote = ray.remote(concurrency_groups=PROBE)(StageWorker)  # type: ignore[call-overload]
         self.actors = [None if i in skip else remote.options(max_concurrency=1, **actor_options(s, self.cpus_per_worker)).remote()  # type: ignore[attr-defined]
                        for i, s in enumerate(self.slots)]
         self.dead = set(skip)
@@ -119,7 +123,7 @@ class WorkerProcesses:
 
     def respawn(self, slots: Sequence[int]) -> None:
         """Start fresh processes in dead ``slots`` (a replaced node; tests restoring a shared pool)."""
-        remote = ray.remote(StageWorker)
+        remote = ray.remote(concurrency_groups=PROBE)(StageWorker)  # type: ignore[call-overload]
         fresh = [i for i in slots if i in self.dead]
         for i in fresh:
             self.actors[i] = remote.options(max_concurrency=1, **actor_options(self.slots[i], self.cpus_per_worker)).remote()  # type: ignore[attr-defined]
@@ -137,7 +141,7 @@ class WorkerProcesses:
         if any(s.kind != kind for s in slots):
             raise UserError(f"a {kind} job was given {sorted({s.kind for s in slots})} slots")
         first = len(self.actors)
-        remote = ray.remote(StageWorker)
+        remote = ray.remote(concurrency_groups=PROBE)(StageWorker)  # type: ignore[call-overload]
         self.slots += list(slots)
         self.actors += [remote.options(max_concurrency=1, **actor_options(s, self.cpus_per_worker)).remote()  # type: ignore[attr-defined]
                         for s in slots]

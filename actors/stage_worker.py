@@ -37,6 +37,7 @@ import os
 import time
 from typing import Any, Callable, Iterator
 
+import ray
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
@@ -275,11 +276,23 @@ class StageWorker:
             if self.executor is not None:
                 injection.install(self.executor, self.knobs)
 
-    def arm_kill(self, step: int) -> None:
-        """Die halfway through iteration ``step`` (like a crashed process), via the executor's hook."""
+    def arm_kill(self, step: int, hang: bool = False) -> None:
+        """Die halfway through iteration ``step`` (like a crashed process), via the executor's hook; ``hang``: block
+        there for ever instead (a hung rank)."""
         ex = self._ready()
-        ex.rehearse_with(injection.with_kills(ex.spec, injection.kills_of(ex.spec) | {(step, self.device_id)}))
+        here = {(step, self.device_id)}
+        hangs = (ex.spec.injected.hangs if isinstance(ex.spec.injected, injection.Kills) else frozenset()) | (here if hang else set())
+        ex.rehearse_with(injection.with_kills(ex.spec, injection.kills_of(ex.spec) | here, hangs))
         injection.install(ex, self.knobs)
+
+    @ray.method(concurrency_group="probe")
+    def progress(self) -> dict[str, Any]:
+        """Where this worker is, answered on its own thread while an iteration may be blocked (hang triage): the
+        step and action running and whether that action waits for other workers."""
+        ex = self.executor
+        if ex is None:
+            return {"device": self.device_id, "step": None, "at": None, "waiting": True}
+        return {"device": self.device_id, "step": ex.step_index, "at": ex.at, "waiting": ex.waiting_on_peers()}
 
     def status(self) -> dict[str, Any]:
         held = sorted(self.executor.modules) if self.executor is not None else []

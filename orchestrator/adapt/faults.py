@@ -89,6 +89,9 @@ class Kill:
 
     device: int | None
     at_iteration: int
+    hang: bool = False
+    """Instead of dying, the worker stops making progress mid-iteration (a stuck kernel, a wedged collective):
+    the job's hang detection must notice, end its process and recover, as for a death."""
 
     def __post_init__(self) -> None:
         _check_window(self.at_iteration, None)

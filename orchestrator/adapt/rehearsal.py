@@ -53,7 +53,7 @@ class Rehearsal:
                     device = plan.stages[len(plan.stages) // 2].devices[0] if f.device is None else f.device
                     if device in plan.devices:
                         self._armed.add(f)
-                        group.call("arm_kill", k, devices=[device], what="arm kill")
+                        group.call("arm_kill", k, f.hang, devices=[device], what="arm kill")
         for d, want in self.wanted(k, plan.devices).items():
             if self._knobs.get(d) != want:
                 group.call("set_faults", want[0], dict(want[1]), devices=[d], what="set faults")

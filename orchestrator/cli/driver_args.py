@@ -37,6 +37,9 @@ def add_job_arguments(p: argparse.ArgumentParser, devices: int = 4, steps: int =
     p.add_argument("--max-failures", type=int, default=3, help="worker deaths without notice the job survives")
     p.add_argument("--inject-kill-at", action="append", default=[], metavar="STEP[:DEVICE]",
                    help="rehearse a death without notice: DEVICE's stage worker (default: the middle stage's) exits mid-step STEP")
+    p.add_argument("--inject-hang-at", action="append", default=[], metavar="STEP[:DEVICE]",
+                   help="rehearse a hung rank: DEVICE's stage worker stops making progress mid-step STEP (detected, recovered)")
+    p.add_argument("--hang-timeout-s", type=float, help="a step past this many seconds is a hang (default: 10x the median, >= 30 s)")
     p.add_argument("--inject-notice-at", type=int, help="rehearse a preemption notice after this step")
     p.add_argument("--notice-s", type=float, default=120.0, help="seconds left on the rehearsed notice")
     p.add_argument("--notice-device", type=int, help="the device the notice names (default: the middle stage's)")
@@ -48,13 +51,14 @@ def add_job_arguments(p: argparse.ArgumentParser, devices: int = 4, steps: int =
     p.add_argument("--tensorboard", metavar="DIR", help="write per-step scalars for TensorBoard under DIR")
 
 
-def parse_kill(text: str) -> Kill:
+def parse_kill(text: str, hang: bool = False) -> Kill:
     """``STEP[:DEVICE]``; without DEVICE, the device of the middle stage when the step runs."""
     step, _, device = text.partition(":")
     try:
-        return Kill(int(device) if device else None, int(step))
+        return Kill(int(device) if device else None, int(step), hang)
     except ValueError:
-        raise UserError(f"--inject-kill-at {text!r}: expected STEP or STEP:DEVICE (whole numbers)") from None
+        flag = "--inject-hang-at" if hang else "--inject-kill-at"
+        raise UserError(f"{flag} {text!r}: expected STEP or STEP:DEVICE (whole numbers)") from None
 
 
 def job_configs(args: argparse.Namespace) -> tuple[ScalingConfig, RunConfig, AdaptConfig, SpotConfig]:
@@ -70,8 +74,10 @@ def job_configs(args: argparse.Namespace) -> tuple[ScalingConfig, RunConfig, Ada
 
         sinks.append(TensorBoard(args.tensorboard))
     run = RunConfig(storage=where, events=f"{args.out}/events.jsonl", checkpoint_every=args.checkpoint_every,
-                    max_failures=args.max_failures, snapshot_every=args.snapshot_every, callbacks=tuple(sinks), **resume)
-    adapt = AdaptConfig(faults=FaultSchedule(tuple(parse_kill(t) for t in args.inject_kill_at)))
+                    max_failures=args.max_failures, snapshot_every=args.snapshot_every, callbacks=tuple(sinks),
+                    hang_timeout_s=args.hang_timeout_s, **resume)
+    faults = [parse_kill(t) for t in args.inject_kill_at] + [parse_kill(t, hang=True) for t in args.inject_hang_at]
+    adapt = AdaptConfig(faults=FaultSchedule(tuple(faults)))
     return ScalingConfig(devices=args.devices, planner=args.planner), run, adapt, SpotConfig(notices=notices, watch=args.watch, **catalog)
 
 

@@ -169,6 +169,9 @@ class RunConfig:
     (off, or when impossible: every worker restarts from the newest checkpoint)."""
     progress: bool = True
     """A progress line on stdout every 10 steps (:class:`~orchestrator.elastic.callbacks.Progress`)."""
+    hang_timeout_s: float | None = None
+    """A worker whose step runs past this is hung: its process is ended and it is recovered like a dead one.
+    ``None``: 10 x the recent median step, at least 30 s (a loaded machine never trips it)."""
     callbacks: tuple[Any, ...] = ()
     """The user's callbacks and trackers (:mod:`orchestrator.elastic.callbacks`, :mod:`orchestrator.sinks`), called
     before those given to the job itself (as in Ray Train's ``RunConfig(callbacks=...)``)."""
@@ -185,6 +188,8 @@ class RunConfig:
         limits.flag(self.pipelined, where, "pipelined")
         limits.flag(self.recover_in_place, where, "recover_in_place")
         limits.flag(self.progress, where, "progress")
+        if self.hang_timeout_s is not None:
+            limits.number(self.hang_timeout_s, where, "hang_timeout_s", positive=True, maximum=86400.0)
         from orchestrator.elastic.callbacks import Callback
 
         if not isinstance(self.callbacks, tuple) or not all(isinstance(c, Callback) for c in self.callbacks):

@@ -127,7 +127,8 @@ class ElasticJob:
         self.runtime = PipelineRuntime(train.model_factory, train.loss_fn, train.optimizer_factory, train.data_fn,
                                        train.num_microbatches, plan=plan, checkpoint_dir=run.storage, seed=train.seed,
                                        use_gpu=scaling.use_gpu, workers=workers, training=train.training,
-                                       run_id=self.opened.record.run_id, eval_data_fn=train.eval_data_fn)
+                                       run_id=self.opened.record.run_id, eval_data_fn=train.eval_data_fn,
+                                       hang_timeout_s=run.hang_timeout_s)
         self.loop = TrainingLoop(self.runtime, self, run.pipelined)  # dispatches, counts failures; this job decides
         self.runstate = RunState(str(run.storage), self.opened, run.events_path())
         self._skipped_told = 0  # runtime.skipped_checkpoints already in the event log
@@ -562,8 +563,9 @@ class ElasticJob:
         assert self.runtime.group is not None
         # the worker that failed, and every worker whose node left with it (slot d runs device d)
         dead = sorted(({exc.device} if exc.device >= 0 else set()) | (self.alive & self.runtime.group.unreachable_slots()))
+        hang = {"hang_detect_s": round(exc.detect_s, 3)} if exc.cause == "hang" and exc.detect_s is not None else {}
         self.emit("worker_failed", step=before, device=exc.device if exc.device >= 0 else None, dead=dead, failures=failures,
-                  error=str(exc).splitlines()[0])
+                  error=str(exc).splitlines()[0], cause=exc.cause or ("death" if exc.died else "error"), **hang)
         if self.runtime.upload_pending:  # either recovery discards the upload (it never commits): save that step again when due
             self._saved_at = -1
         plan = self.runtime.plan

@@ -15,6 +15,7 @@ cluster.
 
 from __future__ import annotations
 
+import statistics
 import time
 from pathlib import Path
 from typing import Any, Callable, Collection, Iterable, Mapping, Sequence, overload
@@ -38,6 +39,11 @@ from orchestrator.core.plan import Plan
 from orchestrator.train import recovery
 from orchestrator.train.checkpointing import Checkpoints
 from orchestrator.train.fit_result import InFlight
+
+
+HANG_FACTOR = 10.0
+HANG_FLOOR_S = 30.0
+HANG_WINDOW = 8  # steps the median is taken over
 
 
 class PipelineRuntime:
@@ -64,6 +70,7 @@ class PipelineRuntime:
         training: TrainingOptions | None = None,
         run_id: str = "",
         eval_data_fn: Callable[[int], tuple[Tensor, Tensor]] | None = None,
+        hang_timeout_s: float | None = None,
     ) -> None:
         """``validate``: check the user's functions on the driver first (see
         :func:`actors.user_code.validate_job`): one model build, one probe row, two ``data_fn(0)``.
@@ -85,6 +92,8 @@ class PipelineRuntime:
             raise UserError(f"the plan has {self.plan.num_microbatches} micro-batches but num_microbatches={num_microbatches}")
         self.checkpoints = Checkpoints(checkpoint_dir)  # owns where they go, the upload in flight, the damaged ones
         self.iteration_timeout_s = iteration_timeout_s
+        self.hang_timeout_s = hang_timeout_s  # None: from the measured steps (deadline_s)
+        self._times: list[float] = []  # the newest steps' times, for the hang deadline
         self.resume = resume
         self.group = workers if workers is not None else self._probed
         self._owns_group = workers is None
@@ -152,11 +161,15 @@ class PipelineRuntime:
         assert flight.step == self.step, (flight.step, self.step)
         end = flight.step + flight.count
         what = f"steps {flight.step}-{end - 1}" if flight.count > 1 else f"step {flight.step}"
+        deadline = self.deadline_s() * flight.count  # bound per step
         try:
-            reports = self._workers().gather(flight.refs, what, self.iteration_timeout_s * flight.count, flight.devices)  # bound per step
-        except PipelineActorError:
+            reports = self._workers().gather(flight.refs, what, deadline, flight.devices)
+        except PipelineActorError as exc:
             self._failed_run = (flight.step, end)
+            if exc.pending and not exc.died:  # no answer by the deadline: a hung worker, ended like a dead one
+                raise self._hung(exc, deadline, what) from None
             raise
+        self._times = (self._times + [(time.perf_counter() - max(flight.submitted, since or flight.submitted)) / flight.count])[-HANG_WINDOW:]
         elapsed = time.perf_counter() - max(flight.submitted, since if since is not None else flight.submitted)
         self._echo(reports)
         run = combine_run(reports, elapsed)
@@ -182,6 +195,27 @@ class PipelineRuntime:
             return
         fired = {(s, d) for s, d in armed if lo <= s < hi and (dead is None or d in dead)}
         self.spec = injection.with_kills(self.spec, armed - fired)
+
+    def deadline_s(self) -> float:
+        """How long one step may take before a worker is taken for hung: ``hang_timeout_s`` when fixed, else
+        :data:`HANG_FACTOR` x the recent median step with a floor of :data:`HANG_FLOOR_S` (a loaded machine never
+        trips it), and the plain ``iteration_timeout_s`` until a few steps were measured."""
+        if self.hang_timeout_s is not None:
+            return min(self.hang_timeout_s, self.iteration_timeout_s)
+        if len(self._times) < HANG_WINDOW // 2:
+            return self.iteration_timeout_s
+        return min(self.iteration_timeout_s, max(HANG_FLOOR_S, HANG_FACTOR * statistics.median(self._times)))
+
+    def _hung(self, exc: PipelineActorError, deadline: float, what: str) -> PipelineActorError:
+        """The workers of a missed deadline that are hung themselves are ended (their peers, blocked on them, then fail
+        at once on the closed links, as after a death); the failure is theirs, with ``cause="hang"``."""
+        group = self._workers()
+        culprits = group.hung(exc.pending)
+        for d in culprits:
+            group.kill_worker(d)
+        first = culprits[0]
+        return PipelineActorError(f"device {first} made no progress in {what} for {deadline:.1f} s (hung): its process was "
+                                  f"ended", first, self.plan.stages_of_device(first), died=True, cause="hang", detect_s=deadline)
 
     def _echo(self, reports: Sequence[Sequence[Mapping[str, Any]]]) -> None:
         """The user's output from the workers, on the driver's stdout, each line prefixed by where it ran."""
