@@ -53,3 +53,5 @@ def test_a_price_rise_moves_the_real_job_between_local_clusters_exactly(s3_bucke
     spent = [e["usd_job"] for e in events if e["event"] in ("migration_requested", "job_finished")]
     (finished,) = [e for e in events if e["event"] == "run_finished"]
     assert len(spent) == 2 and all(x > 0 for x in spent) and finished["usd_total"] >= sum(spent) - 1e-6
+    assert finished["usd_clusters"] >= finished["usd_jobs"] > 0 and finished["samples"] == 8 * 64  # the clusters outlive the jobs
+    assert finished["usd_per_million_samples"] == pytest.approx(finished["usd_total"] / finished["samples"] * 1e6, rel=1e-3)

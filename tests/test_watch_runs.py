@@ -83,3 +83,18 @@ def test_status_stop_and_runs_refuse_what_holds_no_run_in_one_line(tmp_path: Pat
     assert snapshot(tmp_path) == before
     listed = run_cli(["runs", ".", "--json"], tmp_path)  # a damaged record is listed as such
     assert listed.code == 0 and json.loads(listed.out)["status"] == "unreadable"
+
+
+def test_the_ledger_charges_the_price_in_force_from_the_start_and_counts_lost_work_apart() -> None:
+    from orchestrator.elastic.ledger import Ledger
+
+    now = [100.0]
+    ledger = Ledger(before=2.0, before_lost=0.5, clock=lambda: now[0])
+    now[0] += 1800  # half an hour of start-up before the first price is known
+    assert ledger.accrue(4.0) == pytest.approx(2.0)  # charged at that first price from the start
+    now[0] += 900
+    assert ledger.accrue(8.0) == pytest.approx(3.0)  # a price change counts from when it was seen
+    now[0] += 450
+    ledger.lose(450)  # a recovery's stall at $8/h
+    assert ledger.accrue(8.0) == pytest.approx(4.0) and ledger.total == pytest.approx(6.0)
+    assert ledger.lost == pytest.approx(1.0) and ledger.before_lost == 0.5

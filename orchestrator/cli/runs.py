@@ -91,6 +91,8 @@ def status_of(where: str) -> dict[str, Any]:
         "recoveries": (live.recoveries if live else 0) + int(supervisor.get("recoveries") or 0),
         "moves": live.moves if live else 0, "migrations": int(bool(supervisor.get("price_migrated"))),
         "usd_total": live.usd_total if live else 0.0, "usd_per_hour": live.usd_per_hour if live else None,
+        "usd_lost": live.usd_lost if live else 0.0, "samples": live.samples if live else 0,
+        "usd_per_million_samples": live.usd_per_million_samples if live else None,
         "eta_s": live.eta_s if live and record.status in ACTIVE else None,
         "age_s": round(max(0.0, time.time() - record.updated_at), 1),
         "updated": datetime.fromtimestamp(record.updated_at, timezone.utc).isoformat(timespec="seconds"),
@@ -110,7 +112,8 @@ def _text(s: dict[str, Any]) -> str:
              f"  loss {num(s['loss'], '.4f')}  eval {num(s['eval_loss'], '.4f')}  {num(s['samples_per_s'], '.1f')} samples/s  "
              f"eta {num(s['eta_s'], '.0f')} s  committed {num(s['last_committed'], 'd')}",
              f"  recoveries {s['recoveries']}  moves {s['moves']}  migrations {s['migrations']}  "
-             f"${s['usd_total']:.4f} so far at ${num(s['usd_per_hour'], '.3f')}/h"]
+             f"${s['usd_total']:.4f} so far at ${num(s['usd_per_hour'], '.3f')}/h (lost to recoveries ${s['usd_lost']:.4f}; "
+             f"${num(s['usd_per_million_samples'], '.2f')} per million samples)"]
     if s["cluster"]:
         lines.append(f"  cluster {s['cluster']}  offer {s['offer'] or '-'}")
     for k, stage in enumerate(s["plan"]):

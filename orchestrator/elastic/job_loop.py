@@ -159,7 +159,7 @@ class ElasticJob:
         self.target_steps = 0
         self._stopped_for: str | None = None  # a callback's Stop ended this fit
         before = self.opened.record.live
-        self.ledger = Ledger(before.usd_total if before is not None else 0.0)
+        self.ledger = Ledger(before.usd_total if before is not None else 0.0, before.usd_lost if before is not None else 0.0)
         self._last_step: StepInfo | None = None  # what the run record's status shows
         self._eval_loss: float | None = None  # the newest evaluation's
         self._fit_metrics: deque[MeasuredIteration] = deque(maxlen=KEPT_METRICS)  # the current fit's, for its result
@@ -341,7 +341,9 @@ class ElasticJob:
                     samples_per_s=round(last.samples_per_s, 3) if last is not None else None,
                     eta_s=round(median * max(0, self.target_steps - self.runtime.step), 1) if median is not None else None,
                     plan=plan, recoveries=self.loop.failures, moves=self.moves, usd_per_hour=self.ledger.usd_per_hour,
-                    usd_total=round(self.ledger.total, 6), usd_job=round(self.ledger.job, 6))
+                    usd_total=round(self.ledger.total, 6), usd_job=round(self.ledger.job, 6),
+                    usd_lost=round(self.ledger.before_lost + self.ledger.lost, 6),
+                    samples=self.runtime.step * (self.last_metrics.rows if self.last_metrics is not None else 0))
 
     def _user_failed(self, exc: UserError) -> None:
         """The run ends on the user's mistake: ``failed`` in the run record with the cause, never relaunched.
@@ -645,7 +647,10 @@ class ElasticJob:
         assert self._recovering is not None
         (since, fields), self._recovering = self._recovering, None
         extra = {"interrupted": True} if interrupted else {}
-        self.emit("recovered", **fields, stall_s=round(time.perf_counter() - since, 4), **extra)
+        stall = time.perf_counter() - since
+        redo = float(fields.get("lost_steps") or 0) * float(fields.get("iteration_s") or 0.0)
+        self.ledger.lose(stall + redo)
+        self.emit("recovered", **fields, stall_s=round(stall, 4), **extra)
 
     def restart_on(self, plan: Plan, source: str | Path | None, devices: tuple[int, ...]) -> None:
         """Every worker configured afresh on ``plan`` over ``devices`` from the checkpoint ``source``."""

@@ -15,9 +15,10 @@ from typing import Callable
 class Ledger:
     """One job's dollars (the one owner of them; see the module docstring)."""
 
-    def __init__(self, before: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.before = before  # the run's dollars before this job
+    def __init__(self, before: float, before_lost: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.before, self.before_lost = before, before_lost  # the run's dollars (and lost ones) before this job
         self.job = 0.0
+        self.lost = 0.0
         self.usd_per_hour: float | None = None
         self._clock = clock
         self._since = clock()
@@ -32,6 +33,11 @@ class Ledger:
             self.job += rate * max(0.0, now - self._since) / 3600.0
         self._since, self.usd_per_hour, self._priced = now, usd_per_hour, True
         return self.job
+
+    def lose(self, seconds: float) -> None:
+        """Dollars of work lost or stalled (a recovery's stall and the steps it computes again), at the price in
+        force: part of the job's dollars, also reported apart (``usd_lost``)."""
+        self.lost += (self.usd_per_hour or 0.0) * max(0.0, seconds) / 3600.0
 
     @property
     def total(self) -> float:

@@ -74,6 +74,14 @@ class Live:
     usd_total: float = 0.0
     """The run's dollars so far: every earlier job's ``usd_job`` plus this one's."""
     usd_job: float = 0.0
+    usd_lost: float = 0.0
+    """Of the dollars, those of recoveries: their stalls and the steps computed again."""
+    samples: int = 0
+    """Samples trained so far (steps done x the batch's rows)."""
+
+    @property
+    def usd_per_million_samples(self) -> float | None:
+        return round(self.usd_total / self.samples * 1e6, 6) if self.samples and self.usd_total else None
 
     @classmethod
     def from_dict(cls, body: dict[str, Any]) -> "Live":

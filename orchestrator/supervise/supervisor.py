@@ -113,6 +113,8 @@ class Supervisor:
         self.events = EventSegment(config.storage)
         self.by_label = {o.label(): o for o in config.offers}
         self.interrupted = False  # a first Ctrl-C: the run is being stopped
+        self.billed: dict[str, tuple[float, float]] = {}  # cluster id -> (up since, $/h) of the clusters up now
+        self.usd_clusters = 0.0  # the clusters torn down so far
         self.prices = Path()
         self.state = SupervisorState(run_id=config.run_id or uuid.uuid4().hex[:12])
 
@@ -165,7 +167,8 @@ class Supervisor:
                 self._save(failed_offers={**self.state.failed_offers, offer.label(): time.time()})
                 continue
             self.events.emit("cluster_up", cluster=handle.cluster_id, offer=offer.label(), address=handle.gcs_address,
-                             provider=handle.provider, session=handle.session)
+                             provider=handle.provider, session=handle.session, usd_per_hour=offer.usd_per_hour)
+            self.billed[handle.cluster_id] = (time.time(), offer.usd_per_hour)
             return handle, offer
         raise RunFailed(2, f"no offer could be provisioned (tried: {', '.join(tried) or 'none left unblocked'})")
 
@@ -204,7 +207,23 @@ class Supervisor:
     def _teardown(self, handle: ClusterHandle) -> None:
         self.provisioner.teardown(handle)
         kept = {"kept": True} if handle.provider == "existing" else {}  # the user's cluster: released, not stopped
-        self.events.emit("cluster_down", cluster=handle.cluster_id, address=handle.gcs_address, **kept)
+        up = self.billed.pop(handle.cluster_id, None)
+        usd = {"usd": round(up[1] * (time.time() - up[0]) / 3600.0, 6)} if up is not None else {}
+        self.usd_clusters += usd.get("usd", 0.0)
+        self.events.emit("cluster_down", cluster=handle.cluster_id, address=handle.gcs_address, **kept, **usd)
+
+    def _spent(self, record: dict[str, Any]) -> dict[str, float | int | None]:
+        """What the run has cost: its clusters' time at their offers' prices (provisioning, start-up and migrations
+        included: what a cloud bills), beside the jobs' own ledger (``usd_jobs``: the sum of their ``usd_job``).
+        The total is the larger of the two (a supervisor restarted since knows only the clusters it made)."""
+        now = time.time()
+        clusters = self.usd_clusters + sum(rate * (now - up) / 3600.0 for up, rate in self.billed.values())
+        live = record.get("live") or {}
+        jobs, samples = float(live.get("usd_total") or 0.0), int(live.get("samples") or 0)
+        total = max(clusters, jobs)
+        return {"usd_total": round(total, 6), "usd_jobs": round(jobs, 6), "usd_clusters": round(clusters, 6),
+                "usd_lost": float(live.get("usd_lost") or 0.0), "samples": samples,
+                "usd_per_million_samples": round(total / samples * 1e6, 6) if samples and total else None}
 
     # ----- the loop -----
     def run(self) -> int:
@@ -299,7 +318,7 @@ class Supervisor:
         if outcome.status == "SUCCEEDED" or status == "stopped":  # finished, or stopped (orchestrator stop, Ctrl-C,
             # ray job stop's SIGTERM: the job committed and recorded it): never relaunched
             self.events.emit("run_stopped" if status == "stopped" else "run_finished", cluster=cur.handle.cluster_id,
-                             steps_done=record.get("steps_done"), usd_total=(record.get("live") or {}).get("usd_total"))
+                             steps_done=record.get("steps_done"), **self._spent(record))
             self._teardown(cur.handle)
             self._save(cluster=None, job_id=None)
             return None
