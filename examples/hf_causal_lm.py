@@ -1,11 +1,12 @@
-"""Train a tiny Hugging Face causal LM of any supported family on pipeline stages, get it back.
+"""Train a tiny Hugging Face causal LM of any decoder-only family on pipeline stages, get it back.
 
 The model is built from its family's config (``--family``: a ``model_type`` of ``transformers``:
-gpt2, llama, mistral, qwen2, qwen3, gemma2, phi3), randomly initialized, nothing downloaded;
-each of ``--stages`` Ray actors materializes only its own blocks. ``ElasticJob`` trains it and
-``job.state_dict()`` returns the trained weights under the stock model's own names.
+gpt2, llama, mistral, qwen2, qwen3, gemma2, phi3, olmo2, ...), randomly initialized, nothing
+downloaded; each of ``--stages`` Ray actors materializes only its own blocks. ``ElasticJob``
+trains it and ``job.state_dict()`` returns the trained weights under the stock model's own names.
 
     .venv/bin/python examples/hf_causal_lm.py --family mistral --steps 4 --verify
+    .venv/bin/python examples/hf_causal_lm.py --family olmo2 --steps 4 --verify   # the generic cut
 
 prints ``params=<N> reference_params=<M>`` (N over all stages, a tied weight once; M:
 ``num_parameters()`` of the stock model), and with ``--verify``: ``max_abs_diff=<x>``, the
@@ -16,8 +17,9 @@ largest difference between the logits on a fixed batch of a fresh stock model lo
 model. The final step is checkpointed (``checkpoint=<path>``): ``orchestrator checkpoint export
 PATH --to DIR --hf-config FAMILY --hf-kwargs ...`` gives the same weights from it. The default sequence (16) is longer than the default sliding window (8), so families
 with one (mistral, gemma2, phi3) attend through it. ``--export DIR`` writes the trained model
-with ``save_pretrained`` (``from_pretrained(DIR)`` loads it back). A family the cutter does not
-know exits 2 with one line.
+with ``save_pretrained`` (``from_pretrained(DIR)`` loads it back). A family whose cut is not the
+stock model (``hf.check``: granite, whose forward scales outside its modules; bloom, whose layers
+need ALiBi) exits 2 with one line before anything trains.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ def stage_cuts(blocks: int, stages: int) -> list[int]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--family", default="llama", help="a transformers model_type (gpt2, llama, mistral, ...)")
+    parser.add_argument("--family", default="llama", help="a transformers model_type (gpt2, llama, mistral, olmo2, ...)")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--verify", action="store_true", help="compare with the stock model trained in one process")
     parser.add_argument("--stages", type=int, default=4)

@@ -3,6 +3,11 @@ built on the meta device, materialized per block with per-path seeds, rotary emb
 attention masks (sliding windows included) recomputed per block, tied embeddings as summed
 copies, dropout seeded per (step, unit, block), trained weights back under the stock names.
 
+Families the cutter was never told about go through the generic cut, checked against the
+stock model at build time: exact (OLMo2, Phi, GPT-NeoX, StarCoder2, OLMo3), or refused with one
+line (Granite's and Cohere's scales outside the layers) until ``hf.register_family`` says what
+the stock forward does there.
+
 Unit tests run without Ray; Ray tests train Llama (rotary) and tied GPT-2 with dropout on 4
 stage actors through ``ElasticJob`` against the stock model trained in one process, load the
 returned state dict into a fresh stock model, and run ``examples/hf_causal_lm.py`` as a user would.
@@ -11,6 +16,7 @@ returned state dict into a fresh stock model, and run ``examples/hf_causal_lm.py
 from __future__ import annotations
 
 import os
+import pickle
 import re
 import subprocess
 import sys
@@ -22,7 +28,7 @@ import pytest
 import torch
 
 pytest.importorskip("transformers")
-from transformers import BertConfig, GPT2Config, LlamaConfig, ViTConfig  # noqa: E402
+from transformers import BertConfig, GPT2Config, GraniteConfig, LlamaConfig, ViTConfig  # noqa: E402
 
 from actors import seeding  # noqa: E402
 from actors.materialize import materialize  # noqa: E402
@@ -119,7 +125,8 @@ def test_dropout_masks_follow_step_unit_and_block() -> None:
     assert not torch.equal(run(1, (0, 0)), run(2, (0, 0)))
 
 
-@pytest.mark.parametrize("family, dropout", [(f, None) for f in FAMILIES] + [("llama", 0.2), ("qwen2", 0.2), ("phi3", 0.2)])
+@pytest.mark.parametrize("family, dropout", [(f, None) for f in FAMILIES] + [("llama", 0.2), ("qwen2", 0.2), ("phi3", 0.2),
+                                             ("olmo2", None), ("phi", 0.2)])
 def test_block_reference_equals_stock_training(family: str, dropout: float | None) -> None:
     """Summed tied copies + per-block seeds + per-block masks == the stock model trained in one
     process; with dropout too, also Llama's and Qwen2's functional attention dropout (no nn.Dropout)."""
@@ -269,10 +276,12 @@ def test_llama_round_trip_through_elastic_job(worker_group: Any, tmp_path: Path)
 
 
 @pytest.mark.ray
-def test_example_prints_its_contract(tmp_path: Path) -> None:
-    """gemma2: tied head, soft-capping, alternating sliding-window layers, as a user runs it."""
+@pytest.mark.parametrize("family", ["gemma2", "olmo2"])
+def test_example_prints_its_contract(family: str, tmp_path: Path) -> None:
+    """gemma2: tied head, soft-capping, alternating sliding-window layers; olmo2: the generic cut
+    (a family the cutter was never told about), as a user runs it."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, str(ROOT / "examples" / "hf_causal_lm.py"), "--family", "gemma2", "--steps", "2",
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "hf_causal_lm.py"), "--family", family, "--steps", "2",
                           "--verify", "--storage", str(tmp_path / "ckpt")],
                          capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -290,3 +299,105 @@ def test_example_unknown_family_is_one_line() -> None:
                          capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 2
     assert len(out.stderr.strip().splitlines()) == 1 and "GraniteConfig" in out.stderr and "split" in out.stderr
+
+
+# ---------------------------------------------------------------------------------------- any decoder-only model
+GENERIC = ["olmo2", "phi", "gpt_neox", "starcoder2", "olmo3"]  # none registered: the generic cut alone
+
+
+def granite(**fields: Any) -> Any:
+    """A tiny Granite whose scales outside the layers are not 1 (real Granite checkpoints' are not)."""
+    kw: dict[str, Any] = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                              num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=32, bos_token_id=0,
+                              eos_token_id=0, pad_token_id=0, embedding_multiplier=12.0, logits_scaling=8.0,
+                              residual_multiplier=0.5, attention_multiplier=0.25)
+    return GraniteConfig(**{**kw, **fields})
+
+
+def scale_embedding(config: Any, embeds: torch.Tensor) -> torch.Tensor:
+    return embeds * config.embedding_multiplier
+
+
+def scale_logits(config: Any, logits: torch.Tensor) -> torch.Tensor:
+    return logits / config.logits_scaling
+
+
+def assert_stock(blocks: list[torch.nn.Module], config: Any) -> None:
+    """Materialized like a stage would, the blocks give the stock model's logits (eval) and its names."""
+    stock = hf.stock_model(config)
+    built = [materialize(b, "cpu", 3, f"block{i}").eval() for i, b in enumerate(blocks)]
+    model = materialize(hf.StockLM(stock), "cpu", 3).eval()
+    ids = hf.token_batch(VOCAB, LONG, 3, step=0)[0]
+    with torch.no_grad():
+        torch.testing.assert_close(run_blocks(built, ids), model(ids), rtol=1e-5, atol=1e-6)
+    named = export.user_state_dict(blocks, {b: m.state_dict() for b, m in enumerate(built)})
+    assert list(named) == list(stock.state_dict())
+
+
+@pytest.fixture
+def registry(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """The family registry, restored after the test."""
+    families = dict(hf.FAMILIES)
+    monkeypatch.setattr(hf, "FAMILIES", families)
+    return families
+
+
+@pytest.mark.parametrize("family", GENERIC)
+def test_generic_cut_is_the_stock_model(family: str) -> None:
+    """Families in no list: the token embedding, the decoder layers, the final norm and the LM head
+    of the stock model (Phi's embedding dropout registered after its layers, GPT-NeoX's partial
+    rotary and ``embed_out`` head, StarCoder2's sliding window, OLMo3's rotary per layer kind)."""
+    config = tiny(family)
+    assert config.model_type not in hf.FAMILIES
+    assert_stock(hf.causal_lm_blocks(config), config)
+
+
+def test_the_check_picks_each_stock_models_masks() -> None:
+    """A config's sliding_window does not say the model uses one (tiny_config gives every family one):
+    the check keeps the mask choice that is exact, and the blocks use it."""
+    assert hf.check(tiny("llama")) == "causal"  # LlamaConfig keeps the stray field; Llama ignores it
+    assert hf.check(tiny("olmo2")) == "causal"
+    assert hf.check(tiny("mistral")) == "sliding"
+    assert hf.check(tiny("starcoder2")) == "sliding"
+    assert hf.check(tiny("qwen2")) == "layer_types"
+
+
+def test_scale_outside_the_layers_is_refused_in_one_line(registry: dict[str, Any]) -> None:
+    with pytest.raises(UserError) as err:
+        hf.causal_lm_blocks(granite())
+    line = str(err.value)
+    assert "\n" not in line
+    assert re.match(r"GraniteConfig \(model_type 'granite'\) is not a family raypipe cuts exactly: the cut blocks' logits "
+                    r"differ from the stock model's by [0-9.e+-]+ .*hf\.register_family\('granite'.*split_at$", line), line
+    with pytest.raises(UserError, match=r"CohereConfig .* logits differ from the stock model's"):  # logit_scale
+        hf.causal_lm_blocks(tiny("cohere"))
+    hf.register_family("granite", embedding=scale_embedding)  # half of what its forward does: still refused
+    with pytest.raises(UserError, match="GraniteConfig .* differ"):
+        hf.causal_lm_blocks(granite())
+    # its neutral (1.0) multipliers hide no scale: the probe moves them
+    with pytest.raises(UserError, match=r"1\.0-valued fields at 0\.5: .*logits_scaling"):
+        hf.causal_lm_blocks(granite(embedding_multiplier=1.0, logits_scaling=1.0))
+
+
+def test_register_family_makes_granite_exact(registry: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    family = hf.register_family("granite", embedding=scale_embedding, logits=scale_logits)
+    config = granite()
+    assert_stock(hf.causal_lm_blocks(config), config)
+    assert_stock(hf.causal_lm_blocks(tiny("granite")), tiny("granite"))  # neutral scales too
+    # a stage actor's process has no registry: the family travels with the factory (it pickles)
+    monkeypatch.setattr(hf, "FAMILIES", {})
+    factory = pickle.loads(pickle.dumps(partial(hf.causal_lm_blocks, config, family=family)))
+    assert_stock(factory(), config)
+    with pytest.raises(UserError, match="GraniteConfig"):
+        hf.causal_lm_blocks(config)
+
+
+def test_the_check_is_small_and_once_per_config() -> None:
+    """A real-size config is checked on a small copy (2 layers, narrow, 256 tokens), once per process."""
+    config = LlamaConfig()  # 7 B parameters, on the meta device
+    small, _ = hf.probe_configs(config)[0]
+    assert (small.num_hidden_layers, small.hidden_size, small.vocab_size) == (2, 32, 256)
+    assert len(hf.causal_lm_blocks(config)) == 34
+    assert (config.to_json_string(), hf.GENERIC) in hf._CHECKED
+    gemma3 = hf.probe_configs(hf.tiny_config("gemma3_text", layers=12))[0][0]
+    assert gemma3.layer_types == ["sliding_attention"] * 5 + ["full_attention"]  # every layer kind kept

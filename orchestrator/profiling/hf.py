@@ -80,9 +80,10 @@ def register_family(model_type: str, embedding: Callable[[Any, Tensor], Tensor] 
                            logits=lambda c, x: x / c.logits_scaling)
 
     The blocks are still checked against the stock model (:func:`check`). The registry is this
-    process's: stage actors build their blocks in their own, so register in a module they import
-    too, or give the family to the factory: ``partial(hf.causal_lm_blocks, config, family=f)``
-    with ``f`` what this returns (its functions must then pickle: module-level functions)."""
+    process's: stage actors build their blocks in their own, so give the family to the factory,
+    ``partial(hf.causal_lm_blocks, config, family=f)`` with ``f`` what this returns (it travels
+    with the factory: module-level functions pickle anywhere), or register it in a module that
+    the factory's import runs."""
     family = Family(embedding, logits)
     FAMILIES[model_type] = family
     return family
@@ -272,7 +273,7 @@ def family_for(config: Any, family: Family | None = None) -> Family:
 
 
 # ---------------------------------------------------------------------------------------------- the check
-PROBE_ROWS, PROBE_SEQ, PROBE_WINDOW = 2, 12, 4
+PROBE_ROWS, PROBE_SEQ, PROBE_WINDOW, PROBE_VOCAB = 2, 12, 4, 256
 TOLERANCE = 1e-5
 """The largest difference allowed between the cut blocks' and the stock model's logits on the
 probe (float32), relative to the largest logit (at least 1e-3)."""
@@ -288,7 +289,8 @@ def check(config: Any, family: Family | None = None) -> str:
     layer kind, narrow widths, the sliding window shorter than the probe's 12 tokens) built for
     real with its own initializer in float32; blocks and stock model share its weights and run in
     eval mode, then in training mode from one seed (dropout drawn in the same order, or not
-    placed right). Once per process per (config, family): a few tens of milliseconds."""
+    placed right). Once per process per (config, family): 30-200 ms on a CPU core, real sizes
+    included (the probe's widths do not grow with the model's)."""
     family = family_for(config, family)
     key = (config.to_json_string(), family)
     if key not in _CHECKED:
@@ -317,10 +319,11 @@ NEUTRAL, PROBE_VALUE = 1.0, 0.5
 first probes, so a scale the cut misses shows even where the config makes it a no-op."""
 
 
-def probe_configs(config: Any) -> list[Any]:
-    """Small copies of ``config`` for :func:`check`, most telling first: fewer layers, narrow
-    widths and neutral multipliers moved (:data:`NEUTRAL`); fewer layers and narrow widths; fewer
-    layers only; then ``config`` itself (a copy its class refuses is left out)."""
+def probe_configs(config: Any) -> list[tuple[Any, str]]:
+    """(small copy of ``config``, what it moved) for :func:`check`, most telling first: fewer
+    layers, narrow widths and a smaller vocabulary, neutral multipliers moved (:data:`NEUTRAL`);
+    the same without moving them; fewer layers only; then ``config`` itself (a copy its class
+    refuses is left out)."""
     fields = config.to_dict()
     aliases = getattr(config, "attribute_map", {})  # GPT-2's n_layer, n_embd, n_head
 
@@ -347,17 +350,23 @@ def probe_configs(config: Any) -> list[Any]:
                   "head_dim": 16, "intermediate_size": 64, "moe_intermediate_size": 32,
                   "shared_expert_intermediate_size": 32}
         narrow.update({aliases.get(k, k): v for k, v in widths.items() if get(k) is not None})
-    moved = {**narrow, **{k: PROBE_VALUE for k, v in fields.items() if type(v) is float and v == NEUTRAL}}
-    out: list[Any] = []
+    vocab = get("vocab_size")
+    if isinstance(vocab, int) and vocab > PROBE_VOCAB:  # token ids beyond it (bos, eos, pad) become 1
+        narrow[aliases.get("vocab_size", "vocab_size")] = PROBE_VOCAB
+        narrow.update({k: 1 for k, v in fields.items() if k.endswith("_token_id") and isinstance(v, int) and v >= PROBE_VOCAB})
+    neutral = [k for k, v in fields.items() if type(v) is float and v == NEUTRAL]
+    note = f" (its 1.0-valued fields at {PROBE_VALUE}: {', '.join(neutral[:4])}{', ...' if len(neutral) > 4 else ''})"
+    out: list[tuple[Any, str]] = []
     variants: list[dict[str, Any]] = []
-    for changes in (moved, narrow, fewer):
+    for changes, what in (({**narrow, **dict.fromkeys(neutral, PROBE_VALUE)}, note if neutral else ""), (narrow, ""),
+                          (fewer, "")):
         if changes and changes not in variants:
             variants.append(changes)
             try:
-                out.append(type(config).from_dict({**fields, **changes}))
+                out.append((type(config).from_dict({**fields, **changes}), what))
             except Exception:  # noqa: BLE001 - a copy this config class refuses: the next one
                 pass
-    return out + [config]
+    return out + [(config, "")]
 
 
 def _probe(config: Any, family: Family) -> tuple[str, str | None]:
@@ -366,7 +375,7 @@ def _probe(config: Any, family: Family) -> tuple[str, str | None]:
     name = f"{type(config).__name__} (model_type {getattr(config, 'model_type', '')!r})"
     split = "cut it with orchestrator.profiling.modules.split_at"
     failure = ""
-    for small in probe_configs(config):  # the first whose stock model runs the probe
+    for small, moved in probe_configs(config):  # the first whose stock model runs the probe
         try:
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(0)
@@ -375,7 +384,9 @@ def _probe(config: Any, family: Family) -> tuple[str, str | None]:
             ids = torch.randint(0, model.get_input_embeddings().num_embeddings, (PROBE_ROWS, seq),
                                 generator=torch.Generator().manual_seed(0))
             wants = {training: _run(model.train(training), ids, None) for training in (False, True)}
-            break
+            if all(bool(w.isfinite().all()) for w in wants.values()):
+                break
+            failure = failure or "logits that are not finite"
         except Exception as exc:  # noqa: BLE001 - the next, larger probe
             failure = failure or f"{type(exc).__name__}: {_short(exc)}"
     else:
@@ -403,7 +414,8 @@ def _probe(config: Any, family: Family) -> tuple[str, str | None]:
                          f"register what its forward does with hf.register_family({config.model_type!r}, embedding=..., "
                          "logits=...))")
                 miss = (diff, f"{name} is not a family raypipe cuts exactly: the cut blocks' logits differ from the "
-                              f"stock model's by {diff:.3g} (of logits up to {scale:.3g}) on a probe batch {where}; or {split}")
+                              f"stock model's by {diff:.3g} (of logits up to {scale:.3g}) on a probe batch{moved} {where}; "
+                              f"or {split}")
                 closest = miss if closest is None else min(closest, miss)
                 break
         else:
@@ -493,7 +505,7 @@ def causal_lm_blocks(config: Any, dtype: torch.dtype | None = None, pretrained: 
     return blocks
 
 
-def pretrained_blocks(directory: str, dtype: torch.dtype | None = None) -> list[nn.Module]:
+def pretrained_blocks(directory: str, dtype: torch.dtype | None = None, family: Family | None = None) -> list[nn.Module]:
     """:func:`causal_lm_blocks` of a local ``save_pretrained`` folder: its config, its weights
     (a model factory: ``partial(pretrained_blocks, DIR)``; each stage reads its own blocks' tensors)."""
     transformers = _transformers()
@@ -501,7 +513,7 @@ def pretrained_blocks(directory: str, dtype: torch.dtype | None = None) -> list[
         config = transformers.AutoConfig.from_pretrained(directory)
     except (OSError, ValueError) as exc:
         raise UserError(f"{directory}: no Hugging Face config to load ({' '.join(str(exc).split())[:160]})") from None
-    return causal_lm_blocks(config, dtype, pretrained=directory)
+    return causal_lm_blocks(config, dtype, pretrained=directory, family=family)
 
 
 def param_paths(blocks: list[nn.Module]) -> dict[tuple[int, str], str]:
