@@ -215,6 +215,8 @@ def test_fault_injection_is_opt_in_and_wraps_only_the_call_table() -> None:
     injection.install(ex, injection.FaultKnobs())
     injection.install(ex, injection.FaultKnobs())  # idempotent
     wrapped = [c is not p for c, p in zip(ex.calls, plain)]
-    expect = [a.kind in (Kind.FORWARD, Kind.BACKWARD, Kind.SEND_F, Kind.SEND_B) or i == len(ex.program) // 2
+    compute = (Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT)
+    kill_point = next(i for i in range(len(ex.program) // 2, len(ex.program)) if ex.program[i].kind in compute)
+    expect = [a.kind in (Kind.FORWARD, Kind.BACKWARD, Kind.SEND_F, Kind.SEND_B) or i == kill_point
               for i, a in enumerate(ex.program)]
     assert ex.injected and wrapped == expect

@@ -148,7 +148,7 @@ def test_a_price_change_moves_the_run_to_another_cluster_and_stops_the_first(tmp
 @pytest.mark.ray
 @pytest.mark.timeout(900)
 def test_a_killed_cluster_is_relaunched_elsewhere_from_the_last_commit(tmp_path: Path) -> None:
-    proc, events = supervise(tmp_path, "--kill-cluster-at", "5", driver=("--steps", "8", "--checkpoint-every", "3"))
+    proc, events = supervise(tmp_path, "--kill-cluster-at", "5", driver=("--steps", "30", "--checkpoint-every", "3"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     (lost,) = of(events, "cluster_lost")
     assert lost["last_committed"] and lost["last_committed"] >= 3

@@ -293,6 +293,10 @@ class Supervisor:
             record = read_record(self.config.storage)
             self._rehearse_kill(cur, record)
             status = cur.job.status()
+            if (record and record.get("cluster") == cur.handle.cluster_id and record.get("status") in ("finished", "stopped")
+                    and (status is None or status in TERMINAL)):
+                self._done(cur, record)  # this cluster's job ended the run (its cluster may have gone after): not relaunched
+                return None
             if status is None or not self.provisioner.alive(cur.handle):
                 cur.unreachable_since = cur.unreachable_since or time.monotonic()
                 if time.monotonic() - cur.unreachable_since >= self.config.unreachable_s:
@@ -317,10 +321,7 @@ class Supervisor:
         status = record.get("status")
         if outcome.status == "SUCCEEDED" or status == "stopped":  # finished, or stopped (orchestrator stop, Ctrl-C,
             # ray job stop's SIGTERM: the job committed and recorded it): never relaunched
-            self.events.emit("run_stopped" if status == "stopped" else "run_finished", cluster=cur.handle.cluster_id,
-                             steps_done=record.get("steps_done"), **self._spent(record))
-            self._teardown(cur.handle)
-            self._save(cluster=None, job_id=None)
+            self._done(cur, record)
             return None
         if status == "migrating" and outcome.exit_code == MIGRATE_EXIT:
             return self._migrate(cur, record)
@@ -330,6 +331,13 @@ class Supervisor:
             tail = redact_text(" | ".join(line for line in cur.job.lines[-5:] if line.strip()))
             raise RunFailed(int(outcome.exit_code or 1), f"the driver failed (exit {outcome.exit_code}), not relaunched: {tail}")
         return self._lost(cur, f"job {outcome.status} (exit {outcome.exit_code}) with the run {status or 'not started'}")
+
+    def _done(self, cur: _Current, record: dict[str, Any]) -> None:
+        """The run finished or was stopped: said once with what it cost, its cluster torn down, nothing relaunched."""
+        self.events.emit("run_stopped" if record.get("status") == "stopped" else "run_finished", cluster=cur.handle.cluster_id,
+                         steps_done=record.get("steps_done"), **self._spent(record))
+        self._teardown(cur.handle)
+        self._save(cluster=None, job_id=None)
 
     def _lost(self, cur: _Current, why: str) -> _Current:
         cur.job.drain(2.0)
