@@ -181,7 +181,8 @@ def chapter_supervisor(out: Path) -> float:
     for e in events:
         if e["event"] in story:
             detail = {k: v for k, v in e.items() if k in ("cluster", "offer", "address", "resumed_from", "step", "target",
-                                                          "from_cluster", "to_cluster", "reason", "steps_done")}
+                                                          "from_cluster", "to_cluster", "reason", "steps_done", "usd_job",
+                                                          "usd_total", "usd_per_million_samples")}
             print(f"  {e['event']:<20} {json.dumps(detail)[:160]}")
     up = {e["cluster"]: e for e in events if e["event"] == "cluster_up"}
     moves = [e for e in events if e["event"] == "migration"]
