@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 from actors import checkpoint as ckpt
 from actors import storage
+from orchestrator.core.errors import UserError
 
 
 class TransferError(ckpt.CheckpointError):
@@ -70,6 +71,7 @@ def copy_checkpoint(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
     named = ckpt.dir_step(dest)
     if named is not None and named != step:
         raise TransferError(f"{dest}: the folder says step {named} but {source} holds step {step}")
+    _check_not_another_run(dest, manifest)
     if storage.is_local(dest):
         _copy_local(source, storage.local_path(dest), marker, manifest_bytes, manifest, block_size, chunk)
     elif not _already_there(dest, manifest, marker):
@@ -78,6 +80,18 @@ def copy_checkpoint(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
         ckpt.verify(dest)
     total = sum(int(e["bytes"]) for e in manifest["files"]) + len(manifest_bytes) + len(marker)
     return TransferReport(source, dest, step, len(manifest["files"]) + 2, total, time.perf_counter() - t0)
+
+
+def _check_not_another_run(dest: str, manifest: dict[str, object]) -> None:
+    """A committed checkpoint of another run at ``dest`` is never replaced (the two runs' ids differ)."""
+    try:
+        _, _, there = ckpt.read_committed(dest)
+    except (UserError, OSError):
+        return  # nothing committed there (or not readable as a checkpoint): the copy replaces what is not one
+    ours, theirs = str(manifest.get("run_id") or ""), str(there.get("run_id") or "")
+    if ours and theirs and ours != theirs:
+        raise TransferError(f"{dest}: holds committed step {there.get('step')} of run {theirs!r}, not run {ours!r}; "
+                            "copy to another location")
 
 
 def _write_all(source: str, target: str, marker: bytes, manifest_bytes: bytes, manifest: dict[str, object],

@@ -251,3 +251,15 @@ def test_a_symlinked_step_folder_is_passed_over(tmp_path: Path, capsys: pytest.C
     assert found.location == mine and "is a symlink" in found.skipped[0].reason
     assert main(["checkpoint", "verify", str(tmp_path / "mine")]) == 0
     assert "skipped 1 damaged newer" in capsys.readouterr().out
+
+
+def test_a_committed_checkpoint_of_another_run_is_never_replaced(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = write_run(tmp_path / "src", 2, run_id="run-a")
+    theirs = write_run(tmp_path / "dst", 2, run_id="run-b")  # the same step of another run
+    before = snapshot_tree(Path(theirs))
+    assert main(["checkpoint", "copy", src, theirs]) == 2
+    err = capsys.readouterr().err
+    assert one_line(err) and "of run 'run-b', not run 'run-a'" in err, err
+    assert snapshot_tree(Path(theirs)) == before
+    again = write_run(tmp_path / "again", 2, run_id="run-a")  # the same run's same step: an identical copy is fine
+    assert main(["checkpoint", "copy", src, again]) == 0 and "copied" in capsys.readouterr().out
