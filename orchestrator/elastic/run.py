@@ -56,7 +56,10 @@ class SegmentLog:
             self._lines.append(line)
             self._dirty = True
         if force or time.monotonic() - self._uploaded >= PROGRESS_EVERY_S:
-            self.flush()
+            try:
+                self.flush()
+            except storage.StorageError:
+                pass  # an outage: the lines stay, the next flush uploads them (the local copy has them already)
 
     def flush(self) -> None:
         with self._lock:
@@ -65,7 +68,12 @@ class SegmentLog:
             data = ("\n".join(self._lines) + "\n").encode()
             self._dirty = False
             self._uploaded = time.monotonic()
-        storage.write_bytes(self.where, data)
+        try:
+            storage.write_bytes(self.where, data)
+        except storage.StorageError:
+            with self._lock:
+                self._dirty = True
+            raise
 
 
 @dataclass(frozen=True)
@@ -187,8 +195,11 @@ class RunState:
         now = time.monotonic()
         if now - self._progress_at >= PROGRESS_EVERY_S:
             self._progress_at = now
-            self._write(steps_done=step, live=live())
-            self._stop_seen = self._stop_seen or rr.stop_requested(self.root)
+            try:
+                self._write(steps_done=step, live=live())
+                self._stop_seen = self._stop_seen or rr.stop_requested(self.root)
+            except storage.StorageError:
+                pass  # a hint: training goes on through a storage outage, the next beat writes it
         return self._stop_seen
 
     def committed(self, step: int, steps_done: int) -> None:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from cloud.records import Offer
+from actors.storage import StorageError
 from orchestrator.core.errors import UserError
 from orchestrator.elastic.observability import redact_text
 from orchestrator.elastic.run_record import request_stop
@@ -287,10 +288,13 @@ class Supervisor:
                 asked = True
                 request_stop(self.config.storage, "Ctrl-C on orchestrator run")
                 self.events.emit("stop_requested", cluster=cur.handle.cluster_id, by="Ctrl-C")
-            if time.monotonic() - beat > 5.0:
-                self._save()
-                beat = time.monotonic()
-            record = read_record(self.config.storage)
+            try:  # a storage outage: the heartbeat and the record are read again at the next poll
+                if time.monotonic() - beat > 5.0:
+                    self._save()
+                    beat = time.monotonic()
+                record = read_record(self.config.storage)
+            except StorageError:
+                record = None
             self._rehearse_kill(cur, record)
             status = cur.job.status()
             if (record and record.get("cluster") == cur.handle.cluster_id and record.get("status") in ("finished", "stopped")

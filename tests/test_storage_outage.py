@@ -1,0 +1,124 @@
+"""A storage outage is ridden out where the writes are only hints: the job's event segment and the run record's
+progress keep training going while the object store is unreachable and catch up when it is back. The store is moto's
+S3 server behind a TCP forwarder the test cuts and restores (a real outage: connections refused)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from tests.servers import s3_endpoint  # noqa: F401  # the session's moto server
+
+
+class Forwarder:
+    """127.0.0.1:PORT -> the target; ``cut`` refuses new connections and drops live ones, ``restore`` serves again."""
+
+    def __init__(self, target: str) -> None:
+        host, port = target.split("://", 1)[1].split(":")
+        self.target = (host, int(port))
+        self.port = 0
+        self.up = threading.Event()
+        self.conns: list[socket.socket] = []
+        self.listener: socket.socket | None = None
+        self.restore()
+
+    def restore(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", self.port))
+        self.port = self.listener.getsockname()[1]
+        self.up.set()
+        threading.Thread(target=self._accept, args=(self.listener,), daemon=True).start()
+
+    def cut(self) -> None:
+        self.up.clear()
+        assert self.listener is not None
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept: the port stops listening
+        except OSError:
+            pass
+        self.listener.close()
+        for c in self.conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)  # a pooled keep-alive connection dies too, as in a real outage
+            except OSError:
+                pass
+            c.close()
+        self.conns.clear()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while self.up.is_set():
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            self.conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a: socket.socket, b: socket.socket) -> None:
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                try:
+                    s.close()
+                except OSError:
+                    pass
+
+
+@pytest.fixture
+def flaky_bucket(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, Forwarder]]:  # noqa: F811
+    import uuid
+
+    import boto3
+
+    forwarder = Forwarder(s3_endpoint)
+    for name, value in {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{forwarder.port}", "AWS_ACCESS_KEY_ID": "testing",
+                        "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+                        "AWS_MAX_ATTEMPTS": "1"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    bucket = f"raypipe-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1").create_bucket(Bucket=bucket)
+    yield f"s3://{bucket}", forwarder
+    if not forwarder.up.is_set():
+        forwarder.restore()
+
+
+def test_event_segments_and_progress_ride_out_an_outage_and_catch_up(flaky_bucket: tuple[str, Forwarder], tmp_path: Path) -> None:
+    from actors import storage
+    from orchestrator.elastic import run_record as rr
+    from orchestrator.elastic.run import RunState, SegmentLog, open_run
+    from tests.helpers import uniform_profile
+
+    root, forwarder = flaky_bucket
+    segment = SegmentLog(root, "job.jsonl")
+    segment.append({"event": "job_started"}, force=True)
+    opened = open_run(f"{root}/run", uniform_profile(4, fwd=0.01, bwd=0.02, act=1e6, params=1e6), 4, 0, "sgd", "auto", None, None)
+    state = RunState(f"{root}/run", opened, None)
+    state.started(0)
+    forwarder.cut()
+    try:
+        segment.append({"event": "checkpoint_committed", "step": 3}, force=True)  # buffered, not raised
+        assert state.progress(3, lambda: rr.Live(10)) is False  # a hint: no error, no stop seen
+        with pytest.raises(storage.StorageError):
+            segment.flush()  # asked for explicitly (the job's end): the outage is said
+    finally:
+        forwarder.restore()
+    segment.append({"event": "job_finished"}, force=True)  # back: every buffered line goes up
+    lines = [json.loads(x)["event"] for x in storage.read_bytes(storage.join(root, "events", "job.jsonl")).decode().splitlines()]
+    assert lines == ["job_started", "checkpoint_committed", "job_finished"]
+    import time
+
+    time.sleep(1.1)  # the next beat (progress is written at most once a second)
+    state.progress(5, lambda: rr.Live(10))
+    assert rr.read(f"{root}/run").steps_done == 5  # type: ignore[union-attr]
