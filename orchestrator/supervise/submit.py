@@ -18,6 +18,9 @@ from typing import Any, Protocol
 from orchestrator.supervise.provision import ClusterHandle, ProvisionError, auth_headers
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+TRANSIENT = ("agent", "max retries exceeded", "newconnectionerror", "connection refused", "connection reset",
+             "connection aborted")
+"""Words of a Job API error that say "not yet" (retried while submitting), not "no"."""
 
 
 class TextSink(Protocol):
@@ -83,8 +86,9 @@ class DriverJob:
                 return job
             except (RuntimeError, ConnectionError, OSError) as exc:
                 last = " ".join(str(exc).split())[:300]
-                # the head's job agent answers some seconds after the dashboard; anything else is final
-                if isinstance(exc, RuntimeError) and "agent" not in last.lower():
+                # the head's job agent answers some seconds after the dashboard, and on a loaded machine the dashboard
+                # may refuse a connection for a while (the SDK wraps that in a RuntimeError); anything else is final
+                if isinstance(exc, RuntimeError) and not any(t in last.lower() for t in TRANSIENT):
                     break
                 time.sleep(3.0)
         raise ProvisionError(f"{handle.offer}: the cluster's Job API refused the driver: {last}")
