@@ -237,7 +237,7 @@ class Ours:
     def run(self, n: int, pipelined: bool) -> tuple[list[float], float]:
         """``fit(n)``: (per-iteration seconds as ``fit`` measures them, i.e. between consecutive
         completions on the driver; the whole call's wall time)."""
-        self.trainer.loop.pipelined = pipelined  # the loop reads it at every run
+        self.trainer.loop.dispatch(pipelined)
         result = self.trainer.fit(self.trainer.step + n)
         self.inside.setdefault(pipelined, []).append(
             statistics.median(max(m.busy_s[d] + m.bubble_s[d] for d in m.busy_s) for m in result.metrics))

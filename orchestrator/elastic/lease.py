@@ -59,14 +59,20 @@ class Holder:
             return False
         if cluster is not None and self.cluster is not None and self.cluster != cluster:
             return False  # the supervisor moved the run to another cluster: the old job is gone or going
-        if self.host == socket.gethostname():
-            try:
-                os.kill(self.pid, 0)
-            except ProcessLookupError:
-                return False
-            except PermissionError:
-                pass
+        return not gone(self.host, self.pid)
+
+
+def gone(host: str, pid: int) -> bool:
+    """Whether process ``pid`` of ``host`` is known to have ended (only this host's processes can be asked)."""
+    if host != socket.gethostname():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
         return True
+    except PermissionError:
+        pass
+    return False
 
 
 def _read(where: str) -> Holder | None:
@@ -151,4 +157,4 @@ class Lease:
             pass  # it expires by itself
 
 
-__all__ = ["EXIT_LOCKED", "Holder", "Lease", "RunLocked"]
+__all__ = ["EXIT_LOCKED", "Holder", "Lease", "RunLocked", "gone"]

@@ -73,6 +73,10 @@ class TrainingLoop:
         self._last_done: float | None = None  # when the previous run was gathered, if the next was submitted before
         self.stopped = False  # a policy ended the run early (a user's Stop): no step is submitted after it
 
+    def dispatch(self, pipelined: bool) -> None:
+        """Submit the next run before gathering this one (``pipelined``) or not, from the next run on."""
+        self.pipelined = pipelined
+
     def stop(self) -> None:
         """End :meth:`run` at the step reached (asked by a policy between runs, after it drained what was in flight)."""
         self.stopped = True

@@ -22,6 +22,7 @@ from typing import Any
 
 from actors import storage
 from orchestrator.core.errors import UserError
+from orchestrator.elastic.lease import gone
 from orchestrator.supervise.provision import ClusterHandle
 
 RECORD = "run.json"
@@ -101,13 +102,8 @@ class SupervisorState:
         """Whether another live supervisor holds this run (same host: its pid runs; elsewhere: a recent heartbeat)."""
         if not self.pid or self.finished or (self.host, self.pid) == (socket.gethostname(), os.getpid()):
             return False
-        if self.host == socket.gethostname():
-            try:
-                os.kill(self.pid, 0)
-            except ProcessLookupError:
-                return False
-            except PermissionError:
-                pass
+        if gone(self.host, self.pid):
+            return False
         return now - self.heartbeat < OWNER_STALE_S
 
     def blocked(self, label: str, now: float, block_s: float) -> bool:
