@@ -50,7 +50,9 @@ def test_notice_with_room_is_evacuated_live_and_exactly(worker_group: Any, tmp_p
         assert events[0]["event"] == "job_started" and [d["device"] for d in events[0]["devices"]] == [0, 1, 2, 3]
         handled = one(events, "preemption_handled")
         assert handled["mode"] == "live" and handled["lost_steps"] == 0 and handled["moves"]
-        assert all(pair[0] == 1 for pair in handled["moves"]) and handled["iteration_s"] > 0 and handled["stall_s"] > 0
+        # one live switch to the plan the job makes for the survivors: the doomed device hands its blocks over
+        assert [1, 0] in handled["moves"] or [1, 2] in handled["moves"] or [1, 3] in handled["moves"]
+        assert "re-made for the 3 survivors" in handled["reason"] and handled["iteration_s"] > 0 and handled["stall_s"] > 0
         assert not [e for e in events if e["event"] == "resumed"]
         assert 1 not in job.runtime.plan.devices and job.runtime.step == 9
         assert job.max_abs_diff() <= 1e-5

@@ -58,6 +58,20 @@ def test_no_room_falls_back_with_the_reason() -> None:
     assert isinstance(d, Fallback) and "no room" in d.reason
 
 
+def test_with_a_replan_the_evacuation_is_one_switch_to_the_survivors_plan_when_it_fits() -> None:
+    """The job passes its planner: one switch to the plan it would make for the survivors (no second stall for a
+    re-balance); a re-made plan that does not fit in memory is never taken, the two-worker steps decide then."""
+    def replan(survivors: object) -> Plan:
+        return straight_plan([0, 3, 6, 8], 4, devices=[[0], [2], [3]])
+
+    d = plan_evacuation(PLAN, Notice((1,), 60.0), range(4), PROFILE, flat(4, 10), now=0.0, replan=replan)
+    assert isinstance(d, Evacuate) and d.steps == (replan(None),) and "re-made for the 3 survivors" in d.reason
+    assert (1, 0) in d.moves or (1, 2) in d.moves
+    tight = flat(4, 10, memory_bytes=2 * 1e6 * 4.5)  # three blocks on a device do not fit, nor do merges
+    d = plan_evacuation(PLAN, Notice((1,), 60.0), range(4), PROFILE, tight, now=0.0, replan=replan)
+    assert isinstance(d, Fallback) and "no room" in d.reason
+
+
 def test_a_short_deadline_falls_back() -> None:
     d = plan_evacuation(PLAN, Notice((1,), 3.0), range(4), PROFILE, flat(4, 10), now=0.0, margin_s=5.0)
     assert isinstance(d, Fallback) and d.reason.startswith("deadline")

@@ -26,7 +26,8 @@ Otherwise state was lost: restart on a full re-plan of the live devices from the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from typing import Callable, Protocol, Sequence, Union
 
 from orchestrator.core.cluster import Cluster
@@ -197,6 +198,18 @@ def on_worker_death(failures: int, max_failures: int, plan: Plan, dead: Sequence
                           f"device(s) {sorted(gone)} died; {len(survivors)} survivors keep their processes")
 
 
+def checkpoint_interval(stall_s: float, iteration_s: float, failures: int, elapsed_s: float, prior_mtbf_s: float = 3600.0,
+                        most: int = 1000) -> int:
+    """Steps between checkpoints for ``RunConfig(checkpoint_every="auto")``: Young's interval sqrt(2 C M) (Young,
+    CACM 1974; Daly 2006 gives it as the first-order optimum), which balances the stall ``C`` each checkpoint costs
+    against the work a failure loses (half an interval on average) at a failure every ``M`` seconds. ``M`` is what the
+    job has seen: its running time plus one prior hour over its deaths plus one (no death yet: an hour, the mean
+    shrinking as deaths come). In whole steps of ``iteration_s``, between 1 and ``most``."""
+    mtbf = (max(elapsed_s, 0.0) + prior_mtbf_s) / (max(failures, 0) + 1)
+    steps = math.sqrt(2.0 * max(stall_s, 0.0) * mtbf) / max(iteration_s, 1e-9)
+    return int(min(most, max(1, round(steps))))
+
+
 SPEED_AGNOSTIC_PLANNERS = frozenset({"pipedream"})
 """Planners whose raw answer (before polishing) ignores device speeds — PipeDream's DP reads the
 profile, the bandwidth hierarchy and memory only — so a caller may reuse it across speed-only
@@ -230,7 +243,7 @@ def planner_plan(profile: Profile, model: Cluster, alive: Sequence[int], templat
     except UserError:
         plan = run_planner("even", profile, sub, PlannerOptions(num_microbatches=template.num_microbatches, schedule=template.schedule,
                                                                  check_memory=False, max_stages=opts.max_stages)).plan
-    stages = tuple(Stage(s.first, s.last, tuple(ids[d] for d in s.devices)) for s in plan.stages)
+    stages = tuple(replace(s, devices=tuple(ids[d] for d in s.devices)) for s in plan.stages)  # recomputation kept
     return Plan(stages, plan.num_microbatches, plan.schedule, plan.sliced_microbatches, algorithm=f"replan:{plan.algorithm}")
 
 

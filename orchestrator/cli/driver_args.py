@@ -26,11 +26,21 @@ from orchestrator.core.errors import UserError
 from orchestrator.elastic.job_config import AdaptConfig, InjectedNotice, RunConfig, ScalingConfig, SpotConfig
 
 
+def _every(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a number of steps nor 'auto'") from None
+
+
 def add_job_arguments(p: argparse.ArgumentParser, devices: int = 4, steps: int = 24, checkpoint_every: int = 10) -> None:
     p.add_argument("--steps", type=int, default=steps, help="train up to this step (a resumed run continues to it)")
     p.add_argument("--devices", type=int, default=devices, help="stage actors (one device each)")
     p.add_argument("--planner", default="even", help="the starting plan's planner (the controller re-balances live)")
-    p.add_argument("--checkpoint-every", type=int, default=checkpoint_every)
+    p.add_argument("--checkpoint-every", type=_every, default=checkpoint_every,
+                   help="steps between checkpoints (0: only the final one), or 'auto': as often as pays for the failures seen")
     p.add_argument("--snapshot-every", type=int, default=0, help="in-memory snapshots every N steps (0: off)")
     p.add_argument("--resume", choices=["auto", "never", "require", "force"],
                    help="continue the run in the storage location (default auto; force: even on other data, recorded)")

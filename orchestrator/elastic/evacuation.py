@@ -20,7 +20,7 @@ moves once the membership change is observed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Sequence, Union
+from typing import Callable, Iterable, Sequence, Union
 
 from orchestrator.core.cluster import Cluster
 from orchestrator.costmodel.estimate import CostModel, Layout
@@ -103,17 +103,37 @@ def _without(layout: Layout, doomed: int, idle: Sequence[int]) -> list[Layout]:
 
 
 def plan_evacuation(plan: Plan, notice: Notice, alive: Iterable[int], profile: Profile, cluster: Cluster, now: float,
-                    margin_s: float = 5.0, inflight_s: float = 0.0, move_overhead_s: float = 0.5) -> EvacuationDecision:
+                    margin_s: float = 5.0, inflight_s: float = 0.0, move_overhead_s: float = 0.5,
+                    replan: Callable[[Sequence[int]], Plan] | None = None) -> EvacuationDecision:
     """The sequence of two-worker moves that empties ``notice.devices`` onto the survivors, if it
     fits in memory and finishes ``margin_s`` before the deadline; else why not (see module doc).
 
     ``inflight_s``: the iteration that must finish before the first move (the current iteration
     time). ``move_overhead_s``: per-move stall beyond the transfers (the controller calibrates it).
+    ``replan(survivors)``: the plan the job would make for the survivors. When given, the evacuation
+    is one live switch to it if that finishes in time: the two-worker steps leave the survivors on a
+    plan the controller would re-balance at once (a second stall), and when several devices are doomed
+    at once they rarely find room by merges alone. The two-worker steps remain the fallback.
     """
     doomed = set(notice.devices)
     survivors = sorted(set(alive) - doomed)
     if not survivors:
         return Fallback(f"every device is doomed ({sorted(doomed)}): nowhere to evacuate to")
+    left = notice.deadline - now
+    if replan is not None and doomed & set(plan.devices):
+        target = replan(survivors)  # a planner that cannot place the model falls back to a plan that may not fit
+        fits = bool(CostModel(profile, cluster, target.num_microbatches, target.schedule).estimate([Layout.of(target)]).fits[0])
+        transfers = move_transfers(plan, target, profile, cluster, frozenset())
+        predicted = inflight_s + handover_time(transfers, cluster) + move_overhead_s
+        if fits and predicted <= left - margin_s:
+            pairs = tuple(dict.fromkeys((t.src, t.dst) for t in transfers))
+            return Evacuate((target,), pairs, predicted, f"one live switch to a plan re-made for the {len(survivors)} survivors, "
+                                                         f"predicted {predicted:.2f} s of {left:.1f} s left")
+    return _two_worker_steps(plan, doomed, survivors, profile, cluster, left, margin_s, inflight_s, move_overhead_s)
+
+
+def _two_worker_steps(plan: Plan, doomed: set[int], survivors: list[int], profile: Profile, cluster: Cluster, left: float,
+                      margin_s: float, inflight_s: float, move_overhead_s: float) -> EvacuationDecision:
     if plan.virtual_chunks != 1:
         return Fallback("interleaved plans are not evacuated live")
     model = CostModel(profile, cluster, plan.num_microbatches, plan.schedule)
@@ -139,7 +159,6 @@ def plan_evacuation(plan: Plan, notice: Notice, alive: Iterable[int], profile: P
     for nxt in steps:
         predicted += handover_time(move_transfers(prev, nxt, profile, cluster, frozenset()), cluster) + move_overhead_s
         prev = nxt
-    left = notice.deadline - now
     if predicted > left - margin_s:
         return Fallback(f"deadline: the moves need {predicted:.1f} s but {left:.1f} s are left (margin {margin_s:g} s)")
     return Evacuate(tuple(steps), tuple(pairs), predicted,

@@ -89,6 +89,10 @@ class ScalingConfig:
     the controller's arbiter says it pays (:mod:`orchestrator.elastic.growth`). ``None``: growth off."""
     node_poll_s: float = 2.0
     """With growth on, how often the loop reads Ray's node table for nodes that joined."""
+    straight: bool = False
+    """Plans without replicated stages (one device per stage) only. Off: the planner replicates a stage
+    (data parallelism inside it) where that is faster, as the fastest plans at tens of devices do
+    (``benchmarks/spot_goodput.py``: 10-17% shorter iterations at 16-32 V100s)."""
 
     @property
     def capacity(self) -> int:
@@ -101,6 +105,7 @@ class ScalingConfig:
         if self.max_devices is not None:
             limits.devices(limits.count(self.max_devices, where, "max_devices"), f"{where}.max_devices")
         limits.text(self.planner, where, "planner")
+        limits.flag(self.straight, where, "straight")
         from orchestrator.planners.base import get_planner
 
         try:
@@ -143,7 +148,11 @@ class RunConfig:
     """A local JSONL copy of this job's events (default: ``events.jsonl`` beside a local storage
     folder). Every job also writes its own segment under ``STORAGE/events/``; ``orchestrator events
     STORAGE`` prints the merged log of the whole run."""
-    checkpoint_every: int = 10
+    checkpoint_every: int | str = 10
+    """Steps between periodic checkpoints (0: only the final one). ``"auto"``: as often as pays, from what the
+    job measures: Young's interval between a checkpoint's stall and the time between the deaths seen so far
+    (:func:`~orchestrator.adapt.policies.checkpoint_interval`): rarely while nothing fails, every step or two on
+    spot capacity that is reclaimed every few minutes (``benchmarks/spot_goodput.py``)."""
     async_checkpoints: bool = True
     """Snapshot to host memory and upload while training continues (commit at the next boundary)."""
     max_failures: int = 3
@@ -181,7 +190,8 @@ class RunConfig:
         location = limits.path_text(self.storage, where, "storage")
         if self.events is not None:
             limits.path_text(self.events, where, "events")
-        limits.count(self.checkpoint_every, where, "checkpoint_every", minimum=0, maximum=10**9)
+        if self.checkpoint_every != "auto":
+            limits.count(self.checkpoint_every, where, "checkpoint_every (a number of steps or 'auto')", minimum=0, maximum=10**9)
         limits.count(self.max_failures, where, "max_failures", minimum=0, maximum=10**6)
         limits.count(self.snapshot_every, where, "snapshot_every", minimum=0, maximum=10**9)
         limits.flag(self.async_checkpoints, where, "async_checkpoints")

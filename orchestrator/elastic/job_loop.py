@@ -40,7 +40,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from actors import checkpoint as ckpt
 from actors import storage
@@ -51,7 +51,8 @@ from orchestrator.adapt.controller import Act, Controller
 from orchestrator.adapt.handle import MoveReport, RestartReport, move_transfers
 from orchestrator.adapt.live import to_controller_metrics
 from orchestrator.adapt.rehearsal import Rehearsal
-from orchestrator.adapt.policies import DeathDecision, GiveUp, RecoverInPlace, Restart, on_worker_death, planner_plan
+from orchestrator.adapt.policies import (DeathDecision, GiveUp, RecoverInPlace, Restart, checkpoint_interval, on_worker_death,
+                                         planner_plan)
 from orchestrator.core.errors import UserError
 from orchestrator.elastic.callbacks import Callback, CallbackError, Callbacks, Checkpoint, Progress, StartInfo, StepInfo, Stop, phase
 from orchestrator.train.discovery import connect
@@ -123,7 +124,7 @@ class ElasticJob:
             say(f"planning {self.profile.num_blocks} blocks over {scaling.devices} devices ({scaling.planner})")
         plan = scaling.plan or planner_plan(self.profile, self.cluster, tuple(range(scaling.devices)),
                                             straight_plan([0, self.profile.num_blocks], train.num_microbatches), scaling.planner,
-                                            straight=True)
+                                            straight=scaling.straight)
         self.runtime = PipelineRuntime(train.model_factory, train.loss_fn, train.optimizer_factory, train.data_fn,
                                        train.num_microbatches, plan=plan, checkpoint_dir=run.storage, seed=train.seed,
                                        use_gpu=scaling.use_gpu, workers=workers, training=train.training,
@@ -143,6 +144,8 @@ class ElasticJob:
         self._stop_signals: StopSignals | None = None  # SIGTERM/SIGINT while fit runs
         self._recovering: tuple[float, dict[str, Any]] | None = None  # a recovery's event, due when a step completes after it
         self.checkpoint_s = 1.0
+        self._checkpoint_stall_s = 0.0  # what the newest checkpoint cost training (checkpoint_every="auto")
+        self._born = time.perf_counter()
         self._fired: set[int] = set()  # injected notices already delivered
         self._drained: set[str] = set()  # Ray nodes whose drain request was already turned into a notice
         self._drain_polled = 0.0
@@ -538,7 +541,7 @@ class ElasticJob:
         self.emit("preemption_notice", devices=list(notice.devices), source=notice.source,
                   seconds_left=round(notice.deadline - now, 3), step=self.runtime.step)
         decision = (plan_evacuation(self.runtime.plan, notice, self.alive, self.profile, self.cluster, now, self.spot.margin_s,
-                                    iteration_s) if self.spot.evacuate_live else Fallback("live evacuation is switched off"))
+                                    iteration_s, replan=self._replan) if self.spot.evacuate_live else Fallback("live evacuation is switched off"))
         if isinstance(decision, Evacuate):
             t0 = time.perf_counter()
             insurance = self.runtime.save_checkpoint(background=True)  # snapshot now, upload while training goes on
@@ -603,11 +606,16 @@ class ElasticJob:
                                  "plan": self.runtime.plan.describe(),
                                  "devices": [{"device": d["device"], "node_id": d["node_id"], "pid": d["pid"]} for d in self.runtime.devices()]})
 
+    def _replan(self, devices: Iterable[int]) -> Plan:
+        """The job's plan for ``devices``: its planner, from the plan in force (micro-batches, schedule)."""
+        return planner_plan(self.profile, self.cluster, tuple(sorted(devices)), self.runtime.plan, self.scaling.planner,
+                            straight=self.scaling.straight)
+
     def _reachable(self, plan: Plan) -> Plan:
         """``plan``, or (if it uses a device whose node left) a plan re-made over the alive devices."""
         if set(plan.devices) <= self.alive:
             return plan
-        return planner_plan(self.profile, self.cluster, tuple(sorted(self.alive)), plan, self.scaling.planner, straight=True)
+        return self._replan(self.alive)
 
     def _idle_lost(self) -> None:
         """Devices without blocks whose node left (a node that joined, or an evacuated device's) stop being
@@ -629,7 +637,7 @@ class ElasticJob:
         assert self.runtime.group is not None
         dead, survivors = set(decision.dead), decision.survivors
         for attempt in range(2):
-            plan = planner_plan(self.profile, self.cluster, survivors, self.runtime.plan, self.scaling.planner, straight=True)
+            plan = self._replan(survivors)
             try:
                 return self.runtime.recover_in_place(sorted(dead), plan, survivors)
             except InPlaceImpossible:
@@ -700,7 +708,7 @@ class ElasticJob:
         except (PipelineActorError, UserError) as exc:
             self.emit("checkpoint_failed", why=why, step=self.runtime.step, error=str(exc).splitlines()[0])
             return None
-        took = time.perf_counter() - t0
+        took = self._checkpoint_stall_s = time.perf_counter() - t0
         self._saved_at = self.runtime.step
         if not background:
             self.checkpoint_s = took
@@ -714,7 +722,11 @@ class ElasticJob:
 
     def _checkpoint_due(self, done: int) -> bool:
         every = self.run.checkpoint_every
-        return bool(every) and done % every == 0
+        if every == "auto":  # as often as pays: the stall measured against the deaths seen (Young's interval)
+            recent = self.iteration_s[-5:]
+            return bool(recent) and done - self._saved_at >= checkpoint_interval(
+                self._checkpoint_stall_s, statistics.median(recent), self.failures, time.perf_counter() - self._born)
+        return bool(every) and done % int(every) == 0
 
     def _migration_due(self, done: int) -> bool:
         every = self.spot.migration_check_every

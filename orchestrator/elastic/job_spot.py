@@ -156,7 +156,7 @@ def relocate(job: "JobView", decision: "Migrate | None", forced: bool, reason: s
     devices = tuple(survivors or range(job.growth.placed))  # this cluster: the survivors, or the same devices afresh
     job.emit("relocated", reason=reason, forced=forced, step=before, devices=list(devices),
              detail=("no supervisor to move the run to " + decision.target.label()) if decision is not None else "restart in place")
-    plan = planner_plan(job.profile, job.cluster, devices, runtime.plan, job.scaling.planner, straight=True)
+    plan = planner_plan(job.profile, job.cluster, devices, runtime.plan, job.scaling.planner, straight=job.scaling.straight)
     job.commit_pending()
     job.restart_on(plan, source, devices)
     resumed = runtime.step
