@@ -2,6 +2,7 @@
 
     python benchmarks/profiles/parcae/make_profiles.py gpt            # convert Parcae's measured GPT profiles (instant)
     python benchmarks/profiles/parcae/make_profiles.py bert resnet152 vgg19   # profile on this CPU, scale to a V100
+    python benchmarks/profiles/parcae/make_profiles.py --calibrate    # calibrated/<model>.json: fit to Parcae's measured runs
     python benchmarks/profiles/parcae/make_profiles.py --check        # load each file, plan it on 32 V100s (no torch)
 
 Why two sources: only Parcae's GPT entries in ``liveput/cost_cfg.py`` (JF-D/Parcae, MIT) are per-layer V100
@@ -39,7 +40,7 @@ MB = 1024 * 1024
 # ----- Parcae's GPT profiles, copied verbatim from liveput/cost_cfg.py get_model_layer_costs ---------------------------
 # Per (model, micro-batch): the embedding, one transformer layer (all layers alike), the final layer norm + LM head.
 # Each row: (forward ms, backward ms, optimizer ms, acts bytes, params count). Parcae writes acts as "bytes / MB"
-# (MiB) and params as a parameter count; times are milliseconds per micro-batch on a V100 (p3.2xlarge), fp16.
+# (MiB) and params as a parameter count; times are milliseconds per micro-batch on a V100 (p3.2xlarge).
 PARCAE_GPT: dict[tuple[str, int], tuple[tuple[float, float, float, float, int], ...]] = {
     ("gpt-1.5b", 1): ((0.752, 0.798, 5.655, 9420800, 82124800),
                       (6.510, 13.448, 2.117, 282034176, 30740800),
@@ -74,7 +75,7 @@ def gpt_profile(model: str, microbatch_size: int) -> Profile:
     blocks = [block("embed", embed, boundary)]
     blocks += [block(f"layer{i}", layer, boundary) for i in range(layers)]
     blocks.append(block("head", head, 0.0))  # the loss: nothing crosses after it
-    source = (f"{PARCAE}: {model} measured on V100 (fp16, {layers} layers x hidden {hidden}, seq {seq}), "
+    source = (f"{PARCAE}: {model} per-layer V100 times ({layers} layers x hidden {hidden}, seq {seq}), "
               f"micro-batch {microbatch_size}; converted by benchmarks/profiles/parcae/make_profiles.py")
     return Profile(model, tuple(blocks), microbatch_size, float(microbatch_size * seq * 8), source)
 

@@ -129,8 +129,7 @@ def runs(blocks: Sequence[nn.Module], x: Tensor) -> tuple[list[int], list[int]]:
     starts: list[int] = []
     lengths: list[int] = []
     key_prev = None
-    with torch.device("meta"):
-        h = x.to("meta")
+    h = x.to("meta")
     for i, b in enumerate(blocks):
         key = (repr(b), tuple(h.shape))
         if key == key_prev:
