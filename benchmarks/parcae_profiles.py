@@ -13,6 +13,7 @@ from orchestrator.core.profile import Profile
 from orchestrator.core.profile_loader import load_profile
 
 PROFILES = Path(__file__).resolve().parent / "profiles" / "parcae"
+CALIBRATED = PROFILES / "calibrated"
 
 # model -> (micro-batch size, global batch size) of Parcae's runs (the liveput_res file names)
 BATCHES: dict[str, tuple[int, int]] = {
@@ -25,15 +26,16 @@ BATCHES: dict[str, tuple[int, int]] = {
 }
 
 
-def parcae_profile_path(model: str) -> Path:
+def parcae_profile_path(model: str, calibrated: bool = False) -> Path:
     if model not in BATCHES:
         raise UserError(f"unknown Parcae model {model!r} (choose from {', '.join(BATCHES)})")
-    return PROFILES / f"{model}.json"
+    return (CALIBRATED if calibrated else PROFILES) / f"{model}.json"
 
 
-def load_parcae_profile(model: str) -> Profile:
-    """The V100 profile of one of Parcae's models, per micro-batch of ``BATCHES[model][0]`` samples."""
-    return load_profile(parcae_profile_path(model))
+def load_parcae_profile(model: str, calibrated: bool = False) -> Profile:
+    """The V100 profile of one of Parcae's models, per micro-batch of ``BATCHES[model][0]`` samples; ``calibrated``:
+    its compute times scaled so that our simulator gives the iteration times Parcae measured (README.md)."""
+    return load_profile(parcae_profile_path(model, calibrated))
 
 
 def microbatches(model: str) -> int:
