@@ -145,3 +145,31 @@ def test_evaluation_mode_is_restored_and_eval_needs_its_data() -> None:
     with pytest.raises(UserError, match="eval_every needs an eval_data_fn"):
         TrainConfig(model_factory=base.model_factory, loss_fn=base.loss_fn, optimizer_factory=base.optimizer_factory,
                     data_fn=base.data_fn, eval_every=5)
+
+
+@pytest.mark.parametrize("flags, missing, message", [
+    (["--tensorboard", "tb"], "tensorboard", "the TensorBoard sink needs the tensorboard package: pip install tensorboard"),
+    (["--mlflow", "sqlite:///m.db"], "mlflow", "the MLflow sink needs the mlflow package: pip install mlflow-skinny"),
+    (["--mlflow", "sqlite:///m.db"], "alembic", "sqlite store needs the sqlalchemy and alembic packages: pip install"),
+    (["--wandb-offline", "wb"], "wandb", "the W&B sink needs the wandb package: pip install wandb"),
+    (["--mlflow", "out/mlruns"], None, "use sqlite:///PATH/mlflow.db"),  # MLflow 3 refuses its retired file store
+])
+def test_a_tracker_flag_without_its_library_is_one_line_and_exit_2(flags: list[str], missing: str | None, message: str,
+                                                                  monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+    import importlib.util
+
+    from orchestrator.cli.commands import run_main
+    from orchestrator.cli.driver_args import add_job_arguments, job_configs
+
+    find_spec = importlib.util.find_spec  # the package looks uninstalled to the sink's check
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == missing else find_spec(name, *a))
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    p = argparse.ArgumentParser()
+    add_job_arguments(p)
+    args = p.parse_args(flags)
+    with pytest.raises(SystemExit) as exited:
+        run_main(lambda: job_configs(args))
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and message in err and err.count("\n") == 1, err
