@@ -139,14 +139,14 @@ class StageWorker:
         self.norm_layout = NormLayout.of(blocks)
         del blocks  # the other devices' blocks: only needed for the identical RNG stream and the probe
         optimizers = {b: user_code.optimizer(spec.optimizer_factory, m.parameters(), b) for b, m in modules.items() if any(True for _ in m.parameters())}
+        self.schedulers = schedulers_for(spec.training, optimizers)
+        if spec.eval_data_fn is None and any(s.on_metric for s in self.schedulers.values()):
+            raise UserError("ReduceLROnPlateau steps on the evaluation loss: give TrainConfig an eval_data_fn and eval_every")
         init_group(host, port, rank_of[device], len(rank_of), backend_for(torch_device), spec.pg_timeout_s, torch_device)
         self.aborted = False
         schedule = lower(plan)
         groups = replica_groups(plan, rank_of, timeout_s=spec.pg_timeout_s)
         links = link_groups(directed_links(schedule), rank_of, timeout_s=spec.pg_timeout_s)
-        self.schedulers = schedulers_for(spec.training, optimizers)
-        if spec.eval_data_fn is None and any(s.on_metric for s in self.schedulers.values()):
-            raise UserError("ReduceLROnPlateau steps on the evaluation loss: give TrainConfig an eval_data_fn and eval_every")
         hooks = self._step_hooks(spec, plan, device, rank_of, modules, torch_device)
         warm_up(device, rank_of, links, groups, torch_device)
         self.executor = self._executor(
