@@ -23,7 +23,7 @@ from orchestrator.core.errors import UserError
 from orchestrator.elastic.callbacks import Callback, StartInfo, StepInfo
 
 FLUSH_EVENTS = ("eval", "stopped", "job_finished", "job_failed", "user_error", "migration_requested")
-FAILED_EVENTS = ("job_failed", "user_error")
+Status = Literal["FINISHED", "FAILED", "KILLED"]
 
 
 def _need(module: str, sink: str, install: str) -> None:
@@ -64,8 +64,9 @@ class Sink(Callback):
     def flush(self) -> None:
         """Make what was written readable now."""
 
-    def end(self, failed: bool) -> None:
-        """The fit returned (``failed``: it ended on an error); a later ``fit`` opens again."""
+    def end(self, status: Status) -> None:
+        """The fit ended: returned (``FINISHED``), on an error (``FAILED``) or stopped by a signal or for a
+        migration, to be resumed (``KILLED``); a later ``fit`` opens again."""
 
     # ----- the callback: when -----
     def on_start(self, info: StartInfo) -> None:
@@ -87,15 +88,19 @@ class Sink(Callback):
             self.write({"eval/loss": float(event["loss"])}, int(event["step"]))
         if name in FLUSH_EVENTS:
             self.flush()
-        if name in FAILED_EVENTS:
-            self._opened = False
-            self.end(failed=True)
+        if name in ("job_failed", "user_error"):
+            self._end("FAILED")
+        elif name == "migration_requested" or (name == "stopped" and "signal" in event):  # fit raises, to resume later
+            self._end("KILLED")
 
     def on_end(self, result: Any) -> None:
         if self._opened:
-            self._opened = False
             self.flush()
-            self.end(failed=False)
+            self._end("FINISHED")
+
+    def _end(self, status: Status) -> None:
+        self._opened = False
+        self.end(status)
 
 
 class TensorBoard(Sink):
@@ -125,7 +130,7 @@ class MLflow(Sink):
     """An MLflow run in ``experiment`` at ``tracking_uri`` (``mlflow.MlflowClient``): a local store is
     ``sqlite:///PATH.db``, a server ``http://HOST:5000``. The job's run is one MLflow run, tagged
     ``raypipe.run_id``: a resumed job logs on into it. Its status is ``FINISHED`` when a ``fit`` returns, ``FAILED``
-    when the run fails."""
+    when the run fails, ``KILLED`` when a signal or a migration stops the job (until a resumed job reopens it)."""
 
     RUN_TAG = "raypipe.run_id"
 
@@ -164,8 +169,8 @@ class MLflow(Sink):
         now = int(time.time() * 1000)
         self._client.log_batch(self._run, metrics=[Metric(k, v, now, step) for k, v in values.items()])
 
-    def end(self, failed: bool) -> None:
-        self._client.set_terminated(self._run, "FAILED" if failed else "FINISHED")
+    def end(self, status: Status) -> None:
+        self._client.set_terminated(self._run, status)
 
 
 class WandB(Sink):
@@ -195,8 +200,8 @@ class WandB(Sink):
     def write(self, values: dict[str, float], step: int) -> None:
         self._run.log(values, step=step)
 
-    def end(self, failed: bool) -> None:
-        self._run.finish(exit_code=1 if failed else 0)
+    def end(self, status: Status) -> None:
+        self._run.finish(exit_code=1 if status == "FAILED" else 0)
         self._run = None
 
 
