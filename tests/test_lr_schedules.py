@@ -23,13 +23,14 @@ from tests.test_run_lifecycle import train_config
 
 # an evaluation that does not halve the best loss so far is a plateau: the LR halves at once (patience 0)
 PLATEAU = partial(torch.optim.lr_scheduler.ReduceLROnPlateau, factor=0.5, patience=0, threshold=0.5)
+COSINE = partial(torch.optim.lr_scheduler.CosineAnnealingLR, T_max=8)  # each LR computed from the one before
 
 
-def plateau_config(eval_every: int = 2) -> TrainConfig:
+def plateau_config(eval_every: int = 2, scheduler: Any = PLATEAU) -> TrainConfig:
     base = train_config()
     return TrainConfig(model_factory=base.model_factory, loss_fn=base.loss_fn, optimizer_factory=base.optimizer_factory,
                        data_fn=base.data_fn, num_microbatches=4, eval_data_fn=EVAL if eval_every else None,
-                       eval_every=eval_every, training=TrainingOptions(lr_scheduler=PLATEAU))
+                       eval_every=eval_every, training=TrainingOptions(lr_scheduler=scheduler))
 
 
 def fit(pool: Any, root: Path, plan_devices: list[list[int]], cuts: list[int], steps: int, train: TrainConfig,
@@ -51,8 +52,11 @@ def fit(pool: Any, root: Path, plan_devices: list[list[int]], cuts: list[int], s
 
 
 @pytest.mark.ray
-def test_reduce_lr_on_plateau_steps_on_evaluations_and_a_resumed_run_keeps_its_lr(worker_group: Any, tmp_path: Path) -> None:
-    train = plateau_config()
+@pytest.mark.parametrize("scheduler", [PLATEAU, COSINE], ids=["plateau", "cosine"])
+def test_a_resumed_and_moved_run_keeps_the_lr_of_the_uninterrupted_one(worker_group: Any, tmp_path: Path, scheduler: Any) -> None:
+    """ReduceLROnPlateau steps on the evaluations; a schedule of the step, once per step. Either way the LR in force
+    and the scheduler's counters survive a resume (on another plan) and a live move, exactly."""
+    train = plateau_config(scheduler=scheduler)
     first, _ = fit(worker_group, tmp_path, [[0], [1, 2], [3]], [0, 3, 6, 8], 4, train)  # evaluations at 2, 4
     # resumed at 4 on another plan, every block handed to another worker after step 6 (their schedules with them)
     second, diff = fit(worker_group, tmp_path, [[0], [1], [2], [3]], [0, 2, 4, 6, 8], 8, train, move_at=6)
