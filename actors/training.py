@@ -303,8 +303,9 @@ class BlockSchedule:
             self.scheduler.step(value)
 
     def forward(self, completed: int) -> None:
-        """A state saved without a schedule (an older checkpoint): continue it by stepping past ``completed``
-        iterations, as schedules were restored before they were saved (exact for a schedule of the step alone)."""
+        """After loading a state saved without a schedule (a checkpoint older than this class): step the scheduler
+        past ``completed`` iterations, as a resume did before schedules were saved (exact for a schedule of the step
+        alone; a ``ReduceLROnPlateau`` starts afresh)."""
         if not self.restored:
             for _ in range(completed):
                 self.step()
