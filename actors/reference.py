@@ -124,6 +124,11 @@ class ReferenceTrainer:
                         total += float(self.loss_fn(x, targets[lo:hi]) * ((hi - lo) / rows))
         return total / batches
 
+    def step_on_metric(self, value: float) -> None:
+        """After an evaluation: ``ReduceLROnPlateau`` steps on its loss, as the stage workers' do."""
+        for schedule in self.schedulers.values():
+            schedule.metric(value)
+
     def state_dicts(self) -> dict[int, dict[str, Tensor]]:
         return {b: {k: v.detach().cpu().clone() for k, v in m.state_dict().items()} for b, m in enumerate(self.blocks)}
 

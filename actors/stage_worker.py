@@ -46,7 +46,7 @@ from actors import placement, probe
 from actors import user_code
 from actors.materialize import materialize
 from actors.tied import TiedGrads, tie_table
-from actors.training import NormLayout, StepHooks, norm_contributors, schedulers_for
+from actors.training import BlockSchedule, NormLayout, StepHooks, norm_contributors, schedulers_for
 from actors.execution import Executor
 from actors.checkpoint import host_copy
 from actors.job_spec import JobSpec, cpu_threads
@@ -74,7 +74,7 @@ class StageWorker:
         self.completed_step = -1  # last step whose iteration finished here (failure triage)
         self.steady = False  # a first iteration ran under the current communicators
         self.ties: dict[str, list[tuple[int, str]]] = {}  # tied weights' copies (actors/tied.py)
-        self.schedulers: dict[int, Any] = {}  # block -> LR scheduler of its optimizer (actors/training.py)
+        self.schedulers: dict[int, BlockSchedule] = {}  # block -> LR scheduler of its optimizer (actors/training.py)
         self.checkpoints = WorkerCheckpoints()  # checkpoints written from here, host copies for recovery in place
         self.aborted = False  # communicators closed after a failed iteration (until the next group is formed)
         self.norm_layout: NormLayout | None = None  # the model's clip_grad_norm_ order (actors/training.py)
@@ -139,12 +139,14 @@ class StageWorker:
         self.norm_layout = NormLayout.of(blocks)
         del blocks  # the other devices' blocks: only needed for the identical RNG stream and the probe
         optimizers = {b: user_code.optimizer(spec.optimizer_factory, m.parameters(), b) for b, m in modules.items() if any(True for _ in m.parameters())}
+        self.schedulers = schedulers_for(spec.training, optimizers)
+        if spec.eval_data_fn is None and any(s.on_metric for s in self.schedulers.values()):
+            raise UserError("ReduceLROnPlateau steps on the evaluation loss: give TrainConfig an eval_data_fn and eval_every")
         init_group(host, port, rank_of[device], len(rank_of), backend_for(torch_device), spec.pg_timeout_s, torch_device)
         self.aborted = False
         schedule = lower(plan)
         groups = replica_groups(plan, rank_of, timeout_s=spec.pg_timeout_s)
         links = link_groups(directed_links(schedule), rank_of, timeout_s=spec.pg_timeout_s)
-        self.schedulers = schedulers_for(spec.training, optimizers)
         hooks = self._step_hooks(spec, plan, device, rank_of, modules, torch_device)
         warm_up(device, rank_of, links, groups, torch_device)
         self.executor = self._executor(
@@ -367,6 +369,7 @@ class StageWorker:
         t_group = time.perf_counter()
         sent = received = 0
         templates: list[nn.Module] | None = None
+        fresh: dict[int, BlockSchedule] = {}  # the received blocks' schedules, restored with their optimizers
         for src, dst, first, last in transfers:
             if src == device:
                 payload = {b: (modules[b].state_dict(), optimizers[b].state_dict() if b in optimizers else None) for b in range(first, last)}
@@ -386,6 +389,7 @@ class StageWorker:
                     modules[b] = module
                     if opt_state is not None:
                         optimizer = user_code.optimizer(spec.optimizer_factory, module.parameters(), b)
+                        fresh.update(schedulers_for(spec.training, {b: optimizer}))  # before the load: it restores them
                         optimizer.load_state_dict(opt_state)
                         optimizers[b] = optimizer
                     received += _state_bytes({b: (weights, opt_state)})
@@ -395,9 +399,9 @@ class StageWorker:
             raise RuntimeError(f"device {device}: blocks {sorted(missing)} were neither held nor received (bad transfer list)")
         modules = {b: m for b, m in modules.items() if b in held}
         optimizers = {b: o for b, o in optimizers.items() if b in held}
-        kept = {b: s for b, s in previous.items() if b in optimizers}
-        fresh = schedulers_for(spec.training, {b: o for b, o in optimizers.items() if b not in kept}, self.completed_step + 1)
-        self.schedulers = {**kept, **fresh}
+        for arrived in fresh.values():
+            arrived.forward(self.completed_step + 1)
+        self.schedulers = {**{b: s for b, s in previous.items() if b in optimizers and b not in fresh}, **fresh}
         hooks = self._step_hooks(spec, plan, device, rank_of, modules, torch_device)
         self.executor = self._executor(
             spec, plan, device, rank_of, schedule.programs.get(device, ()), modules, optimizers, groups, boundary,
@@ -451,12 +455,16 @@ class StageWorker:
         return counts
 
     def _resume_at(self, step: int) -> None:
-        """After a restore: LR schedules continue from ``step``, which is the next step to run here."""
-        ex = self._ready()
-        if self.schedulers:
-            self.schedulers.clear()
-            self.schedulers.update(schedulers_for(ex.spec.training, ex.optimizers, step))
+        """After a restore: ``step`` is the next step to run here (the LR schedules came back with the optimizers'
+        state; one saved without them is stepped forward to ``step``)."""
+        for lr in self.schedulers.values():
+            lr.forward(step)
         self.completed_step = step - 1
+
+    def step_on_metric(self, value: float) -> None:
+        """After an evaluation (nothing in flight): schedulers driven by a metric (``ReduceLROnPlateau``) step on its loss."""
+        for lr in self.schedulers.values():
+            lr.metric(value)
 
     def shutdown(self) -> None:
         if dist.is_initialized():

@@ -10,7 +10,8 @@ executor around the optimizer steps of every iteration:
   its owner copy) and every device scales its gradients by the same coefficient, the one
   ``torch.nn.utils.clip_grad_norm_`` computes over the whole model;
 * after the last step: each block's scheduler steps once, so every stage's learning rate follows
-  the same schedule (one scheduler per block optimizer, made by ``lr_scheduler``).
+  the same schedule (one scheduler per block optimizer, made by ``lr_scheduler``; its state travels in the
+  optimizer's, :class:`BlockSchedule`; ``ReduceLROnPlateau`` steps on the evaluation loss instead).
 
 What is local to a block needs no communication and is a wrapper of the user's factories:
 :func:`decay_groups` (weights decay, biases and norms do not — the rule "tensors of rank >= 2
@@ -74,7 +75,9 @@ class TrainingOptions:
     """Job-wide training features (a field of the job spec, so every stage applies the same)."""
 
     max_grad_norm: float | None = None  # clip by the global gradient norm over all stages and replicas
-    lr_scheduler: Callable[[torch.optim.Optimizer], Any] | None = None  # one per block optimizer, stepped per iteration
+    lr_scheduler: Callable[[torch.optim.Optimizer], Any] | None = None
+    """One per block optimizer, stepped per iteration and checkpointed with the optimizer's state; a
+    ``ReduceLROnPlateau`` steps on the evaluation loss at each evaluation (``TrainConfig.eval_every``) instead."""
     loss_scale: LossScale | None = None  # fp16: scaled losses, an iteration with inf/nan gradients is skipped everywhere
 
     def __post_init__(self) -> None:
@@ -180,7 +183,7 @@ class StepHooks:
     loss scaling: whether to step is a host decision, as in ``GradScaler.step``)."""
 
     def __init__(self, options: TrainingOptions, tied: Any, counted: list[tuple[int, str, nn.Parameter]],
-                 every: list[nn.Parameter], norm_group: Any, schedulers: dict[int, Any], plan: Any,
+                 every: list[nn.Parameter], norm_group: Any, schedulers: dict[int, BlockSchedule], plan: Any,
                  device: torch.device, layout: NormLayout | None, reduce: Reduce = all_reduce_sum) -> None:
         self.options, self.tied, self.counted, self.every = options, tied, counted, every
         self.norm_group, self.schedulers, self.plan = norm_group, schedulers, plan
@@ -267,18 +270,67 @@ class StepHooks:
         return own + ([] if self.tied is None else list(self.tied.groups.values()))
 
 
-def schedulers_for(options: TrainingOptions, optimizers: dict[int, torch.optim.Optimizer], completed: int = 0) -> dict[int, Any]:
-    """One scheduler per block optimizer, advanced past ``completed`` iterations (a restored or
-    received block continues the schedule where the job is, like every other block)."""
+SCHEDULE_KEY = "lr_scheduler"  # where a block optimizer's state dict carries its scheduler's
+
+
+class BlockSchedule:
+    """One block optimizer's LR scheduler, whose state travels inside the optimizer's state dict.
+
+    Why there: every path that saves or hands on a block's state — checkpoint files, host copies for a recovery in
+    place, live moves — already carries ``optimizer.state_dict()``; with the scheduler's state in it (an optimizer
+    state-dict hook) a resumed, recovered or moved block continues its schedule exactly, counters included, and the
+    LR in force is the optimizer's own (restored with its param groups), never recomputed by stepping a new scheduler
+    forward. ``ReduceLROnPlateau`` steps on a metric, not per iteration: the evaluation loss, at each evaluation
+    (:meth:`metric`); every other scheduler steps once per iteration (:meth:`step`)."""
+
+    def __init__(self, scheduler: Any, optimizer: torch.optim.Optimizer) -> None:
+        self.scheduler = scheduler
+        self.on_metric = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+        self.restored = True  # False after loading a state saved without a schedule (before schedules were saved)
+        self._loading: dict[str, Any] | None = None
+        optimizer.register_state_dict_post_hook(self._save)
+        optimizer.register_load_state_dict_pre_hook(self._take)
+        optimizer.register_load_state_dict_post_hook(self._load)
+
+    def step(self) -> None:
+        """After the block's optimizer stepped (a metric-driven scheduler waits for its metric)."""
+        if not self.on_metric:
+            self.scheduler.step()
+
+    def metric(self, value: float) -> None:
+        """After an evaluation: ``ReduceLROnPlateau`` steps on its loss."""
+        if self.on_metric:
+            self.scheduler.step(value)
+
+    def forward(self, completed: int) -> None:
+        """After loading a state saved without a schedule (a checkpoint older than this class): step the scheduler
+        past ``completed`` iterations, as a resume did before schedules were saved (exact for a schedule of the step
+        alone; a ``ReduceLROnPlateau`` starts afresh)."""
+        if not self.restored:
+            for _ in range(completed):
+                self.step()
+            self.restored = True
+
+    def _save(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> dict[str, Any]:
+        return {**state, SCHEDULE_KEY: self.scheduler.state_dict()}
+
+    def _take(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> dict[str, Any]:
+        self._loading = state.pop(SCHEDULE_KEY, None)  # ``state`` is the optimizer's own shallow copy
+        return state
+
+    def _load(self, optimizer: torch.optim.Optimizer) -> None:
+        saved, self._loading = self._loading, None
+        self.restored = saved is not None
+        if saved is not None:  # after the param groups: the LR in force is the saved one
+            self.scheduler.load_state_dict(dict(saved))
+
+
+def schedulers_for(options: TrainingOptions, optimizers: dict[int, torch.optim.Optimizer]) -> dict[int, BlockSchedule]:
+    """One scheduler per block optimizer (made by ``lr_scheduler``), its state kept in the optimizer's; build it
+    before loading a saved optimizer state, so that the load restores the schedule too."""
     if options.lr_scheduler is None:
         return {}
-    out = {}
-    for b, opt in optimizers.items():
-        sched = options.lr_scheduler(opt)
-        for _ in range(completed):
-            sched.step()
-        out[b] = sched
-    return out
+    return {b: BlockSchedule(options.lr_scheduler(opt), opt) for b, opt in optimizers.items()}
 
 
 def norm_contributors(plan: Any, device: int, modules: dict[int, nn.Module]) -> list[tuple[int, str, nn.Parameter]]:

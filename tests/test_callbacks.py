@@ -115,6 +115,46 @@ def test_callbacks_must_be_callbacks(tmp_path: Path) -> None:
         Callbacks([object()])  # type: ignore[list-item]
 
 
+def test_progress_is_a_bar_on_a_terminal_and_lines_in_a_file(tmp_path: Path) -> None:
+    import fcntl
+    import io
+    import os
+    import struct
+    import termios
+
+    from orchestrator.elastic.callbacks import Progress
+
+    def drive(out: Any) -> None:
+        progress = Progress(every=5, out=out)
+        progress.on_start(orchestrator.StartInfo(0, 10, "r1", "ckpt", "plan", None))
+        for step in range(1, 11):
+            progress.on_step_end(orchestrator.StepInfo(step, 10, 1.0 / step, 0.1, 80.0, 0.05, 0, 0, 0))
+        progress.on_end(None)
+
+    master, replica = os.openpty()  # a real terminal, 120 columns wide
+    fcntl.ioctl(replica, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))
+    with os.fdopen(replica, "w") as terminal:
+        drive(terminal)
+    chunks = []
+    while True:  # the terminal's output, to its end (EIO once the writer is closed and all is read)
+        try:
+            chunk = os.read(master, 1 << 16)
+        except OSError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(master)
+    screen = b"".join(chunks).decode()
+    assert "[raypipe] run r1" in screen and "10/10" in screen and "\r" in screen and "loss 0.1000" in screen
+    assert "[raypipe] step 5/10" not in screen  # the bar, not the lines
+    log = io.StringIO()  # not a terminal: lines every 5 steps, no carriage returns
+    drive(log)
+    lines = log.getvalue().splitlines()
+    assert lines[1:] == ["[raypipe] step 5/10 loss 0.2000 lr 0.05 80.0 samples/s", "[raypipe] step 10/10 loss 0.1000 lr 0.05 80.0 samples/s"]
+    assert "\r" not in log.getvalue()
+
+
 @pytest.mark.ray
 def test_a_driver_whose_callback_raises_exits_2_with_one_line(tmp_path: Path) -> None:
     driver = tmp_path / "driver.py"

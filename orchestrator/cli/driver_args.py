@@ -24,6 +24,7 @@ from typing import Any
 from orchestrator.adapt.faults import FaultSchedule, Kill
 from orchestrator.core.errors import UserError
 from orchestrator.elastic.job_config import AdaptConfig, InjectedNotice, RunConfig, ScalingConfig, SpotConfig
+from orchestrator.sinks import MLflow, Sink, TensorBoard, WandB
 
 
 def _every(text: str) -> int | str:
@@ -59,6 +60,10 @@ def add_job_arguments(p: argparse.ArgumentParser, devices: int = 4, steps: int =
     p.add_argument("--verify", action="store_true", help="compare with uninterrupted single-process training")
     p.add_argument("--out", default="out/elastic", help="events.jsonl (and the default storage) go here")
     p.add_argument("--tensorboard", metavar="DIR", help="write per-step scalars for TensorBoard under DIR")
+    p.add_argument("--mlflow", metavar="URI", help="log per-step scalars to MLflow at URI (a local store: sqlite:///PATH/mlflow.db)")
+    p.add_argument("--mlflow-experiment", default="raypipe", metavar="NAME", help="the MLflow experiment (default raypipe)")
+    p.add_argument("--wandb-offline", metavar="DIR", help="log per-step scalars to an offline W&B run under DIR (wandb sync uploads it)")
+    p.add_argument("--wandb-project", default="raypipe", metavar="NAME", help="the W&B project (default raypipe)")
 
 
 def parse_kill(text: str, hang: bool = False) -> Kill:
@@ -71,6 +76,18 @@ def parse_kill(text: str, hang: bool = False) -> Kill:
         raise UserError(f"{flag} {text!r}: expected STEP or STEP:DEVICE (whole numbers)") from None
 
 
+def sinks(args: argparse.Namespace) -> tuple[Sink, ...]:
+    """The trackers the flags ask for (a missing library is one line naming what to install)."""
+    made: list[Sink] = []
+    if args.tensorboard:
+        made.append(TensorBoard(args.tensorboard))
+    if args.mlflow:
+        made.append(MLflow(args.mlflow, args.mlflow_experiment))
+    if args.wandb_offline:
+        made.append(WandB(args.wandb_project, args.wandb_offline, mode="offline"))
+    return tuple(made)
+
+
 def job_configs(args: argparse.Namespace) -> tuple[ScalingConfig, RunConfig, AdaptConfig, SpotConfig]:
     """The four run configurations :class:`~orchestrator.elastic.job_loop.ElasticJob` takes after its ``TrainConfig``."""
     doomed = None if args.notice_device is None else (args.notice_device,)
@@ -78,17 +95,12 @@ def job_configs(args: argparse.Namespace) -> tuple[ScalingConfig, RunConfig, Ada
     resume: dict[str, Any] = {"resume": args.resume} if args.resume else {}
     catalog: dict[str, Any] = {"catalog": args.catalog} if args.catalog else {}
     where = args.storage or os.environ.get("RAYPIPE_STORAGE") or f"{args.out}/checkpoints"
-    sinks: list[Any] = []
-    if args.tensorboard:
-        from orchestrator.sinks import TensorBoard
-
-        sinks.append(TensorBoard(args.tensorboard))
     run = RunConfig(storage=where, events=f"{args.out}/events.jsonl", checkpoint_every=args.checkpoint_every,
-                    max_failures=args.max_failures, snapshot_every=args.snapshot_every, callbacks=tuple(sinks),
+                    max_failures=args.max_failures, snapshot_every=args.snapshot_every, callbacks=sinks(args),
                     hang_timeout_s=args.hang_timeout_s, **resume)
     faults = [parse_kill(t) for t in args.inject_kill_at] + [parse_kill(t, hang=True) for t in args.inject_hang_at]
     adapt = AdaptConfig(faults=FaultSchedule(tuple(faults)))
     return ScalingConfig(devices=args.devices, planner=args.planner), run, adapt, SpotConfig(notices=notices, watch=args.watch, **catalog)
 
 
-__all__ = ["add_job_arguments", "job_configs", "parse_kill"]
+__all__ = ["add_job_arguments", "job_configs", "parse_kill", "sinks"]

@@ -28,6 +28,8 @@ import traceback
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence, TextIO, Union
 
+from tqdm import tqdm
+
 from actors.user_code import UserCodeError
 from orchestrator.core.errors import UserError
 
@@ -162,12 +164,14 @@ def phase(text: str) -> None:
 
 
 class Progress(Callback):
-    """The built-in progress line: on stdout (never stderr, which stays for errors) every ``every`` steps and at
-    the last one, or ``every_s`` seconds, whichever comes first; a start line names where the run resumed."""
+    """The built-in progress, on stdout (never stderr, which stays for errors): a start line naming where the run
+    resumed, then a tqdm bar when stdout is a terminal, else a line every ``every`` steps and at the last one, or
+    every ``every_s`` seconds, whichever comes first (a log file gets lines, not a bar's carriage returns)."""
 
     def __init__(self, every: int = 10, every_s: float = 30.0, out: TextIO | None = None) -> None:
         self.every, self.every_s, self.out = every, every_s, out
         self._last = 0.0
+        self._bar: tqdm | None = None
 
     def _print(self, line: str) -> None:
         out = self.out or sys.stdout
@@ -177,17 +181,33 @@ class Progress(Callback):
         where = f"resumed at step {info.resumed_from}" if info.resumed_from is not None else "from the seed"
         self._print(f"[raypipe] run {info.run_id}: training to step {info.target} {where} on {info.plan}")
         self._last = time.monotonic()
+        out = self.out or sys.stdout
+        if out.isatty():
+            self._bar = tqdm(total=info.target, initial=info.step, file=out, desc="[raypipe]", unit="step", dynamic_ncols=True)
 
     def on_step_end(self, info: StepInfo) -> None:
+        loss = f"{info.loss:.4f}" if math.isfinite(info.loss) else str(info.loss)
+        lr = f" lr {info.lr:.3g}" if info.lr is not None else ""
+        extra = (f" moves {info.moves}" if info.moves else "") + (f" failures {info.failures}" if info.failures else "")
+        if self._bar is not None:
+            self._bar.set_postfix_str(f"loss {loss}{lr} {info.samples_per_s:.1f} samples/s{extra}", refresh=False)
+            self._bar.update(info.step - self._bar.n)
+            return None
         now = time.monotonic()
         if info.step % self.every and info.step != info.target and now - self._last < self.every_s:
             return None
         self._last = now
-        loss = f"{info.loss:.4f}" if math.isfinite(info.loss) else str(info.loss)
-        lr = f" lr {info.lr:.3g}" if info.lr is not None else ""
-        self._print(f"[raypipe] step {info.step}/{info.target} loss {loss}{lr} {info.samples_per_s:.1f} samples/s"
-                    + (f" moves {info.moves}" if info.moves else "") + (f" failures {info.failures}" if info.failures else ""))
+        self._print(f"[raypipe] step {info.step}/{info.target} loss {loss}{lr} {info.samples_per_s:.1f} samples/s{extra}")
         return None
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        if event.get("event") in ("stopped", "job_failed", "user_error", "migration_requested"):
+            self.on_end(None)
+
+    def on_end(self, result: Any) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
 
 
 __all__ = ["Action", "Callback", "CallbackError", "Callbacks", "Checkpoint", "Progress", "StartInfo", "StepInfo", "Stop", "phase"]

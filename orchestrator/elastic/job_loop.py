@@ -303,6 +303,8 @@ class ElasticJob:
         self.loop.finish_in_flight()
         t0 = time.perf_counter()
         self._eval_loss = loss = self.runtime.evaluate(self.train.eval_steps)
+        if self.train.training.lr_scheduler is not None:  # ReduceLROnPlateau steps on it (actors.training.BlockSchedule)
+            self.runtime.step_on_metric(loss)
         self.emit("eval", step=self.runtime.step, loss=loss, batches=self.train.eval_steps,
                   seconds=round(time.perf_counter() - t0, 4))
 
@@ -749,7 +751,13 @@ class ElasticJob:
         t = self.train
         ref = ReferenceTrainer(t.model_factory, t.loss_fn, t.optimizer_factory, t.data_fn, t.num_microbatches, seed=t.seed,
                                training=t.training)
-        ref.train(self.runtime.step)
+        evaluations = t.eval_data_fn if t.training.lr_scheduler is not None else None  # ReduceLROnPlateau steps on them
+        if evaluations is None:
+            ref.train(self.runtime.step)
+        for _ in range(ref.step, self.runtime.step):  # with evaluations at the job's cadence
+            ref.train(1)
+            if evaluations is not None and every(t.eval_every, ref.step):
+                ref.step_on_metric(ref.evaluate(evaluations, t.eval_steps))
         return max_difference(self.runtime.state_dicts(), ref.state_dicts())
 
     def close(self) -> None:

@@ -239,6 +239,12 @@ class PipelineRuntime:
         per_batch = [sum(float(r[i]["loss"]) for r in reports if r[i].get("loss") is not None) for i in range(batches)]
         return sum(per_batch) / batches
 
+    def step_on_metric(self, value: float) -> None:
+        """After an evaluation, with nothing in flight: every worker's metric-driven LR schedulers
+        (``ReduceLROnPlateau``) step on ``value``, before the next step runs (so a resumed run does the same)."""
+        self._workers().call("step_on_metric", value, devices=sorted(self.plan.devices), what="LR schedules",
+                             timeout_s=self.iteration_timeout_s)
+
     def discard_step(self, flight: "InFlight") -> None:
         self._workers().discard(flight.refs)
 
