@@ -278,7 +278,16 @@ class World:
         return seconds, bool(stored) or not snapshots
 
     def restart_s(self, plan: Plan) -> float:
-        return self.costs.restart_s + transfer_time(self.state_bytes(plan), 1.0 / (self.costs.storage_gbps * GBPS))
+        """Every process started afresh, the state read from storage (the runtime's ``recover``, a cold start)."""
+        return self.costs.restart_s + self.storage_s(plan)
+
+    def relocate_s(self, plan: Plan) -> float:
+        """The job's ``relocate`` within its cluster: a synchronous checkpoint written, then the same processes
+        re-configured on ``plan`` and the state read back (``restart_on``: a warm restart)."""
+        return 2 * self.storage_s(plan) + self.costs.reform_s
+
+    def storage_s(self, plan: Plan) -> float:
+        return transfer_time(self.state_bytes(plan), 1.0 / (self.costs.storage_gbps * GBPS))
 
     def checkpoint_stall_s(self, plan: Plan) -> float:
         return transfer_time(self.state_bytes(plan), 1.0 / (self.costs.copy_gbps * GBPS))
@@ -428,14 +437,14 @@ class RayPipe(Replay):
             self.doomed |= doomed
             self.switch(decision.steps[-1] if decision.steps else self.plan, decision.predicted_s - pace)
             self.rebalance()
-        else:
+        else:  # relocate: checkpoint, then the survivors restart warm from it
             self.doomed |= doomed
-            self.stall(self.world.checkpoint_stall_s(self.plan))
             self.checkpoint_at = self.iterations
             if self.usable():
                 plan = self.world.auto(self.usable())
-                self.switch(plan, self.world.restart_s(plan))
+                self.switch(plan, self.world.relocate_s(plan))
             else:
+                self.stall(self.world.storage_s(self.plan))
                 self.plan = None
 
     def removed(self, gone: set[int]) -> None:
@@ -610,7 +619,7 @@ def load_world(model: str, nodes: int, costs: Costs) -> World:
     """Parcae's model on ``nodes`` V100s: its profile, and iterations of one global batch of micro-batches."""
     if model not in BATCHES:
         _fail(f"--model {model!r}: choose one of {', '.join(BATCHES)}")
-    return World(load_parcae_profile(model), nodes, microbatches(model), BATCHES[model][1], costs)
+    return World(load_parcae_profile(model, calibrated=True), nodes, microbatches(model), BATCHES[model][1], costs)
 
 
 def parcae_traces(root: Path, models: Sequence[str], windows: Sequence[str]) -> list[tuple[str, Path]]:

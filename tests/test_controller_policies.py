@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.core.cluster import flat
+from orchestrator.adapt.policies import checkpoint_interval
 from orchestrator.adapt import (
     ArbiterConfig, Continue, DropReplicas, ExplicitArbiter, Option, Restart, Stay, Switch, full_replan, on_device_loss, should_switch,
 )
@@ -76,3 +77,15 @@ def test_full_replan_uses_only_live_devices_in_nominal_ids(alive: list[int]) -> 
     plan = full_replan(profile, cluster, alive, straight_plan([0, 10], 8))
     assert set(plan.devices) <= set(alive)
     plan.check_against(10, cluster.size)
+
+
+def test_checkpoint_interval_follows_the_deaths_seen() -> None:
+    """Young's interval sqrt(2 C M) in steps: rare while nothing fails, shorter as deaths come, a cheap checkpoint
+    more often than a dear one, never below one step nor above the cap."""
+    calm = checkpoint_interval(stall_s=0.2, iteration_s=2.0, failures=0, elapsed_s=0.0)
+    assert calm == round((2 * 0.2 * 3600) ** 0.5 / 2.0) == 19
+    stormy = checkpoint_interval(stall_s=0.2, iteration_s=2.0, failures=11, elapsed_s=3600.0)  # a death every 10 min
+    assert stormy == round((2 * 0.2 * 600) ** 0.5 / 2.0) == 8 < calm
+    assert checkpoint_interval(0.05, 2.0, 11, 3600.0) < stormy < checkpoint_interval(2.0, 2.0, 11, 3600.0)
+    assert checkpoint_interval(0.0, 2.0, 0, 0.0) == 1  # nothing measured yet: the first checkpoint measures the stall
+    assert checkpoint_interval(50.0, 0.001, 0, 0.0) == 1000

@@ -131,7 +131,7 @@ def test_evacuated_device_leaves_the_process_group_before_its_deadline(worker_gr
     import time
 
     job = ElasticJob(TRAIN, ScalingConfig(devices=4, plan=PLAN),
-                     RunConfig(storage=str(tmp_path / "ckpt"), events=tmp_path / "events.jsonl", checkpoint_every=0),
+                     RunConfig(storage=str(tmp_path / "ckpt"), events=tmp_path / "events.jsonl", checkpoint_every="auto"),
                      AdaptConfig(enabled=False), SpotConfig(notices=(InjectedNotice(3, 30.0, (2,)),), margin_s=5.0),
                      clock=lambda: 1000.0 * time.monotonic(), workers=worker_group)
     try:
@@ -139,6 +139,10 @@ def test_evacuated_device_leaves_the_process_group_before_its_deadline(worker_gr
         handled = one(events, "preemption_handled")
         left = one(events, "evacuated_left")
         assert handled["mode"] == "live" and left["devices"] == [2] and left["step"] > handled["step"]
+        # checkpoint_every="auto": the first one once a step was timed measures the stall; with no death, Young's interval
+        # over an hour's prior is far longer than a step (a stall of milliseconds against steps of tens)
+        periodic = [e["step"] for e in events if e["event"] == "checkpoint" and e["why"] == "periodic"]
+        assert periodic[0] <= 2 and len(periodic) < 20
         assert job.runtime.step == 40 and 2 not in job.runtime.plan.devices and job.max_abs_diff() <= 1e-5
     finally:
         job.close()

@@ -28,14 +28,12 @@ def test_policies_on_a_parcae_excerpt(world: sg.World) -> None:
     for name, tally in got.items():
         assert 0 < tally.samples <= bound * (1 + 1e-9), name
     # three removals: with two minutes' notice the job moves off the doomed nodes live and loses nothing; without,
-    # it recovers in place and loses at most the iteration in flight each time; restarts lose what the checkpoint missed
+    # it recovers in place back to its newest checkpoint (taken as often as pays); restarts lose what their
+    # five-minute checkpoints missed and stand still for a restart each time
     assert got["raypipe-notice"].lost_samples == 0
-    pace = world.iteration_s(world.auto(range(32)))
-    assert 0 < got["raypipe"].lost_samples <= 3 * world.samples
-    assert got["restart"].lost_samples > got["raypipe"].lost_samples
+    assert 0 < got["raypipe"].lost_samples < got["restart"].lost_samples
     assert got["restart"].stall_s > 3 * world.costs.restart_s > got["raypipe"].stall_s
-    assert got["raypipe"].samples > got["restart"].samples
-    assert pace > 0
+    assert got["raypipe-notice"].samples > got["raypipe"].samples > got["restart"].samples
 
 
 def test_availability_traces_with_gaps_and_bad_files(tmp_path: Path, world: sg.World, capsys: pytest.CaptureFixture[str]) -> None:
