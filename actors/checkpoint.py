@@ -355,8 +355,8 @@ def find_latest(root: str | os.PathLike[str], check_files: bool = True) -> Found
                 raise CheckpointError(f"checkpoint {location}: is a symlink (to {os.readlink(storage.local_path(location))}); "
                                       "a run's checkpoints are folders of its own")
             manifest = verify(location) if check_files else read_manifest(location)
-        except UserError as exc:
-            log.warning("skipping checkpoint %s: %s", location, exc)
+        except UserError as exc:  # one being written has no commit marker yet: not worth a warning (nor is a torn one)
+            (log.info if f"missing commit marker {COMMIT}" in str(exc) else log.warning)("skipping checkpoint %s: %s", location, exc)
             skipped.append(Skipped(location, str(exc)))
             continue
         return Found(location, int(manifest["step"]), tuple(skipped))
