@@ -122,3 +122,26 @@ def test_event_segments_and_progress_ride_out_an_outage_and_catch_up(flaky_bucke
     time.sleep(1.1)  # the next beat (progress is written at most once a second)
     state.progress(5, lambda: rr.Live(10))
     assert rr.read(f"{root}/run").steps_done == 5  # type: ignore[union-attr]
+
+
+def test_a_checkpoint_write_is_done_again_through_an_outage_within_the_bound_and_fails_past_it(
+        flaky_bucket: tuple[str, Forwarder]) -> None:
+    import time
+
+    import torch
+
+    from actors import checkpoint as ckpt
+    from actors import storage
+
+    root, forwarder = flaky_bucket
+    payload = {"block": 0, "model": {"w": torch.arange(6.0)}, "optimizer": None, "shapes": {"w": [6]}}
+    forwarder.cut()
+    threading.Timer(1.5, forwarder.restore).start()  # back while the write retries
+    t0 = time.monotonic()
+    entry = ckpt.write_payload(f"{root}/step_1", payload, 1, "r1", retry_s=60.0)
+    assert time.monotonic() - t0 >= 1.0  # it waited for the store, and wrote
+    assert storage.digest(f"{root}/step_1/{entry['file']}") == (entry["sha256"], entry["bytes"])
+    forwarder.cut()
+    with pytest.raises(storage.StorageFailed, match=r"unreachable.*gave up after 1 s") as failed:
+        ckpt.write_payload(f"{root}/step_2", payload, 2, "r1", retry_s=1.0)
+    assert not isinstance(failed.value, storage.UserError) and "\n" not in str(failed.value)  # infrastructure, one line

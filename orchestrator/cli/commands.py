@@ -475,6 +475,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run_main(fn: Callable[[], object]) -> None:
     """Run a driver script's ``main`` with the command line's error contract: a user mistake is
     one line on stderr and exit 2, never a traceback."""
+    from actors.storage_env import EXIT_STORAGE, StorageFailed
     from orchestrator.elastic.lease import EXIT_LOCKED, RunLocked
     from orchestrator.elastic.signals import EXIT_MIGRATE, JobFailed, JobStopped, MigrationRequested
 
@@ -486,6 +487,9 @@ def run_main(fn: Callable[[], object]) -> None:
     except RunLocked as exc:  # another live job trains this run: not the user's mistake, not a failure of the run
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         raise SystemExit(EXIT_LOCKED) from None
+    except StorageFailed as exc:  # the store did not take a checkpoint: infrastructure (a supervisor relaunches)
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        raise SystemExit(EXIT_STORAGE) from None
     except JobFailed as exc:  # the failure budget is spent; the newest committed checkpoint stays loadable
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         raise SystemExit(1) from None

@@ -48,10 +48,13 @@ class SegmentLog:
         line = json.dumps(record, default=str)
         with self._lock:
             if self.local:
-                with open(storage.local_path(self.where), "a") as handle:
-                    handle.write(line + "\n")
-                    handle.flush()
-                    os.fsync(handle.fileno())
+                try:
+                    with open(storage.local_path(self.where), "a") as handle:
+                        handle.write(line + "\n")
+                        handle.flush()
+                        os.fsync(handle.fileno())
+                except OSError:
+                    pass  # a full disk: events are hints, the job ends on the checkpoint that cannot be written
                 return
             self._lines.append(line)
             self._dirty = True
