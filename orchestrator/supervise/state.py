@@ -77,7 +77,11 @@ class SupervisorState:
     pid: int = 0
     heartbeat: float = 0.0
     cluster: ClusterHandle | None = None
+    """The cluster the job runs on now."""
     job_id: str | None = None
+    owned: tuple[ClusterHandle, ...] = ()
+    """Every cluster provisioned and not yet torn down (source and target during a migration): a restarted supervisor
+    tears down those it no longer needs."""
     failed_offers: dict[str, float] = field(default_factory=dict)
     """Offer label -> time it failed (provisioning, or its cluster lost); skipped for a while."""
     recoveries: int = 0
@@ -89,6 +93,7 @@ class SupervisorState:
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["cluster"] = self.cluster.to_json() if self.cluster else None
+        data["owned"] = [h.to_json() for h in self.owned]
         return data
 
     @classmethod
@@ -96,6 +101,7 @@ class SupervisorState:
         cluster = data.get("cluster")
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         return cls(**{**known, "cluster": ClusterHandle.from_json(cluster) if cluster else None,
+                      "owned": tuple(ClusterHandle.from_json(h) for h in data.get("owned") or ()),
                       "failed_offers": {str(k): float(v) for k, v in (data.get("failed_offers") or {}).items()}})
 
     def owned_by_other(self, now: float) -> bool:
