@@ -12,6 +12,7 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -274,3 +275,38 @@ def test_checkpoint_copy_of_junk_writes_nothing(work: Path) -> None:
     (work / "src" / "step_00000001" / "manifest.json").write_bytes(b"\xff\xfe junk")
     refused(["checkpoint", "copy", "src/step_00000001", "dst/step_00000001"], work, "")
     assert not (work / "dst").exists()
+
+
+@pytest.fixture()
+def read_only(tmp_path: Path) -> Iterator[Path]:
+    """A folder nobody may write into: its mode for a user, a read-only bind mount for root (who ignores modes)."""
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    if os.geteuid() != 0:
+        folder.chmod(0o500)
+        yield folder
+        folder.chmod(0o700)
+        return
+    mounted = subprocess.run(f"mount --bind {folder} {folder} && mount -o remount,bind,ro {folder} {folder}", shell=True,
+                             capture_output=True)
+    if mounted.returncode != 0:
+        subprocess.run(["umount", str(folder)], capture_output=True)
+        pytest.skip("root without the right to mount: no folder is read-only for this process")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], capture_output=True)
+
+
+@pytest.mark.parametrize("how", ["driver", "run"])
+def test_out_on_a_read_only_folder_is_one_line_and_nothing_reaches_the_storage(read_only: Path, tmp_path: Path, how: str) -> None:
+    root = Path(__file__).resolve().parents[1]
+    driver = ["examples/elastic_gpt.py", "--steps", "3"]
+    argv = ([*driver, "--storage", str(tmp_path / "store"), "--out", str(read_only / "out")] if how == "driver" else
+            ["-m", "orchestrator", "run", "--provider", "local", "--storage", str(tmp_path / "store"), "--out",
+             str(read_only / "out"), "--", *driver])
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"PYTHONPATH": str(root)}
+    proc = subprocess.run([sys.executable, *argv], cwd=root, capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"--out {read_only / 'out'}" in proc.stderr and ("Read-only file system" in proc.stderr or "ermission" in proc.stderr)
+    assert not (tmp_path / "store").exists()
