@@ -310,3 +310,15 @@ def test_out_on_a_read_only_folder_is_one_line_and_nothing_reaches_the_storage(r
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert f"--out {read_only / 'out'}" in proc.stderr and ("Read-only file system" in proc.stderr or "ermission" in proc.stderr)
     assert not (tmp_path / "store").exists()
+
+
+@pytest.mark.parametrize("redirect", [">&-", ">/dev/full"])
+def test_price_commands_with_standard_output_that_cannot_be_written_say_one_line(tmp_path: Path, redirect: str) -> None:
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(f"{sys.executable} -m orchestrator prices cheapest --gpu V100 --count 1 --json {redirect}", shell=True,
+                          cwd=tmp_path, capture_output=False, stderr=subprocess.PIPE, text=True, timeout=120,
+                          env=os.environ | {"PYTHONPATH": str(root), "HOME": str(tmp_path)})
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and len(errors) == 1, proc.stderr
+    assert "cannot write to standard output" in errors[0]
+    assert list(tmp_path.iterdir()) == []

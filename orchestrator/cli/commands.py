@@ -423,6 +423,8 @@ class _GuardedStdout:
         self._inner = inner
 
     def write(self, text: str) -> int:
+        if self._inner is None:  # started with standard output closed (``>&-``): Python leaves sys.stdout None
+            raise OutputError("cannot write to standard output: it is closed")
         try:
             return int(self._inner.write(text))
         except BrokenPipeError:
@@ -431,6 +433,8 @@ class _GuardedStdout:
             raise OutputError(f"cannot write to standard output: {exc.strerror or exc}") from None
 
     def flush(self) -> None:
+        if self._inner is None:
+            return  # nothing was written (a write would have raised)
         try:
             self._inner.flush()
         except BrokenPipeError:
