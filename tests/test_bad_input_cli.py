@@ -298,13 +298,19 @@ def read_only(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", str(folder)], capture_output=True)
 
 
-@pytest.mark.parametrize("how", ["driver", "run"])
-def test_out_on_a_read_only_folder_is_one_line_and_nothing_reaches_the_storage(read_only: Path, tmp_path: Path, how: str) -> None:
+def test_out_on_a_read_only_folder_is_one_line_and_nothing_reaches_the_storage(read_only: Path, tmp_path: Path) -> None:
+    import argparse
+
+    from orchestrator.cli.driver_args import add_job_arguments, job_configs
+
     root = Path(__file__).resolve().parents[1]
     driver = ["examples/elastic_gpt.py", "--steps", "3"]
-    argv = ([*driver, "--storage", str(tmp_path / "store"), "--out", str(read_only / "out")] if how == "driver" else
-            ["-m", "orchestrator", "run", "--provider", "local", "--storage", str(tmp_path / "store"), "--out",
-             str(read_only / "out"), "--", *driver])
+    parser = argparse.ArgumentParser()
+    add_job_arguments(parser)  # every driver's flags: the driver refuses before its job touches the storage
+    with pytest.raises(UserError, match=rf"--out {read_only / 'out'}: .*(Read-only file system|ermission)"):
+        job_configs(parser.parse_args([*driver[1:], "--storage", str(tmp_path / "store"), "--out", str(read_only / "out")]))
+    argv = ["-m", "orchestrator", "run", "--provider", "local", "--storage", str(tmp_path / "store"), "--out",
+            str(read_only / "out"), "--", *driver]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"PYTHONPATH": str(root)}
     proc = subprocess.run([sys.executable, *argv], cwd=root, capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
