@@ -5,74 +5,13 @@ S3 server behind a TCP forwarder the test cuts and restores (a real outage: conn
 from __future__ import annotations
 
 import json
-import socket
 import threading
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
-from tests.servers import s3_endpoint  # noqa: F401  # the session's moto server
-
-
-class Forwarder:
-    """127.0.0.1:PORT -> the target; ``cut`` refuses new connections and drops live ones, ``restore`` serves again."""
-
-    def __init__(self, target: str) -> None:
-        host, port = target.split("://", 1)[1].split(":")
-        self.target = (host, int(port))
-        self.port = 0
-        self.up = threading.Event()
-        self.conns: list[socket.socket] = []
-        self.listener: socket.socket | None = None
-        self.restore()
-
-    def restore(self) -> None:
-        self.listener = socket.create_server(("127.0.0.1", self.port))
-        self.port = self.listener.getsockname()[1]
-        self.up.set()
-        threading.Thread(target=self._accept, args=(self.listener,), daemon=True).start()
-
-    def cut(self) -> None:
-        self.up.clear()
-        assert self.listener is not None
-        try:
-            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept: the port stops listening
-        except OSError:
-            pass
-        self.listener.close()
-        for c in self.conns:
-            try:
-                c.shutdown(socket.SHUT_RDWR)  # a pooled keep-alive connection dies too, as in a real outage
-            except OSError:
-                pass
-            c.close()
-        self.conns.clear()
-
-    def _accept(self, listener: socket.socket) -> None:
-        while self.up.is_set():
-            try:
-                client, _ = listener.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(self.target)
-            self.conns += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pipe(a: socket.socket, b: socket.socket) -> None:
-        try:
-            while data := a.recv(65536):
-                b.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (a, b):
-                try:
-                    s.close()
-                except OSError:
-                    pass
+from tests.servers import Forwarder, s3_endpoint  # noqa: F401  # the session's moto server
 
 
 @pytest.fixture
