@@ -84,3 +84,19 @@ def test_a_checkpoint_write_is_done_again_through_an_outage_within_the_bound_and
     with pytest.raises(storage.StorageFailed, match=r"unreachable.*gave up after 1 s") as failed:
         ckpt.write_payload(f"{root}/step_2", payload, 2, "r1", retry_s=1.0)
     assert not isinstance(failed.value, storage.UserError) and "\n" not in str(failed.value)  # infrastructure, one line
+
+
+def test_the_supervisor_keeps_its_state_and_events_through_an_outage(flaky_bucket: tuple[str, Forwarder]) -> None:
+    from actors import storage
+    from orchestrator.supervise.state import EventSegment, StateStore, SupervisorState
+
+    root, forwarder = flaky_bucket
+    store, segment = StateStore(root), EventSegment(root, echo=False)
+    forwarder.cut()
+    segment.emit("cluster_up", cluster="c1")  # a hint: kept, not raised
+    threading.Timer(1.5, forwarder.restore).start()
+    store.save(SupervisorState(run_id="r1", clusters_made=1))  # what it owns: written once the store is back
+    assert store.load() == SupervisorState(run_id="r1", clusters_made=1, heartbeat=store.load().heartbeat)  # type: ignore[union-attr]
+    segment.emit("job_submitted", cluster="c1")
+    lines = [json.loads(x)["event"] for x in storage.read_bytes(segment.location).decode().splitlines()]
+    assert lines == ["cluster_up", "job_submitted"]

@@ -447,6 +447,7 @@ class _GuardedStdout:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from actors.storage_env import EXIT_STORAGE, StorageFailed
     from orchestrator.core.files import one_command
 
     saved = sys.stdout
@@ -462,6 +463,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         _silence_stdout()  # what is still buffered must not fail again at exit
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         return 2
+    except StorageFailed as exc:  # orchestrator run: its storage gone past the bound (the cluster is still on record)
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_STORAGE
     except (UserError, CloudError) as exc:  # cloud/ has its own error type (it imports nothing of ours)
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         return 2

@@ -28,6 +28,8 @@ from orchestrator.supervise.provision import ClusterHandle
 RECORD = "run.json"
 STATE = "supervisor.json"
 EVENTS = "events"
+RETRY_S = 180.0
+"""How long the supervisor's state is written again through a storage outage (as a job's checkpoint)."""
 OWNER_STALE_S = 30.0
 """A supervisor that has not written its heartbeat for this long is gone (its run may be adopted)."""
 
@@ -130,9 +132,12 @@ class StateStore:
         except (TypeError, ValueError) as exc:
             raise UserError(f"{self.location}: not a supervisor state ({exc})") from None
 
-    def save(self, state: SupervisorState) -> SupervisorState:
+    def save(self, state: SupervisorState, retry_s: float = RETRY_S) -> SupervisorState:
+        """Written again with backoff through a storage outage for up to ``retry_s`` (what it owns must be on record
+        before it acts), then :class:`~actors.storage.StorageFailed`."""
         state = replace(state, heartbeat=time.time())
-        storage.write_bytes(self.location, json.dumps(state.to_json(), indent=1).encode())
+        data = json.dumps(state.to_json(), indent=1).encode()
+        storage.retried(lambda: storage.write_bytes(self.location, data), retry_s)
         return state
 
 
@@ -156,7 +161,10 @@ class EventSegment:
 
         record = {"event": event, "time": time.time(), **redact(fields)}
         self.lines.append(json.dumps(record, default=str))
-        storage.write_bytes(self.location, ("\n".join(self.lines) + "\n").encode())
+        try:
+            storage.write_bytes(self.location, ("\n".join(self.lines) + "\n").encode())
+        except storage.StorageError:
+            pass  # a storage outage: the segment is rewritten whole with this line at the next event
         if self.echo:
             detail = " ".join(f"{k}={v}" for k, v in fields.items())
             print(f"[supervisor] {event} {detail}", flush=True)

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from cloud.records import Offer
-from actors.storage import StorageError
+from actors.storage import StorageError, StorageFailed
 from actors.storage_env import EXIT_STORAGE
 from orchestrator.core.errors import UserError
 from orchestrator.elastic.observability import redact_text
@@ -42,7 +42,7 @@ from orchestrator.elastic.run_record import request_stop
 from orchestrator.elastic.signals import EXIT_MIGRATE
 from orchestrator.supervise.offers import PRICE_FACTOR, ranked, write_price_file
 from orchestrator.supervise.provision import ClusterHandle, ProvisionError, Provisioner
-from orchestrator.supervise.state import EventSegment, StateStore, SupervisorState, merged_events, newest_committed, read_record
+from orchestrator.supervise.state import RETRY_S, EventSegment, StateStore, SupervisorState, merged_events, newest_committed, read_record
 from orchestrator.supervise.submit import TERMINAL, DriverJob, TextSink
 
 MIGRATE_EXIT = EXIT_MIGRATE  # one constant with the job (orchestrator.elastic.signals)
@@ -122,8 +122,8 @@ class Supervisor:
         self.state = SupervisorState(run_id=config.run_id or uuid.uuid4().hex[:12])
 
     # ----- state -----
-    def _save(self, **changes: Any) -> None:
-        self.state = self.store.save(replace(self.state, **changes))
+    def _save(self, retry_s: float = RETRY_S, **changes: Any) -> None:
+        self.state = self.store.save(replace(self.state, **changes), retry_s)
 
     def _take_ownership(self) -> SupervisorState | None:
         previous = self.store.load()
@@ -306,10 +306,10 @@ class Supervisor:
                 self.events.emit("stop_requested", cluster=cur.handle.cluster_id, by="Ctrl-C")
             try:  # a storage outage: the heartbeat and the record are read again at the next poll
                 if time.monotonic() - beat > 5.0:
-                    self._save()
+                    self._save(retry_s=0.0)  # a beat: skipped, not waited for
                     beat = time.monotonic()
                 record = read_record(self.config.storage)
-            except StorageError:
+            except (StorageError, StorageFailed):
                 record = None
             self._rehearse_kill(cur, record)
             status = cur.job.status()
