@@ -80,17 +80,34 @@ def place_step(directory: str | os.PathLike[str], step: int | None) -> int | Non
 
 
 def write_payload(directory: str | os.PathLike[str], payload: Mapping[str, Any], step: int | None = None,
-                  run_id: str = "") -> dict[str, Any]:
+                  run_id: str = "", retry_s: float | None = None) -> dict[str, Any]:
     """Stream one block snapshot to storage, after its header (run id, step, block index); return
-    its manifest entry (sha256 and size as written, and the same place)."""
+    its manifest entry (sha256 and size as written, and the same place). ``retry_s``: a job's write, done again
+    through a storage outage for that long (:func:`actors.storage.retried`)."""
     block, step = int(payload["block"]), place_step(directory, step)
     name = block_file(block)
     location = storage.join(directory, name)
-    with storage.open_write(location) as handle:
-        handle.write(block_header(run_id, step, block))
-        torch.save(dict(payload), handle)  # type: ignore[arg-type]  # a write-only binary file
+
+    def write() -> Any:
+        with storage.open_write(location, need=tensor_bytes(payload)) as handle:
+            handle.write(block_header(run_id, step, block))
+            torch.save(dict(payload), handle)  # type: ignore[arg-type]  # a write-only binary file
+        return handle
+
+    handle = write() if retry_s is None else storage.retried(write, retry_s)
     return {"block": block, "file": name, "sha256": handle.sha.hexdigest(), "bytes": handle.size,
             "shapes": payload["shapes"], "step": step, "run_id": run_id}
+
+
+def tensor_bytes(item: Any) -> int:
+    """The bytes of the tensors in ``item`` (nested dicts, lists, tuples): about what saving it needs."""
+    if isinstance(item, torch.Tensor):
+        return item.numel() * item.element_size()
+    if isinstance(item, Mapping):
+        return sum(tensor_bytes(v) for v in item.values())
+    if isinstance(item, (list, tuple)):
+        return sum(tensor_bytes(v) for v in item)
+    return 0
 
 
 def write_block(directory: str | os.PathLike[str], block: int, module: nn.Module,
@@ -121,8 +138,9 @@ class BackgroundWrite:
 
     def __init__(self, directory: str | os.PathLike[str],
                  payloads: Sequence[Mapping[str, Any] | Callable[[], Mapping[str, Any]]], step: int | None = None,
-                 run_id: str = "") -> None:
+                 run_id: str = "", retry_s: float | None = None) -> None:
         self.directory, self.entries, self.error = os.fspath(directory), [], None
+        self.retry_s = retry_s
         self.step, self.run_id = place_step(directory, step), run_id
         self.staged: dict[int, Mapping[str, Any]] = {}
         self._payloads = list(payloads)
@@ -147,7 +165,7 @@ class BackgroundWrite:
             self._payloads = []
             self._priority.lower(copied=True)  # again, if a step waiting for the copy had raised it
             for payload in taken:
-                self.entries.append(write_payload(self.directory, payload, self.step, self.run_id))
+                self.entries.append(write_payload(self.directory, payload, self.step, self.run_id, self.retry_s))
         except BaseException as exc:  # noqa: BLE001 - handed to the caller of result()
             self.error = exc
         finally:
