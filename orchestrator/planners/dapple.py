@@ -283,9 +283,13 @@ def pivot_time(plan: Plan, profile: Profile, cluster: Cluster) -> float:
 def plan_dapple(profile: Profile, cluster: Cluster, options: PlannerOptions) -> Plan:
     """DAPPLE's plan; when no final state of the beam-limited DP fits memory (the beam ranks
     states by time alone), the DP runs again with an 8× wider beam and then none, so "no
-    pipeline fits" means none of DAPPLE's placements fits, not that the beam dropped them."""
-    beam = DEFAULT_BEAM if options.dapple_beam is None else options.dapple_beam
-    widths = [beam, beam * 8, 0] if beam else [0]
+    pipeline fits" means none of DAPPLE's placements fits, not that the beam dropped them.
+    An explicit ``options.dapple_beam`` is used as given: ``auto``'s seeds (which fit memory
+    themselves) skip the wider passes, 5× and 25× the first one's cost (issue 42: 15 s of a
+    32-GPU plan where every layer's stash binds)."""
+    if options.dapple_beam is not None:
+        return _plan_dapple(profile, cluster, options)
+    widths = [DEFAULT_BEAM, DEFAULT_BEAM * 8, 0]
     for k, width in enumerate(widths):
         try:
             return _plan_dapple(profile, cluster, replace(options, dapple_beam=width))
