@@ -88,8 +88,9 @@ def _stash_rows(ops: tuple[Op, ...], p: int) -> np.ndarray:
     held = np.zeros((len(ops) + 1, int(local.max()) + 1))
     held[np.arange(1, len(ops) + 1), local] = step
     np.cumsum(held, axis=0, out=held)  # row k: what the first k actions hold
-    peaks = np.flatnonzero(np.append(step < 0, True))  # before each release, and after the last action
-    return np.unique(np.vstack([held[:1], held[peaks]]), axis=0)
+    if held.shape[1] == 1:  # one stage per group: its peak count is the row
+        return held.max(axis=0, keepdims=True)
+    return held[np.append(0, np.flatnonzero(np.append(step < 0, True)))]  # the start, before each release, the end
 
 
 def _orders(kind: ScheduleKind, p: int, v: int, M: int, sliced: int, plan: Plan) -> _Shape:
