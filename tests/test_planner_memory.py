@@ -92,3 +92,38 @@ def test_random_transformer_profile_plans_or_names_its_memory(gpus: int, net: tu
         assert named_gib(exc) > 32
         return
     assert memory_error(got.sim, cluster) is None
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_fewest_devices_is_a_lower_bound_on_every_fitting_straight_plan(seed: int) -> None:
+    """DAPPLE skips its wider beams when :func:`fewest_devices` exceeds the cluster: the bound must never
+    exceed the devices of a plan that fits (random straight plans with replication, 1F1B and GPipe)."""
+    import numpy as np
+
+    from orchestrator.core.plan import Plan, ScheduleKind, Stage
+    from orchestrator.planners.scoring import fewest_devices, plan_fits_memory
+    from tests.helpers import random_profile
+
+    rng = np.random.default_rng(seed)
+    profile = random_profile(8, seed, act_scale=2e8)
+    cluster = flat(12, 10, memory_bytes=float(profile.total_param_bytes) * 4 * 0.6)
+    for kind in (ScheduleKind.ONE_F_ONE_B, ScheduleKind.GPIPE):
+        opts = PlannerOptions(num_microbatches=4, schedule=kind)
+        bound = fewest_devices(profile, cluster, opts, kind)
+        assert 2 <= bound <= 12  # the bound binds (one device cannot hold the model) and some plan fits
+        fitted = 0
+        for _ in range(400):
+            S = int(rng.integers(1, 7))
+            cuts = [0, *sorted(rng.choice(np.arange(1, 8), S - 1, replace=False).tolist()), 8]
+            reps = rng.multinomial(12 - S, [1 / S] * S) + 1 if rng.random() < 0.7 else np.ones(S, dtype=int)
+            reps = [int(r) for r in reps[: S]]
+            reps = [max(1, r - int(rng.integers(0, r))) for r in reps]  # fewer devices than the cluster too
+            devs, at = [], 0
+            for r in reps:
+                devs.append(tuple(range(at, at + r)))
+                at += r
+            plan = Plan(tuple(Stage(cuts[i], cuts[i + 1], devs[i]) for i in range(S)), 4, kind)
+            if plan_fits_memory(plan, profile, cluster, opts):
+                fitted += 1
+                assert sum(reps) >= bound, (plan.describe(), bound)
+        assert fitted, "no random plan fitted: the instance checks nothing"

@@ -51,7 +51,7 @@ from orchestrator.planners.options import PlannerOptions, PlannerSpec
 from orchestrator.costmodel.terms import all_reduce_time, compute_time, fits_memory, stage_memory, transfer_time
 from orchestrator.costmodel.terms import boundary_time, group_all_reduce, seconds_per_byte
 from orchestrator.planners.dapple_placement import POLICIES, DappleDP, StateKey, Occ, Allocator, Replay, Rows, server_types
-from orchestrator.planners.scoring import plan_fits_memory
+from orchestrator.planners.scoring import fewest_devices, plan_fits_memory
 from orchestrator.core.profile import Profile
 
 INF = np.inf
@@ -283,19 +283,21 @@ def pivot_time(plan: Plan, profile: Profile, cluster: Cluster) -> float:
 def plan_dapple(profile: Profile, cluster: Cluster, options: PlannerOptions) -> Plan:
     """DAPPLE's plan; when no final state of the beam-limited DP fits memory (the beam ranks
     states by time alone), the DP runs again with an 8× wider beam and then none, so "no
-    pipeline fits" means none of DAPPLE's placements fits, not that the beam dropped them.
-    An explicit ``options.dapple_beam`` is used as given: ``auto``'s seeds (which fit memory
-    themselves) skip the wider passes, 5× and 25× the first one's cost (issue 42: 15 s of a
-    32-GPU plan where every layer's stash binds)."""
-    if options.dapple_beam is not None:
-        return _plan_dapple(profile, cluster, options)
-    widths = [DEFAULT_BEAM, DEFAULT_BEAM * 8, 0]
+    pipeline fits" means none of DAPPLE's placements fits, not that the beam dropped them —
+    unless no straight pipeline on this many devices can fit at all (:func:`fewest_devices`): the
+    wider passes cost 5× and 25× the first (issue 42: 15 s of a 32-GPU plan where every layer's
+    stash binds). An explicit ``options.dapple_beam`` is widened 8× but never unbounded (``auto``'s seeds:
+    the unbounded pass alone cost 13–21 s at 32 GPUs, and ``auto`` fits memory by other means too)."""
+    beam = options.dapple_beam
+    widths = [DEFAULT_BEAM, DEFAULT_BEAM * 8, 0] if beam is None else [beam, beam * 8] if beam else [0]
     for k, width in enumerate(widths):
         try:
             return _plan_dapple(profile, cluster, replace(options, dapple_beam=width))
         except UserError:
             if k == len(widths) - 1 or not options.check_memory:
                 raise
+            if k == 0 and fewest_devices(profile, cluster, options, options.kind) > cluster.size:
+                raise  # no width can find what does not exist
     raise AssertionError("unreachable")
 
 

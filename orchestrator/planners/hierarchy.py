@@ -37,8 +37,8 @@ from orchestrator.core.cluster import Cluster
 from orchestrator.core.errors import UserError
 from orchestrator.core.plan import Plan, Stage
 from orchestrator.costmodel.group_sim import stage_work
-from orchestrator.planners import dapple
 from orchestrator.planners.catalog import baseline
+from orchestrator.planners.dapple import DEFAULT_BEAM
 from orchestrator.planners.options import PlannerOptions
 from orchestrator.planners.partition import min_max_partition, regular_servers
 from orchestrator.core.profile import Profile
@@ -61,13 +61,11 @@ every in-flight count, a [blocks² × units² × depth²] table each) costs minu
 
 
 def seed_options(name: str, devices: int, options: PlannerOptions) -> PlannerOptions:
-    """The options a planner runs with as a seed of ``auto`` on ``devices`` devices: no memory
-    fallbacks that cost many times the planner's own pass (``auto`` fits memory itself by
-    recomputation, slicing, interleaving and other structures)."""
+    """The options a planner runs with as a seed of ``auto`` on ``devices`` devices."""
     if name == "pipedream" and devices > FALLBACK_DEVICES:
         return replace(options, check_memory=False)
-    if name == "dapple" and options.dapple_beam is None:
-        return replace(options, dapple_beam=dapple.DEFAULT_BEAM)  # given: not widened (5× and 25× the first pass)
+    if name == "dapple" and options.dapple_beam is None:  # its default beam, widened 8× but not to every state
+        return replace(options, dapple_beam=DEFAULT_BEAM)
     return options
 
 

@@ -39,8 +39,8 @@ class PlannerOptions:
     """Re-cut every planner's plan into virtual chunks when that is faster (CLI ``--interleave``;
     :func:`orchestrator.planners.interleaving.best_interleaving`)."""
     dapple_beam: int | None = None
-    """States per level DAPPLE's DP expands: None, its default, widened (8×, then every state) before it
-    refuses for memory; a number, exactly that beam (0: every state), never widened."""
+    """States per level DAPPLE's DP expands (None: its default, widened 8× and then to all of them before
+    it refuses for memory; a number: that beam, widened 8× only; 0: all of them)."""
     auto_planners: tuple[str, ...] | None = None
     """The planners ``auto`` seeds its search with (None: all of them)."""
 
