@@ -67,6 +67,7 @@ Op = tuple[int, int, int, int, bool]
 """A compute action compiled for the interpreter: (kind code, stage, unit index, half, whether it
 is its stage's last weight-gradient pass on the group — the all-reduce follows it)."""
 _CODE = {Kind.FORWARD: 0, Kind.BACKWARD: 1, Kind.BACKWARD_INPUT: 2, Kind.BACKWARD_WEIGHT: 3}
+_WEIGHT_KINDS = frozenset(kind for kind in Kind if kind.grads_weights)
 _Shape = tuple[list[list[Action]], list[tuple[Op, ...]], list[np.ndarray]]
 _ORDERS: dict[tuple[object, ...], _Shape] = {}
 
@@ -105,7 +106,7 @@ def _orders(kind: ScheduleKind, p: int, v: int, M: int, sliced: int, plan: Plan)
         orders = GENERATORS[kind](plan, units)
         compiled: list[tuple[Op, ...]] = []
         for order in orders:
-            last = {act.stage: pos for pos, act in enumerate(order) if act.kind.grads_weights}
+            last = {act.stage: pos for pos, act in enumerate(order) if act.kind in _WEIGHT_KINDS}
             compiled.append(tuple((_CODE[a.kind], a.stage, index[(a.microbatch, a.part)], int(a.part != 0), last[a.stage] == pos)
                                   for pos, a in enumerate(order)))
         if len(_ORDERS) > 256:
