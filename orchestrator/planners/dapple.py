@@ -72,6 +72,15 @@ def _stage_costs(profile: Profile, cluster: Cluster) -> tuple[np.ndarray, np.nda
     return comp, par, sta
 
 
+def replica_counts(cluster: Cluster, options: PlannerOptions) -> list[int]:
+    """Replica counts tried per stage: all of them on small clusters; on large ones (more than
+    SMALL_CLUSTER devices) the counts a server layout makes natural — up to one server, then
+    whole servers — which keeps planning interactive."""
+    max_rep = 1 if options.straight else cluster.size
+    per_server = max(len(g) for g in cluster.nodes().values())
+    return [m for m in range(1, max_rep + 1) if cluster.size <= SMALL_CLUSTER or m <= per_server or m % per_server == 0]
+
+
 def solve(profile: Profile, cluster: Cluster, options: PlannerOptions) -> DappleDP:
     L = profile.num_blocks
     servers = list(cluster.nodes().values())
@@ -81,12 +90,7 @@ def solve(profile: Profile, cluster: Cluster, options: PlannerOptions) -> Dapple
     acts = np.array([profile.boundary_bytes(k) for k in range(L + 1)])
     M = options.num_microbatches
     cap = options.max_stages
-    max_rep = 1 if options.straight else cluster.size
-    # Replica counts tried per stage: all of them on small clusters; on large ones (more than
-    # SMALL_CLUSTER devices) the counts a server layout makes natural — up to one server, then
-    # whole servers — which keeps planning interactive.
-    per_server = max(len(g) for g in servers)
-    sizes = [m for m in range(1, max_rep + 1) if cluster.size <= SMALL_CLUSTER or m <= per_server or m % per_server == 0]
+    sizes = replica_counts(cluster, options)
     keys: list[StateKey] = []
     real: list[tuple[Occ, tuple[int, ...]]] = []
     index: dict[StateKey, int] = {}
@@ -296,7 +300,7 @@ def plan_dapple(profile: Profile, cluster: Cluster, options: PlannerOptions) -> 
         except UserError:
             if k == len(widths) - 1 or not options.check_memory:
                 raise
-            if k == 0 and fewest_devices(profile, cluster, options, options.kind) > cluster.size:
+            if k == 0 and fewest_devices(profile, cluster, options, options.kind, replica_counts(cluster, options)) > cluster.size:
                 raise  # no width can find what does not exist
     raise AssertionError("unreachable")
 

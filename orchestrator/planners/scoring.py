@@ -84,12 +84,13 @@ def plan_fits_memory(plan: Plan, profile: Profile, cluster: Cluster, options: Pl
     return True
 
 
-def fewest_devices(profile: Profile, cluster: Cluster, options: PlannerOptions, kind: ScheduleKind) -> float:
+def fewest_devices(profile: Profile, cluster: Cluster, options: PlannerOptions, kind: ScheduleKind, replicas: Sequence[int] | None = None) -> float:
     """A lower bound on the devices any straight ``kind`` plan (no recomputation, replicas splitting a
     stage's stash) needs to pass :func:`plan_fits_memory`, or inf when none can: a stage [a, b) holding
     ``u`` units needs ``r >= u · stash / (memory − static)`` replicas of the largest device, and under
     1F1B a stage with ``k`` stages from it to the end holds ``min(k, M)`` (GPipe: M), so
-    ``g_k(a) = min_b r(a, b, k) + g_{k−1}(b)`` over the stages' ends. Other schedules get 0 (no bound).
+    ``g_k(a) = min_b r(a, b, k) + g_{k−1}(b)`` over the stages' ends; ``replicas`` (ascending) restricts
+    ``r`` to the counts a planner tries. Other schedules get 0 (no bound).
     A few [L, L] array passes per depth: what DAPPLE checks before widening its beam (issue 42)."""
     if kind not in (ScheduleKind.ONE_F_ONE_B, ScheduleKind.GPIPE) or not options.check_memory:
         return 0.0
@@ -108,6 +109,9 @@ def fewest_devices(profile: Profile, cluster: Cluster, options: PlannerOptions, 
     for k in range(1, min(L, cluster.size) + 1):
         u = M if kind is ScheduleKind.GPIPE else min(k, M)
         need = np.maximum(1.0, np.ceil(u * per_unit * (1 - 1e-9)))  # rounded down a hair: a bound, never above
+        if replicas is not None:  # the least count tried that is enough
+            counts = np.append(np.asarray(replicas, dtype=np.float64), np.inf)
+            need = counts[np.minimum(np.searchsorted(counts, np.minimum(need, 1e18)), len(counts) - 1)]
         g = np.min(need + g[None, :], axis=1)
         g[L] = np.inf  # a stage is never empty
         best = min(best, float(g[0]))
