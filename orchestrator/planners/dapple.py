@@ -290,10 +290,9 @@ def plan_dapple(profile: Profile, cluster: Cluster, options: PlannerOptions) -> 
     pipeline fits" means none of DAPPLE's placements fits, not that the beam dropped them —
     unless no straight pipeline on this many devices can fit at all (:func:`fewest_devices`): the
     wider passes cost 5× and 25× the first (issue 42: 15 s of a 32-GPU plan where every layer's
-    stash binds). An explicit ``options.dapple_beam`` is widened 8× but never unbounded (``auto``'s seeds:
-    the unbounded pass alone cost 13–21 s at 32 GPUs, and ``auto`` fits memory by other means too)."""
-    beam = options.dapple_beam
-    widths = [DEFAULT_BEAM, DEFAULT_BEAM * 8, 0] if beam is None else [beam, beam * 8] if beam else [0]
+    stash binds). ``options.dapple_widen`` caps the wider passes."""
+    beam = DEFAULT_BEAM if options.dapple_beam is None else options.dapple_beam
+    widths = ([beam, beam * 8, 0] if beam else [0])[: 1 + options.dapple_widen]
     for k, width in enumerate(widths):
         try:
             return _plan_dapple(profile, cluster, replace(options, dapple_beam=width))
