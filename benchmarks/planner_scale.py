@@ -1,4 +1,4 @@
-"""Planning time and memory of ``auto`` against cluster size, 4 → 1024 GPUs (issue 28's curve).
+"""Planning time and memory of ``auto`` against cluster size, 4 → 1024 GPUs (issues 28 and 42).
 
     python benchmarks/planner_scale.py [--sizes 4,8,...] [--profiles a,b] [--nets 100/25,600/100]
                                        [--memories 32,80] [--reference PATH] [--out FILE]
@@ -11,7 +11,7 @@ process (a loaded shared machine distorts them less than wall time). Profiles:
 
 * ``opt30`` — ``benchmarks/profiles/opt30-like-100.json``: a 100-block OPT-30B-like chain (49
   decoder layers as attention + FFN blocks, embedding, head; per-layer figures of one A100-class
-  GPU, micro-batch 1 × 2048 tokens), the contract's profile;
+  GPU, micro-batch 1 × 2048 tokens), the contract's profile; ``gpt13`` — its GPT-13B-like sibling;
 * ``bert48`` — DAPPLE's measured BERT-48 profile (``../shared``, skipped when absent), a real LLM;
 * ``vgg19`` — DAPPLE's measured VGG-19 profile (``../shared``), a CNN;
 * ``randK`` (K = 0, 1, ...) — a seeded random 100-block transformer-like profile (:func:`random_profile`:
@@ -21,7 +21,8 @@ process (a loaded shared machine distorts them less than wall time). Profiles:
 * ``issue42`` — issue 42's profile: 98 equal layers of 0.81 GB parameters and 0.6 GB stash per micro-batch.
 
 ``--reference`` points at another checkout (e.g. ``git archive`` of the commit before) whose
-``auto`` runs the same command for the before/after columns, with ``--ref-timeout`` seconds.
+``auto`` runs the same command for the before/after columns, with ``--ref-timeout`` seconds. The
+table ends with the worst point (wall and peak RSS) of each profile.
 """
 
 from __future__ import annotations
