@@ -1,4 +1,4 @@
-"""Planning time and memory of ``auto`` against cluster size, 4 → 1024 GPUs (issue 28's curve).
+"""Planning time and memory of ``auto`` against cluster size, 4 → 1024 GPUs (issues 28 and 42).
 
     python benchmarks/planner_scale.py [--sizes 4,8,...] [--profiles a,b] [--nets 100/25,600/100]
                                        [--memories 32,80] [--reference PATH] [--out FILE]
@@ -11,12 +11,18 @@ process (a loaded shared machine distorts them less than wall time). Profiles:
 
 * ``opt30`` — ``benchmarks/profiles/opt30-like-100.json``: a 100-block OPT-30B-like chain (49
   decoder layers as attention + FFN blocks, embedding, head; per-layer figures of one A100-class
-  GPU, micro-batch 1 × 2048 tokens), the contract's profile;
+  GPU, micro-batch 1 × 2048 tokens), the contract's profile; ``gpt13`` — its GPT-13B-like sibling;
 * ``bert48`` — DAPPLE's measured BERT-48 profile (``../shared``, skipped when absent), a real LLM;
-* ``vgg19`` — DAPPLE's measured VGG-19 profile (``../shared``), a CNN.
+* ``vgg19`` — DAPPLE's measured VGG-19 profile (``../shared``), a CNN;
+* ``randK`` (K = 0, 1, ...) — a seeded random 100-block transformer-like profile (:func:`random_profile`:
+  an embedding, 98 layers, a head; layer time, parameter and stash sizes drawn over an order of magnitude,
+  equal layers or jittered ones, a heavy embedding and head or a light one), written to a temporary file;
+  ``family`` = ``rand0..rand{FAMILY-1}``;
+* ``issue42`` — issue 42's profile: 98 equal layers of 0.81 GB parameters and 0.6 GB stash per micro-batch.
 
 ``--reference`` points at another checkout (e.g. ``git archive`` of the commit before) whose
-``auto`` runs the same command for the before/after columns, with ``--ref-timeout`` seconds.
+``auto`` runs the same command for the before/after columns, with ``--ref-timeout`` seconds. The
+table ends with the worst point (wall and peak RSS) of each profile.
 """
 
 from __future__ import annotations
@@ -26,18 +32,83 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from orchestrator.core.profile import Block, Profile  # noqa: E402
+
 SHARED = next((p for p in (ROOT.parent / "shared", ROOT.parents[1] / "shared") if p.exists()), ROOT.parent / "shared") / "profiles" / "dapple" / "profiling_results"
 """``../shared`` of the project root (or of a worktree's parent folder)."""
 PROFILES = {
     "opt30": ROOT / "benchmarks" / "profiles" / "opt30-like-100.json",
+    "gpt13": ROOT / "benchmarks" / "profiles" / "gpt13-like-100.json",
     "bert48": SHARED / "bert-48-pbs-2.txt",
     "vgg19": SHARED / "vgg-19-pbs-32.txt",
 }
+FAMILY = 6
+"""Random profiles in the ``family`` sweep (``rand0`` .. ``rand5``)."""
+
+
+def random_profile(seed: int) -> Profile:
+    """A 100-block transformer-like profile: an embedding, 98 layers, a head (seeded).
+
+    Per profile, a layer's forward time (2–20 ms), parameters (0.15–1.5 GB) and stash per micro-batch
+    (0.1–1 GB) are drawn log-uniformly over an order of magnitude; the layers are equal (as in a
+    real decoder stack) or each jittered by up to 2× either way; the embedding and head are heavy
+    (2–6 layers' parameters, a vocabulary-sized head that computes like 0.5–2 layers) or light."""
+    rng = np.random.default_rng(4200 + seed)
+
+    def logu(lo: float, hi: float) -> float:
+        return float(np.exp(rng.uniform(np.log(lo), np.log(hi))))
+
+    t0, p0, s0 = logu(2e-3, 2e-2), logu(1.5e8, 1.5e9), logu(1e8, 1e9)
+    act = s0 / logu(8, 24)  # one hidden state crosses a boundary; a layer stashes several
+    jitter = bool(rng.integers(2))
+    heavy = bool(rng.integers(2))
+
+    def j() -> float:
+        return logu(0.5, 2.0) if jitter else 1.0
+
+    def block(name: str, t: float, params: float, stash: float) -> Block:
+        return Block(name, t, 2 * t, act, params, stash, t)
+
+    emb_p, head_p = (logu(2, 6) * p0, logu(2, 6) * p0) if heavy else (0.3 * p0, 0.3 * p0)
+    head_t = logu(0.5, 2.0) * t0 if heavy else 0.2 * t0
+    blocks = [block("embed", 0.1 * t0, emb_p, act)]
+    blocks += [block(f"layer{i}", t0 * j(), p0 * j(), s0 * j()) for i in range(98)]
+    blocks.append(block("head", head_t, head_p, act))
+    kind = f"{'jittered' if jitter else 'equal'} layers, {'heavy' if heavy else 'light'} embedding/head"
+    return Profile(f"rand{seed}", tuple(blocks), input_bytes=16384.0, source=f"benchmarks/planner_scale.py random_profile({seed}): {kind}")
+
+
+def issue42_profile() -> Profile:
+    """Issue 42's profile: 98 equal layers of 0.81 GB parameters and 0.6 GB stash, an embedding and a head."""
+    act = 29360128.0
+    blocks = [Block("embed", 0.002, 0.004, act, 720699392.0, act, 0.002)]
+    blocks += [Block(f"layer{i}", 0.012, 0.024, act, 0.81e9, 0.6e9, 0.012) for i in range(98)]
+    blocks.append(Block("head", 0.003, 0.006, act, 720699392.0, act, 0.003))
+    return Profile("issue42", tuple(blocks), input_bytes=16384.0, source="issue 42")
+
+
+def profile_path(name: str, tmp: Path) -> Path:
+    """The file of a named profile (random ones are written to ``tmp``)."""
+    if name in PROFILES:
+        return PROFILES[name]
+    if name == "issue42" or (name.startswith("rand") and name[4:].isdigit()):
+        path = tmp / f"{name}.json"
+        (issue42_profile() if name == "issue42" else random_profile(int(name[4:]))).save(path)
+        return path
+    return Path(name)
+
+
 CHILD = "import resource, sys\nfrom orchestrator.cli.commands import main\ncode = main(sys.argv[1:])\n" \
         "r = resource.getrusage(resource.RUSAGE_SELF)\nprint('RUSAGE', r.ru_maxrss, r.ru_utime + r.ru_stime, file=sys.stderr)\nsys.exit(code)\n"
 
@@ -100,25 +171,31 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     rows = ["| profile | net Gb/s | GiB | GPUs | wall / CPU | peak RSS | simulated iteration | plan | before: wall / CPU | before: RSS | before: iteration | before: plan | after / before |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    worst = {"wall_s": 0.0, "rss_mb": 0.0}
-    for pname in args.profiles.split(","):
-        path = PROFILES.get(pname, Path(pname))
-        if not path.exists():
-            print(f"skipping {pname}: {path} is absent", file=sys.stderr)
-            continue
-        for net in args.nets.split(","):
-            for mem in (float(m) for m in args.memories.split(",")):
-                for n in (int(x) for x in args.sizes.split(",")):
-                    if n > 8 and n % 8:
-                        continue
-                    new = run(ROOT, path, n, net, mem, args.timeout)
-                    ref = run(Path(args.reference), path, n, net, mem, args.ref_timeout) if args.reference else None
-                    for key in worst:
-                        worst[key] = max(worst[key], float(new.get(key, 0.0)))
-                    ratio = f"{new['iteration_s'] / ref['iteration_s']:.4f}" if ref and new.get("status") == ref.get("status") == "plan" else ""
-                    rows.append(f"| {pname} | {net} | {mem:g} | {n} | {cell(new)} | {cell(ref)} | {ratio} |")
-                    print(rows[-1], flush=True)
-    text = "\n".join(rows) + f"\n\nworst point: {worst['wall_s']:.2f} s wall, {worst['rss_mb']:.0f} MB peak RSS\n"
+    names = [n for name in args.profiles.split(",") for n in ([f"rand{k}" for k in range(FAMILY)] if name == "family" else [name])]
+    worst: dict[str, dict[str, tuple[float, str]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for pname in names:
+            path = profile_path(pname, Path(tmp))
+            if not path.exists():
+                print(f"skipping {pname}: {path} is absent", file=sys.stderr)
+                continue
+            for net in args.nets.split(","):
+                for mem in (float(m) for m in args.memories.split(",")):
+                    for n in (int(x) for x in args.sizes.split(",")):
+                        if n > 8 and n % 8:
+                            continue
+                        new = run(ROOT, path, n, net, mem, args.timeout)
+                        ref = run(Path(args.reference), path, n, net, mem, args.ref_timeout) if args.reference else None
+                        where = f"{n} GPUs, {mem:g} GiB, {net}"
+                        mine = worst.setdefault(pname, {"wall_s": (0.0, ""), "rss_mb": (0.0, "")})
+                        for key in mine:
+                            mine[key] = max(mine[key], (float(new.get(key, 0.0)), where))
+                        ratio = f"{new['iteration_s'] / ref['iteration_s']:.4f}" if ref and new.get("status") == ref.get("status") == "plan" else ""
+                        rows.append(f"| {pname} | {net} | {mem:g} | {n} | {cell(new)} | {cell(ref)} | {ratio} |")
+                        print(rows[-1], flush=True)
+    summary = ["| profile | worst wall | at | worst peak RSS | at |", "|---|---|---|---|---|"]
+    summary += [f"| {name} | {w['wall_s'][0]:.2f} s | {w['wall_s'][1]} | {w['rss_mb'][0]:.0f} MB | {w['rss_mb'][1]} |" for name, w in worst.items()]
+    text = "\n".join(rows) + "\n\nworst point per profile:\n\n" + "\n".join(summary) + "\n"
     if args.out:
         with open(args.out, "a") as fh:
             fh.write(text)

@@ -60,6 +60,8 @@ class Cluster:
     latency_s: float = 0.0
     """Fixed cost of one point-to-point message (seconds): NCCL ~10-30 µs, gloo over TCP ~0.3-1 ms."""
     effective: np.ndarray = field(init=False, repr=False)  # widest-path bandwidth, inf on the diagonal
+    _speeds: np.ndarray = field(init=False, repr=False)
+    _memories: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         devices = tuple(self.devices)
@@ -88,6 +90,11 @@ class Cluster:
             raise UserError(f"topology is not connected: no path from device {i} to device {j}")
         eff.flags.writeable = False
         object.__setattr__(self, "effective", eff)
+        # per-device arrays built once, read-only (planners read them 10^4 times on a 1024-GPU cluster)
+        for name, values in (("_speeds", [d.speed for d in devices]), ("_memories", [d.memory_bytes for d in devices])):
+            arr = np.array(values)
+            arr.flags.writeable = False
+            object.__setattr__(self, name, arr)
 
     @property
     def size(self) -> int:
@@ -95,11 +102,13 @@ class Cluster:
 
     @property
     def speeds(self) -> np.ndarray:
-        return np.array([d.speed for d in self.devices])
+        """Relative speed per device (read-only)."""
+        return self._speeds
 
     @property
     def memories(self) -> np.ndarray:
-        return np.array([d.memory_bytes for d in self.devices])
+        """Bytes of memory per device (read-only)."""
+        return self._memories
 
     def nodes(self) -> dict[str, list[int]]:
         out: dict[str, list[int]] = {}

@@ -53,7 +53,10 @@ class Stage:
     def __post_init__(self) -> None:
         object.__setattr__(self, "first", limits.count(self.first, "stage", "first block", minimum=0))
         object.__setattr__(self, "last", limits.count(self.last, f"stage starting at block {self.first}", "last block", minimum=0))
-        object.__setattr__(self, "devices", tuple(limits.count(d, f"stage [{self.first}, {self.last})", "device", minimum=0) for d in self.devices))
+        devices = tuple(self.devices)
+        if not all(type(d) is int for d in devices) or (devices and min(devices) < 0):  # the common case, one pass: 1024-device stages
+            devices = tuple(limits.count(d, f"stage [{self.first}, {self.last})", "device", minimum=0) for d in devices)
+        object.__setattr__(self, "devices", devices)
         if self.last <= self.first:
             raise UserError(f"stage [{self.first}, {self.last}) is empty")
         if not self.devices:
@@ -83,6 +86,8 @@ class Plan:
     predicted_iteration_s: float | None = field(default=None, compare=False)
     objective_s: float | None = field(default=None, compare=False)
     """The planner's own objective for this plan (e.g. PipeDream's bottleneck), when it has one."""
+    _groups: tuple[tuple[int, ...], ...] = field(default=(), init=False, repr=False, compare=False)
+    """:attr:`device_groups`, derived once by ``__post_init__`` (every simulation reads it, per stage)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stages", tuple(self.stages))
@@ -100,14 +105,23 @@ class Plan:
             if b.first != a.last:
                 raise UserError(f"stages must be contiguous: [{a.first},{a.last}) is followed by [{b.first},{b.last})")
         owner: dict[int, tuple[int, ...]] = {}
+        checked: set[tuple[int, ...]] = set()
         for j, stage in enumerate(self.stages):
+            if stage.devices in checked:  # a group seen already: its devices are owned by it (interleaved plans)
+                continue
+            checked.add(stage.devices)
             for d in stage.devices:
                 if owner.setdefault(d, stage.devices) != stage.devices:
                     raise UserError(
                         f"device {d} is in two stages with different device groups: {list(owner[d])} and stage {j}'s "
                         f"{list(stage.devices)} (a device belongs to one group)"
                     )
-        groups = self.device_groups
+        groups: list[tuple[int, ...]] = []
+        for stage in self.stages:
+            if stage.devices in groups:
+                break
+            groups.append(stage.devices)
+        object.__setattr__(self, "_groups", tuple(groups))
         p = len(groups)
         if len(self.stages) % p:
             raise UserError(
@@ -133,12 +147,7 @@ class Plan:
     @property
     def device_groups(self) -> tuple[tuple[int, ...], ...]:
         """Distinct device groups in pipeline order (the physical stages)."""
-        groups: list[tuple[int, ...]] = []
-        for stage in self.stages:
-            if stage.devices in groups:
-                break
-            groups.append(stage.devices)
-        return tuple(groups)
+        return self._groups
 
     @property
     def num_physical_stages(self) -> int:

@@ -53,7 +53,7 @@ import numpy as np
 
 from orchestrator.core.cluster import Cluster
 from orchestrator.core.errors import UserError
-from orchestrator.costmodel.group_sim import BoundTerms, FirstUnitPath, GroupSim, simulate_groups, stage_work, work_bound
+from orchestrator.costmodel.group_sim import BoundTerms, FirstUnitPath, group_memory, simulate_groups, stage_work, work_bound
 from orchestrator.costmodel.terms import fits_memory, static_bytes
 from orchestrator.core.plan import Plan, ScheduleKind, Stage
 from orchestrator.planners import climb as climbing, exhaustive, hierarchy
@@ -264,8 +264,9 @@ def _expand(item: _Item, profile: Profile, cluster: Cluster, options: PlannerOpt
                 out.append(_Item(lo, item.rank, item.label + tag, stages, ScheduleKind.INTERLEAVED, s))
         return out
     own_slices = own.sliced_microbatches if own is not None else 0
+    recomputes = any(s.recompute for s in stages)  # a structure that fitted by recomputing (refined on large clusters)
     for kind in STRAIGHT_KINDS:
-        if kind not in kinds:
+        if kind not in kinds or (recomputes and kind is ScheduleKind.ZB_H1):  # ZB-H1's split backward cannot recompute
             continue
         for s in _slices(M, p, own_slices, slicing):
             lo = bound(s, kind is ScheduleKind.ZB_H1)
@@ -277,7 +278,7 @@ def _expand(item: _Item, profile: Profile, cluster: Cluster, options: PlannerOpt
     return out
 
 
-def _recompute_over(plan: Plan, res: GroupSim, cluster: Cluster) -> tuple[Stage, ...] | None:
+def _recompute_over(plan: Plan, peaks: tuple[float, ...], cluster: Cluster) -> tuple[Stage, ...] | None:
     """The stages of ``plan`` with activation recomputation on every stage of a device group over
     its memory (its stash shrinks to the stage inputs), or None when those already recompute or
     the schedule cannot (ZB-H1's split backward needs the saved graph)."""
@@ -285,7 +286,7 @@ def _recompute_over(plan: Plan, res: GroupSim, cluster: Cluster) -> tuple[Stage,
         return None
     mem = cluster.memories
     groups = plan.device_groups
-    over = {groups[g] for g, peak in enumerate(res.peak_bytes) if not fits_memory(peak, float(min(mem[list(groups[g])])))}
+    over = {groups[g] for g, peak in enumerate(peaks) if not fits_memory(peak, float(min(mem[list(groups[g])])))}
     stages = tuple(replace(s, recompute=True) if s.devices in over and not s.recompute else s for s in plan.stages)
     return None if stages == plan.stages else stages
 
@@ -299,8 +300,8 @@ class _Need:
         self.best = INF
         self.plan: Plan | None = None
 
-    def note(self, plan: Plan, res: GroupSim) -> None:
-        peak = max(res.peak_bytes, default=INF)
+    def note(self, plan: Plan, peaks: tuple[float, ...]) -> None:
+        peak = max(peaks, default=INF)
         if peak < self.best:
             self.best, self.plan = peak, plan
 
@@ -452,14 +453,19 @@ def _branch_and_bound(heap: list[_Item], profile: Profile, cluster: Cluster, opt
                 continue
             timed.add(key)
             plan = Plan(item.stages, M, item.kind, item.sliced)
-            res = simulate_groups(plan, profile, cluster, sim_options)
             work += TIMING_TICKS + len(item.stages) * (M + item.sliced)
-            if check and not res.fits:
+            if check:  # memory first: a variant over memory is not timed at all
+                mem = group_memory(plan, profile, cluster, sim_options)
+                if not mem.fits:
+                    too_big += 1
+                    need.note(plan, mem.peak_bytes)
+                    fitted = _recompute_over(plan, mem.peak_bytes, cluster)
+                    if fitted is not None:  # recomputing only adds work: the same bound still holds
+                        heapq.heappush(heap, replace(item, stages=fitted, label=item.label + "/recompute"))
+                    continue
+            res = simulate_groups(plan, profile, cluster, sim_options, memory=False)
+            if check and not res.fits:  # the orders deadlock
                 too_big += 1
-                need.note(plan, res)
-                fitted = _recompute_over(plan, res, cluster)
-                if fitted is not None:  # recomputing only adds work: the same bound still holds
-                    heapq.heappush(heap, replace(item, stages=fitted, label=item.label + "/recompute"))
                 continue
             if large and not res.exact:  # a full simulation of a large cluster costs minutes: only exact candidates
                 inexact += 1

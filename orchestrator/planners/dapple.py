@@ -51,7 +51,7 @@ from orchestrator.planners.options import PlannerOptions, PlannerSpec
 from orchestrator.costmodel.terms import all_reduce_time, compute_time, fits_memory, stage_memory, transfer_time
 from orchestrator.costmodel.terms import boundary_time, group_all_reduce, seconds_per_byte
 from orchestrator.planners.dapple_placement import POLICIES, DappleDP, StateKey, Occ, Allocator, Replay, Rows, server_types
-from orchestrator.planners.scoring import plan_fits_memory
+from orchestrator.planners.scoring import fewest_devices, plan_fits_memory
 from orchestrator.core.profile import Profile
 
 INF = np.inf
@@ -72,6 +72,15 @@ def _stage_costs(profile: Profile, cluster: Cluster) -> tuple[np.ndarray, np.nda
     return comp, par, sta
 
 
+def replica_counts(cluster: Cluster, options: PlannerOptions) -> list[int]:
+    """Replica counts tried per stage: all of them on small clusters; on large ones (more than
+    SMALL_CLUSTER devices) the counts a server layout makes natural — up to one server, then
+    whole servers — which keeps planning interactive."""
+    max_rep = 1 if options.straight else cluster.size
+    per_server = max(len(g) for g in cluster.nodes().values())
+    return [m for m in range(1, max_rep + 1) if cluster.size <= SMALL_CLUSTER or m <= per_server or m % per_server == 0]
+
+
 def solve(profile: Profile, cluster: Cluster, options: PlannerOptions) -> DappleDP:
     L = profile.num_blocks
     servers = list(cluster.nodes().values())
@@ -81,12 +90,7 @@ def solve(profile: Profile, cluster: Cluster, options: PlannerOptions) -> Dapple
     acts = np.array([profile.boundary_bytes(k) for k in range(L + 1)])
     M = options.num_microbatches
     cap = options.max_stages
-    max_rep = 1 if options.straight else cluster.size
-    # Replica counts tried per stage: all of them on small clusters; on large ones (more than
-    # SMALL_CLUSTER devices) the counts a server layout makes natural — up to one server, then
-    # whole servers — which keeps planning interactive.
-    per_server = max(len(g) for g in servers)
-    sizes = [m for m in range(1, max_rep + 1) if cluster.size <= SMALL_CLUSTER or m <= per_server or m % per_server == 0]
+    sizes = replica_counts(cluster, options)
     keys: list[StateKey] = []
     real: list[tuple[Occ, tuple[int, ...]]] = []
     index: dict[StateKey, int] = {}
@@ -283,15 +287,20 @@ def pivot_time(plan: Plan, profile: Profile, cluster: Cluster) -> float:
 def plan_dapple(profile: Profile, cluster: Cluster, options: PlannerOptions) -> Plan:
     """DAPPLE's plan; when no final state of the beam-limited DP fits memory (the beam ranks
     states by time alone), the DP runs again with an 8× wider beam and then none, so "no
-    pipeline fits" means none of DAPPLE's placements fits, not that the beam dropped them."""
+    pipeline fits" means none of DAPPLE's placements fits, not that the beam dropped them —
+    unless no straight pipeline on this many devices can fit at all (:func:`fewest_devices`): the
+    wider passes cost 5× and 25× the first (issue 42: 15 s of a 32-GPU plan where every layer's
+    stash binds). ``options.dapple_widen`` caps the wider passes."""
     beam = DEFAULT_BEAM if options.dapple_beam is None else options.dapple_beam
-    widths = [beam, beam * 8, 0] if beam else [0]
+    widths = ([beam, beam * 8, 0] if beam else [0])[: 1 + options.dapple_widen]
     for k, width in enumerate(widths):
         try:
             return _plan_dapple(profile, cluster, replace(options, dapple_beam=width))
         except UserError:
             if k == len(widths) - 1 or not options.check_memory:
                 raise
+            if k == 0 and fewest_devices(profile, cluster, options, options.kind, replica_counts(cluster, options)) > cluster.size:
+                raise  # no width can find what does not exist
     raise AssertionError("unreachable")
 
 

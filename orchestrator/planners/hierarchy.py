@@ -59,10 +59,16 @@ every in-flight count, a [blocks² × units² × depth²] table each) costs minu
 ``auto`` it runs without it, since ``auto`` fits memory itself (recomputation, slicing, other depths)."""
 
 
-def seed_options(name: str, devices: int, options: PlannerOptions) -> PlannerOptions:
-    """The options a planner runs with as a seed of ``auto`` on ``devices`` devices."""
+def seed_options(name: str, devices: int, options: PlannerOptions, share: bool = False) -> PlannerOptions:
+    """The options a planner runs with as a seed of ``auto`` on ``devices`` devices (a ``share`` of a
+    regular cluster, or the whole cluster). DAPPLE widens its beam 8× at most on a whole cluster (at
+    32 GPUs, 600/100 Gb/s, 32 GiB, the committed OPT-30B-like profile's best plan is its 8× beam's) and
+    not at all on a share, where no plan of a widened beam has won on any profile measured
+    (``benchmarks/results/planner_scale.md``) and each share would pay for it (issue 42)."""
     if name == "pipedream" and devices > FALLBACK_DEVICES:
         return replace(options, check_memory=False)
+    if name == "dapple":
+        return replace(options, dapple_widen=min(options.dapple_widen, 0 if share else 1))
     return options
 
 
@@ -155,7 +161,7 @@ def _run_planners(profile: Profile, cluster: Cluster, options: PlannerOptions, n
         if g > (HEAVY_LARGE if cluster.size > LARGE else HEAVY).get(name, MAX_SHARE):
             continue
         try:
-            plan = baseline(name).fn(sub_profile, sub, seed_options(name, g, sub_options))
+            plan = baseline(name).fn(sub_profile, sub, seed_options(name, g, sub_options, share=True))
         except UserError as exc:
             failures.append(f"{name} on {g} devices: {exc}")
             continue

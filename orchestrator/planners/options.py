@@ -40,6 +40,9 @@ class PlannerOptions:
     :func:`orchestrator.planners.interleaving.best_interleaving`)."""
     dapple_beam: int | None = None
     """States per level DAPPLE's DP expands (None: its default; 0: all of them)."""
+    dapple_widen: int = 2
+    """Wider passes DAPPLE may run before it refuses for memory (its beam 8×, then every state): fewer
+    as a seed of ``auto``, which fits memory by other means too (issue 42: they cost 5× and 25× the first)."""
     auto_planners: tuple[str, ...] | None = None
     """The planners ``auto`` seeds its search with (None: all of them)."""
 
@@ -50,6 +53,8 @@ class PlannerOptions:
             raise UserError("max_stages must be >= 1")
         if self.dapple_beam is not None and self.dapple_beam < 0:
             raise UserError("dapple_beam must be >= 0")
+        if self.dapple_widen < 0:
+            raise UserError("dapple_widen must be >= 0")
 
     @property
     def kind(self) -> ScheduleKind:

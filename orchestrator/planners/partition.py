@@ -7,18 +7,23 @@ greedy feasibility check (``numpy.searchsorted`` on prefix sums), O(L log L · i
 
 from __future__ import annotations
 
+from bisect import bisect_right
+from collections.abc import Sequence
+
 import numpy as np
 
 from orchestrator.core.cluster import Cluster
 
 
-def greedy_parts(prefix: np.ndarray, bound: float) -> list[int] | None:
-    """Cut points of the fewest parts with sum <= bound each, or None if a single item exceeds it."""
+def greedy_parts(prefix: Sequence[float], bound: float) -> list[int] | None:
+    """Cut points of the fewest parts with sum <= bound each, or None if a single item exceeds it.
+    ``prefix`` is a list (``bisect`` on it is ~10× cheaper than a ``numpy.searchsorted`` call per part,
+    with the same answer: the planners of a 1024-GPU ``auto`` call this 10^4 times)."""
     n = len(prefix) - 1
     cuts = [0]
     i = 0
     while i < n:
-        j = int(np.searchsorted(prefix, prefix[i] + bound * (1 + 1e-12) + 1e-300, side="right")) - 1
+        j = bisect_right(prefix, prefix[i] + bound * (1 + 1e-12) + 1e-300) - 1
         if j <= i:
             return None
         j = min(j, n)
@@ -32,7 +37,7 @@ def min_max_partition(weights: np.ndarray, k: int) -> list[int]:
     w = np.asarray(weights, dtype=np.float64)
     n = len(w)
     k = max(1, min(k, n))
-    prefix = np.concatenate([[0.0], np.cumsum(w)])
+    prefix = np.concatenate([[0.0], np.cumsum(w)]).tolist()
     lo, hi = float(w.max(initial=0.0)), float(prefix[-1])
     if hi <= 0:
         return [round(i * n / k) for i in range(k + 1)]

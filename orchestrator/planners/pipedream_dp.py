@@ -120,20 +120,31 @@ def _fill(diag: np.ndarray, split_diag: np.ndarray, last_diag: np.ndarray, tail:
     pair_slab = np.where(mp_row <= m_col - 1, m_col - mp_row - 1, n)  # [m−2, m'−1]
     rows = np.arange(n * n_mp * L)
     arg_buf, val_buf = np.zeros((n - 1, n_mp, L), dtype=np.intp), np.empty((n - 1, n_mp, L))
+    # scratch for the large diagonals, allocated once: a fresh array per diagonal is a fresh mapping of
+    # pages over numpy's small-array cache (a third of resnet101's DP on 4 × 4 GPUs was page faults)
+    area = max(((L - d if all_starts else 1) * d for d in range(1, L)), default=0)
+    used = min(n_mp, n - 1)  # tail unit counts m' that some m <= n can pair with a head
+    ct_buf, cand_buf, head_buf = np.empty(used * area), np.empty(used * area), np.empty(area)
     for d in range(1, L):
         I = L - d if all_starts else 1
         # the cut into the tail, and what the tail sends on after block i + d (published: output_transfer_time)
-        ct = np.maximum(tail_view[:, d, :I, :d], np.maximum(cut_view[:I, :d], out_cost[d : d + I, None])[None] / mp_div)  # [m', i, t]
         if I * d <= BATCH_ALL_UNITS:  # few elements: one batch over every m (fewer numpy calls)
+            ct = np.maximum(tail_view[:, d, :I, :d], np.maximum(cut_view[:I, :d], out_cost[d : d + I, None])[None] / mp_div)  # [m', i, t]
             cand = np.maximum(diag[pair_slab, :I, :d], ct)  # [m, m', i, t]
             arg = cand.argmin(axis=3)
             _relax(arg, _at(cand, arg, rows), diag[1:n, :I, d], split_diag[1:n, :I, d], last_diag[1:n, :I, d], rows)
         else:  # many: one m at a time, over its possible m' only (less work), then one relaxation
+            head = head_buf[: I * d].reshape(I, d)
+            np.maximum(cut_view[:I, :d], out_cost[d : d + I, None], out=head)
+            ct = ct_buf[: used * I * d].reshape(used, I, d)  # m' = n never has a head (m − m' >= 1)
+            np.divide(head[None], mp_div[:used], out=ct)
+            np.maximum(tail_view[:used, d, :I, :d], ct, out=ct)  # [m', i, t]
             arg, val = arg_buf[:, :, :I], val_buf[:, :, :I]
             val.fill(INF)  # pairs m' > m − 1 stay impossible
             for m in range(2, n + 1):
                 k = min(m - 1, n_mp)
-                cand = np.maximum(diag[m - 2 :: -1, :I, :d][:k], ct[:k])  # [m', i, t]
+                cand = cand_buf[: k * I * d].reshape(k, I, d)
+                np.maximum(diag[m - 2 :: -1, :I, :d][:k], ct[:k], out=cand)  # [m', i, t]
                 arg[m - 2, :k] = at = cand.argmin(axis=2)
                 val[m - 2, :k] = _at(cand, at, rows)
             _relax(arg, val, diag[1:n, :I, d], split_diag[1:n, :I, d], last_diag[1:n, :I, d], rows)

@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Sequence
 
+import numpy as np
+
 from orchestrator.core.cluster import Cluster
 from orchestrator.costmodel.terms import compute_time, fits_memory, in_flight, stage_memory, transfer_time
 from orchestrator.costmodel.terms import group_all_reduce, seconds_per_byte
@@ -80,6 +82,40 @@ def plan_fits_memory(plan: Plan, profile: Profile, cluster: Cluster, options: Pl
         if not fits_memory(need, float(min(mem[list(s.devices)]))):
             return False
     return True
+
+
+def fewest_devices(profile: Profile, cluster: Cluster, options: PlannerOptions, kind: ScheduleKind, replicas: Sequence[int] | None = None) -> float:
+    """A lower bound on the devices any straight ``kind`` plan (no recomputation, replicas splitting a
+    stage's stash) needs to pass :func:`plan_fits_memory`, or inf when none can: a stage [a, b) holding
+    ``u`` units needs ``r >= u · stash / (memory − static)`` replicas of the largest device, and under
+    1F1B a stage with ``k`` stages from it to the end holds ``min(k, M)`` (GPipe: M), so
+    ``g_k(a) = min_b r(a, b, k) + g_{k−1}(b)`` over the stages' ends; ``replicas`` (ascending) restricts
+    ``r`` to the counts a planner tries. Other schedules get 0 (no bound).
+    A few [L, L] array passes per depth: what DAPPLE checks before widening its beam (issue 42)."""
+    if kind not in (ScheduleKind.ONE_F_ONE_B, ScheduleKind.GPIPE) or not options.check_memory:
+        return 0.0
+    L, M = profile.num_blocks, options.num_microbatches
+    pp, st = profile.prefix("param_bytes"), profile.prefix("stash_bytes")
+    a, b = np.arange(L + 1)[:, None], np.arange(L + 1)[None, :]
+    ok = b > a
+    spare = float(cluster.memories.max()) - stage_memory(pp[b] - pp[a], 0.0, 0.0, 1.0, options.state_factor)
+    stash = np.where(ok, st[b] - st[a], 0.0)
+    feasible = ok & (spare >= 0) & ((spare > 0) | (stash <= 0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        per_unit = np.where(feasible, np.where(stash > 0, stash / np.where(spare > 0, spare, 1.0), 0.0), np.inf)
+    g = np.full(L + 1, np.inf)
+    g[L] = 0.0
+    best = np.inf
+    for k in range(1, min(L, cluster.size) + 1):
+        u = M if kind is ScheduleKind.GPIPE else min(k, M)
+        need = np.maximum(1.0, np.ceil(u * per_unit * (1 - 1e-9)))  # rounded down a hair: a bound, never above
+        if replicas is not None:  # the least count tried that is enough
+            counts = np.append(np.asarray(replicas, dtype=np.float64), np.inf)
+            need = counts[np.minimum(np.searchsorted(counts, np.minimum(need, 1e18)), len(counts) - 1)]
+        g = np.min(need + g[None, :], axis=1)
+        g[L] = np.inf  # a stage is never empty
+        best = min(best, float(g[0]))
+    return best
 
 
 def estimate(plan: Plan, profile: Profile, cluster: Cluster, schedule: ScheduleKind | None = None) -> float:
