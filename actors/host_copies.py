@@ -32,7 +32,7 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor, nn
 
-from actors.snapshot import BackgroundCopy, deferred_snapshot, host_copy
+from actors.snapshot import BackgroundCopy, deferred_snapshot, from_wire
 
 GENERATIONS = 2
 Payload = Mapping[str, Any]
@@ -80,11 +80,11 @@ class HostCopies:
             self._reusable.discard(step)
 
     def keep_peer(self, step: int, payloads: Mapping[int, Payload]) -> None:
-        """A neighbour's snapshot at ``step``, copied into this process's own memory (into the buffers of the
-        generation it replaces, outside the lock: nobody reads those any more)."""
+        """A neighbour's snapshot at ``step`` (as sent: :func:`actors.snapshot.to_wire`), copied into this process's own
+        memory (into the buffers of the generation it replaces, outside the lock: nobody reads those any more)."""
         with self._lock:
             warm = self._evict(self._peer, step, None)
-        copied = {b: host_copy(p, into=warm.get(b)) for b, p in payloads.items()}
+        copied = {b: from_wire(p, into=warm.get(b)) for b, p in payloads.items()}
         with self._lock:
             self._peer[step] = copied
 

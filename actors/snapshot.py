@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
@@ -57,6 +59,45 @@ def host_copy(item: Any, copy: bool = True, into: Any = None, non_blocking: bool
     if isinstance(item, (list, tuple)):
         olds = into if isinstance(into, (list, tuple)) and len(into) == len(item) else [None] * len(item)
         return type(item)(host_copy(v, copy, o, non_blocking) for v, o in zip(item, olds))
+    return item
+
+
+@dataclass(frozen=True)
+class WireTensor:
+    """A host tensor on its way to another process: its bytes as a numpy array, which Ray's object store writes
+    once and reads without a copy (a torch tensor is pickled instead: measured 6x slower to put, 300x to get)."""
+
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    data: Any  # numpy uint8 array of the tensor's bytes
+
+
+def to_wire(item: Any) -> Any:
+    """``item`` (nested dicts, lists, tuples of host tensors and plain values) with every tensor a :class:`WireTensor`
+    (no copy: a view of the tensor's bytes)."""
+    if isinstance(item, Tensor):
+        flat = item.detach().contiguous().reshape(-1)
+        return WireTensor(item.dtype, tuple(item.shape), flat.view(torch.uint8).numpy())
+    if isinstance(item, dict):
+        return {k: to_wire(v) for k, v in item.items()}
+    if isinstance(item, (list, tuple)):
+        return type(item)(to_wire(v) for v in item)
+    return item
+
+
+def from_wire(item: Any, into: Any = None) -> Any:
+    """:func:`to_wire`'s inverse, every tensor copied into this process's memory (into ``into``'s tensors where
+    shape and dtype match, as :func:`host_copy`): the object store's buffers are read-only and go with their ref."""
+    if isinstance(item, WireTensor):
+        with warnings.catch_warnings():  # a read-only buffer: only read, to copy it
+            warnings.simplefilter("ignore", UserWarning)
+            raw = torch.from_numpy(item.data) if item.data.size else torch.empty(0, dtype=torch.uint8)
+        return host_copy(raw.view(item.dtype).reshape(item.shape), into=into)
+    if isinstance(item, dict):
+        return {k: from_wire(v, into.get(k) if isinstance(into, dict) else None) for k, v in item.items()}
+    if isinstance(item, (list, tuple)):
+        olds = into if isinstance(into, (list, tuple)) and len(into) == len(item) else [None] * len(item)
+        return type(item)(from_wire(v, o) for v, o in zip(item, olds))
     return item
 
 

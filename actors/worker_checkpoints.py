@@ -19,7 +19,7 @@ import ray
 from actors import checkpoint as ckpt
 from actors.execution import Executor
 from actors.host_copies import HostCopies
-from actors.snapshot import BackgroundCopy, host_copy, snapshot_block
+from actors.snapshot import BackgroundCopy, host_copy, snapshot_block, to_wire
 
 
 class WorkerCheckpoints:
@@ -117,7 +117,7 @@ class WorkerCheckpoints:
     def peer_payloads(self, step: int) -> dict[int, Any]:
         """This worker's snapshot at ``step`` once taken, as object refs owned by this worker, for the neighbour that
         keeps a copy (:meth:`keep_peer_copy`). Runs beside training (the ``copies`` concurrency group)."""
-        return {b: ray.put(p) for b, p in self.copies.own(step).items()}
+        return {b: ray.put(to_wire(p)) for b, p in self.copies.own(step).items()}
 
     def keep_peer_copy(self, step: int, *parts: dict[int, Any]) -> int:
         """Copy neighbours' snapshots at ``step`` (``parts``: block -> object ref, one per owner) into this process;
