@@ -79,17 +79,34 @@ def place_step(directory: str | os.PathLike[str], step: int | None) -> int | Non
 
 
 def write_payload(directory: str | os.PathLike[str], payload: Mapping[str, Any], step: int | None = None,
-                  run_id: str = "") -> dict[str, Any]:
+                  run_id: str = "", retry_s: float | None = None) -> dict[str, Any]:
     """Stream one block snapshot to storage, after its header (run id, step, block index); return
-    its manifest entry (sha256 and size as written, and the same place)."""
+    its manifest entry (sha256 and size as written, and the same place). ``retry_s``: a job's write, done again
+    through a storage outage for that long (:func:`actors.storage.retried`)."""
     block, step = int(payload["block"]), place_step(directory, step)
     name = block_file(block)
     location = storage.join(directory, name)
-    with storage.open_write(location) as handle:
-        handle.write(block_header(run_id, step, block))
-        torch.save(dict(payload), handle)  # type: ignore[arg-type]  # a write-only binary file
+
+    def write() -> Any:
+        with storage.open_write(location, need=tensor_bytes(payload)) as handle:
+            handle.write(block_header(run_id, step, block))
+            torch.save(dict(payload), handle)  # type: ignore[arg-type]  # a write-only binary file
+        return handle
+
+    handle = write() if retry_s is None else storage.retried(write, retry_s)
     return {"block": block, "file": name, "sha256": handle.sha.hexdigest(), "bytes": handle.size,
             "shapes": payload["shapes"], "step": step, "run_id": run_id}
+
+
+def tensor_bytes(item: Any) -> int:
+    """The bytes of the tensors in ``item`` (nested dicts, lists, tuples): about what saving it needs."""
+    if isinstance(item, torch.Tensor):
+        return item.numel() * item.element_size()
+    if isinstance(item, Mapping):
+        return sum(tensor_bytes(v) for v in item.values())
+    if isinstance(item, (list, tuple)):
+        return sum(tensor_bytes(v) for v in item)
+    return 0
 
 
 def write_block(directory: str | os.PathLike[str], block: int, module: nn.Module,
@@ -114,8 +131,8 @@ class BackgroundWrite(BackgroundCopy):
 
     def __init__(self, directory: str | os.PathLike[str],
                  payloads: Sequence[Mapping[str, Any] | Callable[[], Mapping[str, Any]]], step: int | None = None,
-                 run_id: str = "") -> None:
-        self.directory, self.entries = os.fspath(directory), []
+                 run_id: str = "", retry_s: float | None = None) -> None:
+        self.directory, self.entries, self.retry_s = os.fspath(directory), [], retry_s
         self.step, self.run_id = place_step(directory, step), run_id
         super().__init__(payloads, self._upload, "checkpoint-upload")
 
@@ -123,7 +140,7 @@ class BackgroundWrite(BackgroundCopy):
 
     def _upload(self, taken: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
         for payload in taken:
-            self.entries.append(write_payload(self.directory, payload, self.step, self.run_id))
+            self.entries.append(write_payload(self.directory, payload, self.step, self.run_id, self.retry_s))
         return list(self.entries)
 
     def result(self, timeout_s: float | None = None) -> list[dict[str, Any]]:
@@ -322,8 +339,8 @@ def find_latest(root: str | os.PathLike[str], check_files: bool = True) -> Found
                 raise CheckpointError(f"checkpoint {location}: is a symlink (to {os.readlink(storage.local_path(location))}); "
                                       "a run's checkpoints are folders of its own")
             manifest = verify(location) if check_files else read_manifest(location)
-        except UserError as exc:
-            log.warning("skipping checkpoint %s: %s", location, exc)
+        except UserError as exc:  # one being written has no commit marker yet: not worth a warning (nor is a torn one)
+            (log.info if f"missing commit marker {COMMIT}" in str(exc) else log.warning)("skipping checkpoint %s: %s", location, exc)
             skipped.append(Skipped(location, str(exc)))
             continue
         return Found(location, int(manifest["step"]), tuple(skipped))

@@ -44,6 +44,7 @@ from actors.gpu import recv_lookahead
 from actors import group_calls
 from actors.group_calls import PipelineActorError, last_line
 from actors.processes import WorkerProcesses
+from actors.storage_env import StorageFailed
 from actors.user_code import UserCodeError
 from actors.job_spec import JobSpec
 from actors import waits
@@ -319,6 +320,8 @@ class WorkerGroup:
             dev, err = got.failure
             if got.pending or got.superseded:  # peers blocked or failed (on the failed one): the process group is unusable
                 self.broken = True
+            if isinstance(err, StorageFailed):  # the store, not this worker: nothing to recover (the job ends on it)
+                raise err.with_traceback(None) from None
             if isinstance(err, UserError):  # a user mistake (bad checkpoint, bad data): say it plainly, keep its type and trace
                 trace = str(getattr(err, "trace", "") or "")
                 if isinstance(err, RayTaskError):

@@ -34,6 +34,7 @@ class JobSpec:
     injected: Any = None  # a crash rehearsal (actors.injection.Kills), opt-in for tests and rehearsals; None in a job
     training: TrainingOptions = field(default_factory=TrainingOptions)  # clipping, LR schedules (actors/training.py)
     run_id: str = ""  # the run this job belongs to (set by the run/supervisor layer; "" = unknown, still recorded in every block)
+    storage_retry_s: float = 180.0  # a checkpoint write is done again through a storage outage for this long
     eval_data_fn: DataFn | None = None  # evaluation batches eval_data_fn(0 .. K-1), forward only (StageWorker.evaluate)
 
 

@@ -33,17 +33,19 @@ import os
 import posixpath
 import socket
 import stat
+import time
 import urllib.parse
 import uuid
-from typing import IO, Any, Iterator
+from typing import IO, Any, Callable, Iterator, TypeVar
 
 import fsspec
 from fsspec.spec import AbstractFileSystem
 
-from actors.storage_env import (PROTOCOLS, SUPPORTED, StorageError, classify, credentials_hint, first_line, options,
-                                scheme)
+from actors.storage_env import (FULL, PROTOCOLS, SUPPORTED, StorageError, StorageFailed, StorageFull, StorageUnreachable,
+                                classify, credentials_hint, first_line, full, options, scheme, unreachable)
 from orchestrator.core.errors import UserError
 
+T = TypeVar("T")
 CHUNK = 1 << 20
 """Bytes per read/write when streaming; never a whole object."""
 
@@ -140,7 +142,7 @@ def _reachable(endpoint: str, text: str) -> None:
     try:
         socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S).close()
     except OSError:
-        raise StorageError(f"{text}: storage endpoint unreachable ({endpoint})") from None
+        raise StorageUnreachable(f"{text}: storage endpoint unreachable ({endpoint})") from None
     _REACHED.add(endpoint)
 
 
@@ -148,8 +150,9 @@ _NULL = logging.NullHandler()
 
 
 @contextlib.contextmanager
-def errors(location: str | os.PathLike[str], action: str) -> Iterator[None]:
-    """Turn whatever the SDKs raise into one :class:`StorageError` line naming location and reason."""
+def errors(location: str | os.PathLike[str], action: str, need: int | None = None) -> Iterator[None]:
+    """Turn whatever the SDKs raise into one :class:`StorageError` line naming location and reason (an outage is a
+    :class:`StorageUnreachable`, no room a :class:`StorageFull` naming the ``need`` bytes)."""
     try:
         yield
     except StorageError:
@@ -160,8 +163,31 @@ def errors(location: str | os.PathLike[str], action: str) -> Iterator[None]:
         raise StorageError(f"{os.fspath(location)}: cannot {action}: no such file or object") from None
     except PermissionError as exc:
         raise StorageError(f"{os.fspath(location)}: cannot {action}: permission denied ({first_line(exc)})") from None
+    except OSError as exc:
+        if exc.errno in FULL:
+            raise full(location, action, exc, need) from None
+        raise (StorageUnreachable if unreachable(exc) else StorageError)(
+            f"{os.fspath(location)}: cannot {action}: {classify(location, exc)}") from None
     except Exception as exc:  # noqa: BLE001 - every SDK has its own hierarchy; classify by name
-        raise StorageError(f"{os.fspath(location)}: cannot {action}: {classify(location, exc)}") from None
+        raise (StorageUnreachable if unreachable(exc) else StorageError)(
+            f"{os.fspath(location)}: cannot {action}: {classify(location, exc)}") from None
+
+
+def retried(write: Callable[[], T], retry_s: float) -> T:
+    """``write()`` — one all-or-nothing write, so doing it again is harmless — again with backoff while the store is
+    unreachable, for at most ``retry_s`` seconds. Then, or at once on a full store, a :class:`StorageFailed`: what a job
+    ends on (a checkpoint that cannot commit), not the user's mistake and not a worker's death."""
+    deadline, pause = time.monotonic() + retry_s, 0.25
+    while True:
+        try:
+            return write()
+        except StorageFull as exc:
+            raise StorageFailed(str(exc)) from None
+        except StorageUnreachable as exc:
+            if time.monotonic() + pause > deadline:
+                raise StorageFailed(f"{exc}; gave up after {retry_s:g} s (RunConfig.storage_retry_s)") from None
+            time.sleep(pause)
+            pause = min(2 * pause, 5.0)
 
 
 # ----- reading -----
@@ -206,15 +232,26 @@ def digest(location: str | os.PathLike[str]) -> tuple[str, int]:
 
 # ----- writing -----
 class _Hashing:
-    """A write-only file that hashes and counts what passes through (torch.save writes into it)."""
+    """A write-only file that hashes and counts what passes through (torch.save writes into it).
 
-    def __init__(self, inner: IO[bytes]) -> None:
+    A write that fails is kept in :attr:`failed` as its :class:`StorageError`: torch.save turns the error of the
+    file it writes into a ``RuntimeError`` ("unexpected pos") that never says "no space left"; the write's own
+    error is the one raised (:func:`open_write`)."""
+
+    def __init__(self, inner: IO[bytes], location: str | os.PathLike[str], need: int | None) -> None:
         self.inner, self.sha, self.size = inner, hashlib.sha256(), 0
+        self.location, self.need = location, need
+        self.failed: StorageError | None = None
 
     def write(self, data: bytes) -> int:
         self.sha.update(data)
         self.size += len(data)
-        self.inner.write(data)
+        try:
+            with errors(self.location, "write", self.need):
+                self.inner.write(data)
+        except StorageError as exc:
+            self.failed = exc
+            raise
         return len(data)
 
     def flush(self) -> None:
@@ -222,30 +259,37 @@ class _Hashing:
 
 
 @contextlib.contextmanager
-def open_write(location: str | os.PathLike[str], block_size: int | None = None) -> Iterator[_Hashing]:
-    """A streamed, all-or-nothing write; the handle's ``sha``/``size`` say what was written."""
-    if is_local(location):
-        with _local_write(local_path(location)) as handle:
-            out = _Hashing(handle)
-            yield out
-        return
-    fs, path = filesystem(location)
-    with errors(location, "write"):
-        handle = fs.open(path, "wb", **({"block_size": block_size} if block_size else {}))
-    out = _Hashing(handle)
+def open_write(location: str | os.PathLike[str], block_size: int | None = None, need: int | None = None) -> Iterator[_Hashing]:
+    """A streamed, all-or-nothing write; the handle's ``sha``/``size`` say what was written. ``need``: the bytes it
+    will write, if known (a full store's line names them)."""
+    out: _Hashing | None = None
     try:
-        with errors(location, "write"):
-            yield out
-            handle.close()  # completes the (multipart) upload: the object appears only now
-    except BaseException:
-        with contextlib.suppress(Exception):
-            handle.discard()  # abort a multipart upload; the object never appears
-        handle.closed = True
+        if is_local(location):
+            with _local_write(local_path(location), need) as local:
+                out = _Hashing(local, location, need)
+                yield out
+            return
+        fs, path = filesystem(location)
+        with errors(location, "write", need):
+            handle = fs.open(path, "wb", **({"block_size": block_size} if block_size else {}))
+        out = _Hashing(handle, location, need)
+        try:
+            with errors(location, "write", need):
+                yield out
+                handle.close()  # completes the (multipart) upload: the object appears only now
+        except BaseException:
+            with contextlib.suppress(Exception):
+                handle.discard()  # abort a multipart upload; the object never appears
+            handle.closed = True
+            raise
+    except Exception:
+        if out is not None and out.failed is not None:  # the write's own error, not what torch made of it
+            raise out.failed from None
         raise
 
 
 @contextlib.contextmanager
-def _local_write(path: str) -> Iterator[IO[bytes]]:
+def _local_write(path: str, need: int | None = None) -> Iterator[IO[bytes]]:
     refuse_non_regular(path)
     directory = os.path.dirname(path) or "."
     with errors(path, "create the folder"):
@@ -254,11 +298,14 @@ def _local_write(path: str) -> Iterator[IO[bytes]]:
     try:
         with errors(path, "write"):
             handle = open(tmp, "xb")
-        with handle:
+        try:
             yield handle
-            with errors(path, "write"):
+            with errors(path, "write", need):
                 handle.flush()
                 os.fsync(handle.fileno())
+        finally:
+            with contextlib.suppress(OSError):  # flushed already; a write that failed would fail again here
+                handle.close()
         refuse_non_regular(path)  # something may have appeared meanwhile
         with errors(path, "write"):
             os.replace(tmp, path)
@@ -333,7 +380,7 @@ def copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, expect: tu
          block_size: int | None = None, chunk: int = CHUNK) -> tuple[str, int]:
     """Stream one object from ``src`` to ``dst``; with ``expect`` (sha256, size) a mismatch aborts
     the write before the destination appears. Returns what was copied."""
-    with open_write(dst, block_size=block_size) as out:
+    with open_write(dst, block_size=block_size, need=expect[1] if expect is not None else None) as out:
         for data in read_chunks(src, chunk):
             out.write(data)
             if expect is not None and out.size > expect[1]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import functools
 import os
+import shutil
 from typing import Any
 
 from orchestrator.core.errors import UserError
@@ -23,6 +24,28 @@ SUPPORTED = "a local path, file://, s3://, gs://, az:// or abfs://"
 
 class StorageError(UserError):
     """A storage location that cannot be used: bad scheme, unreachable, no credentials, missing object."""
+
+
+class StorageUnreachable(StorageError):
+    """The store did not answer (connection refused or dropped, a timeout): an outage a job rides out for a
+    while (:func:`actors.storage.retried`); a command says it in one line."""
+
+
+class StorageFull(StorageError):
+    """No room for a write (no space left, a quota, a file-size limit): one line naming the location and the bytes
+    it needed."""
+
+
+class StorageFailed(RuntimeError):
+    """A job's checkpoint the store did not take: unreachable past ``RunConfig.storage_retry_s``, or full.
+    Infrastructure, not the user's input and not a worker's death: a driver exits :data:`EXIT_STORAGE` with this one
+    line, and a supervisor relaunches the run (from its newest committed checkpoint) without blaming the offer."""
+
+
+EXIT_STORAGE = 74  # EX_IOERR
+FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+UNREACHABLE = {"EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError",
+               "ClientConnectorError", "ServerDisconnectedError", "ServiceRequestError", "ConnectionError", "ConnectError"}
 
 
 def scheme(location: str | os.PathLike[str]) -> str:
@@ -115,10 +138,10 @@ def classify(location: str | os.PathLike[str], exc: BaseException) -> str:
     if names & {"NoCredentialsError", "PartialCredentialsError", "DefaultCredentialsError", "ClientAuthenticationError",
                 "CredentialUnavailableError"}:
         return credentials_hint(protocol)
-    if names & {"EndpointConnectionError", "ConnectTimeoutError", "ClientConnectorError", "ServerDisconnectedError",
-                "ServiceRequestError", "ConnectionError", "ConnectError"} or (
-            isinstance(exc, OSError) and exc.errno in (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH)):
+    if unreachable(exc):
         return f"storage endpoint unreachable ({_endpoint(protocol)})"
+    if isinstance(exc, OSError) and exc.errno in FULL:
+        return "no space left" if exc.errno == errno.ENOSPC else exc.strerror or "no space left"
     if isinstance(exc, IsADirectoryError):
         return "it is a directory"
     if isinstance(exc, NotADirectoryError):
@@ -126,6 +149,26 @@ def classify(location: str | os.PathLike[str], exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror
     return f"{type(exc).__name__}: {first_line(exc)}"
+
+
+def unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the store did not answer (rather than refused the request)."""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    return bool(names & UNREACHABLE) or (
+        isinstance(exc, OSError) and exc.errno in (errno.ECONNREFUSED, errno.ECONNRESET, errno.EHOSTUNREACH, errno.ENETUNREACH))
+
+
+def full(location: str | os.PathLike[str], action: str, exc: OSError, need: int | None) -> StorageFull:
+    """The one line of a write that found no room: the location, the bytes it needed and those free (local)."""
+    text = os.fspath(location)
+    free = ""
+    if scheme(text) in ("", "file"):
+        try:
+            free = f", {shutil.disk_usage(os.path.dirname(os.path.abspath(text.split('://', 1)[-1])) or '.').free} bytes free"
+        except OSError:
+            pass
+    needs = f"needs {need} bytes" if need is not None else "needs more room"
+    return StorageFull(f"{text}: cannot {action}: {exc.strerror or 'no space left'} ({needs}{free})")
 
 
 def _endpoint(protocol: str) -> str:

@@ -59,12 +59,12 @@ class WorkerCheckpoints:
             self.copies.forget(warm)  # the previous checkpoint's host copy is about to be overwritten
             self.upload_step = next_step
             upload = ckpt.BackgroundWrite(directory, [ckpt.deferred_snapshot(b, ex.modules[b], ex.optimizers.get(b), into=warm.get(b))
-                                                      for b in mine], step, ex.spec.run_id)
+                                                      for b in mine], step, ex.spec.run_id, ex.spec.storage_retry_s)
             self.upload = upload  # the worker's next optimizer step waits for its copy (snapshot_pending)
             return []
         snaps = {b: snapshot_block(b, ex.modules[b], ex.optimizers.get(b)) for b in mine}
         self.copies.keep_checkpoint(next_step, snaps)  # the same state, kept for a recovery in place
-        return [ckpt.write_payload(directory, snap, step, ex.spec.run_id) for snap in snaps.values()]
+        return [ckpt.write_payload(directory, snap, step, ex.spec.run_id, ex.spec.storage_retry_s) for snap in snaps.values()]
 
     def snapshot_taken(self) -> None:
         """Wait until an asynchronous checkpoint's copy of this worker's state exists (before the state is changed

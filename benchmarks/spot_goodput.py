@@ -23,21 +23,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import itertools
 import math
-import random
 import sys
 import time
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Iterable, Sequence
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.parcae_profiles import BATCHES, load_parcae_profile, microbatches  # noqa: E402
-from orchestrator.adapt.handle import move_transfers, handover_time  # noqa: E402
+from orchestrator.adapt.handle import BlockHandover, handover_time, move_transfers  # noqa: E402
 from orchestrator.adapt.policies import (ArbiterConfig, ExplicitArbiter, Option, RecoverInPlace, Switch,  # noqa: E402
                                          checkpoint_interval, on_worker_death, planner_plan)
 from orchestrator.core.cluster import GBPS, Cluster, flat  # noqa: E402
@@ -49,6 +48,7 @@ from orchestrator.costmodel.terms import shipped_bytes, transfer_time  # noqa: E
 from orchestrator.elastic.evacuation import Evacuate, Notice, plan_evacuation  # noqa: E402
 from orchestrator.elastic.job_config import RunConfig, ScalingConfig  # noqa: E402
 from orchestrator.planners.partition import min_max_partition  # noqa: E402
+from benchmarks.spot_traces import Event, Trace, fail, availability_trace, parcae_trace, scaled, with_notices  # noqa: E402
 from orchestrator.train.recovery import ring_neighbours  # noqa: E402
 
 V100_GIB = 16.0
@@ -76,129 +76,6 @@ class Costs:
     copy_gbps: float = 80.0
     """Device-to-host copy of a checkpoint's state (pinned PCIe 3): an asynchronous checkpoint's stall (the upload
     runs while training goes on)."""
-
-
-@dataclass(frozen=True)
-class Event:
-    """At ``t`` seconds: ``nodes`` join (``add``), leave (``remove``) or are told they will leave (``notice``,
-    ``deadline``); ``shape`` events carry Parcae's (D, P) per strategy for the minute starting at ``t``."""
-
-    t: float
-    kind: str
-    nodes: tuple[int, ...] = ()
-    deadline: float = 0.0
-    shapes: tuple[tuple[str, tuple[int, int]], ...] = ()
-
-
-@dataclass(frozen=True)
-class Trace:
-    """Node ids ``0..nodes-1``; ``events`` sorted by time; ``minutes`` the available nodes of each minute."""
-
-    name: str
-    nodes: int
-    gap_s: float
-    events: tuple[Event, ...]
-    minutes: tuple[frozenset[int], ...]
-
-    @property
-    def duration_s(self) -> float:
-        return self.gap_s * len(self.minutes)
-
-
-def _fail(message: str) -> None:
-    raise UserError(message)
-
-
-def parcae_trace(path: Path) -> Trace:
-    """One of Parcae's ``trace_<window>.txt``: a JSON array per minute (time, add/remove/no-op, nodes, shapes)."""
-    ids: dict[str, int] = {}  # the device id of each node up
-    events: list[Event] = []
-    minutes: list[frozenset[int]] = []
-    peak = 0
-    for line in path.read_text().splitlines():
-        t_ms, kind, info = json.loads(line)
-        t = t_ms / 1000.0
-        if kind == "add":
-            ids.update(zip(info["nodes"], _free_ids(ids.values(), len(info["nodes"]))))
-            events.append(Event(t, "add", tuple(ids[x] for x in info["nodes"])))
-        elif kind == "remove":
-            events.append(Event(t, "remove", tuple(ids.pop(x) for x in info["nodes"])))
-        peak = max(peak, len(ids))
-        shapes = tuple((k.removesuffix("_strategy"), (int(v[0]), int(v[1]))) for k, v in info.items() if k.endswith("_strategy"))
-        events.append(Event(t, "shape", shapes=shapes))
-        minutes.append(frozenset(ids.values()))
-    return Trace(f"{path.parent.name}/{path.stem.removeprefix('trace_')}", max(peak, 1), 60.0, tuple(events), tuple(minutes))
-
-
-def availability_trace(path: Path, limit_nodes: int = 4096, limit_points: int = 10**6, seed: int = 0) -> Trace:
-    """``{"metadata": {"gap_seconds": S}, "data": [count, ...]}`` (SkyPilot's spot traces): nodes that leave are drawn
-    at random (seeded) among those up, a count of 0 means the run waits."""
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        _fail(f"--availability {path}: not a readable JSON file ({exc.__class__.__name__})")
-    gap = raw.get("metadata", {}).get("gap_seconds") if isinstance(raw, dict) and isinstance(raw.get("metadata"), dict) else None
-    if not isinstance(gap, (int, float)) or isinstance(gap, bool) or not 0 < gap <= 86400:
-        _fail(f"--availability {path}: needs metadata.gap_seconds, a number of seconds in (0, 86400]")
-    data = raw.get("data")
-    if not isinstance(data, list) or not data or len(data) > limit_points:
-        _fail(f"--availability {path}: needs data, a list of 1 to {limit_points} node counts")
-    for k, c in enumerate(data):
-        if not isinstance(c, int) or isinstance(c, bool) or not 0 <= c <= limit_nodes:
-            _fail(f"--availability {path}: data[{k}] = {c!r} is not a node count in 0..{limit_nodes}")
-    rng = random.Random(seed)  # which nodes leave: the counts do not say; spot reclaims are not in join order
-    events: list[Event] = []
-    minutes: list[frozenset[int]] = []
-    up: list[int] = []
-    for k, c in enumerate(data):
-        t = k * float(gap)
-        if c > len(up):
-            joined = _free_ids(up, c - len(up))
-            up += joined
-            events.append(Event(t, "add", joined))
-        elif c < len(up):
-            gone = tuple(sorted(rng.sample(up, len(up) - c)))
-            up = [n for n in up if n not in set(gone)]
-            events.append(Event(t, "remove", gone))
-        minutes.append(frozenset(up))
-    return Trace(path.stem, max(max(data), 1), float(gap), tuple(events), tuple(minutes))
-
-
-def _free_ids(up: Iterable[int], count: int) -> tuple[int, ...]:
-    """The ``count`` lowest device ids no node up holds: ids stay below the peak number of nodes (a notice names the
-    node that holds the id when it leaves; :func:`with_notices` never sends one before that node joined)."""
-    taken = set(up)
-    return tuple(itertools.islice((i for i in itertools.count() if i not in taken), count))
-
-
-def scaled(trace: Trace, factor: int) -> Trace:
-    """``factor`` copies of the trace's nodes, each copy doing what the original does (node ``i`` of copy ``k`` is
-    ``k·nodes + i``): the same availability shape at ``factor``× the size."""
-    if factor == 1:
-        return trace
-    n = trace.nodes
-
-    def many(nodes: tuple[int, ...]) -> tuple[int, ...]:
-        return tuple(k * n + i for k in range(factor) for i in nodes)
-
-    events = tuple(replace(e, nodes=many(e.nodes)) if e.kind != "shape" else
-                   replace(e, shapes=tuple((s, (d * factor, p)) for s, (d, p) in e.shapes)) for e in trace.events)
-    return Trace(f"{trace.name}x{factor}", n * factor, trace.gap_s, events,
-                 tuple(frozenset(many(tuple(m))) for m in trace.minutes))
-
-
-def with_notices(trace: Trace, notice_s: float) -> Trace:
-    """A notice ``notice_s`` before each removal (AWS gives two minutes), but not before its nodes joined."""
-    if notice_s <= 0:
-        return trace
-    joined: dict[int, float] = {}
-    told = []
-    for e in trace.events:
-        if e.kind == "add":
-            joined.update((n, e.t) for n in e.nodes)
-        elif e.kind == "remove":
-            told.append(Event(max(e.t - notice_s, *(joined.get(n, 0.0) for n in e.nodes)), "notice", e.nodes, deadline=e.t))
-    return replace(trace, events=tuple(sorted((*trace.events, *told), key=lambda e: (e.t, e.kind != "notice"))))
 
 
 class World:
@@ -236,8 +113,7 @@ class World:
         data = max(1, min(data, len(alive) // pipeline))
         kept = [d for d in (keep.devices if keep else ()) if d in set(alive)]
         order = kept + [d for d in sorted(alive) if d not in set(kept)]
-        weights = [b.forward_s + b.backward_s for b in self.profile.blocks]
-        cuts = min_max_partition(weights, pipeline)
+        cuts = min_max_partition(np.array([b.forward_s + b.backward_s for b in self.profile.blocks]), pipeline)
         stages = tuple(Stage(cuts[j], cuts[j + 1], tuple(order[j * data:(j + 1) * data])) for j in range(len(cuts) - 1))
         plan = Plan(stages, self.template.num_microbatches, self.template.schedule, algorithm=f"shape:{data}x{pipeline}")
         if not self.fits(plan):
@@ -262,7 +138,8 @@ class World:
         checkpoint's); with them, only when some block's every copy died (a dead device's blocks come from a live
         replica or the snapshot neighbour's memory, else from storage, read at the storage's bandwidth)."""
         ring = ring_neighbours(old.devices)
-        moves, stored = [], {}
+        moves: list[BlockHandover] = []
+        stored: dict[int, float] = {}
         for t in move_transfers(old, new, self.profile, self.cluster):
             replicas = [d for s in old.stages if s.first <= t.first and t.last <= s.last for d in s.devices if d not in dead]
             if t.src not in dead:
@@ -311,19 +188,29 @@ class Tally:
     """One policy's run over one trace."""
 
     policy: str
+    notice_s: float = 0.0  # the notice before each removal this policy got (raypipe runs with and without)
     samples: float = 0.0
     lost_samples: float = 0.0
     stall_s: float = 0.0
     transitions: int = 0
     ran: dict[int, float] = field(default_factory=dict)  # minute -> fastest iteration time it ran in that minute
 
+    @property
+    def label(self) -> str:
+        return label(self.policy, self.notice_s)
+
+
+def label(policy: str, notice_s: float) -> str:
+    """A table column: the policy, and whether it had notices."""
+    return f"{policy}-notice" if notice_s else policy
+
 
 class Replay:
     """What every policy shares: the clock, training between events at the plan's pace, stalls, lost work."""
 
-    def __init__(self, world: World, trace: Trace, policy: str) -> None:
+    def __init__(self, world: World, trace: Trace, policy: str, notice_s: float = 0.0) -> None:
         self.world, self.trace = world, trace
-        self.tally = Tally(policy)
+        self.tally = Tally(policy, notice_s)
         self.now = 0.0
         self.busy_until = 0.0  # stalled until then
         self.plan: Plan | None = None
@@ -390,8 +277,8 @@ SPOT_RUN = RunConfig(checkpoint_every="auto")
 class RayPipe(Replay):
     """The job's policies (see the module docstring), with :data:`SPOT_RUN`'s settings."""
 
-    def __init__(self, world: World, trace: Trace, policy: str) -> None:
-        super().__init__(world, trace, policy)
+    def __init__(self, world: World, trace: Trace, notice_s: float = 0.0) -> None:
+        super().__init__(world, with_notices(trace, notice_s), "raypipe", notice_s)
         self.deaths = 0  # as the job's loop counts them: removals without notice of devices holding blocks
         self.doomed: set[int] = set()  # told to leave, emptied already
         self.changes: list[float] = []  # when capacity changed: the arbiter's horizon comes from these alone
@@ -582,19 +469,15 @@ def oracle(world: World, trace: Trace, others: Sequence[Tally]) -> Tally:
 def replay_all(world: World, trace: Trace, notice_s: float = 120.0, restart_every_s: float = 300.0,
                parcae: bool = True) -> list[tuple[Tally, float]]:
     """Every policy on ``trace``: (tally, CPU seconds of its replay)."""
-    runs: list[tuple[str, Callable[[], Replay]]] = [
-        ("raypipe-notice", lambda: RayPipe(world, with_notices(trace, notice_s), "raypipe-notice")),
-        ("raypipe", lambda: RayPipe(world, trace, "raypipe")),
-        ("restart", lambda: Restarts(world, trace, "restart", restart_every_s)),
-    ]
-    has_shapes = any(e.kind == "shape" for e in trace.events)
-    if parcae and has_shapes:
-        runs += [(name, (lambda name=name, key=key: Parcae(world, trace, name, key))) for name, key in
-                 (("parcae-liveput", "liveput_predict"), ("parcae-oracle-liveput", "liveput_truth"), ("parcae-throughput", "throughput_opt"))]
+    replays: list[Replay] = [RayPipe(world, trace, notice_s), RayPipe(world, trace),
+                             Restarts(world, trace, "restart", restart_every_s)]
+    if parcae and any(e.kind == "shape" for e in trace.events):
+        replays += [Parcae(world, trace, name, key) for name, key in (("parcae-liveput", "liveput_predict"),
+                    ("parcae-oracle-liveput", "liveput_truth"), ("parcae-throughput", "throughput_opt"))]
     out = []
-    for _, make in runs:
+    for replay in replays:
         t0 = time.process_time()
-        tally = make().run()
+        tally = replay.run()
         out.append((tally, time.process_time() - t0))
     t0 = time.process_time()
     out.append((oracle(world, trace, [t for t, _ in out]), time.process_time() - t0))
@@ -607,7 +490,7 @@ def rows(model: str, window: str, trace: Trace, world: World, results: list[tupl
     best = next(t for t, _ in results if t.policy == "oracle").samples
     out = []
     for tally, cpu in results:
-        out.append({"model": model, "window": window, "policy": tally.policy, "samples": round(tally.samples),
+        out.append({"model": model, "window": window, "policy": tally.policy, "notice_s": tally.notice_s, "samples": round(tally.samples),
                     "ratio_to_oracle": round(tally.samples / best, 4) if best > 0 else None, "transitions": tally.transitions,
                     "stall_s": round(tally.stall_s, 1), "lost_samples": round(tally.lost_samples), "usd": round(usd, 2),
                     "usd_per_million_samples": round(usd / tally.samples * 1e6, 2) if tally.samples > 0 else None,
@@ -615,27 +498,32 @@ def rows(model: str, window: str, trace: Trace, world: World, results: list[tupl
     return out
 
 
-def load_world(model: str, nodes: int, costs: Costs) -> World:
-    """Parcae's model on ``nodes`` V100s: its profile, and iterations of one global batch of micro-batches."""
+def load_world(model: str, nodes: int, costs: Costs, batch_scale: int = 1) -> World:
+    """Parcae's model on ``nodes`` V100s: its profile, and iterations of one global batch of micro-batches.
+    ``batch_scale``: a trace scaled up keeps each node's share of the work (weak scaling): every micro-batch
+    carries that many times the samples (its compute and activations scale with it), the global batch too."""
     if model not in BATCHES:
-        _fail(f"--model {model!r}: choose one of {', '.join(BATCHES)}")
-    return World(load_parcae_profile(model, calibrated=True), nodes, microbatches(model), BATCHES[model][1], costs)
+        fail(f"--model {model!r}: choose one of {', '.join(BATCHES)}")
+    profile = load_parcae_profile(model, calibrated=True)
+    if batch_scale != 1:
+        profile = profile.scaled(batch_scale).with_activation_scale(batch_scale)
+    return World(profile, nodes, microbatches(model), BATCHES[model][1] * batch_scale, costs)
 
 
 def parcae_traces(root: Path, models: Sequence[str], windows: Sequence[str]) -> list[tuple[str, Path]]:
     found = [(m, f) for m in models for f in sorted((root / m).glob("trace_*.txt"))
              if not windows or f.stem.removeprefix("trace_") in windows]
     if not found:
-        _fail(f"--traces {root}: no <model>/trace_<window>.txt files for {', '.join(models)}")
+        fail(f"--traces {root}: no <model>/trace_<window>.txt files for {', '.join(models)}")
     return found
 
 
 def table(rows_: Sequence[dict[str, Any]]) -> str:
-    policies = list(dict.fromkeys(r["policy"] for r in rows_))
+    policies = list(dict.fromkeys(label(r["policy"], r["notice_s"]) for r in rows_))
     head = "| model | window | " + " | ".join(policies) + " |\n|---|---|" + "---|" * len(policies)
     lines = [head]
     for key in dict.fromkeys((r["model"], r["window"]) for r in rows_):
-        got = {r["policy"]: r for r in rows_ if (r["model"], r["window"]) == key}
+        got = {label(r["policy"], r["notice_s"]): r for r in rows_ if (r["model"], r["window"]) == key}
         cells = [f"{got[p]['ratio_to_oracle']:.3f} ({got[p]['transitions']} tr, {got[p]['stall_s']:.0f} s)" if p in got else "-" for p in policies]
         lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -648,7 +536,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     src.add_argument("--availability", type=Path, help='{"metadata": {"gap_seconds": S}, "data": [nodes, ...]}')
     ap.add_argument("--model", action="append", help="model(s) to run (default: every model of --traces; gpt-1.5b for --availability)")
     ap.add_argument("--window", action="append", default=[], help="Parcae window(s) to run (default: all)")
-    ap.add_argument("--nodes", type=int, default=0, help="scale the trace to this many nodes (replicated node groups)")
+    ap.add_argument("--nodes", type=int, default=0,
+                    help="scale the trace to this many nodes (node groups replicated, the global batch with them)")
     ap.add_argument("--notice-s", type=float, default=120.0, help="notice before each removal for raypipe-notice (AWS: 120)")
     ap.add_argument("--restart-every-min", type=float, default=5.0, help="the restart policy's checkpoint interval")
     ap.add_argument("--usd-per-hour", type=float, default=P3_SPOT_USD, help="per node (default: the catalog's p3.2xlarge spot estimate)")
@@ -664,7 +553,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     if args.nodes < 0 or args.nodes > 4096 or args.notice_s < 0 or args.restart_every_min <= 0 or not 0 < args.usd_per_hour < 1000:
-        _fail("--nodes in 0..4096, --notice-s >= 0, --restart-every-min > 0, --usd-per-hour in (0, 1000)")
+        fail("--nodes in 0..4096, --notice-s >= 0, --restart-every-min > 0, --usd-per-hour in (0, 1000)")
     costs = Costs()
     if args.availability is not None:
         trace = availability_trace(args.availability)
@@ -676,11 +565,11 @@ def _run(args: argparse.Namespace) -> int:
     worlds: dict[tuple[str, int], World] = {}
     spot_note = "" if args.usd_per_hour != P3_SPOT_USD else f" (p3.2xlarge spot estimated at 30% of on-demand ${P3_ON_DEMAND_USD}/h)"
     for model, trace in jobs:
-        if args.nodes:
-            trace = scaled(trace, max(1, args.nodes // max(1, max(len(m) for m in trace.minutes))))
+        factor = max(1, args.nodes // max(1, max(len(m) for m in trace.minutes))) if args.nodes else 1
+        trace = scaled(trace, factor)
         key = (model, trace.nodes)
         if key not in worlds:
-            worlds[key] = load_world(model, trace.nodes, costs)
+            worlds[key] = load_world(model, trace.nodes, costs, factor)
         world = worlds[key]
         results = replay_all(world, trace, args.notice_s, args.restart_every_min * 60.0)
         window = trace.name.split("/")[-1]

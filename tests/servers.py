@@ -7,7 +7,8 @@
 Each fixture yields a fresh bucket/container URI and points the cloud's usual environment variables
 (``AWS_ENDPOINT_URL``, ``AZURE_STORAGE_CONNECTION_STRING``, ``STORAGE_EMULATOR_HOST``) at the server,
 so the code under test goes through exactly the path a user's credentials would take. A server that
-cannot start skips its tests with the reason; nothing is mocked.
+cannot start skips its tests with the reason; nothing is mocked. :class:`Forwarder` puts a TCP hop the caller
+cuts and restores in front of one (a real outage: connections refused, live ones dropped).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import shutil
 import socket
 import subprocess
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -148,3 +150,63 @@ def gcs_bucket(gcs_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
 
 def environment_without(*prefixes: str) -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
+
+
+class Forwarder:
+    """127.0.0.1:PORT -> the target; ``cut`` refuses new connections and drops live ones, ``restore`` serves again."""
+
+    def __init__(self, target: str) -> None:
+        host, port = target.split("://", 1)[1].split(":")
+        self.target = (host, int(port))
+        self.port = 0
+        self.up = threading.Event()
+        self.conns: list[socket.socket] = []
+        self.listener: socket.socket | None = None
+        self.restore()
+
+    def restore(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", self.port))
+        self.port = self.listener.getsockname()[1]
+        self.up.set()
+        threading.Thread(target=self._accept, args=(self.listener,), daemon=True).start()
+
+    def cut(self) -> None:
+        self.up.clear()
+        assert self.listener is not None
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept: the port stops listening
+        except OSError:
+            pass
+        self.listener.close()
+        for c in self.conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)  # a pooled keep-alive connection dies too, as in a real outage
+            except OSError:
+                pass
+            c.close()
+        self.conns.clear()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while self.up.is_set():
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            self.conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a: socket.socket, b: socket.socket) -> None:
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                try:
+                    s.close()
+                except OSError:
+                    pass

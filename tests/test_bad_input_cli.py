@@ -12,6 +12,7 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -274,3 +275,56 @@ def test_checkpoint_copy_of_junk_writes_nothing(work: Path) -> None:
     (work / "src" / "step_00000001" / "manifest.json").write_bytes(b"\xff\xfe junk")
     refused(["checkpoint", "copy", "src/step_00000001", "dst/step_00000001"], work, "")
     assert not (work / "dst").exists()
+
+
+@pytest.fixture()
+def read_only(tmp_path: Path) -> Iterator[Path]:
+    """A folder nobody may write into: its mode for a user, a read-only bind mount for root (who ignores modes)."""
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    if os.geteuid() != 0:
+        folder.chmod(0o500)
+        yield folder
+        folder.chmod(0o700)
+        return
+    mounted = subprocess.run(f"mount --bind {folder} {folder} && mount -o remount,bind,ro {folder} {folder}", shell=True,
+                             capture_output=True)
+    if mounted.returncode != 0:
+        subprocess.run(["umount", str(folder)], capture_output=True)
+        pytest.skip("root without the right to mount: no folder is read-only for this process")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], capture_output=True)
+
+
+def test_out_on_a_read_only_folder_is_one_line_and_nothing_reaches_the_storage(read_only: Path, tmp_path: Path) -> None:
+    import argparse
+
+    from orchestrator.cli.driver_args import add_job_arguments, job_configs
+
+    root = Path(__file__).resolve().parents[1]
+    driver = ["examples/elastic_gpt.py", "--steps", "3"]
+    parser = argparse.ArgumentParser()
+    add_job_arguments(parser)  # every driver's flags: the driver refuses before its job touches the storage
+    with pytest.raises(UserError, match=rf"--out {read_only / 'out'}: .*(Read-only file system|ermission)"):
+        job_configs(parser.parse_args([*driver[1:], "--storage", str(tmp_path / "store"), "--out", str(read_only / "out")]))
+    argv = ["-m", "orchestrator", "run", "--provider", "local", "--storage", str(tmp_path / "store"), "--out",
+            str(read_only / "out"), "--", *driver]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"PYTHONPATH": str(root)}
+    proc = subprocess.run([sys.executable, *argv], cwd=root, capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"--out {read_only / 'out'}" in proc.stderr and ("Read-only file system" in proc.stderr or "ermission" in proc.stderr)
+    assert not (tmp_path / "store").exists()
+
+
+@pytest.mark.parametrize("redirect", [">&-", ">/dev/full"])
+def test_price_commands_with_standard_output_that_cannot_be_written_say_one_line(tmp_path: Path, redirect: str) -> None:
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(f"{sys.executable} -m orchestrator prices cheapest --gpu V100 --count 1 --json {redirect}", shell=True,
+                          cwd=tmp_path, capture_output=False, stderr=subprocess.PIPE, text=True, timeout=120,
+                          env=os.environ | {"PYTHONPATH": str(root), "HOME": str(tmp_path)})
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and len(errors) == 1, proc.stderr
+    assert "cannot write to standard output" in errors[0]
+    assert list(tmp_path.iterdir()) == []

@@ -263,3 +263,38 @@ def test_a_committed_checkpoint_of_another_run_is_never_replaced(tmp_path: Path,
     assert snapshot_tree(Path(theirs)) == before
     again = write_run(tmp_path / "again", 2, run_id="run-a")  # the same run's same step: an identical copy is fine
     assert main(["checkpoint", "copy", src, again]) == 0 and "copied" in capsys.readouterr().out
+
+
+def _file_size_limit(limit: int) -> None:
+    """In the child: the kernel refuses writes past ``limit`` bytes per file (EFBIG, as a full quota does);
+    SIGXFSZ ignored so the write fails instead of killing the process."""
+    import resource
+    import signal
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+
+def test_no_room_is_one_line_naming_the_path_and_bytes_never_a_half_written_copy_nor_a_death(tmp_path: Path) -> None:
+    src = ckpt.step_dir(str(tmp_path / "src"), 3)
+    entries = [ckpt.write_block(src, b, torch.nn.Linear(64, 64 * (b + 1)), None, step=3, run_id="run-a") for b in range(BLOCKS)]
+    ckpt.write_manifest(src, 3, BLOCKS, entries, {"stages": []}, {"losses": {"0": 1.0}})
+    limit = max(e["bytes"] for e in entries) - 1  # the largest block does not fit
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    dest = tmp_path / "dst" / "step_00000003"
+    copy = subprocess.run([sys.executable, "-m", "orchestrator", "checkpoint", "copy", src, str(dest)], env=env,
+                          capture_output=True, text=True, timeout=120, preexec_fn=lambda: _file_size_limit(limit))
+    assert copy.returncode == 2 and one_line(copy.stderr), copy.stderr
+    assert "File too large" in copy.stderr and "needs" in copy.stderr and "step_00000003" in copy.stderr
+    assert not (tmp_path / "dst").exists()  # nothing half-written
+    # a stage worker's checkpoint write: the store's failure (the job's exit 74), not a worker's death
+    code = ("import sys, torch\nfrom actors import checkpoint as ckpt, storage\n"
+            "try:\n    ckpt.write_block(sys.argv[1], 0, torch.nn.Linear(64, 256), None, step=1, run_id='r')\n"
+            "except storage.StorageFull as e:\n    print(e)\n"
+            "try:\n    ckpt.write_payload(sys.argv[1], ckpt.snapshot_block(0, torch.nn.Linear(64, 256), None), 1, 'r', retry_s=60)\n"
+            "except storage.StorageFailed as e:\n    print(type(e).__name__, e)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run" / "step_00000001")], env=env, capture_output=True,
+                         text=True, timeout=120, preexec_fn=lambda: _file_size_limit(limit)).stdout.splitlines()
+    assert len(out) == 2 and all("block_00000.pt" in line and "File too large (needs 66560 bytes" in line for line in out), out
+    assert out[1].startswith("StorageFailed ")  # at once: no room is not an outage to wait out
+    assert not list((tmp_path / "run").rglob("*.pt"))

@@ -248,11 +248,14 @@ def test_one_writer_per_run_a_second_job_refuses_naming_the_holder_until_the_fir
 def test_other_data_on_a_run_is_refused_unless_forced_and_then_recorded(tmp_path: Path) -> None:
     from orchestrator.elastic.run import open_run
     from tests.helpers import uniform_profile
+    from tests.test_checkpoint_places import write_run
 
     root = str(tmp_path / "ckpt")
     profile = uniform_profile(4, fwd=0.01, bwd=0.02, act=1e6, params=1e6)
     first = open_run(root, profile, 4, 0, "sgd", "auto", None, None, "data-a")
     run_record.write(root, first.record)
+    assert open_run(root, profile, 4, 0, "sgd", "auto", None, None, "data-b").record.data_fingerprint == "data-b"  # nothing trained
+    write_run(root, 2, run_id=first.record.run_id)  # a committed checkpoint of data-a
     assert open_run(root, profile, 4, 0, "sgd", "auto", None, None, "data-a").data_changed is False
     with pytest.raises(UserError, match=r"trained on other data .*\(--resume force\)"):
         open_run(root, profile, 4, 0, "sgd", "auto", None, None, "data-b")

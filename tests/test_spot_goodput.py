@@ -21,7 +21,7 @@ def world() -> sg.World:
 def test_policies_on_a_parcae_excerpt(world: sg.World) -> None:
     trace = sg.parcae_trace(EXCERPT)
     assert trace.nodes == 32 and [len(m) for m in trace.minutes][7:] == [32, 29, 29, 26, 26, 25]
-    got = {t.policy: t for t, _ in sg.replay_all(world, trace)}
+    got = {t.label: t for t, _ in sg.replay_all(world, trace)}
     assert set(got) == {"raypipe-notice", "raypipe", "restart", "parcae-liveput", "parcae-oracle-liveput",
                         "parcae-throughput", "oracle"}
     bound = got["oracle"].samples
@@ -41,7 +41,7 @@ def test_availability_traces_with_gaps_and_bad_files(tmp_path: Path, world: sg.W
     good.write_text(json.dumps({"metadata": {"gap_seconds": 600}, "data": [32, 32, 0, 29, 32]}))
     trace = sg.availability_trace(good)
     assert [e.kind for e in trace.events] == ["add", "remove", "add", "add"]
-    got = {t.policy: t for t, _ in sg.replay_all(world, trace)}
+    got = {t.label: t for t, _ in sg.replay_all(world, trace)}
     assert "parcae-liveput" not in got  # no recorded shapes in such a trace
     assert 2 not in got["oracle"].ran  # nothing runs while no node is up
     assert all(0 < t.samples <= got["oracle"].samples * (1 + 1e-9) for t in got.values())

@@ -5,74 +5,13 @@ S3 server behind a TCP forwarder the test cuts and restores (a real outage: conn
 from __future__ import annotations
 
 import json
-import socket
 import threading
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
-from tests.servers import s3_endpoint  # noqa: F401  # the session's moto server
-
-
-class Forwarder:
-    """127.0.0.1:PORT -> the target; ``cut`` refuses new connections and drops live ones, ``restore`` serves again."""
-
-    def __init__(self, target: str) -> None:
-        host, port = target.split("://", 1)[1].split(":")
-        self.target = (host, int(port))
-        self.port = 0
-        self.up = threading.Event()
-        self.conns: list[socket.socket] = []
-        self.listener: socket.socket | None = None
-        self.restore()
-
-    def restore(self) -> None:
-        self.listener = socket.create_server(("127.0.0.1", self.port))
-        self.port = self.listener.getsockname()[1]
-        self.up.set()
-        threading.Thread(target=self._accept, args=(self.listener,), daemon=True).start()
-
-    def cut(self) -> None:
-        self.up.clear()
-        assert self.listener is not None
-        try:
-            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept: the port stops listening
-        except OSError:
-            pass
-        self.listener.close()
-        for c in self.conns:
-            try:
-                c.shutdown(socket.SHUT_RDWR)  # a pooled keep-alive connection dies too, as in a real outage
-            except OSError:
-                pass
-            c.close()
-        self.conns.clear()
-
-    def _accept(self, listener: socket.socket) -> None:
-        while self.up.is_set():
-            try:
-                client, _ = listener.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(self.target)
-            self.conns += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pipe(a: socket.socket, b: socket.socket) -> None:
-        try:
-            while data := a.recv(65536):
-                b.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (a, b):
-                try:
-                    s.close()
-                except OSError:
-                    pass
+from tests.servers import Forwarder, s3_endpoint  # noqa: F401  # the session's moto server
 
 
 @pytest.fixture
@@ -122,3 +61,42 @@ def test_event_segments_and_progress_ride_out_an_outage_and_catch_up(flaky_bucke
     time.sleep(1.1)  # the next beat (progress is written at most once a second)
     state.progress(5, lambda: rr.Live(10))
     assert rr.read(f"{root}/run").steps_done == 5  # type: ignore[union-attr]
+
+
+def test_a_checkpoint_write_is_done_again_through_an_outage_within_the_bound_and_fails_past_it(
+        flaky_bucket: tuple[str, Forwarder]) -> None:
+    import time
+
+    import torch
+
+    from actors import checkpoint as ckpt
+    from actors import storage
+
+    root, forwarder = flaky_bucket
+    payload = {"block": 0, "model": {"w": torch.arange(6.0)}, "optimizer": None, "shapes": {"w": [6]}}
+    forwarder.cut()
+    threading.Timer(1.5, forwarder.restore).start()  # back while the write retries
+    t0 = time.monotonic()
+    entry = ckpt.write_payload(f"{root}/step_1", payload, 1, "r1", retry_s=60.0)
+    assert time.monotonic() - t0 >= 1.0  # it waited for the store, and wrote
+    assert storage.digest(f"{root}/step_1/{entry['file']}") == (entry["sha256"], entry["bytes"])
+    forwarder.cut()
+    with pytest.raises(storage.StorageFailed, match=r"unreachable.*gave up after 1 s") as failed:
+        ckpt.write_payload(f"{root}/step_2", payload, 2, "r1", retry_s=1.0)
+    assert not isinstance(failed.value, storage.UserError) and "\n" not in str(failed.value)  # infrastructure, one line
+
+
+def test_the_supervisor_keeps_its_state_and_events_through_an_outage(flaky_bucket: tuple[str, Forwarder]) -> None:
+    from actors import storage
+    from orchestrator.supervise.state import EventSegment, StateStore, SupervisorState
+
+    root, forwarder = flaky_bucket
+    store, segment = StateStore(root), EventSegment(root, echo=False)
+    forwarder.cut()
+    segment.emit("cluster_up", cluster="c1")  # a hint: kept, not raised
+    threading.Timer(1.5, forwarder.restore).start()
+    store.save(SupervisorState(run_id="r1", clusters_made=1))  # what it owns: written once the store is back
+    assert store.load() == SupervisorState(run_id="r1", clusters_made=1, heartbeat=store.load().heartbeat)  # type: ignore[union-attr]
+    segment.emit("job_submitted", cluster="c1")
+    lines = [json.loads(x)["event"] for x in storage.read_bytes(segment.location).decode().splitlines()]
+    assert lines == ["cluster_up", "job_submitted"]

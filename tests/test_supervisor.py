@@ -21,7 +21,7 @@ from cloud.importers import load_any
 from cloud.migration import KeepOffer, Migrate, plan_migration
 from cloud.throughput import ThroughputTable
 from orchestrator.cli.commands import main
-from orchestrator.supervise.local import listening
+from orchestrator.supervise.local import listening, session_processes
 from orchestrator.supervise.offers import PRICE_FACTOR, local_offers, write_price_file
 from orchestrator.supervise.state import StateStore, SupervisorState, merged_events
 
@@ -172,24 +172,36 @@ def test_a_user_error_is_reported_once_and_not_relaunched(tmp_path: Path) -> Non
 
 @pytest.mark.ray
 @pytest.mark.timeout(900)
-def test_a_restarted_supervisor_adopts_the_running_job(tmp_path: Path) -> None:
+def test_a_supervisor_killed_mid_migration_is_restarted_adopts_the_target_and_tears_the_source_down(tmp_path: Path) -> None:
+    """``kill -9`` of ``orchestrator run`` right after its ``job_submitted`` on a price move's target: its state names
+    both clusters, so the same command again adopts the target's job and tears the source down."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop("RAY_ADDRESS", None)
-    cmd = [sys.executable, "-m", "orchestrator", "run", "--storage", str(tmp_path / "run"), "--cpus", "1", "--",
-           "tests/supervisor_driver.py", "--steps", "40", "--step-s", "0.5"]
-    first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=ROOT)
-    record = tmp_path / "run" / "run.json"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not (record.exists() and json.loads(record.read_text() or "{}").get("steps_done")):
-        time.sleep(1)
-    first.send_signal(signal.SIGKILL)  # the supervisor dies; its cluster and job go on
+    cmd = [sys.executable, "-m", "orchestrator", "run", "--storage", str(tmp_path / "run"), "--cpus", "1", "--price-change-at", "3",
+           "--", "tests/supervisor_driver.py", "--steps", "20", "--step-s", "0.5"]
+    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=ROOT)
+    assert first.stdout is not None
+    submitted = 0
+    for line in first.stdout:  # the supervisor's own lines, as it says them
+        submitted += line.startswith("[supervisor] job_submitted")
+        if submitted == 2:  # the target's job: the source is still up (torn down only once the target resumed)
+            first.send_signal(signal.SIGKILL)
+            break
     first.wait()
-    second = subprocess.run(cmd + [], capture_output=True, text=True, timeout=400, env=env, cwd=ROOT)
+    assert submitted == 2
+    owned = StateStore(str(tmp_path / "run")).load()
+    assert owned is not None and len(owned.owned) == 2 and owned.cluster == owned.owned[1]
+    second = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env, cwd=ROOT)
     assert second.returncode == 0, second.stderr[-2000:]
     events = merged_events(str(tmp_path / "run"))
-    assert len(of(events, "adopted")) == 1
-    assert len(of(events, "job_submitted")) == 1 and len(of(events, "job_started")) == 1  # never a second copy
-    assert json.loads(record.read_text())["steps_done"] == 40
+    (adopted,) = of(events, "adopted")
+    (source,) = [e for e in of(events, "cluster_up") if e["cluster"] != adopted["cluster"]]
+    assert [e["cluster"] for e in of(events, "cluster_released")] == [source["cluster"]]
+    assert len(of(events, "job_submitted")) == 2 and len(of(events, "job_started")) == 2  # never a third copy
+    assert [e["resumed_from"] for e in of(events, "job_started")] == [None, 3]
+    assert not session_processes(source["session"]) and not listening(source["address"])
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["steps_done"] == 20
+    assert StateStore(str(tmp_path / "run")).load().owned == ()  # type: ignore[union-attr]
 
 
 @pytest.mark.ray

@@ -1,7 +1,9 @@
 """The supervisor with the real job: ``examples/elastic_gpt.py`` (an unmodified driver) under
 ``orchestrator run --provider local`` with checkpoints on a local S3 server (moto), a replayed
 price rise moving it from cluster A to cluster B, and its final weights against uninterrupted
-single-process training (the contract of issue 23, at a smaller step count)."""
+single-process training (the contract of issue 23, at a smaller step count) — right after the same
+command with a data function that raises (``tests/bad_shard_driver.py``) failed once, not relaunched
+(the contract of issue 41)."""
 
 from __future__ import annotations
 
@@ -29,17 +31,33 @@ def _job_speaks_the_protocol() -> bool:
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(1200), pytest.mark.skipif(not _job_speaks_the_protocol(), reason="the job has no resume/run record yet")]
 
 
-def test_a_price_rise_moves_the_real_job_between_local_clusters_exactly(s3_bucket: str, tmp_path: Path) -> None:  # noqa: F811
+def test_a_user_crash_fails_once_then_the_fixed_driver_moves_between_local_clusters_exactly(s3_bucket: str, tmp_path: Path) -> None:  # noqa: F811
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop("RAY_ADDRESS", None)
-    cmd = [sys.executable, "-m", "orchestrator", "run", "--provider", "local", "--storage", f"{s3_bucket}/run",
-           "--out", str(tmp_path / "out"), "--price-change-at", "4", "--", "examples/elastic_gpt.py", "--steps", "8",
-           "--checkpoint-every", "3", "--verify", "--out", str(tmp_path / "driver")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
+
+    def run(driver: str, out: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "orchestrator", "run", "--provider", "local", "--storage", f"{s3_bucket}/run",
+               "--out", str(tmp_path / out), "--price-change-at", "4", "--", driver, "--steps", "8",
+               "--checkpoint-every", "3", "--verify", "--out", str(tmp_path / "driver")]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
+
+    # the real driver with a data function that raises at step 3: a user error, reported once, never relaunched
+    crash = run("tests/bad_shard_driver.py", "crash")
+    errors = [line for line in crash.stderr.splitlines() if line.startswith("error:")]
+    assert crash.returncode == 2 and len(errors) == 1 and "bad shard" in errors[0], crash.stderr[-3000:]
+    crashed = [json.loads(line) for line in (tmp_path / "crash" / "events.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in crashed].count("job_submitted") == 1 and not [e for e in crashed if e["event"] == "cluster_lost"]
+    from orchestrator.supervise.state import read_record
+
+    assert (read_record(f"{s3_bucket}/run") or {}).get("status") == "failed"
+    # the unmodified example right after, on the same storage: its offers were never blocked; a price rise moves it
+    proc = run("examples/elastic_gpt.py", "out")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     diffs = [float(x) for x in re.findall(r"max_abs_diff=([0-9.e+-]+)", proc.stdout)]
     assert diffs and diffs[-1] <= 1e-5
     events = [json.loads(line) for line in (tmp_path / "out" / "events.jsonl").read_text().splitlines()]
+    assert events[:len(crashed)] == crashed  # the run's log: the crash first
+    events = events[len(crashed):]  # the second command's
     started = [e for e in events if e["event"] == "job_started"]
     assert len({e["cluster"] for e in started}) >= 2
     (move,) = [e for e in events if e["event"] == "migration"]

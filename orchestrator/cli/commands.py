@@ -423,6 +423,8 @@ class _GuardedStdout:
         self._inner = inner
 
     def write(self, text: str) -> int:
+        if self._inner is None:  # started with standard output closed (``>&-``): Python leaves sys.stdout None
+            raise OutputError("cannot write to standard output: it is closed")
         try:
             return int(self._inner.write(text))
         except BrokenPipeError:
@@ -431,6 +433,8 @@ class _GuardedStdout:
             raise OutputError(f"cannot write to standard output: {exc.strerror or exc}") from None
 
     def flush(self) -> None:
+        if self._inner is None:
+            return  # nothing was written (a write would have raised)
         try:
             self._inner.flush()
         except BrokenPipeError:
@@ -443,6 +447,7 @@ class _GuardedStdout:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from actors.storage_env import EXIT_STORAGE, StorageFailed
     from orchestrator.core.files import one_command
 
     saved = sys.stdout
@@ -458,6 +463,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         _silence_stdout()  # what is still buffered must not fail again at exit
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         return 2
+    except StorageFailed as exc:  # orchestrator run: its storage gone past the bound (the cluster is still on record)
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_STORAGE
     except (UserError, CloudError) as exc:  # cloud/ has its own error type (it imports nothing of ours)
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         return 2
@@ -475,6 +483,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run_main(fn: Callable[[], object]) -> None:
     """Run a driver script's ``main`` with the command line's error contract: a user mistake is
     one line on stderr and exit 2, never a traceback."""
+    from actors.storage_env import EXIT_STORAGE, StorageFailed
     from orchestrator.elastic.lease import EXIT_LOCKED, RunLocked
     from orchestrator.elastic.signals import EXIT_MIGRATE, JobFailed, JobStopped, MigrationRequested
 
@@ -486,6 +495,9 @@ def run_main(fn: Callable[[], object]) -> None:
     except RunLocked as exc:  # another live job trains this run: not the user's mistake, not a failure of the run
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         raise SystemExit(EXIT_LOCKED) from None
+    except StorageFailed as exc:  # the store did not take a checkpoint: infrastructure (a supervisor relaunches)
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        raise SystemExit(EXIT_STORAGE) from None
     except JobFailed as exc:  # the failure budget is spent; the newest committed checkpoint stays loadable
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         raise SystemExit(1) from None

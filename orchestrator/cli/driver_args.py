@@ -23,6 +23,7 @@ from typing import Any
 
 from orchestrator.adapt.faults import FaultSchedule, Kill
 from orchestrator.core.errors import UserError
+from orchestrator.core.files import check_output_dir
 from orchestrator.elastic.job_config import AdaptConfig, InjectedNotice, RunConfig, ScalingConfig, SpotConfig
 from orchestrator.sinks import MLflow, Sink, TensorBoard, WandB
 
@@ -94,6 +95,7 @@ def job_configs(args: argparse.Namespace) -> tuple[ScalingConfig, RunConfig, Ada
     notices = () if args.inject_notice_at is None else (InjectedNotice(args.inject_notice_at, args.notice_s, doomed),)
     resume: dict[str, Any] = {"resume": args.resume} if args.resume else {}
     catalog: dict[str, Any] = {"catalog": args.catalog} if args.catalog else {}
+    check_output_dir(args.out, "--out")  # a read-only one: one line before the storage is touched
     where = args.storage or os.environ.get("RAYPIPE_STORAGE") or f"{args.out}/checkpoints"
     run = RunConfig(storage=where, events=f"{args.out}/events.jsonl", checkpoint_every=args.checkpoint_every,
                     max_failures=args.max_failures, snapshot_every=args.snapshot_every, callbacks=sinks(args),

@@ -262,7 +262,10 @@ def check_output_dir(path: str | os.PathLike[str], what: str = "output folder") 
         except OSError as exc:
             raise UserError(f"cannot write into {what} {p}: {exc.strerror or exc}") from None
         return p
-    check_output(p / "probe", what)  # the nearest existing ancestor must take a new folder
+    try:
+        check_output(p / "probe", what)  # the nearest existing ancestor must take a new folder
+    except UserError as exc:
+        raise UserError(str(exc).replace(f"{p / 'probe'}", str(p))) from None  # the folder's name, not the probe's
     return p
 
 

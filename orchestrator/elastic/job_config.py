@@ -183,6 +183,10 @@ class RunConfig:
     hang_timeout_s: float | None = None
     """A worker whose step runs past this is hung: its process is ended and it is recovered like a dead one.
     ``None``: 10 x the recent median step, at least 30 s (a loaded machine never trips it)."""
+    storage_retry_s: float = 180.0
+    """A checkpoint the storage does not take (unreachable) is written again with backoff for this long; then the job
+    ends with one line and exit 74 (``EXIT_STORAGE``: infrastructure, a supervisor relaunches), as it does at once on a
+    full disk. Writes that are only hints (progress, events) never end the job."""
     callbacks: tuple[Any, ...] = ()
     """The user's callbacks and trackers (:mod:`orchestrator.elastic.callbacks`, :mod:`orchestrator.sinks`), called
     before those given to the job itself (as in Ray Train's ``RunConfig(callbacks=...)``)."""
@@ -202,6 +206,7 @@ class RunConfig:
         limits.flag(self.progress, where, "progress")
         if self.hang_timeout_s is not None:
             limits.number(self.hang_timeout_s, where, "hang_timeout_s", positive=True, maximum=86400.0)
+        limits.number(self.storage_retry_s, where, "storage_retry_s", maximum=86400.0)
         from orchestrator.elastic.callbacks import Callback
 
         if not isinstance(self.callbacks, tuple) or not all(isinstance(c, Callback) for c in self.callbacks):

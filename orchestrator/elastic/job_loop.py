@@ -129,7 +129,7 @@ class ElasticJob:
                                        train.num_microbatches, plan=plan, checkpoint_dir=run.storage, seed=train.seed,
                                        use_gpu=scaling.use_gpu, workers=workers, training=train.training,
                                        run_id=self.opened.record.run_id, eval_data_fn=train.eval_data_fn,
-                                       hang_timeout_s=run.hang_timeout_s)
+                                       hang_timeout_s=run.hang_timeout_s, storage_retry_s=run.storage_retry_s)
         self.loop = TrainingLoop(self.runtime, self, run.pipelined)  # dispatches, counts failures; this job decides
         self.runstate = RunState(str(run.storage), self.opened, run.events_path())
         self._skipped_told = 0  # runtime.skipped_checkpoints already in the event log
@@ -195,6 +195,9 @@ class ElasticJob:
             self._finish()
         except UserError as exc:  # the user's mistake (a callback, data_fn, loss_fn, ...): recorded, never retried
             self._user_failed(exc)
+            raise
+        except storage.StorageFailed as exc:  # a checkpoint the store did not take: the run stays 'running' for a relaunch
+            self.emit("storage_failed", step=self.runtime.step, error=str(exc))
             raise
         finally:
             stop.restore()

@@ -48,10 +48,13 @@ class SegmentLog:
         line = json.dumps(record, default=str)
         with self._lock:
             if self.local:
-                with open(storage.local_path(self.where), "a") as handle:
-                    handle.write(line + "\n")
-                    handle.flush()
-                    os.fsync(handle.fileno())
+                try:
+                    with open(storage.local_path(self.where), "a") as handle:
+                        handle.write(line + "\n")
+                        handle.flush()
+                        os.fsync(handle.fileno())
+                except OSError:
+                    pass  # a full disk: events are hints, the job ends on the checkpoint that cannot be written
                 return
             self._lines.append(line)
             self._dirty = True
@@ -107,7 +110,9 @@ def open_run(root: str, profile: Profile, num_microbatches: int, seed: int, opti
         found, rebuilt = None, f"{damaged}; made again from the newest committed checkpoint (step {latest.step})"
     if found is not None:
         rr.check_same_run(found, model, run_id, root)
-    changed = found is not None and data is not None and found.data_fingerprint not in (None, data)
+    # other data matters only once something trained on the old data is committed (a run that failed on its first
+    # steps, fixed by its user, starts again from the seed with the fixed data)
+    changed = found is not None and latest.location is not None and data is not None and found.data_fingerprint not in (None, data)
     if changed and resume != "force":
         raise UserError(f"{root} holds run {found.run_id!r} trained on other data (another data function, batch size or "  # type: ignore[union-attr]
                         "sample shape): use another storage location, or resume='force' (--resume force) to go on with this data")

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.core.errors import UserError
+from orchestrator.core.files import check_output_dir
 
 PROVIDERS = ("local", "existing", "ray-up")
 
@@ -85,6 +86,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.kill_cluster_at is not None and args.provider != "local":
         raise UserError("--kill-cluster-at is a rehearsal for --provider local only")
     out = Path(args.out).resolve() if args.out else None
+    if out is not None:
+        check_output_dir(out, "--out")  # before anything is written to the storage
     offers, provisioner = _provider(args, out)
     config = SupervisorConfig(driver=tuple(driver), storage=_storage(args.storage), offers=tuple(offers),
                               working_dir=str(working_dir), run_id=args.run_id, resume=args.resume, out=out,

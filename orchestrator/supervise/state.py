@@ -28,6 +28,8 @@ from orchestrator.supervise.provision import ClusterHandle
 RECORD = "run.json"
 STATE = "supervisor.json"
 EVENTS = "events"
+RETRY_S = 180.0
+"""How long the supervisor's state is written again through a storage outage (as a job's checkpoint)."""
 OWNER_STALE_S = 30.0
 """A supervisor that has not written its heartbeat for this long is gone (its run may be adopted)."""
 
@@ -77,7 +79,11 @@ class SupervisorState:
     pid: int = 0
     heartbeat: float = 0.0
     cluster: ClusterHandle | None = None
+    """The cluster the job runs on now."""
     job_id: str | None = None
+    owned: tuple[ClusterHandle, ...] = ()
+    """Every cluster provisioned and not yet torn down (source and target during a migration): a restarted supervisor
+    tears down those it no longer needs."""
     failed_offers: dict[str, float] = field(default_factory=dict)
     """Offer label -> time it failed (provisioning, or its cluster lost); skipped for a while."""
     recoveries: int = 0
@@ -89,6 +95,7 @@ class SupervisorState:
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["cluster"] = self.cluster.to_json() if self.cluster else None
+        data["owned"] = [h.to_json() for h in self.owned]
         return data
 
     @classmethod
@@ -96,6 +103,7 @@ class SupervisorState:
         cluster = data.get("cluster")
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         return cls(**{**known, "cluster": ClusterHandle.from_json(cluster) if cluster else None,
+                      "owned": tuple(ClusterHandle.from_json(h) for h in data.get("owned") or ()),
                       "failed_offers": {str(k): float(v) for k, v in (data.get("failed_offers") or {}).items()}})
 
     def owned_by_other(self, now: float) -> bool:
@@ -124,9 +132,12 @@ class StateStore:
         except (TypeError, ValueError) as exc:
             raise UserError(f"{self.location}: not a supervisor state ({exc})") from None
 
-    def save(self, state: SupervisorState) -> SupervisorState:
+    def save(self, state: SupervisorState, retry_s: float = RETRY_S) -> SupervisorState:
+        """Written again with backoff through a storage outage for up to ``retry_s`` (what it owns must be on record
+        before it acts), then :class:`~actors.storage.StorageFailed`."""
         state = replace(state, heartbeat=time.time())
-        storage.write_bytes(self.location, json.dumps(state.to_json(), indent=1).encode())
+        data = json.dumps(state.to_json(), indent=1).encode()
+        storage.retried(lambda: storage.write_bytes(self.location, data), retry_s)
         return state
 
 
@@ -150,7 +161,10 @@ class EventSegment:
 
         record = {"event": event, "time": time.time(), **redact(fields)}
         self.lines.append(json.dumps(record, default=str))
-        storage.write_bytes(self.location, ("\n".join(self.lines) + "\n").encode())
+        try:
+            storage.write_bytes(self.location, ("\n".join(self.lines) + "\n").encode())
+        except storage.StorageError:
+            pass  # a storage outage: the segment is rewritten whole with this line at the next event
         if self.echo:
             detail = " ".join(f"{k}={v}" for k, v in fields.items())
             print(f"[supervisor] {event} {detail}", flush=True)

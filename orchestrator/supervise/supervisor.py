@@ -13,8 +13,9 @@ its output, follows the run record and events the job writes into the run's stor
   checkpoint, on the best offer not blocked, within ``max_recoveries``;
 - reports a user error (exit 1 or 2 with record status ``failed``) once, with the driver's last lines;
 - **survives its own restart**: :class:`~orchestrator.supervise.state.SupervisorState` in the run's
-  storage names the cluster and the job; a restarted supervisor adopts them (or relaunches), and a
-  second supervisor on a run that has a live owner refuses.
+  storage names the cluster and the job, and every cluster it owns (source and target during a migration);
+  a restarted supervisor tears down the owned clusters it no longer needs, adopts the job's (or relaunches),
+  and a second supervisor on a run that has a live owner refuses.
 """
 
 from __future__ import annotations
@@ -33,14 +34,15 @@ from pathlib import Path
 from typing import Any
 
 from cloud.records import Offer
-from actors.storage import StorageError
+from actors.storage import StorageError, StorageFailed
+from actors.storage_env import EXIT_STORAGE
 from orchestrator.core.errors import UserError
 from orchestrator.elastic.observability import redact_text
 from orchestrator.elastic.run_record import request_stop
 from orchestrator.elastic.signals import EXIT_MIGRATE
 from orchestrator.supervise.offers import PRICE_FACTOR, ranked, write_price_file
 from orchestrator.supervise.provision import ClusterHandle, ProvisionError, Provisioner
-from orchestrator.supervise.state import EventSegment, StateStore, SupervisorState, merged_events, newest_committed, read_record
+from orchestrator.supervise.state import RETRY_S, EventSegment, StateStore, SupervisorState, merged_events, newest_committed, read_record
 from orchestrator.supervise.submit import TERMINAL, DriverJob, TextSink
 
 MIGRATE_EXIT = EXIT_MIGRATE  # one constant with the job (orchestrator.elastic.signals)
@@ -120,8 +122,8 @@ class Supervisor:
         self.state = SupervisorState(run_id=config.run_id or uuid.uuid4().hex[:12])
 
     # ----- state -----
-    def _save(self, **changes: Any) -> None:
-        self.state = self.store.save(replace(self.state, **changes))
+    def _save(self, retry_s: float = RETRY_S, **changes: Any) -> None:
+        self.state = self.store.save(replace(self.state, **changes), retry_s)
 
     def _take_ownership(self) -> SupervisorState | None:
         previous = self.store.load()
@@ -136,7 +138,7 @@ class Supervisor:
         # a finished supervisor's cluster is gone, but the offers that failed stay blocked for a while
         base = previous if previous is not None and not previous.finished else \
             SupervisorState(run_id=run_id, failed_offers=previous.failed_offers if previous else {},
-                            clusters_made=previous.clusters_made if previous else 0)
+                            clusters_made=previous.clusters_made if previous else 0, owned=previous.owned if previous else ())
         self.state = replace(base, run_id=run_id, host=socket.gethostname(), pid=os.getpid(), finished=False)
         self._save()
         return previous if previous is not None and not previous.finished else None
@@ -167,6 +169,7 @@ class Supervisor:
                 self.events.emit("provision_failed", offer=offer.label(), reason=" ".join(str(exc).split())[:300])
                 self._save(failed_offers={**self.state.failed_offers, offer.label(): time.time()})
                 continue
+            self._save(owned=(*self.state.owned, handle))  # before anything else: a restart must find it
             self.events.emit("cluster_up", cluster=handle.cluster_id, offer=offer.label(), address=handle.gcs_address,
                              provider=handle.provider, session=handle.session, usd_per_hour=offer.usd_per_hour)
             self.billed[handle.cluster_id] = (time.time(), offer.usd_per_hour)
@@ -200,13 +203,14 @@ class Supervisor:
     def _submit(self, handle: ClusterHandle, offer: Offer, resume: str, step: int | None) -> _Current:
         job = DriverJob.submit(handle, list(self.config.driver), self.config.working_dir,
                                self._env(handle, offer, resume, step), self.config.python, self.out)
+        self._save(cluster=handle, job_id=job.job_id)  # first: a supervisor killed after saying it adopts this job
         self.events.emit("job_submitted", cluster=handle.cluster_id, job_id=job.job_id, resume=resume, offer=offer.label())
-        self._save(cluster=handle, job_id=job.job_id)
         job.follow()
         return _Current(handle, job, offer)
 
     def _teardown(self, handle: ClusterHandle) -> None:
         self.provisioner.teardown(handle)
+        self._save(owned=tuple(h for h in self.state.owned if h.cluster_id != handle.cluster_id))
         kept = {"kept": True} if handle.provider == "existing" else {}  # the user's cluster: released, not stopped
         up = self.billed.pop(handle.cluster_id, None)
         usd = {"usd": round(up[1] * (time.time() - up[0]) / 3600.0, 6)} if up is not None else {}
@@ -246,6 +250,7 @@ class Supervisor:
         except RunFailed as exc:
             print(f"error: {exc}", file=sys.stderr)
             code = exc.code
+            self._release_others(keep=None)  # nobody supervises them from here on
         finally:
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
@@ -262,13 +267,24 @@ class Supervisor:
             if offer is not None and adopted.job_id and self.provisioner.alive(handle):
                 job = DriverJob(handle, adopted.job_id, self.out)
                 if job.status() not in (None, *TERMINAL):
+                    self._release_others(keep=handle.cluster_id)  # a move's source, a target never used
                     self.events.emit("adopted", cluster=handle.cluster_id, job_id=adopted.job_id)
                     job.follow()
                     return _Current(handle, job, offer)
+            self._release_others(keep=handle.cluster_id)
             return self._relaunch(handle, "supervisor restarted; its cluster or job is gone")
+        self._release_others(keep=None)
         record = read_record(self.config.storage)
         step = newest_committed(self.config.storage, record) if self.config.resume != "never" else None
         return self._place(None, set(), self.config.resume, step)
+
+    def _release_others(self, keep: str | None) -> None:
+        """Tear down every cluster the state owns but ``keep`` (the job's, adopted or relaunched from): an earlier
+        supervisor killed mid-move left them up."""
+        for handle in self.state.owned:
+            if handle.cluster_id != keep:
+                self.events.emit("cluster_released", cluster=handle.cluster_id, reason="owned by the supervisor before its restart, no longer needed")
+                self._teardown(handle)
 
     def _interrupt(self, signum: int, frame: Any) -> None:
         """Ctrl-C: the first asks the run to stop (see :meth:`run`), the second detaches."""
@@ -290,10 +306,10 @@ class Supervisor:
                 self.events.emit("stop_requested", cluster=cur.handle.cluster_id, by="Ctrl-C")
             try:  # a storage outage: the heartbeat and the record are read again at the next poll
                 if time.monotonic() - beat > 5.0:
-                    self._save()
+                    self._save(retry_s=0.0)  # a beat: skipped, not waited for
                     beat = time.monotonic()
                 record = read_record(self.config.storage)
-            except StorageError:
+            except (StorageError, StorageFailed):
                 record = None
             self._rehearse_kill(cur, record)
             status = cur.job.status()
@@ -334,6 +350,8 @@ class Supervisor:
             self._save(cluster=None, job_id=None)
             tail = redact_text(" | ".join(line for line in cur.job.lines[-5:] if line.strip()))
             raise RunFailed(int(outcome.exit_code or 1), f"the driver failed (exit {outcome.exit_code}), not relaunched: {tail}")
+        if outcome.exit_code == EXIT_STORAGE:  # the run's storage, not this offer: relaunched, the offer not blocked
+            return self._lost(cur, f"the storage did not take a checkpoint (exit {EXIT_STORAGE})", blame=False)
         return self._lost(cur, f"job {outcome.status} (exit {outcome.exit_code}) with the run {status or 'not started'}")
 
     def _done(self, cur: _Current, record: dict[str, Any]) -> None:
@@ -343,19 +361,22 @@ class Supervisor:
         self._teardown(cur.handle)
         self._save(cluster=None, job_id=None)
 
-    def _lost(self, cur: _Current, why: str) -> _Current:
+    def _lost(self, cur: _Current, why: str, blame: bool = True) -> _Current:
         cur.job.drain(2.0)
-        return self._relaunch(cur.handle, why)
+        return self._relaunch(cur.handle, why, blame)
 
-    def _relaunch(self, handle: ClusterHandle, why: str) -> _Current:
+    def _relaunch(self, handle: ClusterHandle, why: str, blame: bool = True) -> _Current:
+        """Tear down what is left of ``handle`` and place the run again; ``blame``: the offer failed (blocked for
+        ``block_s``), else the next placement may choose it again."""
         step = newest_committed(self.config.storage, read_record(self.config.storage))
         self.events.emit("cluster_lost", cluster=handle.cluster_id, last_committed=step, reason=why)
-        self._save(failed_offers={**self.state.failed_offers, handle.offer: time.time()})
+        if blame:
+            self._save(failed_offers={**self.state.failed_offers, handle.offer: time.time()})
         self._teardown(handle)  # whatever is left of it
         if self.state.recoveries >= self.config.max_recoveries:
             raise RunFailed(1, f"cluster {handle.cluster_id} lost ({why}); recovery budget of {self.config.max_recoveries} spent")
         self._save(recoveries=self.state.recoveries + 1, cluster=None, job_id=None)
-        return self._place(None, {handle.offer}, "require" if step else "auto", step)
+        return self._place(None, {handle.offer} if blame else set(), "require" if step else "auto", step)
 
     def _migrate(self, cur: _Current, record: dict[str, Any]) -> _Current:
         ask = record.get("migration") or {}

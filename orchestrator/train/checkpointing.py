@@ -38,7 +38,8 @@ class Upload:
 class Checkpoints:
     """Checkpoints of one runtime under ``directory`` (``None``: none configured)."""
 
-    def __init__(self, directory: str | Path | None) -> None:
+    def __init__(self, directory: str | Path | None, retry_s: float = 180.0) -> None:
+        self.retry_s = retry_s  # a commit is done again through a storage outage for this long
         # a local folder stays a Path; a storage URI (s3://, gs://, az://) stays a string
         self.directory: str | Path | None = (
             None if directory is None else directory if isinstance(directory, str) and not storage.is_local(directory)
@@ -68,7 +69,8 @@ class Checkpoints:
             self._upload = Upload(target, step, plan.num_blocks, plan.to_dict(), extra, devices)
             return target
         entries = [e for part in group.call("save_blocks", str(target), False, step, what="checkpoint") for e in part]
-        ckpt.write_manifest(target, step, plan.num_blocks, entries, plan.to_dict(), extra, seed=spec.seed)
+        storage.retried(lambda: ckpt.write_manifest(target, step, plan.num_blocks, entries, plan.to_dict(), extra, seed=spec.seed),
+                        self.retry_s)
         return target
 
     @property
@@ -83,7 +85,8 @@ class Checkpoints:
         up, self._upload = self._upload, None
         entries = [e for part in group.call("finish_blocks", devices=up.devices, what=f"checkpoint upload to {up.target}")
                    for e in part]
-        ckpt.write_manifest(up.target, up.step, up.num_blocks, entries, up.plan, up.extra, seed=spec.seed)
+        storage.retried(lambda: ckpt.write_manifest(up.target, up.step, up.num_blocks, entries, up.plan, up.extra, seed=spec.seed),
+                        self.retry_s)
         return up.target
 
     def abandon(self) -> None:

@@ -71,6 +71,7 @@ class PipelineRuntime:
         run_id: str = "",
         eval_data_fn: Callable[[int], tuple[Tensor, Tensor]] | None = None,
         hang_timeout_s: float | None = None,
+        storage_retry_s: float = 180.0,
     ) -> None:
         """``validate``: check the user's functions on the driver first (see
         :func:`actors.user_code.validate_job`): one model build, one probe row, two ``data_fn(0)``.
@@ -79,7 +80,7 @@ class PipelineRuntime:
         if validate:
             user_code.validate_job(model_factory, loss_fn, optimizer_factory, data_fn, num_microbatches, checkpoint_dir, seed)
         self.spec = JobSpec(model_factory, loss_fn, optimizer_factory, data_fn, seed, pg_timeout_s, training=training or TrainingOptions(),
-                            run_id=run_id, eval_data_fn=eval_data_fn)  # every block a worker writes records the run it belongs to
+                            run_id=run_id, eval_data_fn=eval_data_fn, storage_retry_s=storage_retry_s)  # every block a worker writes records the run it belongs to
         self.num_microbatches = num_microbatches
         self.use_gpu = use_gpu
         self._probed: WorkerGroup | None = None  # the workers that measured the cluster, kept to run the plan
@@ -90,7 +91,7 @@ class PipelineRuntime:
         self.plan = plan
         if self.plan.num_microbatches != num_microbatches:
             raise UserError(f"the plan has {self.plan.num_microbatches} micro-batches but num_microbatches={num_microbatches}")
-        self.checkpoints = Checkpoints(checkpoint_dir)  # owns where they go, the upload in flight, the damaged ones
+        self.checkpoints = Checkpoints(checkpoint_dir, storage_retry_s)  # owns where they go, the upload in flight, the damaged ones
         self.iteration_timeout_s = iteration_timeout_s
         self.hang_timeout_s = hang_timeout_s  # None: from the measured steps (deadline_s)
         self._times: list[float] = []  # the newest steps' times, for the hang deadline
