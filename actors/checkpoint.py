@@ -36,7 +36,6 @@ import io
 import json
 import logging
 import os
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, overload
@@ -45,7 +44,7 @@ import torch
 from torch import Tensor, nn
 
 from actors import storage
-from actors.snapshot import UploadPriority, WaitRaising, deferred_snapshot, host_copy, snapshot_block  # re-exported: one format module
+from actors.snapshot import BackgroundCopy, deferred_snapshot, host_copy, snapshot_block  # re-exported: one format module
 from actors.manifest import (
     COMMIT, FORMAT, MANIFEST, MAX_HEADER_BYTES, MAX_MANIFEST_BYTES, SHA256_HEX, VERSION, CheckpointError, block_header,
     check_place, dir_step, is_int, split_header, validate_manifest,
@@ -116,72 +115,39 @@ def write_block(directory: str | os.PathLike[str], block: int, module: nn.Module
     return write_payload(directory, snapshot_block(block, module, optimizer), step, run_id)
 
 
-class BackgroundWrite:
+class BackgroundWrite(BackgroundCopy):
     """Block snapshots uploaded by a thread while training goes on (the asynchronous checkpoint).
 
     Why a snapshot first: the next optimizer step changes the weights in place, so the state is
-    copied to CPU (:func:`snapshot_block`) and only the copies are uploaded. A snapshot given as a
-    :func:`deferred_snapshot` is taken by the thread too, before any upload; :attr:`snapshotted` is
-    set once every copy exists (or failed), and the executor's next optimizer step waits for it, so
-    the stall seen by training is the part of the copy the next forward and backward do not hide.
-    :meth:`result` waits and returns the manifest entries (or raises what the upload raised);
-    nothing is committed here, so a process that dies mid-upload leaves a folder without commit
-    marker, which no reader trusts.
-
-    The thread runs at the lowest CPU priority while nobody waits for it (:class:`actors.snapshot.UploadPriority`):
-    copying, serialising, hashing and writing use the cores training leaves idle (on a GPU, or in a
-    pipeline's bubbles); where training keeps every core busy, the copy runs when the step waits for
-    it (at normal priority then), so the stall is at most that copy. Once taken the snapshots are in :attr:`staged` (and stay there), so the next
-    checkpoint copies into warm host buffers (``deferred_snapshot(into=...)``) instead of faulting
-    in fresh pages — the reuse torch.distributed.checkpoint's async stager offers as a cache.
+    copied to host memory and only the copies are uploaded. The copy and its overlap with training are
+    :class:`actors.snapshot.BackgroundCopy`'s (a :func:`deferred_snapshot` is taken by the thread, before any
+    upload; the executor's next optimizer step waits for :attr:`snapshotted`); the upload follows on the same
+    thread. :meth:`result` waits and returns the manifest entries (or raises what the upload raised); nothing is
+    committed here, so a process that dies mid-upload leaves a folder without commit marker, which no reader
+    trusts. The snapshots stay in :attr:`staged`, so the next checkpoint copies into warm host buffers
+    (``deferred_snapshot(into=...)``) instead of faulting in fresh pages — the reuse torch.distributed.checkpoint's
+    async stager offers as a cache; a recovery in place may roll back to them while the upload still runs.
     """
 
     def __init__(self, directory: str | os.PathLike[str],
                  payloads: Sequence[Mapping[str, Any] | Callable[[], Mapping[str, Any]]], step: int | None = None,
                  run_id: str = "", retry_s: float | None = None) -> None:
-        self.directory, self.entries, self.error = os.fspath(directory), [], None
-        self.retry_s = retry_s
+        self.directory, self.entries, self.retry_s = os.fspath(directory), [], retry_s
         self.step, self.run_id = place_step(directory, step), run_id
-        self.staged: dict[int, Mapping[str, Any]] = {}
-        self._payloads = list(payloads)
-        self._priority = UploadPriority()
-        self.snapshotted = WaitRaising(self._priority)
-        self._thread = threading.Thread(target=self._run, name="checkpoint-upload", daemon=True)
-        self._thread.start()
+        super().__init__(payloads, self._upload, "checkpoint-upload")
 
     entries: list[dict[str, Any]]
-    error: BaseException | None
 
-    def _run(self) -> None:
-        self._priority.lower()
-        try:
-            try:
-                taken = [p() if callable(p) else p for p in self._payloads]
-                # the step's state on the host from now on, read-only: a recovery in place may roll back to it
-                # while the upload still runs (HostCopies), and the next checkpoint copies into its buffers
-                self.staged = {int(p["block"]): p for p in taken}
-            finally:
-                self.snapshotted.set()  # the step may go on: the copies exist, or the error is recorded below
-            self._payloads = []
-            self._priority.lower(copied=True)  # again, if a step waiting for the copy had raised it
-            for payload in taken:
-                self.entries.append(write_payload(self.directory, payload, self.step, self.run_id, self.retry_s))
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller of result()
-            self.error = exc
-        finally:
-            self._payloads = []
-
-    def done(self) -> bool:
-        return not self._thread.is_alive()
+    def _upload(self, taken: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        for payload in taken:
+            self.entries.append(write_payload(self.directory, payload, self.step, self.run_id, self.retry_s))
+        return list(self.entries)
 
     def result(self, timeout_s: float | None = None) -> list[dict[str, Any]]:
-        self._priority.waited(for_good=True)
-        self._thread.join(timeout_s)
-        if self._thread.is_alive():
-            raise CheckpointError(f"checkpoint {self.directory}: upload still running after {timeout_s} s")
-        if self.error is not None:
-            raise self.error
-        return list(self.entries)
+        try:
+            return list(super().result(timeout_s))
+        except TimeoutError:
+            raise CheckpointError(f"checkpoint {self.directory}: upload still running after {timeout_s} s") from None
 
 
 def write_manifest(

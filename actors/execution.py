@@ -97,9 +97,10 @@ class Executor:
     before_step: Callable[[int], bool] | None = None  # False: skip this iteration's steps (fp16 overflow)
     after_step: Callable[[int], None] | None = None
     scale_loss: Callable[[Tensor], Tensor] | None = None  # fp16 loss scaling (after the loss is recorded)
-    # Set while an asynchronous checkpoint still copies this worker's state (actors.checkpoint.deferred_snapshot):
-    # the next optimizer step waits for the copy, which overlaps the forward and backward before it.
-    snapshot_due: threading.Event | None = None
+    # Set while copies of this worker's state are being taken in the background (an asynchronous checkpoint's, an
+    # in-memory snapshot's: actors.snapshot.BackgroundCopy): the next optimizer step waits for them, which overlap
+    # the forward and backward before it.
+    snapshot_due: tuple[threading.Event, ...] = ()
 
     def __init__(
         self, spec: JobSpec, plan: Plan, device: int, rank_of: dict[int, int], program: tuple[Action, ...],
@@ -160,9 +161,10 @@ class Executor:
         """The step hooks of this plan (tied weights, clipping, LR schedules, fp16 loss scaling; actors/training.py)."""
         self.before_step, self.after_step, self.scale_loss = before_step, after_step, scale_loss
 
-    def wait_before_step(self, copied: threading.Event | None) -> None:
-        """The next optimizer step waits for ``copied`` (an asynchronous checkpoint's copy of the state)."""
-        self.snapshot_due = copied
+    def wait_before_step(self, *copied: threading.Event) -> None:
+        """The next optimizer step also waits for ``copied`` (a background copy of the state: a checkpoint's, a
+        snapshot's), the first place where the state changes."""
+        self.snapshot_due = tuple(e for e in (*self.snapshot_due, *copied) if not e.is_set())  # none kept once set
 
     def rehearse_with(self, spec: JobSpec) -> None:
         """Rehearsal: ``spec`` with the kills armed (:func:`actors.injection.with_kills`), read by the kill hook."""
@@ -378,9 +380,12 @@ class Executor:
     def _step(self, a: Action, index: int) -> None:
         start = self.now()
         s = self.plan.stages[a.stage]
-        if self.snapshot_due is not None:
-            self.snapshot_due.wait()
-            self.snapshot_due = None
+        if self.snapshot_due:
+            for copied in self.snapshot_due:
+                copied.wait()
+            self.snapshot_due = ()
+            self.spans.append((self._labels[index], "copy_wait", start, self.now()))  # the stall the copy cost
+            start = self.now()
         stepping = self.before_step is None or self.before_step(self.step_index)
         for b in range(s.first, s.last):
             opt = self.optimizers.get(b)

@@ -215,9 +215,14 @@ class WorkerGroup:
 
     def call_each(self, method: str, args_of: Mapping[int, tuple[Any, ...]], what: str = "", timeout_s: float = 600.0) -> list[Any]:
         """Call ``method`` on each device of ``args_of`` with its own arguments, in parallel; results in that order."""
-        targets = list(args_of)
-        refs = [getattr(self.actor_of(d), method).remote(*args_of[d]) for d in targets]
+        refs, targets = self.submit_each(method, args_of)
         return self.gather(refs, what or method, timeout_s, targets)
+
+    def submit_each(self, method: str, args_of: Mapping[int, tuple[Any, ...]]) -> tuple[list[Any], list[int]]:
+        """Start ``method`` on each device of ``args_of`` with its own arguments without waiting (as :meth:`submit`);
+        an object ref among the arguments is that call's result once it exists (Ray resolves it first)."""
+        targets = list(args_of)
+        return [getattr(self.actor_of(d), method).remote(*args_of[d]) for d in targets], targets
 
     def move(self, plan: Plan, transfers: Sequence[tuple[int, int, int, int]], members: Sequence[int] | None = None,
              timeout_s: float = 300.0, step: int = 0) -> list[dict[str, Any]]:

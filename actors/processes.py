@@ -23,9 +23,10 @@ from actors.placement import Slot, actor_options, check_identity
 from actors.stage_worker import StageWorker
 from orchestrator.core.errors import UserError
 
-PROBE = {"probe": 1}
-"""A concurrency group of its own for :meth:`StageWorker.progress`: it answers while the worker's one call at a
-time (``max_concurrency=1``) is blocked in an iteration, which is what hang triage needs."""
+PROBE = {"probe": 1, "copies": 1}
+"""Concurrency groups of their own beside the worker's one call at a time (``max_concurrency=1``): ``probe`` for
+:meth:`StageWorker.progress`, which answers while an iteration is blocked (hang triage); ``copies`` for the
+in-memory snapshots' neighbour copies, sent and kept while the next iteration trains."""
 
 
 class WorkerProcesses:

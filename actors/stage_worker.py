@@ -245,7 +245,7 @@ class StageWorker:
 
     def _executor(self, *args: Any, **kwargs: Any) -> Executor:
         ex = Executor(*args, **kwargs)
-        ex.wait_before_step(self.checkpoints.snapshot_pending())  # a new plan's first step waits for the copy too
+        ex.wait_before_step(*self.checkpoints.snapshot_pending())  # a new plan's first step waits for the copy too
         if self.injecting or ex.spec.injected is not None:  # fault injection is opt-in (actors/injection.py)
             injection.install(ex, self.knobs)
         return ex
@@ -425,7 +425,7 @@ class StageWorker:
         ex = self._ready()
         out = self.checkpoints.save_blocks(ex, self.completed_step + 1, directory, background, step)
         if background:  # the next optimizer step waits for the upload thread's copy of the state
-            ex.wait_before_step(self.checkpoints.snapshot_pending())
+            ex.wait_before_step(*self.checkpoints.snapshot_pending())
         return out
 
     def finish_blocks(self) -> list[dict[str, Any]]:
@@ -439,11 +439,19 @@ class StageWorker:
     def host_copies(self) -> dict[str, Any]:
         return self.checkpoints.host_copies()
 
-    def snapshot_copies(self, step: int) -> dict[int, Any]:
-        return self.checkpoints.snapshot_copies(self._ready(), step)
+    def snapshot_copies(self, step: int) -> int:
+        """Start the in-memory snapshot at ``step`` (see :meth:`WorkerCheckpoints.snapshot_copies`); returns ``step``."""
+        self.checkpoints.snapshot_copies(self._ready(), step)
+        return step
 
-    def keep_peer_copy(self, step: int, refs: dict[int, Any]) -> int:
-        return self.checkpoints.keep_peer_copy(step, refs)
+    @ray.method(concurrency_group="copies")
+    def peer_payloads(self, step: int, started: int) -> dict[int, Any]:
+        """``started``: :meth:`snapshot_copies`'s answer, passed by reference so that this runs after it."""
+        return self.checkpoints.peer_payloads(step)
+
+    @ray.method(concurrency_group="copies")
+    def keep_peer_copy(self, step: int, *parts: dict[int, Any]) -> int:
+        return self.checkpoints.keep_peer_copy(step, *parts)
 
     def export_copies(self, step: int, blocks: list[int]) -> dict[int, Any]:
         return self.checkpoints.export_copies(self.device_id, step, blocks)

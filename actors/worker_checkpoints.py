@@ -11,6 +11,7 @@ iteration — the next optimizer step, a live move, a restore — first waits fo
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import ray
@@ -18,7 +19,7 @@ import ray
 from actors import checkpoint as ckpt
 from actors.execution import Executor
 from actors.host_copies import HostCopies
-from actors.snapshot import host_copy, snapshot_block
+from actors.snapshot import BackgroundCopy, host_copy, snapshot_block, to_wire
 
 
 class WorkerCheckpoints:
@@ -29,16 +30,18 @@ class WorkerCheckpoints:
         self.upload: ckpt.BackgroundWrite | None = None  # the asynchronous checkpoint being uploaded
         self.upload_step = 0  # the step that upload holds
         self.staged: dict[int, Any] | None = None  # the last uploaded snapshots: warm host buffers for the next one
+        self.snapshot: BackgroundCopy | None = None  # the in-memory snapshot being taken (copies.take)
 
     def forget_copies(self) -> None:
         """The host copies belong to an earlier job or state (a fresh configuration): drop them."""
-        self.copies = HostCopies()
+        self.snapshot_taken()
+        self.copies, self.snapshot = HostCopies(), None
 
-    def snapshot_pending(self) -> Any:
-        """The event an asynchronous checkpoint sets once its copy of the state exists, while it does not yet
-        (a new executor's first optimizer step waits for it), else ``None``."""
-        upload = self.upload
-        return upload.snapshotted if upload is not None and not upload.snapshotted.is_set() else None
+    def snapshot_pending(self) -> list[threading.Event]:
+        """The events set once this worker's copies of its state being taken in the background exist (an
+        asynchronous checkpoint's, an in-memory snapshot's): the next optimizer step waits for them."""
+        pending = [c.snapshotted for c in (self.upload, self.snapshot) if c is not None]
+        return [e for e in pending if not e.is_set()]
 
     def save_blocks(self, ex: Executor, next_step: int, directory: str, background: bool = False,
                     step: int | None = None) -> list[dict[str, Any]]:
@@ -66,9 +69,9 @@ class WorkerCheckpoints:
     def snapshot_taken(self) -> None:
         """Wait until an asynchronous checkpoint's copy of this worker's state exists (before the state is changed
         outside an iteration: blocks moved away or restored)."""
-        upload = self.upload
-        if upload is not None:
-            upload.snapshotted.wait()
+        for copying in (self.upload, self.snapshot):
+            if copying is not None:
+                copying.snapshotted.wait()
 
     def finish_blocks(self) -> list[dict[str, Any]]:
         """Wait for the background upload (if any) and return its manifest entries."""
@@ -103,16 +106,24 @@ class WorkerCheckpoints:
             self.copies.keep_checkpoint(self.upload_step, upload.staged)
         return {"steps": self.copies.inventory(), "bytes": self.copies.nbytes()}
 
-    def snapshot_copies(self, ex: Executor, step: int) -> dict[int, Any]:
-        """Snapshot the blocks held here as the state at ``step`` (between iterations) and return them as object
-        refs, owned by this worker, for the neighbour that keeps a copy (:meth:`keep_peer_copy`)."""
+    def snapshot_copies(self, ex: Executor, step: int) -> None:
+        """Start a snapshot of the blocks held here as the state at ``step`` (between iterations): the copy runs while
+        the next iteration's forward and backward do, and its optimizer step waits for it. The neighbour that keeps
+        a copy gets it from :meth:`peer_payloads`."""
         self.snapshot_taken()
-        snaps = self.copies.take(step, ex.modules, ex.optimizers)
-        return {b: ray.put(p) for b, p in snaps.items()}
+        self.snapshot = self.copies.take(step, ex.modules, ex.optimizers)
+        ex.wait_before_step(self.snapshot.snapshotted)
 
-    def keep_peer_copy(self, step: int, refs: dict[int, Any]) -> int:
-        """Copy a neighbour's snapshot at ``step`` into this process; returns the bytes of copies held here."""
-        self.copies.keep_peer(step, {int(b): p for b, p in zip(refs, ray.get(list(refs.values())))})
+    def peer_payloads(self, step: int) -> dict[int, Any]:
+        """This worker's snapshot at ``step`` once taken, as object refs owned by this worker, for the neighbour that
+        keeps a copy (:meth:`keep_peer_copy`). Runs beside training (the ``copies`` concurrency group)."""
+        return {b: ray.put(to_wire(p)) for b, p in self.copies.own(step).items()}
+
+    def keep_peer_copy(self, step: int, *parts: dict[int, Any]) -> int:
+        """Copy neighbours' snapshots at ``step`` (``parts``: block -> object ref, one per owner) into this process;
+        returns the bytes of copies held here. Runs beside training (the ``copies`` concurrency group)."""
+        refs = {int(b): r for part in parts for b, r in part.items()}
+        self.copies.keep_peer(step, dict(zip(refs, ray.get(list(refs.values())))))
         return self.copies.nbytes()
 
     def export_copies(self, device: int, step: int, blocks: list[int]) -> dict[int, Any]:

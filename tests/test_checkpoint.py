@@ -295,3 +295,16 @@ def test_async_periodic_checkpoints_equal_synchronous_ones(worker_group: Any, tm
         for a, b in zip(want["files"], got["files"]):
             x, y = ckpt.read_block(tmp_path / "sync" / name, a), ckpt.read_block(tmp_path / "async" / name, b)
             assert all(torch.equal(x["model"][k], y["model"][k]) for k in x["model"])
+
+
+def test_a_snapshot_sent_to_a_neighbour_arrives_equal_and_in_its_warm_buffers() -> None:
+    """The neighbour's copy travels as numpy bytes (:func:`actors.snapshot.to_wire`) and is copied back into the
+    keeper's buffers: every dtype (bf16 too), shape and plain value comes back equal."""
+    from actors.snapshot import from_wire, to_wire
+
+    sent = {"w": torch.randn(3, 4).to(torch.bfloat16), "step": torch.tensor(5), "none": torch.empty(0),
+            "groups": [{"lr": 0.1, "params": [0, 1]}], "mask": torch.tensor([True, False])}
+    warm = from_wire(to_wire(sent))
+    got = from_wire(to_wire(sent), into=warm)
+    assert got["w"] is warm["w"] and got["w"].dtype == torch.bfloat16 and got["groups"] == sent["groups"]
+    assert all(torch.equal(got[k], sent[k]) for k in ("w", "step", "none", "mask"))

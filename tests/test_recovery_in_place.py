@@ -57,8 +57,11 @@ def one_step(runtime: PipelineRuntime, every: int = 0) -> None:
         runtime.save_checkpoint()
 
 
-def train_through_a_death(trainer: PipelineRuntime, steps: int, snapshots: bool = False, every: int = 0) -> list[InPlaceRecovery]:
-    """``steps`` steps with ``one_step``; each death is recovered in place onto SURVIVORS."""
+def train_through_a_death(trainer: PipelineRuntime, steps: int, snapshots: bool = False, every: int = 0,
+                          settle: bool = True) -> list[InPlaceRecovery]:
+    """``steps`` steps with ``one_step``; each death is recovered in place onto SURVIVORS. ``snapshots``: one after
+    every step, copied while the next runs; ``settle``: each waited for before that next step (so a death in it
+    finds the snapshot complete everywhere), else left to race with the step."""
     done: list[InPlaceRecovery] = []
     while trainer.step < steps:
         try:
@@ -69,6 +72,8 @@ def train_through_a_death(trainer: PipelineRuntime, steps: int, snapshots: bool 
             continue
         if snapshots:
             trainer.snapshot_in_memory()
+            if settle:
+                trainer.settle_snapshots()
     return done
 
 
@@ -84,15 +89,28 @@ def test_a_death_with_snapshots_every_step_loses_no_step_and_keeps_the_survivors
     trainer = arm_kills(trainer_on(pool), [(4, 1)])
     trainer.start()
     pids = {d["device"]: d["pid"] for d in trainer.devices()}
-    held = trainer.snapshot_in_memory()
+    trainer.snapshot_in_memory()
+    held = trainer.settle_snapshots()
     assert set(held) == {0, 1, 2, 3} and all(b > 0 for b in held.values())  # own + a neighbour's copy each
     [rec] = train_through_a_death(trainer, 7, snapshots=True)
-    assert rec.resumed_step == 4  # the snapshot after step 3: nothing lost
+    assert rec.resumed_step == 4  # the snapshot after step 3, complete before step 4 ran: nothing lost
     assert rec.source == "peer" and rec.blocks_from["peer"] >= 1  # device 1's blocks came from device 2's memory
     assert {d["device"]: d["pid"] for d in rec.devices} == {d: pids[d] for d in (0, 2, 3)}  # same processes
     assert {s["device"]: s["pid"] for s in pool.call("status", devices=[0, 2, 3])} == {d: pids[d] for d in (0, 2, 3)}
     assert trainer.plan == SURVIVORS and set(rec.snapshot_bytes) == {0, 2, 3}
     check_exact(trainer, 7)
+
+
+@pytest.mark.ray
+def test_a_death_while_the_snapshot_copies_overlap_the_step_recovers_exactly(pool: Any) -> None:
+    """Nothing waited for between steps: each snapshot is copied and sent while the next step runs, and device 1 dies
+    halfway through one of them. The newest snapshot complete everywhere is the one before the step (nothing lost)
+    or, when the dying worker's copy had not reached its neighbour yet, the one before (one step); either way the
+    state restored is exactly that step's."""
+    trainer = arm_kills(trainer_on(pool), [(4, 1)])
+    [rec] = train_through_a_death(trainer, 6, snapshots=True, settle=False)
+    assert rec.resumed_step in (3, 4) and rec.source == "peer", rec
+    check_exact(trainer, 6)
 
 
 @pytest.mark.ray
@@ -123,6 +141,7 @@ def test_two_deaths_at_once_lose_their_copies_together_and_roll_back_to_the_chec
     for _ in range(5):
         one_step(trainer, every=2)
         trainer.snapshot_in_memory()
+    trainer.settle_snapshots()
     pool.kill_worker(1)
     pool.kill_worker(2)
     with pytest.raises(PipelineActorError):

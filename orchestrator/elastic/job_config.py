@@ -172,7 +172,9 @@ class RunConfig:
     snapshot_every: int = 0
     """In-memory snapshots every N steps between stored checkpoints (0: off): each worker keeps its
     blocks' state in host memory and a neighbour (on another node where there is one) keeps a copy,
-    so a death without notice loses at most the steps since the last snapshot."""
+    so a death without notice loses at most the steps since the last snapshot (the last complete one: each is
+    copied while the next step runs, its optimizer step waiting for the copy, and sent to the neighbour beside
+    training)."""
     recover_in_place: bool = True
     """A death without notice: the survivors keep their processes and roll back from host copies
     (off, or when impossible: every worker restarts from the newest checkpoint)."""

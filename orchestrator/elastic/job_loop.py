@@ -474,9 +474,10 @@ class ElasticJob:
             self.checkpoint_now("periodic")
         if self._snapshot_due(self.runtime.step) and self.runtime.step < target:
             self.loop.finish_in_flight()
-            held = self.runtime.snapshot_in_memory()
-            if not self._snapshot_told:  # what in-memory snapshots cost, once
+            self.runtime.snapshot_in_memory()  # copied while the next step runs
+            if not self._snapshot_told:  # what in-memory snapshots cost, once (waited for, this once)
                 self._snapshot_told = True
+                held = self.runtime.settle_snapshots()
                 self.emit("snapshots", step=self.runtime.step, every=self.run.snapshot_every,
                           bytes_per_worker={str(d): int(b) for d, b in held.items()})
 

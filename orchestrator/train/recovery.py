@@ -11,7 +11,7 @@ block a device holds under the new plan comes from that device's own copy first 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from orchestrator.core.plan import Plan
 
@@ -91,6 +91,18 @@ def source_of(sources: Mapping[int, Mapping[int, int]]) -> str:
     if any(h == STORAGE for _, h in pairs):
         return "storage"
     return "peer" if any(h != d for d, h in pairs) else "snapshot"
+
+
+@dataclass(frozen=True)
+class SnapshotInFlight:
+    """An in-memory snapshot started and not yet waited for: each worker's own copy (``started``, one ref per
+    device of ``devices``) and each keeper's copy of its neighbour's (``kept``, one ref per device of ``keepers``)."""
+
+    step: int
+    started: list[Any]
+    devices: list[int]
+    kept: list[Any]
+    keepers: list[int]
 
 
 def ring_neighbours(devices: Sequence[int], node_of: Mapping[int, str] | None = None) -> dict[int, int]:

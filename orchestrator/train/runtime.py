@@ -101,6 +101,7 @@ class PipelineRuntime:
         self._started = False
         self.step = 0
         self._failed_run: tuple[int, int] | None = None  # the steps being gathered when a worker failed
+        self._snapshot: recovery.SnapshotInFlight | None = None  # an in-memory snapshot not waited for yet
         self.history: dict[int, float] = {}
 
     # ----- setup -----
@@ -262,6 +263,7 @@ class PipelineRuntime:
         ``source`` (``None``: the seed); returns the step training resumes at."""
         group = self._workers()
         self.checkpoints.abandon()
+        self._snapshot = None  # the host copies go with the processes' old state
         self.plan = plan
         group.configure(self.spec, plan, self.iteration_timeout_s, members=members, slots=slots)
         if source is None:
@@ -341,22 +343,43 @@ class PipelineRuntime:
         self.shutdown()
 
     # ----- recovery in place (orchestrator/train/recovery.py chooses; these carry it out) -----
-    def snapshot_in_memory(self) -> dict[int, int]:
+    def snapshot_in_memory(self) -> None:
         """Every worker snapshots its blocks at the current step into host memory and the next device in the ring
-        keeps a copy (Gemini-style), so a death without notice loses only the steps since; returns the host bytes
-        of copies held per device. Between iterations only (no step in flight): synchronous, two calls per worker."""
+        keeps a copy (Gemini-style), so a death without notice loses only the steps since. Between iterations (no
+        step in flight), and asynchronous: this only submits. Each worker copies while its next iteration's forward
+        and backward run (its optimizer step waits for the copy, the first thing that changes the state); the
+        neighbour's copy is sent and kept beside training (the workers' ``copies`` concurrency group). The previous
+        snapshot is waited for first (:meth:`settle_snapshots`: usually done long before), so the older generation
+        each worker replaces is never the only complete one."""
+        self.settle_snapshots()
         group = self._workers()
         devices = group.plan_devices()
-        refs = dict(zip(devices, group.call("snapshot_copies", self.step, devices=devices, what="in-memory snapshot")))
+        started, _ = group.submit("snapshot_copies", self.step, devices=devices)
         neighbours = recovery.ring_neighbours(devices, {d: str(group.identities[group.slot_of[d]].get("node_id", d)) for d in devices})
-        kept: dict[int, dict[int, Any]] = {}  # keeper -> block -> ref of the owner's snapshot
+        sent = dict(zip(neighbours, group.submit_each("peer_payloads", {o: (self.step, started[devices.index(o)]) for o in neighbours})[0]))
+        parts: dict[int, list[Any]] = {}  # keeper -> refs of its owners' payloads
         for owner, keeper in neighbours.items():
-            kept.setdefault(keeper, {}).update(refs[owner])
-        held = group.call_each("keep_peer_copy", {k: (self.step, r) for k, r in kept.items()}, "neighbour's snapshot copy")
-        sizes = {k: int(b) for k, b in zip(kept, held)}
-        rest = [d for d in devices if d not in sizes]  # keeps no neighbour's copy (alone, or all on one node)
-        sizes.update({d: int(r["bytes"]) for d, r in zip(rest, group.call("host_copies", devices=rest))} if rest else {})
-        return {d: sizes[d] for d in devices}
+            parts.setdefault(keeper, []).append(sent[owner])
+        kept, keepers = group.submit_each("keep_peer_copy", {k: (self.step, *p) for k, p in parts.items()})
+        self._snapshot = recovery.SnapshotInFlight(self.step, started, devices, kept, keepers)
+
+    def settle_snapshots(self) -> dict[int, int]:
+        """Wait for the snapshot in flight (every own copy and every neighbour's); returns the host bytes of copies
+        held by each keeper ({} when none was in flight). A worker's death surfaces as :class:`PipelineActorError`."""
+        flight, self._snapshot = self._snapshot, None
+        if flight is None:
+            return {}
+        group = self._workers()
+        group.gather(flight.started, f"in-memory snapshot at step {flight.step}", self.iteration_timeout_s, flight.devices)
+        held = group.gather(flight.kept, "neighbour's snapshot copy", self.iteration_timeout_s, flight.keepers)
+        return {k: int(b) for k, b in zip(flight.keepers, held)}
+
+    def _drain_snapshot(self, timeout_s: float) -> None:
+        """After a death: let the copies still in flight arrive (they count), those a dead worker was part of fail."""
+        flight, self._snapshot = self._snapshot, None
+        if flight is not None:
+            refs = [*flight.started, *flight.kept]
+            ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
 
     def recover_in_place(self, dead: Collection[int], plan: Plan, alive: Collection[int] | None = None) -> recovery.InPlaceRecovery:
         """After workers died without notice (``dead``, and any on a node that left; every step in flight discarded):
@@ -383,6 +406,7 @@ class PipelineRuntime:
         late = group.unresponsive(survivors, waits.stretched(30.0))  # each finishes (fails) its iteration first (10 s missed one on a loaded 2-core machine)
         if late:
             raise recovery.InPlaceImpossible(f"survivor(s) {sorted(late)} did not answer after the death of {gone}")
+        self._drain_snapshot(waits.stretched(30.0))
         copies = {d: {int(s): b for s, b in r["steps"].items()}
                   for d, r in zip(survivors, group.call("host_copies", devices=survivors, what="host copies"))}
         self.checkpoints.abandon()  # an upload the dead worker was part of never commits
