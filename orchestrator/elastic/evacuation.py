@@ -113,14 +113,17 @@ def plan_evacuation(plan: Plan, notice: Notice, alive: Iterable[int], profile: P
     ``replan(survivors)``: the plan the job would make for the survivors. When given, the evacuation
     is one live switch to it if that finishes in time: the two-worker steps leave the survivors on a
     plan the controller would re-balance at once (a second stall), and when several devices are doomed
-    at once they rarely find room by merges alone. The two-worker steps remain the fallback.
+    at once they rarely find room by merges alone. The two-worker steps remain the fallback, and the
+    answer when every doomed device is a replica (dropping it moves nothing; the controller may
+    re-balance later when that pays).
     """
     doomed = set(notice.devices)
     survivors = sorted(set(alive) - doomed)
     if not survivors:
         return Fallback(f"every device is doomed ({sorted(doomed)}): nowhere to evacuate to")
     left = notice.deadline - now
-    if replan is not None and doomed & set(plan.devices):
+    replicas_only = all(len(s.devices) > len(doomed & set(s.devices)) for s in plan.stages)  # every stage keeps a copy
+    if replan is not None and doomed & set(plan.devices) and not replicas_only:  # (dropping replicas moves nothing)
         target = replan(survivors)  # a planner that cannot place the model falls back to a plan that may not fit
         fits = bool(CostModel(profile, cluster, target.num_microbatches, target.schedule).estimate([Layout.of(target)]).fits[0])
         transfers = move_transfers(plan, target, profile, cluster, frozenset())
