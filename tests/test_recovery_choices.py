@@ -3,11 +3,14 @@ host copies a worker keeps (two generations, buffers reused, checkpoint copies n
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from torch import nn
 
 from actors.host_copies import HostCopies
+from actors.snapshot import to_wire
 from orchestrator.core.plan import straight_plan
 from orchestrator.train.recovery import STORAGE, block_sources, restorable_step, ring_neighbours, source_of
 
@@ -49,11 +52,17 @@ def test_host_copies_keep_two_generations_and_reuse_the_oldest_buffers() -> None
     block(torch.ones(2, 4)).sum().backward()
     opt.step()
     copies = HostCopies()
-    first = copies.take(1, {0: block}, {0: opt})[0]
-    copies.take(2, {0: block}, {0: opt})
+
+    def take(step: int) -> Any:  # a snapshot is copied in the background; settled, it joins the inventory
+        copies.take(step, {0: block}, {0: opt})
+        copies.settle()
+        return copies.get(step, 0)
+
+    first = take(1)
+    take(2)
     with torch.no_grad():
         block.weight.add_(1.0)
-    third = copies.take(3, {0: block}, {0: opt})[0]
+    third = take(3)
     assert copies.inventory() == {2: [0], 3: [0]}
     assert third["model"]["weight"] is first["model"]["weight"]  # step 1's buffer, overwritten for step 3
     assert torch.equal(third["model"]["weight"], block.weight.detach())
@@ -70,9 +79,11 @@ def test_a_checkpoint_copy_is_never_written_into_and_is_forgotten_before_its_buf
     copies.keep_checkpoint(4, staged)
     copies.take(5, {0: block}, {})
     copies.take(6, {0: block}, {})  # evicts step 4, whose buffers are the checkpoint's: not reused
+    copies.settle()
     assert copies.get(6, 0)["model"]["weight"] is not staged[0]["model"]["weight"]
     copies.keep_checkpoint(8, staged)
     copies.forget(staged)
     assert 8 not in copies.inventory()
-    copies.keep_peer(9, {1: staged[0]})
-    assert copies.get(9, 1)["model"]["weight"] is not staged[0]["model"]["weight"]  # copied into this process
+    copies.keep_peer(9, {1: to_wire(staged[0])})  # as a neighbour sends it
+    kept = copies.get(9, 1)["model"]["weight"]
+    assert kept is not staged[0]["model"]["weight"] and torch.equal(kept, staged[0]["model"]["weight"])  # copied here
