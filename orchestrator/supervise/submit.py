@@ -61,7 +61,7 @@ class DriverJob:
 
     @classmethod
     def submit(cls, handle: ClusterHandle, argv: list[str], working_dir: str, env: dict[str, str], python: str,
-               out: TextSink | None = None, tries: int = 40) -> "DriverJob":
+               out: TextSink | None = None, tries: int = 80) -> "DriverJob":
         """Submit ``python argv...`` (retried while the head's job agent is still starting)."""
         import logging
 
@@ -86,8 +86,9 @@ class DriverJob:
                 return job
             except (RuntimeError, ConnectionError, OSError) as exc:
                 last = " ".join(str(exc).split())[:300]
-                # the head's job agent answers some seconds after the dashboard, and on a loaded machine the dashboard
-                # may refuse a connection for a while (the SDK wraps that in a RuntimeError); anything else is final
+                # the head's job agent answers some seconds after the dashboard (minutes on a saturated machine: 80
+                # tries), and the dashboard may refuse a connection for a while (the SDK wraps that in a RuntimeError);
+                # anything else is final
                 if isinstance(exc, RuntimeError) and not any(t in last.lower() for t in TRANSIENT):
                     break
                 time.sleep(3.0)
