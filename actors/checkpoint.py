@@ -44,7 +44,7 @@ import torch
 from torch import Tensor, nn
 
 from actors import storage
-from actors.snapshot import BackgroundCopy, deferred_snapshot, host_copy, snapshot_block  # re-exported: one format module
+from actors.snapshot import BackgroundCopy, deferred_snapshot, host_copy, snapshot_block, tensor_bytes  # re-exported: one format module
 from actors.manifest import (
     COMMIT, FORMAT, MANIFEST, MAX_HEADER_BYTES, MAX_MANIFEST_BYTES, SHA256_HEX, VERSION, CheckpointError, block_header,
     check_place, dir_step, is_int, split_header, validate_manifest,
@@ -96,17 +96,6 @@ def write_payload(directory: str | os.PathLike[str], payload: Mapping[str, Any],
     handle = write() if retry_s is None else storage.retried(write, retry_s)
     return {"block": block, "file": name, "sha256": handle.sha.hexdigest(), "bytes": handle.size,
             "shapes": payload["shapes"], "step": step, "run_id": run_id}
-
-
-def tensor_bytes(item: Any) -> int:
-    """The bytes of the tensors in ``item`` (nested dicts, lists, tuples): about what saving it needs."""
-    if isinstance(item, torch.Tensor):
-        return item.numel() * item.element_size()
-    if isinstance(item, Mapping):
-        return sum(tensor_bytes(v) for v in item.values())
-    if isinstance(item, (list, tuple)):
-        return sum(tensor_bytes(v) for v in item)
-    return 0
 
 
 def write_block(directory: str | os.PathLike[str], block: int, module: nn.Module,

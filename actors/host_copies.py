@@ -30,9 +30,9 @@ import threading
 from typing import Any, Mapping
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
-from actors.snapshot import BackgroundCopy, deferred_snapshot, from_wire
+from actors.snapshot import BackgroundCopy, deferred_snapshot, from_wire, tensor_bytes
 
 GENERATIONS = 2
 Payload = Mapping[str, Any]
@@ -130,7 +130,7 @@ class HostCopies:
         """Host bytes held in copies (what the snapshots cost; checkpoint copies included)."""
         with self._lock:
             self.settle()
-            return sum(_tensor_bytes(p) for held in (self._own, self._peer) for step in held.values() for p in step.values())
+            return sum(tensor_bytes(p) for held in (self._own, self._peer) for step in held.values() for p in step.values())
 
     # ----- generations -----
     @staticmethod
@@ -147,13 +147,3 @@ class HostCopies:
             if reusable is not None:
                 reusable.discard(oldest)
         return warm
-
-
-def _tensor_bytes(item: Any) -> int:
-    if isinstance(item, Tensor):
-        return item.numel() * item.element_size()
-    if isinstance(item, Mapping):
-        return sum(_tensor_bytes(v) for v in item.values())
-    if isinstance(item, (list, tuple)):
-        return sum(_tensor_bytes(v) for v in item)
-    return 0

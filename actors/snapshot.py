@@ -263,3 +263,14 @@ def _can_raise_again() -> bool:
     import resource
 
     return resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20  # the nice ceiling is 20 − limit: 20 allows nice 0
+
+
+def tensor_bytes(item: Any) -> int:
+    """The bytes of the tensors in ``item`` (nested dicts, lists, tuples): about what saving it needs."""
+    if isinstance(item, torch.Tensor):
+        return item.numel() * item.element_size()
+    if isinstance(item, Mapping):
+        return sum(tensor_bytes(v) for v in item.values())
+    if isinstance(item, (list, tuple)):
+        return sum(tensor_bytes(v) for v in item)
+    return 0

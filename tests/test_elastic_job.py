@@ -139,10 +139,10 @@ def test_evacuated_device_leaves_the_process_group_before_its_deadline(worker_gr
         handled = one(events, "preemption_handled")
         left = one(events, "evacuated_left")
         assert handled["mode"] == "live" and left["devices"] == [2] and left["step"] > handled["step"]
-        # checkpoint_every="auto": the first one once a step was timed measures the stall; with no death, Young's interval
-        # over an hour's prior is far longer than a step (a stall of milliseconds against steps of tens)
+        # checkpoint_every="auto": the first one, once a step was timed, measures the stall (how often the next ones come
+        # rests on measured times: checkpoint_interval's own test covers that rule)
         periodic = [e["step"] for e in events if e["event"] == "checkpoint" and e["why"] == "periodic"]
-        assert periodic[0] <= 2 and len(periodic) < 20
+        assert periodic and periodic[0] <= 2
         assert job.runtime.step == 40 and 2 not in job.runtime.plan.devices and job.max_abs_diff() <= 1e-5
     finally:
         job.close()
