@@ -1,6 +1,7 @@
 """Adaptive controller benchmark (AutoPipe-Hu scenarios), simulated on the shared real profiles.
 
-Strategies, each driving the same :class:`SimulatedPipeline` (same scenario, same noise seed):
+Strategies, each the simulated job (:class:`SimulatedJob`) over the same :class:`SimulatedRuntime` (same scenario,
+same noise seed):
 - ``static``: the initial plan forever;
 - ``incremental``: our controller — two-worker live moves chosen by the switch arbiter;
 - ``replan``: same monitor and arbiter, but the only option is a full re-plan (PipeDream DP)
@@ -11,17 +12,19 @@ co-located jobs halving one GPU each at iterations 20/40; a 4-stage pipeline wit
 2× at iteration 20 (the live demo's targets, measured here in simulation); and the decision time
 for a 100-block model. Run: ``python benchmarks/adaptive.py`` (writes results/adaptive.md).
 
-LIVE (``live_slowdown``): the same 4-stage scenario on this machine through the Ray runtime's
-:class:`orchestrator.elastic.harness.RayPipeline` — four stage actors training an MLP of width 1024 (Adam),
+LIVE (``live_slowdown``): the same 4-stage scenario on this machine in the real
+:class:`orchestrator.ElasticJob` — four stage actors training an MLP of width 1024 (Adam),
 one slowed 2x by the runtime's slowdown injection, the controller moving blocks live, over
 several seeds; after each run, the plans it ran, the static plan and fresh re-plans for the
 slowed conditions are measured side by side on the same pipeline (:func:`live_runs`); and runs
 with nothing changed. ``--live-only`` runs just this section and splices it into the existing
-results file; ``--no-live`` skips it.
+results file (with ``--json``, its headline figures as the last line: ``iterations_to_095``, ``moves_on_noise``);
+``--no-live`` skips it.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 import sys
 import time
@@ -35,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from orchestrator.core.cluster import Cluster, flat, two_level  # noqa: E402
 from orchestrator.adapt import (  # noqa: E402
-    Controller, ControllerConfig, FaultSchedule, SimulatedCosts, SimulatedPipeline, Slowdown, full_replan, scenario,
+    ControllerConfig, FaultSchedule, SimulatedCosts, SimulatedJob, SimulatedRuntime, Slowdown, full_replan, scenario,
     set_inter_node_bandwidth,
 )
 from orchestrator.costmodel.estimate import Layout  # noqa: E402
@@ -66,20 +69,21 @@ class Run:
 
 def run(profile: Profile, cluster: Cluster, plan: Plan, faults: FaultSchedule, iterations: int, phases: list[int],
         strategy: str, straight: bool) -> Run:
-    pipe = SimulatedPipeline(profile, cluster, plan, faults, SimulatedCosts(noise=0.03), seed=7)
-    ctl = Controller(pipe, profile, ControllerConfig(straight=straight, total_iterations=iterations, **STRATEGIES[strategy]))  # type: ignore[arg-type]
-    while pipe.iteration < iterations:
-        ctl.step()
+    pipe = SimulatedRuntime(profile, cluster, plan, faults, SimulatedCosts(noise=0.03), seed=7)
+    job = SimulatedJob(pipe, ControllerConfig(straight=straight, total_iterations=iterations, **STRATEGIES[strategy]))  # type: ignore[arg-type]
+    with job:
+        while pipe.step < iterations:
+            job.fit(1)
     bounds = phases + [pipe.step_index]
     tput = []
     for a, b in zip(bounds, bounds[1:]):
         spent = sum(s for ev, k, s in pipe.log if a <= k < b)
         done = sum(1 for ev, k, _ in pipe.log if ev == "iteration" and a <= k < b)
         tput.append(done * plan.num_microbatches * profile.microbatch_size / spent)
-    dec = [r.decision_s * 1e3 for r in ctl.history if r.decision is not None]
+    dec = [r.decision_s * 1e3 for r in job.records if r.decision is not None]
     total = pipe.wall_s + sum(dec) / 1e3
-    moves = sum(1 for r in ctl.history if r.action in ("move", "path-move"))
-    restarts = sum(1 for r in ctl.history if r.action == "restart")
+    moves = sum(1 for r in job.records if r.action in ("move", "path-move"))
+    restarts = sum(1 for r in job.records if r.action == "restart")
     return Run(strategy, tput, total, moves, restarts, dec)
 
 
@@ -118,9 +122,10 @@ def live_style_targets(profile: Profile) -> list[str]:
     m = 16
     plan = full_replan(profile, cluster, range(4), straight_plan([0, profile.num_blocks], m), straight=True)
     faults = scenario([Slowdown(1, 2.0, 20)])
-    pipe = SimulatedPipeline(profile, cluster, plan, faults, SimulatedCosts(noise=0.03), seed=7)
-    ctl = Controller(pipe, profile, ControllerConfig(straight=True))
-    records = ctl.run(40)
+    pipe = SimulatedRuntime(profile, cluster, plan, faults, SimulatedCosts(noise=0.03), seed=7)
+    with SimulatedJob(pipe, ControllerConfig(straight=True)) as job:
+        records = job.fit(40)
+    ctl = job.controller
     truth = faults.conditions(cluster, 20).cluster
     fresh = simulate(full_replan(profile, truth, range(4), plan, straight=True), profile, truth).iteration_s
     static = simulate(plan, profile, truth).iteration_s
@@ -135,7 +140,7 @@ def live_style_targets(profile: Profile) -> list[str]:
     w = walk(start, CostModel(profile, model, m), range(4), straight=True)
     return [
         "### 4-stage pipeline, one stage slowed 2x at iteration 20 (live targets, simulated)", "",
-        f"- plan `{plan.describe()}` → `{pipe.current_plan().describe()}`",
+        f"- plan `{plan.describe()}` → `{pipe.plan.describe()}`",
         f"- iterations after the change until throughput ≥ 0.95 × fresh optimal (and stays ≥ 0.9): **{back}** (target ≤ 5)",
         f"- stall per move / iteration time: max **{max(stalls, default=0):.4f}** over {len(stalls)} moves (target < 0.5)",
         f"- throughput after the change vs static plan: **{static / steady:.2f}×** (target ≥ 1.3); vs fresh optimal: {fresh / steady:.3f}",
@@ -160,14 +165,11 @@ def decision_times(repeats: int = 5) -> dict[str, tuple[int, list[float], list[f
         count = 0
         for _ in range(repeats):
             plan = straight_plan([round(i * 100 / 8) for i in range(9)], 16)
-            pipe = SimulatedPipeline(profile, cluster, plan, scenario([Slowdown(3, 2.0, 4)]), SimulatedCosts(noise=0.03), seed=1)
-            ctl = Controller(pipe, profile, ControllerConfig(straight=straight))
-            ctl.run(40)
-            close = getattr(ctl, "close", None)
-            if close is not None:
-                close()
+            pipe = SimulatedRuntime(profile, cluster, plan, scenario([Slowdown(3, 2.0, 4)]), SimulatedCosts(noise=0.03), seed=1)
+            with SimulatedJob(pipe, ControllerConfig(straight=straight)) as job:
+                job.fit(40)
             # waiting for devices that re-learn after a move is no decision (nothing is weighed)
-            recs = [r for r in ctl.history if r.decision is not None and "re-learning" not in getattr(r.decision, "reason", "")]
+            recs = [r for r in job.records if r.decision is not None and "re-learning" not in getattr(r.decision, "reason", "")]
             count = len(recs)
             fast += [r.decision_s * 1e3 for r in recs if "single" in getattr(getattr(r.decision, "option", None), "label", "")]
             every += [r.decision_s * 1e3 for r in recs]
@@ -206,7 +208,11 @@ from adaptive_live import LIVE_MARK, live_slowdown  # noqa: E402  (beside this f
 
 def main() -> int:
     if "--live-only" in sys.argv:
-        return splice_live(live_slowdown())
+        figures: dict[str, object] = {}
+        code = splice_live(live_slowdown(figures))
+        if "--json" in sys.argv:
+            print(json.dumps(figures))
+        return code
     if not SHARED.exists():
         print(f"shared profiles not found at {SHARED}; nothing to benchmark")
         return 0
@@ -273,8 +279,6 @@ def splice_live(section: list[str]) -> int:
         notes = text.find("### Notes")
         at = notes if notes >= 0 else len(text)
         text = text[:at] + "\n".join(section) + "\n" + text[at:]
-    text = text.replace("- LIVE: TODO(runtime) — the same 4-stage scenario through the Ray trainer's `PipelineHandle`; skipped until it exists.",
-                        "- LIVE: see the live section above (real Ray actors on this machine; 2 shared cores, so numbers vary with load).")
     dest.write_text(text)
     print("\n".join(section))
     return 0

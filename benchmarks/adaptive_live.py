@@ -1,10 +1,10 @@
 """The live section of ``benchmarks/results/adaptive.md`` (run by ``benchmarks/adaptive.py``;
 ``--live-only`` there runs just this and splices it into the results file).
 
-Four Ray stage actors on this machine train an MLP of width 1024 (Adam); one device is slowed 2x
-by the runtime's injection and the controller moves blocks live, over several seeds; after each
-run the plans it ran, the static plan and fresh re-plans for the slowed conditions are measured
-side by side on the same pipeline (:func:`live_runs`); and runs with nothing changed count moves.
+Four Ray stage actors on this machine train an MLP of width 1024 (Adam) in the real :class:`ElasticJob` (the
+controller on, as users run it); one device is slowed 2x by the job's rehearsed injection and the controller moves
+blocks live, over several seeds; after each run the plans it ran, the static plan and fresh re-plans for the slowed
+conditions are measured side by side on one pipeline (:func:`live_runs`); and runs with nothing changed count moves.
 """
 
 from __future__ import annotations
@@ -21,8 +21,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from orchestrator import AdaptConfig, Callback, ElasticJob, RunConfig, ScalingConfig, SpotConfig, TrainConfig  # noqa: E402
 from orchestrator.core.cluster import flat  # noqa: E402
-from orchestrator.adapt import ControllerConfig, FaultSchedule, Slowdown, full_replan, scenario  # noqa: E402
+from orchestrator.adapt import ControllerConfig, FaultSchedule, Slowdown, full_replan, move_transfers, scenario  # noqa: E402
+from orchestrator.elastic.callbacks import StepInfo  # noqa: E402
 from orchestrator.profiling.models import example_batch, mlp  # noqa: E402
 from orchestrator.core.plan import Plan, straight_plan  # noqa: E402
 from orchestrator.core.profile import Profile  # noqa: E402
@@ -108,92 +110,124 @@ class LiveRun:
     final_spread: tuple[float, float]  # the final plan's ratio, lowest and highest round
 
 
-def _robust_profile(trainer_factory, rounds: int = 3) -> Profile:  # type: ignore[no-untyped-def]
-    """The live model's profile measured ``rounds`` times, each block's fastest kept: a burst of
-    another job's load during one block's few repeats must not make that block look 10x heavier
-    (the controller would then plan around a phantom)."""
-    from dataclasses import replace
+class _InForce(Callback):
+    """The plan each step ran on and its time, read as a user's callback reads the job (``plans[k]``: step ``k + 1``)."""
 
-    from orchestrator.adapt.live import measured_profile
+    def __init__(self) -> None:
+        self.job: ElasticJob | None = None
+        self.plans: list[Plan] = []
+        self.samples_per_s: list[float] = []
 
-    runs = [measured_profile(trainer_factory()) for _ in range(rounds)]
-    blocks = tuple(min((r.blocks[i] for r in runs), key=lambda b: b.forward_s + b.backward_s) for i in range(runs[0].num_blocks))
-    return replace(runs[0], blocks=blocks)
+    def on_step_end(self, info: StepInfo) -> None:
+        assert self.job is not None
+        self.plans.append(self.job.runtime.plan)
+        self.samples_per_s.append(info.samples_per_s)
 
 
-def _paired(pipe, plans: list[Plan], rounds: int, iterations: int) -> dict[Plan, list[float]]:  # type: ignore[no-untyped-def]
-    """Samples/s of each plan per round, measured side by side on one pipeline under the same
-    injection: ``rounds`` rounds, each moving live to every plan in turn (order rotated), one
-    iteration to settle, then the median of ``iterations`` timed ones."""
+def _job(group, seed: int, faults: FaultSchedule, iterations: int, static_plan: Plan):  # type: ignore[no-untyped-def]
+    """One run of the elastic job as a user runs it (the controller on, the rehearsed faults injected): its result,
+    the plans in force, the per-step throughput, the profile it measured and the speeds its controller learned."""
+    import tempfile
+
+    import torch.nn.functional as F
+
+    train = TrainConfig(model_factory=_live_model, loss_fn=F.mse_loss, optimizer_factory=_live_optimizer, data_fn=_live_data,
+                        num_microbatches=LIVE_M, seed=seed)
+    seen = _InForce()
+    with tempfile.TemporaryDirectory() as tmp:
+        job = ElasticJob(train, ScalingConfig(devices=4, plan=static_plan, cluster=flat(4, 10)),
+                         RunConfig(storage=tmp, checkpoint_every=0, progress=False),
+                         AdaptConfig(controller=ControllerConfig(straight=True), faults=faults), SpotConfig(enabled=False),
+                         workers=group, callbacks=[seen])
+        seen.job = job
+        try:
+            result = job.fit(iterations)
+            assert job.controller is not None
+            return result, seen, job.profile, job.controller.model()
+        finally:
+            job.close()
+
+
+def _paired(group, profile: Profile, plans: list[Plan], faults: FaultSchedule, rounds: int, iterations: int) -> dict[Plan, list[float]]:  # type: ignore[no-untyped-def]
+    """Samples/s of each plan per round, measured side by side on one pipeline under the same injection: ``rounds``
+    rounds, each moving live to every plan in turn (order rotated; the runtime's own live move, as the job makes it),
+    one iteration to settle, then the median of ``iterations`` timed ones."""
+    import torch.nn.functional as F
+
+    from orchestrator.adapt.rehearsal import Rehearsal
+    from orchestrator.train.runtime import PipelineRuntime
+
+    runtime = PipelineRuntime(_live_model, F.mse_loss, _live_optimizer, _live_data, LIVE_M, plan=plans[0], workers=group, pg_timeout_s=60)
+    runtime.start(members=[0, 1, 2, 3], slots={d: d for d in range(4)}, size=4)
+    rehearsal, k = Rehearsal(faults, flat(4, 10)), 0
+
+    def timed() -> float:
+        nonlocal k
+        rehearsal.push(runtime.group, runtime.plan, k)
+        k += 1
+        return runtime.complete_step(runtime.submit_step()).iteration_s
+
     out: dict[Plan, list[float]] = {p: [] for p in plans}
-    for r in range(rounds):
-        for p in plans[r % len(plans):] + plans[: r % len(plans)]:
-            if pipe.current_plan() != p:
-                pipe.apply_move(p)
-            pipe.run_iteration()
-            out[p].append(LIVE_ROWS / statistics.median(pipe.run_iteration().iteration_s for _ in range(iterations)))
+    try:
+        for r in range(rounds):
+            for p in plans[r % len(plans):] + plans[: r % len(plans)]:
+                if runtime.plan != p:
+                    transfers = move_transfers(runtime.plan, p, profile, flat(4, 10))
+                    runtime.move_live(p, [(t.src, t.dst, t.first, t.last) for t in transfers], [0, 1, 2, 3])
+                timed()
+                out[p].append(LIVE_ROWS / statistics.median(timed() for _ in range(iterations)))
+    finally:
+        runtime.shutdown()
     return out
 
 
 def live_runs(seeds: tuple[int, ...] = LIVE_SEEDS, base: float = LIVE_BASE) -> tuple[list[LiveRun], list[int], float]:
-    """One stage of 4 slowed 2x at iteration ``LIVE_CHANGE`` per seed, the controller driving the
-    real :class:`RayPipeline`; then the plans it ran after the change, the static plan and fresh
-    re-plans for the slowed conditions measured side by side on the same pipeline. Also
-    ``QUIET_RUNS`` runs with nothing injected (moves per run). Returns (runs, quiet moves, seconds)."""
+    """One stage of 4 slowed 2x at iteration ``LIVE_CHANGE`` per seed, in the real :class:`ElasticJob` (the
+    controller on, the slowdown rehearsed); then the plans it ran after the change, the static plan and fresh
+    re-plans for the slowed conditions measured side by side on one pipeline. Also ``QUIET_RUNS`` runs with nothing
+    injected (moves per run). Returns (runs, quiet moves, seconds)."""
     import ray
-    import torch.nn.functional as F
 
     from actors.group import WorkerGroup
-    from orchestrator.elastic.harness import RayPipeline, run_adaptive
-    from orchestrator.train.runtime import PipelineRuntime
 
     if not ray.is_initialized():
         ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     t_start = time.perf_counter()
     group = WorkerGroup(4, use_gpu=False)
-    cluster = flat(4, 10)
     static_plan = straight_plan([0, 2, 4, 6, 8], LIVE_M)
-
-    def trainer(plan: Plan, seed: int = 0) -> PipelineRuntime:
-        return PipelineRuntime(_live_model, F.mse_loss, _live_optimizer, _live_data, LIVE_M, plan=plan, workers=group, pg_timeout_s=60,
-                               seed=seed)
-
-    profile = _robust_profile(lambda: trainer(static_plan))
-    truth = cluster.with_speeds([1.0, 0.5, 1.0, 1.0])
+    truth = flat(4, 10).with_speeds([1.0, 0.5, 1.0, 1.0])
     runs = []
     for seed in seeds:
         load = float(open("/proc/loadavg").read().split()[0]) if Path("/proc/loadavg").exists() else float("nan")
-        pipe = RayPipeline(trainer(static_plan, seed), cluster, FaultSchedule(), profile)
-        run = run_adaptive(pipe, ControllerConfig(straight=True), LIVE_ITERATIONS, scenario(_base(base) + [Slowdown(1, 2.0, LIVE_CHANGE)]))
+        result, seen, profile, learned = _job(group, seed, scenario(_base(base) + [Slowdown(1, 2.0, LIVE_CHANGE)]), LIVE_ITERATIONS, static_plan)
         # One object per layout: the controller's plan and a fresh re-plan with the same stages, devices and schedule
         # run identically, but compare unequal (their `algorithm` labels differ) and would be timed as two plans.
         same: dict[str, Plan] = {static_plan.describe(): static_plan}
-        in_force = [same.setdefault(p.describe(), p) for p in _plans_in_force(run, static_plan)]
+        in_force = [static_plan] + [same.setdefault(p.describe(), p) for p in seen.plans[:-1]]  # in_force[k]: step k + 1
         fresh_candidates = {same.setdefault(p.describe(), p)
-                            for p in (full_replan(profile, c, range(4), static_plan, straight=True) for c in (truth, run.controller.model()))}
+                            for p in (full_replan(profile, c, range(4), static_plan, straight=True) for c in (truth, learned))}
         after = sorted({p for p in in_force[LIVE_CHANGE:]} | {static_plan} | fresh_candidates, key=lambda p: p.describe())
-        pipe.set_faults(scenario(_base(base) + [Slowdown(1, 2.0, 0)]))
-        rounds = _paired(pipe, after, PAIRED_ROUNDS, PAIRED_ITERATIONS)
+        rounds = _paired(group, profile, after, scenario(_base(base) + [Slowdown(1, 2.0, 0)]), PAIRED_ROUNDS, PAIRED_ITERATIONS)
         tput = {p: statistics.median(v) for p, v in rounds.items()}
         fresh_plan = max(fresh_candidates, key=lambda p: tput[p])
         # a plan's ratio: the median over rounds of its throughput over fresh optimal's in that round
         per_round = {p: [a / b for a, b in zip(rounds[p], rounds[fresh_plan])] for p in after}
         ratio = {p: statistics.median(v) for p, v in per_round.items()}
         back = next((k - LIVE_CHANGE for k in range(LIVE_CHANGE, LIVE_ITERATIONS) if all(ratio[p] >= 0.95 for p in in_force[k:])), None)
-        series = run.samples_per_s
+        series = seen.samples_per_s
         back_series = next((i - LIVE_CHANGE for i in range(LIVE_CHANGE, LIVE_ITERATIONS - 2)
                             if statistics.median(series[i:i + 3]) >= 0.95 * tput[fresh_plan]), None)
-        moves = [r for r in run.records if r.action in ("move", "path-move")]
-        events = [f"step {e.step}: {e.kind} {e.detail}" + (f" ({e.seconds * 1e3:.0f} ms)" if e.seconds else "")
-                  for e in run.events if e.kind != "decision" or "switch" in e.detail]
+        adapts = [e for e in result.events if e["event"] == "adapt"]
+        moves = [e for e in adapts if e["action"] in ("move", "path-move")]
+        stalls = [e["seconds"] / (LIVE_ROWS / seen.samples_per_s[e["step"] - 1]) for e in moves if seen.samples_per_s[e["step"] - 1] > 0]
+        events = [f"step {e['step']}: {e['action']} -> {e['plan']} ({e['seconds'] * 1e3:.0f} ms)" for e in adapts]
         runs.append(LiveRun(seed, back, back_series, {p.describe(): r for p, r in ratio.items()}, fresh_plan.describe(),
-                            ratio[static_plan], in_force[-1].describe(), len(moves), [r.action_s / r.iteration_s for r in moves],
-                            events, load, (min(per_round[in_force[-1]]), max(per_round[in_force[-1]]))))
+                            ratio[static_plan], in_force[-1].describe(), len(moves), stalls, events, load,
+                            (min(per_round[in_force[-1]]), max(per_round[in_force[-1]]))))
     quiet = []
     for seed in range(1, QUIET_RUNS + 1):
-        q = run_adaptive(RayPipeline(trainer(static_plan, 100 + seed), cluster, FaultSchedule(), profile), ControllerConfig(straight=True),
-                         QUIET_ITERATIONS, scenario(_base(base)))
-        quiet.append(sum(1 for r in q.records if r.action in ("move", "path-move")))
+        q, _, _, _ = _job(group, 100 + seed, scenario(_base(base)), QUIET_ITERATIONS, static_plan)
+        quiet.append(sum(1 for e in q.events if e["event"] == "adapt" and e["action"] in ("move", "path-move")))
     group.shutdown()
     return runs, quiet, time.perf_counter() - t_start
 
@@ -202,15 +236,13 @@ def _base(factor: float) -> list[Slowdown]:
     return [Slowdown(d, factor, 0) for d in range(4)] if factor != 1.0 else []
 
 
-def _plans_in_force(run, static_plan: Plan) -> list[Plan]:  # type: ignore[no-untyped-def]
-    """The plan each iteration of ``run`` ran on (``run.plans[k]`` is in force after step k's action)."""
-    by_name = {static_plan.describe(): static_plan} | {m.plan.describe(): m.plan for m in run.controller.handle.move_reports}
-    return [static_plan] + [by_name[name] for name in run.plans[:-1]]
-
-
-def live_slowdown() -> list[str]:
-    """The live section of the results file (see :func:`live_runs`)."""
+def live_slowdown(figures: dict[str, object] | None = None) -> list[str]:
+    """The live section of the results file (see :func:`live_runs`); ``figures`` receives its headline numbers
+    (``iterations_to_095`` per seed, ``None`` for never; ``moves_on_noise`` per quiet run)."""
     runs, quiet, wall = live_runs()
+    if figures is not None:
+        figures.update(iterations_to_095=[r.back for r in runs], moves_on_noise=quiet, moves=[r.moves for r in runs],
+                       final_over_fresh=[round(r.ratios[r.final], 3) for r in runs], runner="ElasticJob", wall_s=round(wall, 1))
     backs = [r.back for r in runs]
     ok = [b for b in backs if b is not None]
     rows = [f"| {r.seed} | {r.load:.1f} | {r.back if r.back is not None else 'never'} | "

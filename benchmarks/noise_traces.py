@@ -8,7 +8,7 @@ trace's own median: each device's speed multiplier (expected compute / reported 
 used link's bandwidth multiplier and the iteration time's multiplier. Those multipliers carry the
 machine's real noise — CPU contention of four actors on shared cores, gloo latency, scheduler
 hiccups, their correlations between devices and over time — and nothing of the model or the plan,
-so :class:`orchestrator.adapt.SimulatedPipeline` can replay them on any plan and scenario
+so :class:`orchestrator.adapt.SimulatedRuntime` can replay them on any plan and scenario
 (``SimulatedCosts(trace=...)``).
 
 Run: ``python benchmarks/noise_traces.py [--iterations 40] [--name NAME]``; writes
@@ -29,7 +29,6 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from orchestrator.core.cluster import flat  # noqa: E402
-from orchestrator.adapt import FaultSchedule  # noqa: E402
 from orchestrator.adapt.monitor import expected_compute  # noqa: E402
 from orchestrator.core.plan import straight_plan  # noqa: E402
 
@@ -37,26 +36,24 @@ OUT = ROOT / "tests" / "data" / "noise_traces"
 
 
 def record(iterations: int, bounds: list[int]) -> dict[str, object]:
-    import ray
+    import tempfile
+
     import torch.nn.functional as F
 
-    from actors.group import WorkerGroup
     from adaptive_live import LIVE_M, _live_data, _live_model, _live_optimizer
-    from orchestrator.adapt.live import measured_profile
-    from orchestrator.elastic.harness import RayPipeline
-    from orchestrator.train.runtime import PipelineRuntime
+    from orchestrator import AdaptConfig, ElasticJob, RunConfig, ScalingConfig, SpotConfig, TrainConfig
+    from orchestrator.adapt.live import to_controller_metrics
 
-    if not ray.is_initialized():
-        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
-    group = WorkerGroup(4, use_gpu=False)
     plan = straight_plan(bounds, LIVE_M)
-    trainer = PipelineRuntime(_live_model, F.mse_loss, _live_optimizer, _live_data, LIVE_M, plan=plan, workers=group, pg_timeout_s=60)
-    profile = measured_profile(PipelineRuntime(_live_model, F.mse_loss, _live_optimizer, _live_data, LIVE_M, plan=plan,
-                                               workers=group, pg_timeout_s=60))
-    pipe = RayPipeline(trainer, flat(4, 10), FaultSchedule(), profile)
-    pipe.run_iteration()  # warm-up, not recorded
-    metrics = [pipe.run_iteration() for _ in range(iterations)]
-    group.shutdown()
+    train = TrainConfig(model_factory=_live_model, loss_fn=F.mse_loss, optimizer_factory=_live_optimizer, data_fn=_live_data,
+                        num_microbatches=LIVE_M)
+    with tempfile.TemporaryDirectory() as tmp:  # the elastic job as users run it, with the controller off
+        with ElasticJob(train, ScalingConfig(devices=4, plan=plan, cluster=flat(4, 10)),
+                        RunConfig(storage=tmp, checkpoint_every=0, progress=False), AdaptConfig(enabled=False),
+                        SpotConfig(enabled=False)) as job:
+            measured = job.fit(iterations + 1).metrics[1:]  # the first is warm-up, not recorded
+            profile = job.profile
+    metrics = [to_controller_metrics(m, k, plan) for k, m in enumerate(measured)]
     expect = expected_compute(plan, profile)
     speeds = {d: [expect[d] / m.compute_s[d] for m in metrics] for d in sorted(expect)}
     links = sorted({link for m in metrics for link in m.link_bytes})

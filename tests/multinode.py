@@ -72,12 +72,10 @@ def _placement(cluster: Any, workers: list[Any], tmp: Path) -> dict[str, Any]:
     import ray
 
     from actors.placement import NodeTable
-    from actors.reference import ReferenceTrainer, max_difference
-    from orchestrator.adapt.controller import Controller, ControllerConfig
-    from orchestrator.elastic.harness import RayPipeline
+    from orchestrator import AdaptConfig, ElasticJob, RunConfig, ScalingConfig, SpotConfig, TrainConfig
+    from orchestrator.adapt.controller import ControllerConfig
     from orchestrator.profiling.models import example_batch, loss_fn, mlp
     from orchestrator.core.plan import straight_plan
-    from orchestrator.train.runtime import PipelineRuntime
 
     out: dict[str, Any] = {"nodes": [n.node_id for n in [cluster.head_node, *workers]]}
     env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -95,34 +93,34 @@ def _placement(cluster: Any, workers: list[Any], tmp: Path) -> dict[str, Any]:
     out["example_actor_nodes"] = {str(pid): node for pid, node in actor_table().items()}
     model, data, sgd = partial(mlp, WIDTHS), partial(example_batch, "mlp", 10, widths=WIDTHS), partial(torch.optim.SGD, lr=0.1)
     plan = straight_plan([0, 2, 4, 5, 6, 8], 5)
-    trainer = PipelineRuntime(model, loss_fn("mlp"), sgd, data, 5, plan=plan, checkpoint_dir=tmp / "ckpt", pg_timeout_s=15)
-    pipe = RayPipeline(trainer, timeout_s=120, checkpoint_every=1)
-    controller = Controller(pipe, pipe.profile, ControllerConfig(straight=True))
-    records = [controller.step() for _ in range(2)]
-    out["devices"] = trainer.devices()
-    out["state_api"] = {str(pid): node for pid, node in stage_actor_nodes().items()}
-    out["worker_pids"] = {str(d): s["pid"] for d, s in zip(plan.devices, trainer.group.identities)}
-    out["slot_nodes"] = [slot.node_id for slot in trainer.group.processes.slots]
-    watcher = NodeTable("cpu")
-    doomed = workers[1].node_id
-    cluster.remove_node(workers[1])
-    for _ in range(4):
-        records.append(controller.step())
-    lost, _ = watcher.poll()
-    out["lost_slots"] = [s.node_id for s in lost]
-    out["doomed"] = doomed
-    out["final_plan_devices"] = list(pipe.current_plan().devices)
-    out["completed"] = [r.completed for r in records]
-    out["actions"] = [r.action for r in records]
-    out["iteration"] = pipe.iteration
-    reference = ReferenceTrainer.for_plan(plan, model, loss_fn("mlp"), sgd, data)
-    reference.train(pipe.iteration)
-    out["max_abs_diff"] = max_difference(trainer.state_dicts(), reference.state_dicts())
-    cluster.add_node(num_cpus=2)
-    cluster.wait_for_nodes()
-    _, gained = watcher.poll()
-    out["gained_slots"] = len(gained)
-    trainer.shutdown()
+    train = TrainConfig(model_factory=model, loss_fn=loss_fn("mlp"), optimizer_factory=sgd, data_fn=data, num_microbatches=5)
+    job = ElasticJob(train, ScalingConfig(devices=5, plan=plan), RunConfig(storage=str(tmp / "ckpt"), events=tmp / "events.jsonl",
+                                                                           checkpoint_every=1),
+                     AdaptConfig(controller=ControllerConfig(straight=True)), SpotConfig(enabled=False))
+    try:
+        job.fit(2)
+        runtime = job.runtime
+        assert runtime.group is not None
+        out["devices"] = runtime.devices()
+        out["state_api"] = {str(pid): node for pid, node in stage_actor_nodes().items()}
+        out["worker_pids"] = {str(d): s["pid"] for d, s in zip(plan.devices, runtime.group.identities)}
+        out["slot_nodes"] = [slot.node_id for slot in runtime.group.processes.slots]
+        watcher = NodeTable("cpu")
+        doomed = workers[1].node_id
+        cluster.remove_node(workers[1])
+        out["events"] = job.fit(6).events  # to step 6
+        lost, _ = watcher.poll()
+        out["lost_slots"] = [s.node_id for s in lost]
+        out["doomed"] = doomed
+        out["final_plan_devices"] = list(runtime.plan.devices)
+        out["iteration"] = runtime.step
+        out["max_abs_diff"] = job.max_abs_diff()
+        cluster.add_node(num_cpus=2)
+        cluster.wait_for_nodes()
+        _, gained = watcher.poll()
+        out["gained_slots"] = len(gained)
+    finally:
+        job.close()
     return out
 
 

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 
-from orchestrator.adapt import Controller, ControllerConfig, IterationMetrics, SimulatedCosts, SimulatedPipeline, Slowdown, full_replan, scenario
+from orchestrator.adapt import ControllerConfig, IterationMetrics, SimulatedCosts, SimulatedJob, SimulatedRuntime, Slowdown, full_replan, scenario
 from orchestrator.adapt.handle import handover_time, move_transfers
 from orchestrator.core.cluster import flat, two_level
 from orchestrator.core.plan import straight_plan
@@ -30,14 +30,14 @@ def mlp_like(scale: list[float]) -> Profile:
     return Profile("mlp", tuple(Block(f"b{i}", f[i], 2 * f[i], 131072.0, LAYER) for i in range(8)), 32, 131072.0)
 
 
-class SlowLinkReports(SimulatedPipeline):
+class SlowLinkReports(SimulatedRuntime):
     """Reports each link's seconds ``factor`` times too long (as summed live transfer spans did:
     they also count the receiver's compute)."""
 
     factor = 1.0
 
-    def run_iteration(self) -> IterationMetrics:
-        m = super().run_iteration()
+    def run_step(self) -> IterationMetrics:
+        m = super().run_step()
         return replace(m, link_s={k: v * self.factor for k, v in m.link_s.items()})
 
 
@@ -51,17 +51,16 @@ def test_a_change_while_devices_relearn_is_acted_on() -> None:
     profile = random_profile(24, seed=4, act_scale=5e7)
     plan = straight_plan([0, 6, 12, 18, 24], 8)
     faults = scenario([Slowdown(1, 2.0, 4), Slowdown(3, 1.7, 10)])
-    pipe = SimulatedPipeline(profile, cluster, plan, faults, SimulatedCosts(noise=0.03), seed=0)
-    ctl = Controller(pipe, profile, ControllerConfig(straight=True))
-    records = ctl.run(24)
-    ctl.close()
+    pipe = SimulatedRuntime(profile, cluster, plan, faults, SimulatedCosts(noise=0.03), seed=0)
+    with SimulatedJob(pipe, ControllerConfig(straight=True)) as job:
+        records = job.fit(24)
     moves = [r.step for r in records if r.action]
     assert len(moves) >= 2 and moves[1] > 10
     relearning = [r for r in records if getattr(r.decision, "reason", "").endswith("re-learning after a move")]
     assert relearning and all(r.state.value == "adapting" for r in relearning)  # waits, then decides
     truth = faults.conditions(cluster, 23).cluster
     fresh = simulate(full_replan(profile, truth, range(4), plan, straight=True), profile, truth).iteration_s
-    assert simulate(pipe.current_plan(), profile, truth).iteration_s <= fresh / 0.95
+    assert simulate(pipe.plan, profile, truth).iteration_s <= fresh / 0.95
 
 
 def test_moves_are_priced_by_what_moves_stalled() -> None:
@@ -73,12 +72,13 @@ def test_moves_are_priced_by_what_moves_stalled() -> None:
     plan = straight_plan([0, 2, 4, 6, 8], 8)
     pipe = SlowLinkReports(truth_profile, flat(4, 10), plan, scenario([Slowdown(1, 2.0, 12)]),
                            SimulatedCosts(noise=0.03, move_overhead_s=0.03), seed=0)
-    ctl = Controller(pipe, truth_profile, ControllerConfig(straight=True))
-    records = ctl.run(20)
-    ctl.close()
+    job = SimulatedJob(pipe, ControllerConfig(straight=True), truth_profile)
+    records = job.fit(20)
+    job.close()
+    ctl = job.controller
     moved = [r for r in records if r.action == "move"]
     assert len(moved) == 1
-    model, now = ctl.model(), pipe.current_plan()
+    model, now = ctl.model(), pipe.plan
     one_block = straight_plan([0, 3, 4, 6, 8], 8) if now != straight_plan([0, 3, 4, 6, 8], 8) else straight_plan([0, 2, 4, 6, 8], 8)
     believed = handover_time(move_transfers(now, one_block, truth_profile, model), model)
     assert believed > 5 * moved[0].action_s  # the links' belief: many times what a move stalls
@@ -95,10 +95,9 @@ def test_identical_devices_are_not_swapped_back_and_forth() -> None:
     believed = mlp_like([1.163, 0.911, 1.314, 0.82, 0.906, 1.151, 1.007, 1.35])
     plan = straight_plan([0, 2, 4, 6, 8], 8)
     for faults, most in ((scenario([Slowdown(1, 2.0, 12)]), 3), (scenario([]), 0)):
-        pipe = SimulatedPipeline(truth_profile, flat(4, 10), plan, faults, SimulatedCosts(noise=0.03, move_overhead_s=0.03), seed=0)
-        ctl = Controller(pipe, believed, ControllerConfig(straight=True))
-        records = ctl.run(40)
-        ctl.close()
+        pipe = SimulatedRuntime(truth_profile, flat(4, 10), plan, faults, SimulatedCosts(noise=0.03, move_overhead_s=0.03), seed=0)
+        with SimulatedJob(pipe, ControllerConfig(straight=True), believed) as job:
+            records = job.fit(40)
         moves = [r.step for r in records if r.action]
         assert len(moves) <= most and not [s for s in moves if s >= 30], moves
 

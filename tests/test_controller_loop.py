@@ -1,4 +1,4 @@
-"""The controller as a state machine, stepped one iteration at a time over a simulated pipeline."""
+"""The controller as a state machine, observed one iteration at a time by the job over the simulated runtime."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from orchestrator.core.cluster import flat
 from orchestrator.adapt import (
-    ArbiterConfig, Controller, ControllerConfig, Stay, FaultSchedule, Join, Kill, PipelineHandle, SimulatedCosts, SimulatedPipeline, Slowdown, ControllerState, Switch,
+    ArbiterConfig, ControllerConfig, Stay, FaultSchedule, Join, Kill, SimulatedCosts, SimulatedJob, SimulatedRuntime, Slowdown, ControllerState, Switch,
     full_replan, scenario,
 )
 from orchestrator.core.plan import Plan, Stage, straight_plan
@@ -29,31 +29,26 @@ class FakeClock:
         return next(self._ticks) * 1e-3
 
 
-def make(faults: FaultSchedule, plan: Plan = BALANCED, cluster=None, noise: float = 0.03, **cfg) -> tuple[SimulatedPipeline, Controller]:  # type: ignore[no-untyped-def]
+def make(faults: FaultSchedule, plan: Plan = BALANCED, cluster=None, noise: float = 0.03, **cfg) -> tuple[SimulatedRuntime, SimulatedJob]:  # type: ignore[no-untyped-def]
     cluster = cluster or flat(4, 25)
-    pipe = SimulatedPipeline(PROFILE, cluster, plan, faults, SimulatedCosts(noise=noise, checkpoint_every=4), seed=3)
+    pipe = SimulatedRuntime(PROFILE, cluster, plan, faults, SimulatedCosts(noise=noise, checkpoint_every=4), seed=3)
     cfg.setdefault("straight", True)  # a straight pipeline job unless a test says otherwise
-    return pipe, Controller(pipe, PROFILE, ControllerConfig(**cfg), clock=FakeClock())
-
-
-def test_simulated_pipeline_satisfies_the_protocol() -> None:
-    pipe, _ = make(FaultSchedule())
-    assert isinstance(pipe, PipelineHandle)
+    return pipe, SimulatedJob(pipe, ControllerConfig(**cfg), clock=FakeClock())
 
 
 def test_noise_alone_causes_no_switch() -> None:
-    pipe, ctl = make(FaultSchedule())
-    records = ctl.run(60)
+    pipe, job = make(FaultSchedule())
+    records, ctl = job.fit(60), job.controller
     assert [r.action for r in records if r.action] == []
     assert ctl.state is ControllerState.STEADY
     assert [(t.before, t.after) for t in ctl.transitions] == [(ControllerState.WARMUP, ControllerState.ADAPTING), (ControllerState.ADAPTING, ControllerState.STEADY)]
-    assert pipe.current_plan() == BALANCED
+    assert pipe.plan == BALANCED
 
 
 def test_slowdown_is_detected_and_fixed_by_moves() -> None:
     faults = scenario([Slowdown(1, 2.0, 10)])
-    pipe, ctl = make(faults)
-    records = ctl.run(30)
+    pipe, job = make(faults)
+    records, ctl = job.fit(30), job.controller
     assert all(r.state in (ControllerState.WARMUP, ControllerState.STEADY, ControllerState.ADAPTING) for r in records)
     change = next(t for t in ctl.transitions if t.step >= 10)
     assert change.before is ControllerState.STEADY and change.after is ControllerState.ADAPTING and change.step <= 12 and "[1]" in change.reason
@@ -65,7 +60,7 @@ def test_slowdown_is_detected_and_fixed_by_moves() -> None:
             assert r.decision_s == pytest.approx(1e-3)  # the injected clock, read twice per decision
     # the adapted plan on the true (slowed) cluster vs. the static plan and a fresh re-plan
     truth = faults.conditions(pipe.cluster, 29).cluster
-    adapted = simulate(pipe.current_plan(), PROFILE, truth).iteration_s
+    adapted = simulate(pipe.plan, PROFILE, truth).iteration_s
     static = simulate(BALANCED, PROFILE, truth).iteration_s
     fresh = simulate(full_replan(PROFILE, truth, range(4), BALANCED, straight=True), PROFILE, truth).iteration_s
     assert adapted < static / 1.3
@@ -78,9 +73,10 @@ def test_switch_only_when_the_horizon_pays_for_it(horizon: int, expect_moves: bo
     # 2x slowdown costs ~90 s per iteration. One iteration of gain cannot pay; fifty can.
     heavy = uniform_profile(16, 1.0, 2.0, act=1e6, params=5e10)
     cluster = flat(4, 25, memory_bytes=1e13)
-    pipe = SimulatedPipeline(heavy, cluster, BALANCED, scenario([Slowdown(1, 2.0, 10)]), SimulatedCosts(noise=0.03), seed=3)
-    ctl = Controller(pipe, heavy, ControllerConfig(straight=True, arbiter=ArbiterConfig(horizon_iterations=horizon)), clock=FakeClock())
-    ctl.run(16)
+    pipe = SimulatedRuntime(heavy, cluster, BALANCED, scenario([Slowdown(1, 2.0, 10)]), SimulatedCosts(noise=0.03), seed=3)
+    job = SimulatedJob(pipe, ControllerConfig(straight=True, arbiter=ArbiterConfig(horizon_iterations=horizon)), clock=FakeClock())
+    job.fit(16)
+    ctl = job.controller
     assert bool([r for r in ctl.history if r.action]) is expect_moves
     decisions = [r.decision for r in ctl.history if r.step >= 10 and r.decision is not None]
     assert decisions
@@ -88,25 +84,20 @@ def test_switch_only_when_the_horizon_pays_for_it(horizon: int, expect_moves: bo
         assert all(isinstance(d, Stay) and d.best_gain_s > 0 and d.best_cost_s > d.best_gain_s for d in decisions)
 
 
-def test_loss_of_a_stage_restarts_on_live_devices_from_checkpoint() -> None:
-    pipe, ctl = make(scenario([Kill(2, 6)]))
-    records = ctl.run(12)
+@pytest.mark.parametrize("plan,dead", [(BALANCED, 2), (Plan((Stage(0, 8, (0, 1)), Stage(8, 16, (2, 3))), 8), 1)],
+                         ids=["only-holder", "replica"])
+def test_a_death_is_recovered_in_place_by_the_job_and_the_controller_carries_on(plan: Plan, dead: int) -> None:
+    """A death is the job's failure policy's (in place onto a re-plan over the survivors, only the failed
+    iteration redone), not the controller's: it sees the device gone at its next observation and goes on deciding
+    on the survivors."""
+    pipe, job = make(scenario([Kill(dead, 6)]), plan=plan, straight=False)
+    records = job.fit(12)
     failed = records[6]
-    assert not failed.completed and failed.state is ControllerState.RECOVERING and failed.action == "restart"
-    assert 2 not in pipe.current_plan().devices and set(pipe.current_plan().devices) <= {0, 1, 3}
-    assert records[7].state in (ControllerState.ADAPTING, ControllerState.STEADY)
-    assert (ControllerState.RECOVERING, ControllerState.ADAPTING) in [(t.before, t.after) for t in ctl.transitions]
-    assert records[7].iteration == 4  # iterations 4 and 5 are redone from the checkpoint at 4
-
-
-def test_loss_of_a_replica_continues_live() -> None:
-    plan = Plan((Stage(0, 8, (0, 1)), Stage(8, 16, (2, 3))), 8)
-    pipe, ctl = make(scenario([Kill(1, 5)]), plan=plan, straight=False)
-    records = ctl.run(8)
-    assert records[5].action == "drop-replicas"
-    assert 1 not in pipe.current_plan().devices
-    assert all(r.action != "restart" for r in records)
-    assert records[6].iteration == 5  # only the failed iteration is redone
+    assert not failed.completed and failed.action == "" and failed.decision is None
+    assert job.failures == 1 and [e for e, *_ in pipe.log].count("recovered") == 1 and "restart" not in [e for e, *_ in pipe.log]
+    assert dead not in pipe.plan.devices and set(pipe.plan.devices) <= {0, 1, 2, 3} - {dead}
+    assert records[7].completed and records[7].iteration == 6  # only the failed iteration is redone
+    assert all(r.completed for r in records[7:]) and pipe.step == 11
 
 
 @pytest.mark.parametrize("straight", [True, False])
@@ -114,9 +105,9 @@ def test_new_device_is_used_when_predicted_faster(straight: bool) -> None:
     plan = straight_plan([0, 5, 10, 16], 8)
     pipe, ctl = make(scenario([Join(3, 6)], initially_absent=[3]), plan=plan, straight=straight)
     before = simulate(plan, PROFILE, pipe.cluster).iteration_s
-    ctl.run(14)
-    assert 3 in pipe.current_plan().devices  # (a plan naming it before it joined would have been refused)
-    assert simulate(pipe.current_plan(), PROFILE, pipe.cluster).iteration_s < 0.9 * before
+    ctl.fit(14)
+    assert 3 in pipe.plan.devices  # (a plan naming it before it joined would have been refused)
+    assert simulate(pipe.plan, PROFILE, pipe.cluster).iteration_s < 0.9 * before
 
 
 @pytest.mark.parametrize("straight", [True, False])
@@ -124,5 +115,5 @@ def test_new_device_is_ignored_when_it_would_not_help(straight: bool) -> None:
     plan = straight_plan([0, 5, 10, 16], 8)
     slow = flat(4, 25, speeds=[1.0, 1.0, 1.0, 0.02])
     pipe, ctl = make(scenario([Join(3, 6)], initially_absent=[3]), plan=plan, cluster=slow, straight=straight)
-    ctl.run(14)
-    assert 3 not in pipe.current_plan().devices
+    ctl.fit(14)
+    assert 3 not in pipe.plan.devices

@@ -9,7 +9,7 @@ import pytest
 
 from orchestrator.core.cluster import GBPS, two_level
 from orchestrator.adapt import (
-    FaultSchedule, MonitorConfig, SimulatedCosts, SimulatedPipeline, Slowdown, Throttle, Track, model_cluster, observe, scenario,
+    FaultSchedule, MonitorConfig, SimulatedCosts, SimulatedRuntime, Slowdown, Throttle, Track, model_cluster, observe, scenario,
     set_inter_node_bandwidth, update_track,
 )
 from orchestrator.adapt.monitor import initial_state
@@ -113,7 +113,7 @@ def _pipe(faults: FaultSchedule, noise: float = 0.03):  # type: ignore[no-untype
     profile = random_profile(12, 3, act_scale=2e8)
     cluster = two_level(2, 2, 100, 25)
     plan = straight_plan([0, 3, 6, 9, 12], 8)
-    return profile, cluster, SimulatedPipeline(profile, cluster, plan, faults, SimulatedCosts(noise=noise), seed=5)
+    return profile, cluster, SimulatedRuntime(profile, cluster, plan, faults, SimulatedCosts(noise=noise), seed=5)
 
 
 def test_speed_inferred_from_metrics_and_noise_is_quiet() -> None:
@@ -121,7 +121,7 @@ def test_speed_inferred_from_metrics_and_noise_is_quiet() -> None:
     state = initial_state(cluster, pipe.alive_devices())
     flagged = []
     for i in range(25):
-        obs = observe(state, pipe.run_iteration(), profile, pipe.alive_devices(), CFG)
+        obs = observe(state, pipe.run_step(), profile, pipe.alive_devices(), CFG)
         state = obs.state
         if obs.speed_changes:
             flagged.append((i, obs.speed_changes))
@@ -137,7 +137,7 @@ def test_link_bandwidth_observed_and_class_scaled() -> None:
     profile, cluster, pipe = _pipe(scenario(set_inter_node_bandwidth(two_level(2, 2, 100, 25), 5.0, 5)), noise=0.0)
     state = initial_state(cluster, pipe.alive_devices())
     for _ in range(10):
-        state = observe(state, pipe.run_iteration(), profile, pipe.alive_devices(), CFG).state
+        state = observe(state, pipe.run_step(), profile, pipe.alive_devices(), CFG).state
     model = model_cluster(state, cluster)
     assert model.link(1, 2) == pytest.approx(5 * GBPS, rel=1e-6)  # the used inter-node link
     assert model.link(0, 3) == pytest.approx(5 * GBPS, rel=1e-6)  # never used: scaled with its class
@@ -157,7 +157,7 @@ def test_common_mode_is_no_device_change() -> None:
     state = initial_state(cluster, pipe.alive_devices())
     flagged = []
     for i in range(40):
-        obs = observe(state, pipe.run_iteration(), profile, pipe.alive_devices(), CFG)
+        obs = observe(state, pipe.run_step(), profile, pipe.alive_devices(), CFG)
         state = obs.state
         if obs.speed_changes:
             flagged.append((i, obs.speed_changes))

@@ -17,7 +17,7 @@ import pytest
 
 from orchestrator.core.cluster import flat
 from orchestrator.adapt import (
-    ArbiterConfig, Controller, ControllerConfig, FaultSchedule, MonitorConfig, NoiseTrace, SimulatedCosts, SimulatedPipeline, Slowdown,
+    ArbiterConfig, ControllerConfig, FaultSchedule, MonitorConfig, NoiseTrace, SimulatedCosts, SimulatedJob, SimulatedRuntime, Slowdown,
     full_replan, scenario,
 )
 from orchestrator.core.plan import Plan, straight_plan
@@ -40,16 +40,16 @@ NEW = ControllerConfig(straight=True)
 def replay(trace: Path, offset: int, config: ControllerConfig, faults: FaultSchedule = FaultSchedule(),
            steps: int = 44) -> tuple[list[int], list[Plan]]:
     """Steps at which the controller moved, and the plan in force after each step."""
-    pipe = SimulatedPipeline(PROFILE, CLUSTER, PLAN, faults, SimulatedCosts(trace=NoiseTrace.load(trace, offset)))
-    ctl = Controller(pipe, PROFILE, config)
+    pipe = SimulatedRuntime(PROFILE, CLUSTER, PLAN, faults, SimulatedCosts(trace=NoiseTrace.load(trace, offset)))
+    job = SimulatedJob(pipe, config)
     plans = []
     try:
         for _ in range(steps):
-            ctl.step()
-            plans.append(pipe.current_plan())
+            job.fit(1)
+            plans.append(pipe.plan)
     finally:
-        ctl.close()
-    return [r.step for r in ctl.history if r.action in ("move", "path-move")], plans
+        job.close()
+    return [r.step for r in job.records if r.action in ("move", "path-move")], plans
 
 
 @pytest.mark.skipif(not TRACES, reason="no recorded noise traces")
@@ -68,15 +68,15 @@ def iterations_to_fresh(costs: SimulatedCosts, device: int, seed: int = 0, at: i
     faults = scenario([Slowdown(device, 2.0, at)])
     truth = faults.conditions(CLUSTER, at).cluster
     fresh = simulate(full_replan(PROFILE, truth, range(4), PLAN, straight=True), PROFILE, truth).iteration_s
-    pipe = SimulatedPipeline(PROFILE, CLUSTER, PLAN, faults, costs, seed=seed)
-    ctl = Controller(pipe, PROFILE, NEW)
+    pipe = SimulatedRuntime(PROFILE, CLUSTER, PLAN, faults, costs, seed=seed)
+    job = SimulatedJob(pipe, NEW)
     plans = []
     try:
         for _ in range(44):
-            ctl.step()
-            plans.append(pipe.current_plan())
+            job.fit(1)
+            plans.append(pipe.plan)
     finally:
-        ctl.close()
+        job.close()
     ratio = [fresh / simulate(p, PROFILE, truth).iteration_s for p in plans]  # plans[k]: in force for iteration k + 1
     return next((k + 1 - at for k in range(at - 1, len(plans)) if min(ratio[k:]) >= 0.95), 99)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.core.cluster import flat
-from orchestrator.adapt.policies import checkpoint_interval
+from orchestrator.adapt.policies import GiveUp, RecoverInPlace, checkpoint_interval
 from orchestrator.adapt import (
-    ArbiterConfig, Continue, DropReplicas, ExplicitArbiter, Option, Restart, Stay, Switch, full_replan, on_device_loss, should_switch,
+    ArbiterConfig, ExplicitArbiter, Option, Restart, Stay, Switch, full_replan, on_worker_death, should_switch,
 )
 from orchestrator.core.plan import Plan, Stage, straight_plan
 from tests.helpers import random_profile
@@ -47,27 +47,22 @@ def test_arbiter_picks_the_largest_net_benefit_and_respects_remaining() -> None:
     assert isinstance(arb.decide(10.0, [], remaining=None), Stay)
 
 
-def test_loss_of_an_idle_device_changes_nothing() -> None:
-    decision = on_device_loss(PLAN, [3], [0, 1, 2], lambda ids: PLAN)
-    assert isinstance(decision, Continue)
-
-
-def test_loss_of_a_replica_continues_live_on_the_survivors() -> None:
-    plan = Plan((Stage(0, 2, (0, 1)), Stage(2, 4, (2,))), 4)
-    decision = on_device_loss(plan, [1], [0, 2], lambda ids: pytest.fail("must not re-plan"))  # type: ignore[arg-type, return-value]
-    assert isinstance(decision, DropReplicas)
-    assert decision.plan.stages[0].devices == (0,) and decision.dropped == (1,)
-
-
-def test_loss_of_the_only_copy_restarts_from_checkpoint_on_live_devices() -> None:
-    profile = random_profile(8, 2)
-    cluster = flat(4, 10)
-    plan = straight_plan([0, 2, 4, 6, 8], 4)
-    alive = [0, 2, 3]
-    decision = on_device_loss(plan, [1], alive, lambda ids: full_replan(profile, cluster, ids, plan))
-    assert isinstance(decision, Restart) and decision.from_checkpoint
-    assert set(decision.plan.devices) <= set(alive) and decision.plan.num_blocks == 8
-    assert decision.plan.num_microbatches == plan.num_microbatches
+@pytest.mark.parametrize("failures,in_place,dead,alive,expect", [
+    (4, True, [1], [0, 1, 2], GiveUp),  # past the budget of 3
+    (1, False, [1], [0, 1, 2], Restart),  # in place switched off
+    (1, True, [], [0, 1, 2], Restart),  # the dead worker is not known
+    (1, True, [0, 1], [0, 1], Restart),  # no survivor
+    (3, True, [1], [0, 1, 2], RecoverInPlace),
+])
+def test_the_failure_policy(failures: int, in_place: bool, dead: list[int], alive: list[int], expect: type) -> None:
+    """The one failure policy (the job's and the simulated job's): give up past the budget, recover in place when
+    workers survive, otherwise every worker restarts on the same plan from the newest checkpoint."""
+    decision = on_worker_death(failures, 3, PLAN, dead, alive, in_place)
+    assert isinstance(decision, expect)
+    if isinstance(decision, Restart):
+        assert decision.plan == PLAN and decision.from_checkpoint
+    if isinstance(decision, RecoverInPlace):
+        assert decision.dead == (1,) and decision.survivors == (0, 2)
 
 
 @pytest.mark.parametrize("alive", [[1, 3], [0, 2, 3], [3]])

@@ -16,7 +16,7 @@ import pytest
 
 from orchestrator.core.cluster import flat, two_level
 from orchestrator.adapt import (
-    Controller, ControllerConfig, CostModel, Layout, SimulatedCosts, SimulatedPipeline, Slowdown, Switch, scenario,
+    Controller, ControllerConfig, CostModel, Layout, SimulatedCosts, SimulatedJob, SimulatedRuntime, Slowdown, Switch, scenario,
     set_inter_node_bandwidth, walk,
 )
 from orchestrator.adapt.monitor import log_noise
@@ -60,7 +60,7 @@ class ReferenceController(Controller):
 
     def _decide(self, alive: tuple[int, ...], metrics, changed: bool, confirmed: tuple[int, ...] = ()) -> Decision:  # type: ignore[no-untyped-def]
         cfg = self.config
-        plan = self.handle.current_plan()
+        plan = self._plan
         model = self.model()
         current_s = simulate(plan, self.profile, model).iteration_s
         remaining = None if cfg.total_iterations is None else cfg.total_iterations - metrics.iteration - 1
@@ -175,16 +175,16 @@ def test_speed_agnostic_planners_ignore_speeds(algorithm: str) -> None:
 
 
 def _decisions(cls: type[Controller], profile, cluster, plan: Plan, faults, steps: int, **cfg):  # type: ignore[no-untyped-def]
-    pipe = SimulatedPipeline(profile, cluster, plan, faults, SimulatedCosts(noise=0.03), seed=5)
-    ctl = cls(pipe, profile, ControllerConfig(**cfg))
-    ctl.run(steps)
-    ctl.close()
+    pipe = SimulatedRuntime(profile, cluster, plan, faults, SimulatedCosts(noise=0.03), seed=5)
+    job = SimulatedJob(pipe, controller=cls(profile, cluster, plan, pipe.alive_devices(), ControllerConfig(**cfg)))
+    with job:
+        records = job.fit(steps)
     out = []
-    for r in ctl.history:
+    for r in records:
         opt = getattr(r.decision, "option", None)
         out.append((r.step, type(r.decision).__name__, r.action,
                     None if opt is None else (opt.label, tuple(Layout.of(p) for p in opt.steps), opt.predicted_s)))
-    return out, pipe.current_plan()
+    return out, pipe.plan
 
 
 SCENARIOS = {
@@ -221,8 +221,9 @@ def test_slow_path_replan_is_computed_once_per_change() -> None:
     profile = random_profile(40, seed=9, act_scale=5e7)
     cluster = two_level(2, 3, 100, 25)
     plan = straight_plan([round(i * 40 / 6) for i in range(7)], 8)
-    pipe = SimulatedPipeline(profile, cluster, plan, scenario([Slowdown(2, 2.0, 4)]), SimulatedCosts(noise=0.03), seed=5)
-    ctl = Controller(pipe, profile, ControllerConfig(straight=True))
+    pipe = SimulatedRuntime(profile, cluster, plan, scenario([Slowdown(2, 2.0, 4)]), SimulatedCosts(noise=0.03), seed=5)
+    job = SimulatedJob(pipe, ControllerConfig(straight=True))
+    ctl = job.controller
     calls = []
     import orchestrator.adapt.replan as module
 
@@ -234,10 +235,10 @@ def test_slow_path_replan_is_computed_once_per_change() -> None:
 
     module.planner_plan = counted
     try:
-        ctl.run(24)
+        job.fit(24)
     finally:
         module.planner_plan = real  # type: ignore[assignment]
-        ctl.close()
+        job.close()
     assert ctl._replanner.raw_answers >= 1 and not calls  # the start-up answer served every decision
 
 

@@ -1,10 +1,9 @@
-"""Fault and slowdown injection in the real runtime, from the same specs as the simulator's.
+"""Slowdown injection in the real runtime, from the same specs as the simulator's, pushed as the elastic job's
+rehearsal pushes them (:class:`~orchestrator.adapt.rehearsal.Rehearsal`).
 
 A :class:`Slowdown` must show up in the measured compute seconds of that device (and nowhere
 else) without changing a single gradient; a :class:`Throttle` must show up in the measured
-transfer seconds of that link; a :class:`Kill` must surface as a failed iteration with the lost
-device, after which the controller either drops the dead replica live or restarts on the
-survivors from the last checkpoint — and training is still exact.
+transfer seconds of that link. (A :class:`Kill` is the job's failure policy's: ``test_elastic_job.py``.)
 """
 
 from __future__ import annotations
@@ -18,8 +17,9 @@ import torch
 
 from actors.reference import ReferenceTrainer, allclose, max_difference
 from orchestrator.core.cluster import flat
-from orchestrator.adapt import Controller, ControllerConfig, FaultSchedule, Kill, Slowdown, ControllerState, Throttle
-from orchestrator.elastic.harness import RayPipeline, run_adaptive
+from orchestrator.adapt import FaultSchedule, IterationMetrics, Slowdown, Throttle
+from orchestrator.adapt.live import to_controller_metrics
+from orchestrator.adapt.rehearsal import Rehearsal
 from orchestrator.profiling.models import example_batch, loss_fn, mlp
 from orchestrator.core.plan import Plan, ScheduleKind, Stage, straight_plan
 from orchestrator.train.runtime import PipelineRuntime
@@ -29,13 +29,17 @@ MLP = partial(mlp, WIDTHS)
 DATA = partial(example_batch, "mlp", 11, widths=WIDTHS)
 ADAM = partial(torch.optim.Adam, lr=0.01)
 M = 4
-STILL = ControllerConfig(use_moves=False)  # failure handling only: no speculative moves
 
 
-def make(group: Any, plan: Plan, faults: FaultSchedule, tmp: Path | None = None, **kw: Any) -> RayPipeline:
-    trainer = PipelineRuntime(MLP, loss_fn("mlp"), ADAM, DATA, M, plan=plan, workers=group, pg_timeout_s=6,
-                              checkpoint_dir=tmp, **kw)
-    return RayPipeline(trainer, flat(4, 10), faults, checkpoint_every=2 if tmp else 0)
+def run(group: Any, plan: Plan, faults: FaultSchedule, steps: int) -> tuple[PipelineRuntime, list[IterationMetrics]]:
+    """``steps`` iterations with the scenario's knobs of each pushed before it, measured in the controller's terms."""
+    runtime = PipelineRuntime(MLP, loss_fn("mlp"), ADAM, DATA, M, plan=plan, workers=group, pg_timeout_s=6)
+    runtime.start(members=[0, 1, 2, 3], slots={d: d for d in range(4)}, size=4)
+    rehearsal, out = Rehearsal(faults, flat(4, 10)), []
+    for k in range(steps):
+        rehearsal.push(runtime.group, plan, k)
+        out.append(to_controller_metrics(runtime.complete_step(runtime.submit_step()), k, plan))
+    return runtime, out
 
 
 def reference_after(plan: Plan, steps: int) -> ReferenceTrainer:
@@ -61,9 +65,7 @@ def test_slowdown_and_throttle_show_in_measured_metrics(pool: Any, kind: Schedul
     does not change) and a 300 ms link delay, compared as medians of three iterations before and after."""
     plan = straight_plan([0, 3, 6, 8], M, kind)  # ZB-H1: the split halves BI and W are slowed too
     faults = FaultSchedule((Slowdown(2, 100.0, 4), Throttle(0, 1, 4, delay_per_byte=1.5e-3 / 3, symmetric=False)))
-    pipe = make(pool, plan, faults)
-    metrics = [pipe.run_iteration() for _ in range(7)]
-    assert all(m.completed for m in metrics)
+    runtime, metrics = run(pool, plan, faults, 7)
     before, after = metrics[1:4], metrics[4:7]
     med = lambda ms, f: sorted(f(m) for m in ms)[1]  # noqa: E731 - median of three
     growth = {d: med(after, lambda m: m.compute_s[d]) / med(before, lambda m: m.compute_s[d]) for d in (0, 1, 2)}
@@ -74,48 +76,4 @@ def test_slowdown_and_throttle_show_in_measured_metrics(pool: Any, kind: Schedul
     assert link(after, (0, 1)) >= link(before, (0, 1)) + 0.5 * 5e-4 * after[0].link_bytes[(0, 1)]
     assert link(after, (1, 0)) - link(before, (1, 0)) < link(after, (0, 1)) - link(before, (0, 1))  # on 0->1 only
     # sleeping never changes a gradient
-    assert allclose(pipe.runtime.state_dicts(), reference_after(plan, 7).state_dicts())
-
-
-@pytest.mark.ray
-def test_kill_of_a_replica_drops_it_and_continues_live(pool: Any) -> None:
-    plan = Plan((Stage(0, 4, (0, 1)), Stage(4, 8, (2,))), M)
-    pipe = make(pool, plan, FaultSchedule((Kill(1, 2),)))
-    survivors = {s["device"]: s["pid"] for s in pool.call("status", devices=[0, 2])}
-    ctl = Controller(pipe, pipe.profile, STILL)
-    records = ctl.run(4)
-    failed = records[2]
-    assert not failed.completed and failed.state is ControllerState.RECOVERING and failed.action == "drop-replicas"
-    assert pipe.current_plan().devices == (0, 2) and pipe.alive_devices() == (0, 2, 3)
-    assert records[3].completed and records[3].iteration == 2  # only the failed iteration is redone
-    assert {s["device"]: s["pid"] for s in pool.call("status", devices=[0, 2])} == survivors  # kept their processes
-    assert pipe.iteration == 3
-    got, want = pipe.runtime.state_dicts(), reference_after(plan, 3).state_dicts()
-    assert allclose(got, want), max_difference(got, want)
-
-
-@pytest.mark.ray
-def test_kill_of_the_only_holder_restarts_from_checkpoint(pool: Any, tmp_path: Path) -> None:
-    plan = straight_plan([0, 3, 6, 8], M)
-    pipe = make(pool, plan, FaultSchedule((Kill(1, 3),)), tmp_path)
-    ctl = Controller(pipe, pipe.profile, STILL)
-    records = ctl.run(6)
-    failed = records[3]
-    assert not failed.completed and failed.action == "restart" and failed.state is ControllerState.RECOVERING
-    assert 1 not in pipe.current_plan().devices and set(pipe.current_plan().devices) <= {0, 2, 3}
-    assert records[4].iteration == 2  # the checkpoint holds steps 0-1, so iteration 2 is redone
-    assert pipe.iteration == 4
-    got, want = pipe.runtime.state_dicts(), reference_after(plan, 4).state_dicts()
-    assert allclose(got, want), max_difference(got, want)
-
-
-@pytest.mark.ray
-def test_run_adaptive_reports_events(pool: Any) -> None:
-    """The demo's entry point: per-step throughput and the injected fault as an event."""
-    plan = straight_plan([0, 4, 8], M)
-    trainer = PipelineRuntime(MLP, loss_fn("mlp"), ADAM, DATA, M, plan=plan, workers=pool, pg_timeout_s=6)
-    run = run_adaptive(trainer, ControllerConfig(straight=True, warmup_iterations=2), 4, [Slowdown(1, 2.0, 2)], cluster=flat(4, 10))
-    assert len(run.samples_per_s) == 4 and all(t > 0 for t in run.samples_per_s)
-    assert [e.kind for e in run.events if e.kind == "slowdown"] == ["slowdown"]
-    assert any(e.kind == "decision" for e in run.events)
-    assert "slowdown" in run.summary()
+    assert allclose(runtime.state_dicts(), reference_after(plan, 7).state_dicts())

@@ -18,9 +18,10 @@ import torch
 
 from actors.reference import ReferenceTrainer, allclose, max_difference
 from orchestrator.core.cluster import flat
-from orchestrator.adapt import FaultSchedule, Join, PipelineHandle, move_transfers
+from actors.metrics import MeasuredIteration
+from orchestrator.adapt import move_transfers
 from orchestrator.adapt.handle import SHIPPED_STATE_FACTOR
-from orchestrator.elastic.harness import RayPipeline
+from orchestrator.schedule.ir import COMPUTE_KINDS
 from orchestrator.profiling.models import example_batch, loss_fn, mlp
 from orchestrator.core.plan import Plan, Stage, straight_plan
 from orchestrator.core.profile import Block, Profile
@@ -40,9 +41,22 @@ def param_profile() -> Profile:
                                 for i, b in enumerate(blocks)))
 
 
-def handle(group: Any, plan: Plan, cluster_size: int = 4, faults: FaultSchedule = FaultSchedule()) -> RayPipeline:
-    trainer = PipelineRuntime(MLP, loss_fn("mlp"), ADAM, DATA, M, plan=plan, workers=group, pg_timeout_s=20)
-    return RayPipeline(trainer, flat(cluster_size, 10), faults, param_profile())
+def started(group: Any, plan: Plan, cluster_size: int = 4, members: tuple[int, ...] = (0, 1, 2, 3)) -> PipelineRuntime:
+    """A runtime pinned as the elastic job pins it: device ``d`` is worker ``d``, every member a rank."""
+    runtime = PipelineRuntime(MLP, loss_fn("mlp"), ADAM, DATA, M, plan=plan, workers=group, pg_timeout_s=20)
+    runtime.start(members=list(members), slots={d: d for d in range(cluster_size)}, size=cluster_size)
+    return runtime
+
+
+def iterate(runtime: PipelineRuntime) -> MeasuredIteration:
+    return runtime.complete_step(runtime.submit_step())
+
+
+def move(runtime: PipelineRuntime, new: Plan, cluster_size: int, members: list[int]) -> tuple[float, list[dict[str, Any]]]:
+    """A live move as the elastic job makes it: the hand-overs :func:`move_transfers` lists, through the runtime."""
+    transfers = move_transfers(runtime.plan, new, param_profile(), flat(cluster_size, 10))
+    reports = runtime.move_live(new, [(t.src, t.dst, t.first, t.last) for t in transfers], members)
+    return float(sum(int(r["bytes_sent"]) for r in reports)), reports
 
 
 def pids(group: Any, devices: list[int]) -> dict[int, int]:
@@ -58,44 +72,38 @@ def test_moves_between_iterations_stay_exact(worker_group: Any) -> None:
     replicated = Plan((Stage(0, 4, (0, 1)), Stage(4, 8, (2, 3))), M)
     replica_moved = Plan((Stage(0, 4, (0,)), Stage(4, 8, (1, 2, 3))), M)  # device 1 changes stage
     joined = Plan((Stage(0, 3, (0,)), Stage(3, 6, (4,)), Stage(6, 8, (2, 3))), M)  # device 4 joins at step 8
-    faults = FaultSchedule((Join(4, 8),), frozenset({4}))
-    pipe = handle(worker_group, start, cluster_size=5, faults=faults)
-    assert isinstance(pipe, PipelineHandle)
+    pipe = started(worker_group, start, cluster_size=5)  # device 4 is up but no member until it joins
     reference = ReferenceTrainer.for_plan(start, MLP, loss_fn("mlp"), ADAM, DATA)
-    profile = pipe.profile
+    profile, cluster = param_profile(), flat(5, 10)
     before = pids(worker_group, [0, 1, 2, 3])
     losses: list[float] = []
 
     def train(n: int) -> None:
         for _ in range(n):
-            m = pipe.run_iteration()
-            assert m.completed and set(m.compute_s) == set(pipe.current_plan().devices)
-            losses.append(pipe.last_measured.loss)
-        got, want = pipe.runtime.state_dicts(), (reference.train(n), reference.state_dicts())[1]
-        assert allclose(got, want), f"{pipe.current_plan().describe()}: max |diff| {max_difference(got, want):.3g}"
+            m = iterate(pipe)
+            assert {s.device for s in m.spans if s.kind in COMPUTE_KINDS} == set(pipe.plan.devices)
+            losses.append(m.loss)
+        got, want = pipe.state_dicts(), (reference.train(n), reference.state_dicts())[1]
+        assert allclose(got, want), f"{pipe.plan.describe()}: max |diff| {max_difference(got, want):.3g}"
 
     train(2)
-    for new, expect_rejoin in ((shifted, False), (replicated, False), (replica_moved, False)):
-        old = pipe.current_plan()
-        expected = move_transfers(old, new, profile, pipe.cluster)
-        report = pipe.apply_move(new)
-        assert report.plan == new == pipe.current_plan() and report.stall_s > 0
+    for new in (shifted, replicated, replica_moved):
+        expected = move_transfers(pipe.plan, new, profile, cluster)
+        moved, reports = move(pipe, new, 5, [0, 1, 2, 3])
+        assert pipe.plan == new
         # exactly the listed senders shipped bytes: weights + two Adam moments (+ step counters)
         want_bytes = sum(t.nbytes for t in expected)
-        assert want_bytes > 0 and report.bytes_moved == pytest.approx(want_bytes, rel=0.02)
-        senders = {t.src for t in expected}
-        sent = {r["device"]: r["bytes_sent"] for r in pipe.last_move_reports}
-        assert {d for d, b in sent.items() if b > 0} == senders
-        assert all(r["rejoined"] is expect_rejoin for r in pipe.last_move_reports), (pipe.last_move_reports, worker_group.rank_of)
+        assert want_bytes > 0 and moved == pytest.approx(want_bytes, rel=0.02)
+        assert {r["device"] for r in reports if r["bytes_sent"] > 0} == {t.src for t in expected}
+        assert not any(r["rejoined"] for r in reports), (reports, worker_group.rank_of)  # same members: no re-formation
         train(2)
     assert pids(worker_group, [0, 1, 2, 3]) == before  # nobody was restarted
     assert worker_group.rank_of == {0: 0, 1: 1, 2: 2, 3: 3}  # the joined device is no member yet
-    assert pipe.alive_devices() == (0, 1, 2, 3, 4)
-    expected = move_transfers(pipe.current_plan(), joined, profile, pipe.cluster)
+    expected = move_transfers(pipe.plan, joined, profile, cluster)
     assert {t.dst for t in expected} == {4}
-    report = pipe.apply_move(joined)
-    assert all(r["rejoined"] for r in pipe.last_move_reports)  # membership changed: new process group
-    assert report.bytes_moved == pytest.approx(sum(t.nbytes for t in expected), rel=0.02)
+    moved, reports = move(pipe, joined, 5, [0, 1, 2, 3, 4])
+    assert all(r["rejoined"] for r in reports)  # membership changed: new process group
+    assert moved == pytest.approx(sum(t.nbytes for t in expected), rel=0.02)
     train(2)
     assert pids(worker_group, [0, 1, 2, 3]) == before
     assert losses == pytest.approx(reference.losses, rel=1e-5, abs=1e-6)
@@ -106,11 +114,11 @@ def test_moves_between_iterations_stay_exact(worker_group: Any) -> None:
 def test_move_that_only_drops_blocks_ships_nothing(worker_group: Any) -> None:
     """Giving up a replica needs no data: the survivors already hold everything."""
     plan = Plan((Stage(0, 4, (0, 1)), Stage(4, 8, (2,))), M)
-    pipe = handle(worker_group, plan)
+    pipe = started(worker_group, plan)
     reference = ReferenceTrainer.for_plan(plan, MLP, loss_fn("mlp"), ADAM, DATA)
-    pipe.run_iteration()
-    report = pipe.apply_move(straight_plan([0, 4, 8], M, devices=[(0,), (2,)]))
-    assert report.bytes_moved == 0
-    pipe.run_iteration()
+    iterate(pipe)
+    moved, _ = move(pipe, straight_plan([0, 4, 8], M, devices=[(0,), (2,)]), 4, [0, 1, 2, 3])
+    assert moved == 0
+    iterate(pipe)
     reference.train(2)
-    assert allclose(pipe.runtime.state_dicts(), reference.state_dicts())
+    assert allclose(pipe.state_dicts(), reference.state_dicts())

@@ -3,19 +3,19 @@
 ::
 
     WARMUP ──(warm-up iterations done)──▶ ADAPTING ◀──(model or membership changed)── STEADY
-                                            │  Switch: apply a move / restart, stay   ▲
+                                            │  Switch: a move / restart, stay          ▲
                                             └──────────── Stay ───────────────────────┘
-    any state ──(a device holding blocks died)──▶ RECOVERING ──(next good iteration)──▶ ADAPTING
 
-The controller is a policy: :meth:`Controller.observe` takes one iteration's metrics (with the
+The controller is a policy, never a loop: :meth:`Controller.observe` takes one iteration's metrics (with the
 plan and the devices up), folds them into the monitor (:mod:`.monitor`) and returns what to do as
-a typed :class:`Act` (live moves, a restart, dropping replicas) or nothing; whoever runs the job
-carries the act out and hands the measured reports back through :meth:`Controller.acted`, which
-calibrates what moves and restarts really cost. The elastic job's loop drives it that way; over a
-:class:`PipelineHandle` (the simulated pipeline of the tests and benchmarks), :meth:`Controller.step`
-runs one iteration, observes and acts through the handle. Decisions come from pure policies (:mod:`.policies`); the controller only carries
-them out and keeps the few facts a policy must not: the monitor state, the rest of a committed
-multi-move path, and calibrations of what moves and restarts really cost (from their reports).
+a typed :class:`Act` (live moves or a restart) or nothing; the job that runs it
+(:class:`~orchestrator.elastic.job_loop.ElasticJob`, or :class:`~orchestrator.adapt.simulated.SimulatedJob` over the
+simulated runtime) carries the act out and hands the measured reports back through :meth:`Controller.acted`, which
+calibrates what moves and restarts really cost. A death is not the controller's: the job's failure policy
+(:func:`~orchestrator.adapt.policies.on_worker_death`) recovers, and the controller sees the devices gone at its next
+observation. Decisions come from pure policies (:mod:`.policies`); the controller keeps the few facts a policy must
+not: the monitor state, the rest of a committed multi-move path, and calibrations of what moves and restarts really
+cost (from their reports).
 
 Deciding (in ADAPTING): on the believed cluster, the vectorized :class:`CostModel` ranks every
 two-worker move; :func:`walk` repeats the best one; :func:`path_to` gives the moves to a full
@@ -47,23 +47,20 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable, Union
+from typing import Callable
 
 from orchestrator.core.cluster import GBPS, Cluster
 from orchestrator.core.plan import Plan
 from orchestrator.core.profile import Profile
 from orchestrator.costmodel.estimate import CostModel, Layout
-from orchestrator.adapt.handle import IterationMetrics, MoveReport, PipelineHandle, RestartReport, handover_time, move_transfers
+from orchestrator.adapt.handle import IterationMetrics, MoveReport, RestartReport, handover_time, move_transfers
 from orchestrator.costmodel.terms import shipped_bytes, transfer_time
 from orchestrator.adapt.monitor import (
     Observation, initial_state, log_noise, model_cluster, observe, relearn, relearning, settled_links, speed_error,
 )
 from orchestrator.planners.moves import best_moves, path_to, walk
 from orchestrator.adapt.simcache import SimCache
-from orchestrator.adapt.policies import (
-    Arbiter, Continue, Decision, DropReplicas, ExplicitArbiter, FailureDecision, Option, Restart, Stay, Switch,
-    full_replan, on_device_loss,
-)
+from orchestrator.adapt.policies import Arbiter, Decision, ExplicitArbiter, Option, Stay, Switch
 from orchestrator.adapt.calibration import Calibration
 from orchestrator.adapt.replan import Replanner
 from orchestrator.adapt.tried import Check, Tried
@@ -72,14 +69,11 @@ from orchestrator.adapt.states import ControllerConfig, ControllerState, StepRec
 
 @dataclass(frozen=True)
 class Act:
-    """What the controller's decision needs done, in order: ``move`` — one live move per plan of
-    ``plans`` (a path); ``restart`` — stop and restart onto ``plans[0]``; ``drop-replicas`` — a
-    live switch to ``plans[0]`` without the lost devices' replicas."""
+    """What the controller's decision needs done, in order: ``move``/``path-move`` — one live move per plan of
+    ``plans`` (a path); ``restart`` — stop and restart onto ``plans[0]`` from the live state (a planned restart)."""
 
-    kind: str  # "move" | "path-move" | "restart" | "drop-replicas"
+    kind: str  # "move" | "path-move" | "restart"
     plans: tuple[Plan, ...]
-    from_checkpoint: bool = False
-    calibrate: bool = True  # a restart/move the controller chose (not a recovery) teaches it their cost
 
 
 @dataclass(frozen=True)
@@ -92,9 +86,13 @@ class Observed:
 
 @dataclass
 class Controller:
-    handle: PipelineHandle | None
-    """Only :meth:`step` uses it; :meth:`observe` takes what it needs as arguments."""
     profile: Profile
+    nominal: Cluster
+    """The nominal cluster: every device the job may have, by id, with its nominal figures."""
+    initial_plan: Plan
+    """The plan training starts on."""
+    initial_alive: tuple[int, ...]
+    """The devices up at the start."""
     config: ControllerConfig = ControllerConfig()
     clock: Callable[[], float] = time.perf_counter
     arbiter: Arbiter | None = None
@@ -102,20 +100,7 @@ class Controller:
     transitions: list[Transition] = field(default_factory=list, init=False)
     history: list[StepRecord] = field(default_factory=list, init=False)
 
-    nominal: Cluster | None = None
-    """The nominal cluster (default: the handle's)."""
-    initial_plan: Plan | None = None
-    """The plan training starts on (default: the handle's)."""
-    initial_alive: tuple[int, ...] | None = None
-    """The devices up at the start (default: the handle's)."""
-
     def __post_init__(self) -> None:
-        if self.handle is not None:
-            self.nominal = self.nominal or self.handle.nominal_cluster()
-            self.initial_plan = self.initial_plan or self.handle.current_plan()
-            self.initial_alive = self.initial_alive if self.initial_alive is not None else self.handle.alive_devices()
-        if self.nominal is None or self.initial_plan is None or self.initial_alive is None:
-            raise ValueError("a Controller needs a handle, or the nominal cluster, the starting plan and the devices up")
         self._nominal: Cluster = self.nominal
         self._plan: Plan = self.initial_plan  # as of the last observation (or act carried out)
         self._alive: tuple[int, ...] = tuple(self.initial_alive)
@@ -148,23 +133,6 @@ class Controller:
         """The iteration training ends at (a later ``fit`` of the same job): moves pay over what is left."""
         self.config = replace(self.config, total_iterations=total_iterations)
 
-    def run(self, steps: int) -> list[StepRecord]:
-        return [self.step() for _ in range(steps)]
-
-    def step(self) -> StepRecord:
-        """One iteration over the handle: run it, observe, carry the act out through the handle."""
-        assert self.handle is not None, "step() drives a handle; a job's loop calls observe() and acted()"
-        metrics = self.handle.run_iteration()
-        out = self.observe(metrics, self.handle.current_plan(), self.handle.alive_devices())
-        if out.act is None:
-            return out.record
-        handle = self.handle
-        if out.act.kind == "restart":
-            reports: list[MoveReport | RestartReport] = [handle.restart(out.act.plans[0], out.act.from_checkpoint)]
-        else:
-            reports = [handle.apply_move(p) for p in out.act.plans]
-        return self.acted(out, reports)
-
     def observe(self, metrics: IterationMetrics, plan: Plan, alive: tuple[int, ...]) -> Observed:
         """Fold one iteration's metrics in and decide (``plan``: the plan it ran; ``alive``: the
         devices up now). With an act, carry it out and report back through :meth:`acted`."""
@@ -184,19 +152,17 @@ class Controller:
         if act.kind == "restart":
             report = reports[0]
             assert isinstance(report, RestartReport)
-            if act.calibrate:
-                io = self.restart_cost(act.plans[0], planned=False) - self._cal.restart_fixed_s
-                self._cal = self._cal.after_restart(io, report.downtime_s)
+            io = self.restart_cost(act.plans[0], planned=False) - self._cal.restart_fixed_s
+            self._cal = self._cal.after_restart(io, report.downtime_s)
             spent = report.downtime_s
             self._plan = act.plans[0]
         else:
             for nxt, report in zip(act.plans, reports):
                 assert isinstance(report, MoveReport)
-                if act.calibrate:
-                    model = self.model()
-                    predicted = handover_time(move_transfers(self._plan, nxt, self.profile, model), model)
-                    self._cal = self._cal.after_move(predicted, report.stall_s)
-                    self._monitor = relearn(self._monitor, _work_changed(self._plan, nxt))
+                model = self.model()
+                predicted = handover_time(move_transfers(self._plan, nxt, self.profile, model), model)
+                self._cal = self._cal.after_move(predicted, report.stall_s)
+                self._monitor = relearn(self._monitor, _work_changed(self._plan, nxt))
                 spent += report.stall_s
                 self._plan = nxt
         record = replace(out.record, action_s=spent)
@@ -220,8 +186,6 @@ class Controller:
         obs = observe(self._monitor, metrics, self.profile, alive, self.config.monitor)
         confirmed = bool(obs.speed_changes or obs.membership_changed or set(obs.link_changes) & known_links)
         self._monitor = obs.state
-        plan = self._plan
-        gone = (set(metrics.lost_devices) | set(obs.disappeared)) & set(plan.devices)
         if metrics.completed and metrics.iteration_s > 0:
             # The iteration time with the machine-wide load factored out (time × common speed):
             # a load that slows every device alike slows every plan alike, so it is no noise on
@@ -232,17 +196,16 @@ class Controller:
                 self._tried, self._check = self._tried.forget(), None
             self._tried = self._tried.record(Layout.of(metrics.plan), residual, self.config.monitor.noise_window)
             self._check_move()
-        if not metrics.completed or gone:
-            return self._recover(step, metrics, tuple(sorted(gone)), alive)
+        if not metrics.completed:  # the job's failure policy recovers; the next good iteration is observed
+            self._path = ()
+            return self._record(step, metrics)
         if self.state is ControllerState.WARMUP:
             self._warm += 1
             if self._warm < self.config.warmup_iterations:
                 return self._record(step, metrics)
             self._to(step, ControllerState.ADAPTING, "warm-up done")
-        elif self.state is ControllerState.RECOVERING:
-            self._to(step, ControllerState.ADAPTING, "recovered")
         elif self.state is ControllerState.STEADY:
-            if not (obs.model_changed or obs.appeared):
+            if not (obs.model_changed or obs.membership_changed):
                 return self._record(step, metrics)
             self._to(step, ControllerState.ADAPTING, _why(obs))
         return self._adapt(step, metrics, obs, alive, confirmed)
@@ -279,22 +242,6 @@ class Controller:
         now = option.steps[: self.config.moves_per_pause]
         self._path = option.steps[len(now):]
         return self._record(step, metrics, decision, elapsed, Act("move", tuple(now)))
-
-    def _recover(self, step: int, metrics: IterationMetrics, gone: tuple[int, ...], alive: tuple[int, ...]) -> Observed:
-        self._path = ()
-        self._to(step, ControllerState.RECOVERING, f"lost device(s) {list(gone) or list(metrics.lost_devices)}")
-        plan = self._plan
-        lost = gone or tuple(metrics.lost_devices)
-        model = self.model()
-        t0 = self.clock()
-        decision = on_device_loss(plan, lost, alive, lambda ids: full_replan(self.profile, model, ids, plan, self.config.replan_algorithm))
-        elapsed = self.clock() - t0
-        if isinstance(decision, Continue):
-            return self._record(step, metrics, decision, elapsed)
-        if isinstance(decision, DropReplicas):
-            return self._record(step, metrics, decision, elapsed, Act("drop-replicas", (decision.plan,), calibrate=False))
-        assert isinstance(decision, Restart)
-        return self._record(step, metrics, decision, elapsed, Act("restart", (decision.plan,), decision.from_checkpoint, calibrate=False))
 
     # ----- deciding -----
     def _decide(self, alive: tuple[int, ...], metrics: IterationMetrics, changed: bool, confirmed: tuple[int, ...] = ()) -> Decision:
@@ -407,7 +354,7 @@ class Controller:
             self.transitions.append(Transition(step, self.state, state, reason))
             self.state = state
 
-    def _record(self, step: int, metrics: IterationMetrics, decision: Union[Decision, FailureDecision, None] = None,
+    def _record(self, step: int, metrics: IterationMetrics, decision: Decision | None = None,
                 decision_s: float = 0.0, act: Act | None = None) -> Observed:
         rec = StepRecord(step, metrics.iteration, self.state, metrics.iteration_s, metrics.completed, decision, decision_s,
                          act.kind if act is not None else "")
@@ -435,4 +382,6 @@ def _why(obs: Observation) -> str:
         parts.append(f"bandwidth of {list(obs.link_changes)} changed")
     if obs.appeared:
         parts.append(f"device(s) {list(obs.appeared)} appeared")
+    if obs.disappeared:
+        parts.append(f"device(s) {list(obs.disappeared)} left")
     return "; ".join(parts)

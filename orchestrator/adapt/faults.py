@@ -1,14 +1,14 @@
-"""Fault and slowdown injection specs shared by the simulated pipeline and the real runtime.
+"""Fault and slowdown injection specs shared by the simulated runtime and the elastic job's rehearsal.
 
 A scenario is plain data: a tuple of :class:`Slowdown`, :class:`Throttle`, :class:`Kill` and
 :class:`Join` events, each keyed by the iteration from which it holds. Keeping the spec as data
-(not callbacks) is what lets the same scenario drive :class:`~orchestrator.adapt.simulated.
-SimulatedPipeline` in tests and, later, the Ray trainer in a live demo, and lets a benchmark print
-exactly what it injected.
+(not callbacks) is what lets the same scenario drive :class:`~orchestrator.adapt.simulated.SimulatedRuntime`
+in tests and the real :class:`~orchestrator.elastic.job_loop.ElasticJob` (``AdaptConfig(faults=...)``), and lets a
+benchmark print exactly what it injected.
 
 :meth:`FaultSchedule.conditions` turns the spec into the *true* state of the world at an iteration
 (a :class:`Cluster` with the real speeds and bandwidths, and the set of live devices). Only the
-simulated pipeline reads it; the controller never does — it must infer the same facts from
+simulated runtime reads it; the controller never does — it must infer the same facts from
 metrics.
 """
 

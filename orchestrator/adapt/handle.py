@@ -1,19 +1,17 @@
-"""What the controller needs from a running pipeline: the :class:`PipelineHandle` protocol.
-
-The controller never touches actors, Ray or torch. It drives a job only through this protocol, so
-the same controller runs over :class:`~orchestrator.adapt.simulated.SimulatedPipeline` in
-tests and benchmarks and over the Ray trainer in production (the runtime implements the same
-methods). Everything crossing the boundary is a frozen value.
+"""What crosses between the controller and the job that runs it, as frozen values: one iteration's
+:class:`IterationMetrics` in, the measured :class:`MoveReport`/:class:`RestartReport` of an act back. The controller
+never touches actors, Ray or torch, so the same controller runs in :class:`~orchestrator.elastic.job_loop.ElasticJob`
+and, in tests and benchmarks, in :class:`~orchestrator.adapt.simulated.SimulatedJob`.
 
 Also here: :func:`move_transfers`, the one definition of *which bytes a plan change ships
 between which actors*. The runtime executes exactly these hand-overs; the arbiter prices them on
-its model; the simulated pipeline charges them on the true cluster.
+its model; the simulated runtime charges them on the true cluster.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Protocol, runtime_checkable
+from typing import Mapping
 
 from orchestrator.core.cluster import Cluster
 from orchestrator.costmodel.terms import SHIPPED_STATE_FACTOR, shipped_bytes, transfer_time
@@ -59,35 +57,6 @@ class RestartReport:
     downtime_s: float
     replayed_iterations: int
     plan: Plan
-
-
-@runtime_checkable
-class PipelineHandle(Protocol):
-    """The runtime interface the controller drives, one call at a time, between iterations.
-
-    Contract:
-    - ``run_iteration`` runs exactly one training iteration of ``current_plan()`` and returns its
-      metrics (or ``completed=False`` with ``lost_devices`` when an actor/node died in it);
-    - ``apply_move`` switches to ``new_plan`` live: only actors whose block or replica set changes
-      exchange state, directly actor to actor, as listed by :func:`move_transfers`; all others keep
-      their process and state; the schedule IR is regenerated. Training stays exact.
-    - ``restart`` stops everything and starts ``new_plan`` from the last checkpoint
-      (``from_checkpoint``) or from live state held by surviving replicas.
-    - ``alive_devices``: ids (in ``nominal_cluster()`` numbering, never renumbered) of devices
-      that are up now; ``nominal_cluster`` lists every device ever seen with its nominal figures.
-    """
-
-    def current_plan(self) -> Plan: ...
-
-    def nominal_cluster(self) -> Cluster: ...
-
-    def alive_devices(self) -> tuple[int, ...]: ...
-
-    def run_iteration(self) -> IterationMetrics: ...
-
-    def apply_move(self, new_plan: Plan) -> MoveReport: ...
-
-    def restart(self, new_plan: Plan, from_checkpoint: bool) -> RestartReport: ...
 
 
 @dataclass(frozen=True, slots=True)

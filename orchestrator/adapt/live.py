@@ -2,8 +2,7 @@
 
 :func:`to_controller_metrics` turns a measured iteration (the workers' own spans) into the controller's
 :class:`~orchestrator.adapt.handle.IterationMetrics`; :func:`measured_profile` / :func:`profile_like_workers` time the
-model's blocks here as one CPU worker computes. The job's loop (:mod:`orchestrator.elastic.job_loop`) and the
-controller's real-runtime harness (:mod:`orchestrator.elastic.harness`) both use them.
+model's blocks here as one CPU worker computes, for the job's loop (:mod:`orchestrator.elastic.job_loop`).
 """
 
 from __future__ import annotations

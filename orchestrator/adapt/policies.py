@@ -124,38 +124,10 @@ class ExplicitArbiter:
 
 # ----- failure policy -----
 @dataclass(frozen=True)
-class Continue:
-    reason: str
-
-
-@dataclass(frozen=True)
-class DropReplicas:
-    plan: Plan
-    dropped: tuple[int, ...]
-
-
-@dataclass(frozen=True)
 class Restart:
     plan: Plan
     from_checkpoint: bool
     reason: str
-
-
-FailureDecision = Union[Continue, DropReplicas, Restart]
-
-
-def on_device_loss(plan: Plan, lost: Sequence[int], alive: Sequence[int], replan: Callable[[tuple[int, ...]], Plan]) -> FailureDecision:
-    """What to do after ``lost`` devices died; ``replan(alive)`` is a pure planner closure."""
-    gone = set(lost) & set(plan.devices)
-    if not gone:
-        return Continue("lost devices held no blocks")
-    if not alive:
-        raise UserError("every device is gone; nothing to continue on")
-    if all(set(s.devices) - gone for s in plan.stages):
-        stages = tuple(Stage(s.first, s.last, tuple(d for d in s.devices if d not in gone)) for s in plan.stages)
-        kept = Plan(stages, plan.num_microbatches, plan.schedule, plan.sliced_microbatches, algorithm=plan.algorithm)
-        return DropReplicas(kept, tuple(sorted(gone)))
-    return Restart(replan(tuple(sorted(alive))), True, f"device(s) {sorted(gone)} held the only copy of their blocks")
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""A :class:`PipelineHandle` that "runs" iterations with the simulator under injected conditions.
+"""The pipeline runtime's primitives over the simulator (:class:`SimulatedRuntime`), and the job's control over them
+(:class:`SimulatedJob`): the controller's tests and benchmarks without Ray.
 
 Each iteration is timed by :func:`orchestrator.costmodel.simulator.simulate` on the *true* cluster of that
 iteration (speeds and bandwidths after the scenario's slowdowns and throttles), then reported the
@@ -21,8 +22,10 @@ noise — its size, its correlations across devices and its bursts over time —
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -33,17 +36,13 @@ from orchestrator.core.plan import Plan
 from orchestrator.core.profile import Profile
 from orchestrator.schedule.ir import COMPUTE_KINDS
 from orchestrator.costmodel.simulator import SimOptions, simulate
+from orchestrator.adapt.controller import Controller
 from orchestrator.adapt.faults import FaultSchedule
 from orchestrator.adapt.handle import (
-    check_plan_alive,
-    SHIPPED_STATE_FACTOR,
-    IterationMetrics,
-    Link,
-    MoveReport,
-    RestartReport,
-    move_transfers,
-    handover_time,
+    SHIPPED_STATE_FACTOR, IterationMetrics, Link, MoveReport, RestartReport, check_plan_alive, handover_time, move_transfers,
 )
+from orchestrator.adapt.policies import RecoverInPlace, full_replan, on_worker_death
+from orchestrator.adapt.states import ControllerConfig, StepRecord
 
 
 @dataclass(frozen=True)
@@ -92,6 +91,9 @@ class SimulatedCosts:
     """Checkpoint read bandwidth per actor on restart."""
     checkpoint_every: int = 10
     """Iterations between checkpoints; a from-checkpoint restart redoes up to this many."""
+    recovery_fixed_s: float = 2.0
+    """A recovery in place's fixed part (the survivors' re-formation; 0.28 s measured on gloo, 2 s allowed for a GPU
+    cluster's NCCL communicators, as ``benchmarks/spot_goodput.py`` calibrates it)."""
     shipped_factor: float = SHIPPED_STATE_FACTOR
     trace: NoiseTrace | None = None
     """Replay recorded noise instead of log-normal noise (``noise`` is then ignored)."""
@@ -103,12 +105,14 @@ def restart_downtime(plan: Plan, profile: Profile, costs: SimulatedCosts) -> flo
     return costs.restart_fixed_s + transfer_time(shipped_bytes(biggest, costs.shipped_factor), 1.0 / (costs.storage_gbps * GBPS))
 
 
-class SimulatedPipeline:
-    """Implements :class:`~orchestrator.adapt.handle.PipelineHandle` over the simulator.
+class SimulatedRuntime:
+    """The pipeline runtime's primitives over the simulator, named as :class:`~orchestrator.train.runtime.PipelineRuntime`
+    names them (``plan``, ``step``, ``move_live``, ``restart_on``, ``recover_in_place``) plus :meth:`run_step` for
+    one iteration (the runtime's ``submit_step`` then ``complete_step``).
 
-    ``iteration`` counts completed training iterations (it goes back on a from-checkpoint
-    restart); ``step_index`` counts calls to :meth:`run_iteration` and indexes the scenario, so
-    faults happen at a fixed point in time, as they would on a real cluster.
+    ``step`` counts completed training iterations (it goes back on a restart from a checkpoint); ``step_index``
+    counts calls to :meth:`run_step` and indexes the scenario, so faults happen at a fixed point in time, as they
+    would on a real cluster. ``wall_s`` accumulates iterations, stalls and replays.
     """
 
     def __init__(self, profile: Profile, cluster: Cluster, plan: Plan, faults: FaultSchedule = FaultSchedule(),
@@ -116,9 +120,9 @@ class SimulatedPipeline:
         plan.check_against(profile.num_blocks, cluster.size)
         faults.validate(cluster)
         self.profile, self.cluster, self.faults, self.costs = profile, cluster, faults, costs
-        self._plan = plan
+        self.plan = plan
         self._rng = np.random.default_rng(seed)
-        self.iteration = 0
+        self.step = 0
         self.step_index = 0
         self.wall_s = 0.0
         self.last_checkpoint = 0
@@ -129,17 +133,12 @@ class SimulatedPipeline:
             raise UserError(f"initial plan uses device(s) {sorted(bad)} that are not up")
         self.log: list[tuple[str, int, float]] = []  # (event, step_index, seconds) for benchmarks
 
-    # ----- PipelineHandle -----
-    def current_plan(self) -> Plan:
-        return self._plan
-
-    def nominal_cluster(self) -> Cluster:
-        return self.cluster
-
     def alive_devices(self) -> tuple[int, ...]:
         return tuple(sorted(self._alive_now()))
 
-    def run_iteration(self) -> IterationMetrics:
+    def run_step(self) -> IterationMetrics:
+        """One iteration, timed on the true cluster of this point of the scenario; ``completed=False`` with
+        ``lost_devices`` when a device of the plan died in it (its time spent, the step not taken)."""
         cond = self.faults.conditions(self.cluster, self.step_index)
         self.step_index += 1
         self._dead |= set(cond.killed_now)
@@ -152,13 +151,11 @@ class SimulatedPipeline:
             k, n = self.step_index - 1, cond.cluster.size
             speeds = [d.speed * m for d, m in zip(cond.cluster.devices, trace.speeds(k, n))]
             cond = replace(cond, cluster=cond.cluster.with_speeds(speeds).with_bandwidth(cond.cluster.bandwidth * trace.links(k, n)))
-        result = simulate(self._plan, self.profile, cond.cluster, SimOptions())
-        if set(self._plan.devices) & (set(lost) | set(cond.killed_now)):
-            # An actor died mid-iteration: the time is spent, the step is not taken.
+        result = simulate(self.plan, self.profile, cond.cluster, SimOptions())
+        if set(self.plan.devices) & (set(lost) | set(cond.killed_now)):
             self.wall_s += result.iteration_s
             self.log.append(("failed", self.step_index - 1, result.iteration_s))
-            return IterationMetrics(self.iteration, result.iteration_s, self._plan, completed=False,
-                                    lost_devices=lost, new_devices=new)
+            return IterationMetrics(self.step, result.iteration_s, self.plan, completed=False, lost_devices=lost, new_devices=new)
         compute: dict[int, float] = {}
         link_bytes: dict[Link, float] = {}
         link_s: dict[Link, float] = {}
@@ -171,42 +168,48 @@ class SimulatedPipeline:
                 link_s[ev.link] = link_s.get(ev.link, 0.0) + dur
         noisy_iter = result.iteration_s * self._noise()
         self.wall_s += noisy_iter
-        self.iteration += 1
-        if self.iteration % self.costs.checkpoint_every == 0:
-            self.last_checkpoint = self.iteration
+        self.step += 1
+        if self.step % self.costs.checkpoint_every == 0:
+            self.last_checkpoint = self.step
         self.log.append(("iteration", self.step_index - 1, noisy_iter))
-        return IterationMetrics(
-            self.iteration - 1,
-            noisy_iter,
-            self._plan,
-            {d: t * self._noise() for d, t in compute.items()},
-            link_bytes,
-            {k: t * self._noise() for k, t in link_s.items()},
-            lost_devices=lost,
-            new_devices=new,
-        )
+        return IterationMetrics(self.step - 1, noisy_iter, self.plan, {d: t * self._noise() for d, t in compute.items()},
+                                link_bytes, {k: t * self._noise() for k, t in link_s.items()}, lost_devices=lost, new_devices=new)
 
-    def apply_move(self, new_plan: Plan) -> MoveReport:
-        self._check_plan(new_plan)
+    def move_live(self, plan: Plan) -> MoveReport:
+        """A live move: the hand-over of :func:`move_transfers` on the true cluster plus a fixed overhead."""
+        self._check_plan(plan)
         cond = self.faults.conditions(self.cluster, self.step_index)
-        moves = move_transfers(self._plan, new_plan, self.profile, cond.cluster, frozenset(self._dead), self.costs.shipped_factor)
+        moves = move_transfers(self.plan, plan, self.profile, cond.cluster, frozenset(self._dead), self.costs.shipped_factor)
         stall = handover_time(moves, cond.cluster) + self.costs.move_overhead_s
         self.wall_s += stall
-        self._plan = new_plan
+        self.plan = plan
         self.log.append(("move", self.step_index, stall))
-        return MoveReport(sum(t.nbytes for t in moves), stall, new_plan)
+        return MoveReport(sum(t.nbytes for t in moves), stall, plan)
 
-    def restart(self, new_plan: Plan, from_checkpoint: bool) -> RestartReport:
-        self._check_plan(new_plan)
-        downtime = restart_downtime(new_plan, self.profile, self.costs)
-        replayed = self.iteration - self.last_checkpoint if from_checkpoint else 0
-        self.iteration -= replayed
+    def restart_on(self, plan: Plan, from_checkpoint: bool) -> RestartReport:
+        """Every worker restarts on ``plan``: from the newest checkpoint (the steps since it are redone) or from a
+        checkpoint of the live state written first (a planned restart)."""
+        self._check_plan(plan)
+        downtime = restart_downtime(plan, self.profile, self.costs)
+        replayed = self.step - self.last_checkpoint if from_checkpoint else 0
+        self.step -= replayed
         self.wall_s += downtime
-        self._plan = new_plan
+        self.plan = plan
         self.log.append(("restart", self.step_index, downtime))
-        return RestartReport(downtime, replayed, new_plan)
+        return RestartReport(downtime, replayed, plan)
 
-    # ----- helpers -----
+    def recover_in_place(self, dead: tuple[int, ...], plan: Plan) -> RestartReport:
+        """The survivors keep their processes and continue on ``plan`` from their snapshot of the last step: a
+        re-formation, and the dead devices' blocks read back (from a peer's copy or storage) at storage speed."""
+        self._check_plan(plan)
+        lost = sum(self.profile.param_bytes(s.first, s.last) for s in self.plan.stages if set(s.devices) <= set(dead))
+        downtime = self.costs.recovery_fixed_s + transfer_time(shipped_bytes(lost, self.costs.shipped_factor),
+                                                               1.0 / (self.costs.storage_gbps * GBPS))
+        self.wall_s += downtime
+        self.plan = plan
+        self.log.append(("recovered", self.step_index, downtime))
+        return RestartReport(downtime, 0, plan)
+
     def _alive_now(self) -> set[int]:
         return set(self.faults.alive_at(self.cluster, self.step_index)) - self._dead
 
@@ -218,3 +221,65 @@ class SimulatedPipeline:
             return 1.0
         sigma = self.costs.noise
         return float(np.exp(self._rng.normal(0.0, sigma))) if sigma > 0 else 1.0
+
+
+class SimulatedJob:
+    """The elastic job's control over a :class:`SimulatedRuntime`, for the controller's tests and benchmarks: the
+    same policies, asked in the same order as :class:`~orchestrator.elastic.job_loop.ElasticJob` asks them between
+    iterations — a death goes to the failure policy (:func:`~orchestrator.adapt.policies.on_worker_death`: in place
+    onto a re-plan over the survivors), then the controller observes the iteration and its act is carried out (moves
+    in order, or a planned restart) and reported back. What ``ElasticJob`` adds around it (storage, checkpoints,
+    notices, callbacks) needs no simulation to test the controller.
+
+    ``profile``: the profile the controller believes (default: the true one the runtime is timed with);
+    ``controller``: one built by the caller (a subclass under test) instead.
+    """
+
+    def __init__(self, runtime: SimulatedRuntime, config: ControllerConfig = ControllerConfig(), profile: Profile | None = None,
+                 clock: Callable[[], float] = time.perf_counter, controller: Controller | None = None) -> None:
+        self.runtime = runtime
+        self.controller = controller or Controller(profile or runtime.profile, runtime.cluster, runtime.plan,
+                                                   runtime.alive_devices(), config, clock=clock)
+        self.failures = 0
+        self.records: list[StepRecord] = []
+
+    def fit(self, iterations: int) -> list[StepRecord]:
+        """``iterations`` more iterations (completed or not); their records."""
+        out = [self._iteration() for _ in range(iterations)]
+        self.records += out
+        return out
+
+    def close(self) -> None:
+        """No background re-planning outlives the job (the controller stays readable)."""
+        self.controller.close()
+
+    def __enter__(self) -> "SimulatedJob":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _iteration(self) -> StepRecord:
+        rt = self.runtime
+        m = rt.run_step()
+        if not m.completed:
+            self._failed(tuple(d for d in m.lost_devices if d in m.plan.devices))
+        out = self.controller.observe(m, rt.plan, rt.alive_devices())
+        if out.act is None:
+            return out.record
+        if out.act.kind == "restart":
+            reports: list[MoveReport | RestartReport] = [rt.restart_on(out.act.plans[0], from_checkpoint=False)]
+        else:
+            reports = [rt.move_live(p) for p in out.act.plans]
+        return self.controller.acted(out, reports)
+
+    def _failed(self, dead: tuple[int, ...]) -> None:
+        self.failures += 1
+        rt = self.runtime
+        alive = rt.alive_devices()
+        decision = on_worker_death(self.failures, 10**9, rt.plan, dead, sorted(set(alive) | set(dead)), in_place=True)
+        model, template = self.controller.model(), rt.plan
+        if isinstance(decision, RecoverInPlace):
+            rt.recover_in_place(decision.dead, full_replan(rt.profile, model, decision.survivors, template))
+        else:
+            rt.restart_on(full_replan(rt.profile, model, alive, template), from_checkpoint=True)

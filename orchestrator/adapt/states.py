@@ -8,17 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Union
-
 from orchestrator.adapt.monitor import MonitorConfig
-from orchestrator.adapt.policies import ArbiterConfig, Decision, FailureDecision
+from orchestrator.adapt.policies import ArbiterConfig, Decision
 
 
 class ControllerState(str, Enum):
     WARMUP = "warmup"
     STEADY = "steady"
     ADAPTING = "adapting"
-    RECOVERING = "recovering"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,7 +83,7 @@ class StepRecord:
     state: ControllerState  # after the step
     iteration_s: float
     completed: bool
-    decision: Union[Decision, FailureDecision, None] = None
+    decision: Decision | None = None
     decision_s: float = 0.0
-    action: str = ""  # "", "move", "path-move", "restart", "drop-replicas"
+    action: str = ""  # "", "move", "path-move", "restart"
     action_s: float = 0.0  # stall or downtime the action cost

@@ -251,8 +251,8 @@ class ElasticJob:
     def _watch(self, target: int) -> None:
         """The policies' horizon (moves pay over the steps left to ``target``) and the cloud watchers."""
         if self.adapt.enabled and self.controller is None:
-            self.controller = Controller(None, self.profile, replace(self.adapt.controller, total_iterations=target),
-                                         nominal=self.cluster, initial_plan=self.runtime.plan, initial_alive=tuple(sorted(self.alive)))
+            self.controller = Controller(self.profile, self.cluster, self.runtime.plan, tuple(sorted(self.alive)),
+                                         replace(self.adapt.controller, total_iterations=target))
         elif self.controller is not None:  # a later fit
             self.controller.set_horizon(target)
         if self.spot.enabled and self.spot.watch:  # one watcher on each node of the job and the driver's
@@ -506,12 +506,12 @@ class ElasticJob:
 
     # ----- actions -----
     def _carry_out(self, act: Act) -> list[MoveReport | RestartReport]:
-        """The controller's act: live moves in order, or a restart (a planned one checkpoints first)."""
+        """The controller's act: live moves in order, or a planned restart (checkpointed first)."""
         self.loop.finish_in_flight()
         if act.kind != "restart":
             return [self.switch_live(p) for p in act.plans]
         before, t0 = self.runtime.step, time.perf_counter()  # the downtime counts the planned checkpoint's write
-        source = self.runtime.latest() if act.from_checkpoint else self.checkpoint_now("planned restart")
+        source = self.checkpoint_now("planned restart")
         self.restart_on(act.plans[0], source, tuple(sorted(self.alive)))
         return [RestartReport(time.perf_counter() - t0, before - self.runtime.step, act.plans[0])]
 

@@ -115,8 +115,8 @@ class PipelineRuntime:
 
     def start(self, members: Sequence[int] | None = None, slots: Mapping[int, int] | None = None, size: int | None = None) -> None:
         """Create (if needed) and configure the workers. ``members``/``slots``: see
-        :meth:`WorkerGroup.configure` — the controller's harness (:mod:`orchestrator.elastic.harness`) pins device
-        ``d`` to worker ``d`` and makes every alive device a rank so it can move blocks live."""
+        :meth:`WorkerGroup.configure` — the elastic job pins device ``d`` to worker ``d`` and makes every alive
+        device a rank so that blocks can move live."""
         if not ray.is_initialized():
             ensure_ray()
         if self.group is None:
