@@ -66,6 +66,11 @@ class FaultKnobs:
     def active(self) -> bool:
         return self.slowdown != 1.0 or any(self.send_delay_per_byte.values())
 
+    def set(self, slowdown: float, send_delay_per_byte: dict[int, float]) -> None:
+        """New knobs, in place: the hooks installed on every executor read this object at each call."""
+        self.slowdown = float(slowdown)
+        self.send_delay_per_byte = {int(k): float(v) for k, v in send_delay_per_byte.items()}
+
 
 def install(ex: "Executor", knobs: FaultKnobs) -> "Executor":
     """Wrap ``ex``'s call table with the hooks of ``knobs`` (read at every call, so knobs set later

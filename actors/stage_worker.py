@@ -271,8 +271,7 @@ class StageWorker:
         the injected spans would mix host seconds with CUDA events."""
         if (float(slowdown) != 1.0 or any(send_delay_per_byte.values())) and select_device().type == "cuda":
             raise UserError("slowdown and link-delay injection run on CPU workers only")
-        self.knobs.slowdown = float(slowdown)
-        self.knobs.send_delay_per_byte = {int(k): float(v) for k, v in send_delay_per_byte.items()}
+        self.knobs.set(slowdown, send_delay_per_byte)
         if self.knobs.active:
             self.injecting = True  # from now on every executor this worker builds carries the hooks
             if self.executor is not None:

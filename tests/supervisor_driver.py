@@ -1,7 +1,8 @@
 """A scripted driver that speaks the job's side of the supervisor's protocol (tests only).
 
 It trains nothing: it counts steps, and writes what :class:`~orchestrator.elastic.job_loop.ElasticJob`
-writes for the supervisor (``STORAGE/run.json``, an event segment with ``job_started``, a
+writes for the supervisor (``STORAGE/run.json`` through the job's own :mod:`~orchestrator.elastic.run_record`, an
+event segment with ``job_started``, a
 ``migration_requested`` and exit 75 when ``RAYPIPE_PRICE_EVENTS`` fires), so the supervisor's
 provisioning, submission, migration and relaunch are tested apart from training. Checkpoints are
 "committed" every ``--checkpoint-every`` steps by the record's ``last_committed`` alone.
@@ -20,6 +21,7 @@ import time
 from datetime import datetime, timezone
 
 from actors import storage
+from orchestrator.elastic import run_record as rr
 
 
 def now() -> str:
@@ -34,9 +36,8 @@ def main() -> int:
     p.add_argument("--fail-at", type=int, help="exit 2 as a user error (record status failed) at this step")
     args = p.parse_args()
     root, cluster, resume = os.environ["RAYPIPE_STORAGE"], os.environ["RAYPIPE_CLUSTER"], os.environ["RAYPIPE_RESUME"]
-    record_at = storage.join(root, "run.json")
-    record = json.loads(storage.read_bytes(record_at)) if storage.exists(record_at) else None
-    start = int(record["last_committed"] or 0) if record and resume != "never" else 0
+    record = rr.read(root)
+    start = (record.last_committed or 0) if record and resume != "never" else 0
     if resume == "require" and not start:
         print("error: RAYPIPE_RESUME=require but nothing committed", file=sys.stderr)
         return 2
@@ -47,11 +48,10 @@ def main() -> int:
         lines.append(json.dumps({"event": event, "time": now(), **fields}))
         storage.write_bytes(segment, ("\n".join(lines) + "\n").encode())
 
-    def write(status: str, step: int, committed: int, migration: dict[str, object] | None = None) -> None:
-        storage.write_bytes(record_at, json.dumps({
-            "run_id": os.environ["RAYPIPE_RUN_ID"], "model_fingerprint": "m", "config_fingerprint": "c", "steps_done": step,
-            "last_committed": committed or None, "status": status, "cluster": cluster, "migration": migration,
-            "updated_at": now()}).encode())
+    def write(status: rr.Status, step: int, committed: int, migration: rr.MigrationRequest | None = None) -> None:
+        rr.write(root, rr.RunRecord(run_id=os.environ["RAYPIPE_RUN_ID"], model_fingerprint="m", config_fingerprint="c",
+                                    steps_done=step, last_committed=committed or None, status=status, cluster=cluster,
+                                    migration=migration))
 
     emit("job_started", cluster=cluster, resumed_from=start or None, devices=4, step=start,
          offer=os.environ["RAYPIPE_OFFER"], price_events=os.environ.get("RAYPIPE_PRICE_EVENTS"))
@@ -80,7 +80,7 @@ def main() -> int:
             target = next(r for r in rows if f"{r['cloud']}/{r['zone']}/{r['instance_type']} (spot)" != os.environ["RAYPIPE_OFFER"])
             label = f"{target['cloud']}/{target['zone']}/{target['instance_type']} (spot)"
             emit("migration_requested", reason="price", step=step, target=label)
-            write("migrating", step, committed, {"reason": "price", "step": step, "target": label})
+            write("migrating", step, committed, rr.MigrationRequest("price", step, label))
             print(f"migration requested at step {step} to {label}", file=sys.stderr)
             return 75
     write("finished", args.steps, args.steps)

@@ -49,7 +49,8 @@ def test_a_user_crash_fails_once_then_the_fixed_driver_moves_between_local_clust
     assert [e["event"] for e in crashed].count("job_submitted") == 1 and not [e for e in crashed if e["event"] == "cluster_lost"]
     from orchestrator.supervise.state import read_record
 
-    assert (read_record(f"{s3_bucket}/run") or {}).get("status") == "failed"
+    record = read_record(f"{s3_bucket}/run")
+    assert record is not None and record.status == "failed"
     # the unmodified example right after, on the same storage: its offers were never blocked; a price rise moves it
     proc = run("examples/elastic_gpt.py", "out")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -86,7 +86,7 @@ def status_of(where: str) -> dict[str, Any]:
         "run_id": record.run_id, "storage": where, "status": record.status, "step": record.steps_done,
         "target": live.target if live else None, "loss": live.loss if live else None,
         "eval_loss": live.eval_loss if live else None, "samples_per_s": live.samples_per_s if live else None,
-        "last_committed": newest_committed(where, {"last_committed": record.last_committed}),
+        "last_committed": newest_committed(where, record.last_committed),
         "plan": [asdict(s) for s in live.plan] if live else [],
         "recoveries": (live.recoveries if live else 0) + int(supervisor.get("recoveries") or 0),
         "moves": live.moves if live else 0, "migrations": int(bool(supervisor.get("price_migrated"))),

@@ -218,8 +218,7 @@ class FixedPlan:
             raise exc
         self.restarts += 1
         self.runtime.recover(exc)
-        self.bar.n = max(0, self.runtime.step - self.first)
-        self.bar.refresh()
+        self.bar.update(max(0, self.runtime.step - self.first) - self.bar.n)  # back to the step restored
 
     def finish(self, target: int) -> None:
         """The last background upload commits, and the run ends on a committed checkpoint of its last step."""

@@ -1,6 +1,7 @@
 """What the supervisor reads and writes in the run's storage.
 
-- ``STORAGE/run.json``, the run record: written by the job, read here, never written here.
+- ``STORAGE/run.json``, the run record (:class:`~orchestrator.elastic.run_record.RunRecord`, the job's own type):
+  written by the job, read here, never written here.
 - ``STORAGE/supervisor.json``, the supervisor's own state (:class:`SupervisorState`): the cluster
   it runs the job on and how to reach and stop it, offers that failed and when, recoveries spent,
   and which supervisor process owns the run (so a second copy refuses, and a restarted one adopts).
@@ -22,10 +23,10 @@ from typing import Any
 
 from actors import storage
 from orchestrator.core.errors import UserError
+from orchestrator.elastic import run_record as rr
 from orchestrator.elastic.lease import gone
 from orchestrator.supervise.provision import ClusterHandle
 
-RECORD = "run.json"
 STATE = "supervisor.json"
 EVENTS = "events"
 RETRY_S = 180.0
@@ -51,17 +52,22 @@ def read_json(location: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def read_record(root: str) -> dict[str, Any] | None:
-    """The job's run record (``STORAGE/run.json``)."""
-    return read_json(storage.join(root, RECORD))
+def read_record(root: str) -> rr.RunRecord | None:
+    """The job's run record (``STORAGE/run.json``), as the job's own type reads it; None when there is none, or it
+    is being replaced or unreadable now (read again at the next poll)."""
+    _fresh(rr.location(root))
+    try:
+        return rr.read(root)
+    except (UserError, storage.StorageError):
+        return None
 
 
-def newest_committed(root: str, record: dict[str, Any] | None) -> int | None:
+def newest_committed(root: str, last_committed: int | None) -> int | None:
     """The newest committed checkpoint's step: the record's ``last_committed``, checked against the
     commit markers actually in storage (a checkpoint committed after the record's last write counts)."""
     from actors.checkpoint import find_latest
 
-    steps = [int(record["last_committed"])] if record and record.get("last_committed") is not None else []
+    steps = [last_committed] if last_committed is not None else []
     for where in (root, storage.join(root, "checkpoints")):
         _fresh(where)
         found = find_latest(where, check_files=False)

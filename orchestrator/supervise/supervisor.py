@@ -38,14 +38,13 @@ from actors.storage import StorageError, StorageFailed
 from actors.storage_env import EXIT_STORAGE
 from orchestrator.core.errors import UserError
 from orchestrator.elastic.observability import redact_text
-from orchestrator.elastic.run_record import request_stop
+from orchestrator.elastic.run_record import RunRecord, request_stop
 from orchestrator.elastic.signals import EXIT_MIGRATE
 from orchestrator.supervise.offers import PRICE_FACTOR, ranked, write_price_file
 from orchestrator.supervise.provision import ClusterHandle, ProvisionError, Provisioner
 from orchestrator.supervise.state import RETRY_S, EventSegment, StateStore, SupervisorState, merged_events, newest_committed, read_record
 from orchestrator.supervise.submit import TERMINAL, DriverJob, TextSink
 
-MIGRATE_EXIT = EXIT_MIGRATE  # one constant with the job (orchestrator.elastic.signals)
 """The driver's exit code after it committed a checkpoint and asked to move (EX_TEMPFAIL)."""
 USER_ERROR_EXITS = (1, 2)
 
@@ -132,7 +131,7 @@ class Supervisor:
             raise UserError(f"{self.config.storage} is already supervised by pid {previous.pid} on {previous.host} "
                             f"(heartbeat {now - previous.heartbeat:.0f} s ago); not starting a second copy")
         record = read_record(self.config.storage)
-        run_id = (previous.run_id if previous else None) or (record or {}).get("run_id") or self.state.run_id
+        run_id = (previous.run_id if previous else None) or (record.run_id if record else None) or self.state.run_id
         if self.config.run_id and run_id != self.config.run_id and (previous or record):
             raise UserError(f"{self.config.storage} holds run {run_id}, not --run-id {self.config.run_id}")
         # a finished supervisor's cluster is gone, but the offers that failed stay blocked for a while
@@ -217,17 +216,17 @@ class Supervisor:
         self.usd_clusters += usd.get("usd", 0.0)
         self.events.emit("cluster_down", cluster=handle.cluster_id, address=handle.gcs_address, **kept, **usd)
 
-    def _spent(self, record: dict[str, Any]) -> dict[str, float | int | None]:
+    def _spent(self, record: RunRecord | None) -> dict[str, float | int | None]:
         """What the run has cost: its clusters' time at their offers' prices (provisioning, start-up and migrations
         included: what a cloud bills), beside the jobs' own ledger (``usd_jobs``: the sum of their ``usd_job``).
         The total is the larger of the two (a supervisor restarted since knows only the clusters it made)."""
         now = time.time()
         clusters = self.usd_clusters + sum(rate * (now - up) / 3600.0 for up, rate in self.billed.values())
-        live = record.get("live") or {}
-        jobs, samples = float(live.get("usd_total") or 0.0), int(live.get("samples") or 0)
+        live = record.live if record is not None else None
+        jobs, samples = (live.usd_total, live.samples) if live is not None else (0.0, 0)
         total = max(clusters, jobs)
         return {"usd_total": round(total, 6), "usd_jobs": round(jobs, 6), "usd_clusters": round(clusters, 6),
-                "usd_lost": float(live.get("usd_lost") or 0.0), "samples": samples,
+                "usd_lost": live.usd_lost if live is not None else 0.0, "samples": samples,
                 "usd_per_million_samples": round(total / samples * 1e6, 6) if samples and total else None}
 
     # ----- the loop -----
@@ -275,7 +274,7 @@ class Supervisor:
             return self._relaunch(handle, "supervisor restarted; its cluster or job is gone")
         self._release_others(keep=None)
         record = read_record(self.config.storage)
-        step = newest_committed(self.config.storage, record) if self.config.resume != "never" else None
+        step = newest_committed(self.config.storage, record.last_committed if record else None) if self.config.resume != "never" else None
         return self._place(None, set(), self.config.resume, step)
 
     def _release_others(self, keep: str | None) -> None:
@@ -313,7 +312,7 @@ class Supervisor:
                 record = None
             self._rehearse_kill(cur, record)
             status = cur.job.status()
-            if (record and record.get("cluster") == cur.handle.cluster_id and record.get("status") in ("finished", "stopped")
+            if (record and record.cluster == cur.handle.cluster_id and record.status in ("finished", "stopped")
                     and (status is None or status in TERMINAL)):
                 self._done(cur, record)  # this cluster's job ended the run (its cluster may have gone after): not relaunched
                 return None
@@ -326,24 +325,24 @@ class Supervisor:
             if status in TERMINAL:
                 return self._ended(cur)
 
-    def _rehearse_kill(self, cur: _Current, record: dict[str, Any] | None) -> None:
+    def _rehearse_kill(self, cur: _Current, record: RunRecord | None) -> None:
         at = self.config.kill_cluster_at
-        if at is None or self.state.killed or not record or int(record.get("steps_done") or 0) < at:
+        if at is None or self.state.killed or not record or record.steps_done < at:
             return
-        self.events.emit("rehearsal_kill", cluster=cur.handle.cluster_id, steps_done=record.get("steps_done"))
+        self.events.emit("rehearsal_kill", cluster=cur.handle.cluster_id, steps_done=record.steps_done)
         self.provisioner.kill(cur.handle)
         self._save(killed=True)
 
     def _ended(self, cur: _Current) -> _Current | None:
         outcome = cur.job.outcome()
         cur.job.drain()
-        record = read_record(self.config.storage) or {}
-        status = record.get("status")
+        record = read_record(self.config.storage)
+        status = record.status if record else None
         if outcome.status == "SUCCEEDED" or status == "stopped":  # finished, or stopped (orchestrator stop, Ctrl-C,
             # ray job stop's SIGTERM: the job committed and recorded it): never relaunched
             self._done(cur, record)
             return None
-        if status == "migrating" and outcome.exit_code == MIGRATE_EXIT:
+        if status == "migrating" and outcome.exit_code == EXIT_MIGRATE:  # one constant with the job (orchestrator.elastic.signals)
             return self._migrate(cur, record)
         if status == "failed" and outcome.exit_code in USER_ERROR_EXITS:
             self._teardown(cur.handle)
@@ -354,10 +353,10 @@ class Supervisor:
             return self._lost(cur, f"the storage did not take a checkpoint (exit {EXIT_STORAGE})", blame=False)
         return self._lost(cur, f"job {outcome.status} (exit {outcome.exit_code}) with the run {status or 'not started'}")
 
-    def _done(self, cur: _Current, record: dict[str, Any]) -> None:
+    def _done(self, cur: _Current, record: RunRecord | None) -> None:
         """The run finished or was stopped: said once with what it cost, its cluster torn down, nothing relaunched."""
-        self.events.emit("run_stopped" if record.get("status") == "stopped" else "run_finished", cluster=cur.handle.cluster_id,
-                         steps_done=record.get("steps_done"), **self._spent(record))
+        self.events.emit("run_stopped" if record and record.status == "stopped" else "run_finished", cluster=cur.handle.cluster_id,
+                         steps_done=record.steps_done if record else None, **self._spent(record))
         self._teardown(cur.handle)
         self._save(cluster=None, job_id=None)
 
@@ -368,7 +367,8 @@ class Supervisor:
     def _relaunch(self, handle: ClusterHandle, why: str, blame: bool = True) -> _Current:
         """Tear down what is left of ``handle`` and place the run again; ``blame``: the offer failed (blocked for
         ``block_s``), else the next placement may choose it again."""
-        step = newest_committed(self.config.storage, read_record(self.config.storage))
+        record = read_record(self.config.storage)
+        step = newest_committed(self.config.storage, record.last_committed if record else None)
         self.events.emit("cluster_lost", cluster=handle.cluster_id, last_committed=step, reason=why)
         if blame:
             self._save(failed_offers={**self.state.failed_offers, handle.offer: time.time()})
@@ -378,10 +378,11 @@ class Supervisor:
         self._save(recoveries=self.state.recoveries + 1, cluster=None, job_id=None)
         return self._place(None, {handle.offer} if blame else set(), "require" if step else "auto", step)
 
-    def _migrate(self, cur: _Current, record: dict[str, Any]) -> _Current:
-        ask = record.get("migration") or {}
-        step, reason = int(ask.get("step", record.get("last_committed") or 0)), str(ask.get("reason", "price"))
-        target = self.by_label.get(str(ask.get("target")))
+    def _migrate(self, cur: _Current, record: RunRecord | None) -> _Current:
+        ask = record.migration if record else None
+        step = ask.step if ask else (record.last_committed if record and record.last_committed else 0)
+        reason = ask.reason if ask else "price"
+        target = self.by_label.get(ask.target) if ask else None
         try:
             nxt = self._place(target, {cur.offer.label()}, "require", step)
         except RunFailed as exc:  # nowhere to go: stay where the job was, from the step it committed
