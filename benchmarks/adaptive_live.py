@@ -163,7 +163,7 @@ def _paired(group, profile: Profile, plans: list[Plan], faults: FaultSchedule, r
 
     def timed() -> float:
         nonlocal k
-        rehearsal.push(runtime.group, runtime.plan, k)
+        rehearsal.push(runtime, runtime.plan, k)
         k += 1
         return runtime.complete_step(runtime.submit_step()).iteration_s
 

@@ -37,7 +37,7 @@ def run(group: Any, plan: Plan, faults: FaultSchedule, steps: int) -> tuple[Pipe
     runtime.start(members=[0, 1, 2, 3], slots={d: d for d in range(4)}, size=4)
     rehearsal, out = Rehearsal(faults, flat(4, 10)), []
     for k in range(steps):
-        rehearsal.push(runtime.group, plan, k)
+        rehearsal.push(runtime, plan, k)
         out.append(to_controller_metrics(runtime.complete_step(runtime.submit_step()), k, plan))
     return runtime, out
 

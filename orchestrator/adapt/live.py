@@ -33,9 +33,8 @@ def measured_profile(trainer: PipelineRuntime, warmup: int = 2, repeats: int = 5
     blocks of equal size came out at 2–56 ms where a one-thread worker takes 2.2 ms
     (benchmarks/results/adaptive.md, live section)."""
     spec = trainer.spec
-    workers = trainer.group.size if trainer.group is not None else len(trainer.plan.devices)
     return profile_like_workers(spec.model_factory, spec.data_fn, trainer.num_microbatches, spec.seed,
-                                cpu_threads(spec.threads, workers), warmup, repeats)
+                                cpu_threads(spec.threads, trainer.size), warmup, repeats)
 
 
 def profile_like_workers(model_factory: Callable[[], list[nn.Module]], data_fn: Callable[[int], Any], num_microbatches: int,

@@ -3,19 +3,27 @@
 One owner for what has been sent: the knobs each worker has now (sent again only on change) and
 the kills already armed. The elastic job and the live handle both push through it, once per
 iteration, before submitting it; after a restart (fresh processes, no knobs) it is told to
-:meth:`forget`. The workers are reached only through the group's ``call`` (rehearsal is opt-in:
-nothing here runs unless a :class:`~orchestrator.adapt.faults.FaultSchedule` has faults).
+:meth:`forget`. The workers are reached only through the runtime's ``set_knobs`` and ``arm_kill`` (rehearsal is
+opt-in: nothing here runs unless a :class:`~orchestrator.adapt.faults.FaultSchedule` has faults).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Protocol
 
 from orchestrator.adapt.faults import FaultSchedule, Kill, Slowdown, Throttle
 from orchestrator.core.cluster import GBPS, Cluster
 from orchestrator.core.plan import Plan
 
 Knob = tuple[float, tuple[tuple[int, float], ...]]  # (compute slowdown factor, sorted outgoing link delays s/byte)
+
+
+class Workers(Protocol):
+    """The runtime's two rehearsal primitives (:class:`~orchestrator.train.runtime.PipelineRuntime`)."""
+
+    def set_knobs(self, device: int, slowdown: float, send_delay_per_byte: dict[int, float]) -> None: ...
+
+    def arm_kill(self, device: int, step: int, hang: bool = False) -> None: ...
 
 
 class Rehearsal:
@@ -41,7 +49,7 @@ class Rehearsal:
                         delays.setdefault(s, {})[d] = max(0.0, 1.0 / (f.gbps * GBPS) - 1.0 / self.cluster.link(s, d))
         return {d: (factor.get(d, 1.0), tuple(sorted(delays.get(d, {}).items()))) for d in devices}
 
-    def push(self, group: Any, plan: Plan, k: int, kills: bool = True) -> None:
+    def push(self, workers: Workers, plan: Plan, k: int, kills: bool = True) -> None:
         """Knobs of iteration ``k`` to ``plan``'s devices (on change only) and, with ``kills``, the
         kills of iteration ``k`` armed: the worker exits halfway through the iteration, like a
         crashed process (a kill without a device takes the middle stage's device)."""
@@ -53,10 +61,10 @@ class Rehearsal:
                     device = plan.stages[len(plan.stages) // 2].devices[0] if f.device is None else f.device
                     if device in plan.devices:
                         self._armed.add(f)
-                        group.call("arm_kill", k, f.hang, devices=[device], what="arm kill")
+                        workers.arm_kill(device, k, f.hang)
         for d, want in self.wanted(k, plan.devices).items():
             if self._knobs.get(d) != want:
-                group.call("set_faults", want[0], dict(want[1]), devices=[d], what="set faults")
+                workers.set_knobs(d, want[0], dict(want[1]))
                 self._knobs[d] = want
 
     def forget(self) -> None:

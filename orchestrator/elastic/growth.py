@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
-from actors.placement import NodeTable, Slot, discover
+from actors.placement import NodeTable, Slot
 from orchestrator.adapt.controller import StepRecord
 from orchestrator.adapt.faults import Join
 from orchestrator.adapt.policies import Stay, Switch
@@ -78,14 +78,12 @@ class Growth:
         job = self.job
         if not self.enabled:
             return
-        group = job.runtime.group
-        assert group is not None
         for f in job.adapt.faults.faults:
             if isinstance(f, Join) and f.at_iteration <= step and f not in self.fired:
                 self.fired.add(f)
                 self.join([None], f"rehearsal: device {f.device} joins", step)
         if job.scaling.node_poll_s and self.node_table is None:  # the nodes there now are the job's start
-            self.node_table = NodeTable("gpu" if group.use_gpu else "cpu")
+            self.node_table = NodeTable(job.runtime.kind)
             self.polled = time.monotonic()
         elif self.node_table is not None and time.monotonic() - self.polled >= job.scaling.node_poll_s:
             self.polled = time.monotonic()
@@ -94,9 +92,8 @@ class Growth:
                 nodes = ", ".join(sorted({s.node_id[:12] for s in gained}))
                 self.join(list(gained), f"ray: node {nodes} added", step)
         if self.waiting:
-            up, failed = group.started()
-            # a recovery in between restarted every worker, these too: they are up
-            self._up(sorted(set(up) | {d for d in self.waiting if group.identities[d]}))
+            up, failed = job.runtime.workers_up(self.waiting)
+            self._up(up)
             for d, why in failed:
                 source, at = self.waiting.pop(d)
                 job.emit("capacity_added", step=at, source=source, devices=[], decision="none", moves=[],
@@ -112,7 +109,7 @@ class Growth:
             if d >= job.scaling.capacity:
                 break
             try:
-                self._worker_for(d, slot)
+                job.runtime.add_worker(d, slot)
             except UserError as exc:
                 job.emit("capacity_added", step=step, source=source, devices=[], decision="none", moves=[],
                          reason=f"no worker for device {d}: {exc}")
@@ -127,31 +124,15 @@ class Growth:
     def _up(self, devices: list[int]) -> None:
         """Workers that came up: alive devices of the job; the arbiter is asked at the next step."""
         job = self.job
-        group = job.runtime.group
-        assert group is not None
         joined: dict[tuple[str, int], list[dict[str, Any]]] = {}
         for d in devices:
             if d not in self.waiting:
                 continue
             job.device_joined(d)
-            joined.setdefault(self.waiting.pop(d), []).append({"device": d, "node_id": group.identities[d]["node_id"]})
+            joined.setdefault(self.waiting.pop(d), []).append({"device": d, "node_id": job.runtime.node_of(d)})
         self.pending += [Joined(tuple(found), source, step) for (source, step), found in joined.items()]
         if joined and job.controller is None:
             self.decided(None, [])
-
-    def _worker_for(self, device: int, slot: Slot | None) -> None:
-        group = self.job.runtime.group
-        assert group is not None
-        if device < group.size:  # a shared pool's spare worker stands in for the new node's
-            if device in group.dead:
-                group.respawn([device])
-            return
-        if slot is None:
-            found = discover("gpu" if group.use_gpu else "cpu", local_slots=device + 1)
-            if len(found) <= device:
-                raise UserError(f"the Ray cluster has no free slot for device {device}")
-            slot = found[device]
-        group.extend([slot])
 
     def decided(self, record: StepRecord | None, moves: list[tuple[int, int]]) -> None:
         """After a controller step (``None``: adaptation is off): the pending joins' event, once

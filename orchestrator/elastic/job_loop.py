@@ -273,7 +273,7 @@ class ElasticJob:
         """A stop signal ends the job here; the rehearsal's knobs for ``step`` reach the workers."""
         if self._stop_signals is not None and self._stop_signals.received is not None:
             self._stop(self._stop_signals.received)
-        self.rehearsal.push(self.runtime.group, self.runtime.plan, step)
+        self.rehearsal.push(self.runtime, self.runtime.plan, step)
 
     def run_length(self, step: int, target: int) -> int:
         return 1  # the policies observe every step
@@ -571,9 +571,8 @@ class ElasticJob:
             self._recovered(interrupted=True)
         t0, before = self.loop.done_at or time.perf_counter(), self.runtime.step
         recent = self.iteration_s[-5:]
-        assert self.runtime.group is not None
         # the worker that failed, and every worker whose node left with it (slot d runs device d)
-        dead = sorted(({exc.device} if exc.device >= 0 else set()) | (self.alive & self.runtime.group.unreachable_slots()))
+        dead = sorted(({exc.device} if exc.device >= 0 else set()) | (self.alive & self.runtime.unreachable()))
         hang = {"hang_detect_s": round(exc.detect_s, 3)} if exc.cause == "hang" and exc.detect_s is not None else {}
         self.emit("worker_failed", step=before, device=exc.device if exc.device >= 0 else None, dead=dead, failures=failures,
                   error=str(exc).splitlines()[0], cause=exc.cause or ("death" if exc.died else "error"), **hang)
@@ -602,7 +601,7 @@ class ElasticJob:
                 return
         assert isinstance(decision, Restart)
         # every device the job has had a worker for, but those whose node left: no worker can start there
-        self.alive, self.leaving = set(range(self.growth.placed)) - self.runtime.group.node_lost_slots(), None
+        self.alive, self.leaving = set(range(self.growth.placed)) - self.runtime.node_lost(), None
         self.rehearsal.forget()  # fresh processes: no injected knobs
         self.runtime.recover(exc, self._reachable(plan), sorted(self.alive), self.slot_map())
         self.restarts += 1
@@ -627,11 +626,10 @@ class ElasticJob:
         """Devices without blocks whose node left (a node that joined, or an evacuated device's) stop being
         members now: nobody computes on them, so no step fails for them, and the next re-formation of the
         process group would wait for them. Read at the growth poll's pace (growth on) or every step."""
-        group = self.runtime.group
-        if group is None or self.scaling.max_devices is None:
+        if not self.runtime.started or self.scaling.max_devices is None:
             return
         idle = self.alive - set(self.runtime.plan.devices)
-        gone = sorted(idle & group.unreachable_slots()) if idle else []
+        gone = sorted(idle & self.runtime.unreachable()) if idle else []
         if gone:
             self.alive -= set(gone)
             self.emit("capacity_lost", step=self.runtime.step, devices=gone, reason="their node left; they held no blocks")
@@ -640,14 +638,13 @@ class ElasticJob:
         """The survivors continue on a plan re-made for them. A node that left takes all its workers,
         and Ray may report the node gone only after the first worker's error: then the plan is made
         again for the survivors Ray knows of now, once."""
-        assert self.runtime.group is not None
         dead, survivors = set(decision.dead), decision.survivors
         for attempt in range(2):
             plan = self._replan(survivors)
             try:
                 return self.runtime.recover_in_place(sorted(dead), plan, survivors)
             except InPlaceImpossible:
-                more = (set(survivors) & self.runtime.group.unreachable_slots()) - dead
+                more = (set(survivors) & self.runtime.unreachable()) - dead
                 if attempt or not more or not set(survivors) - more:
                     raise
                 dead |= more

@@ -30,6 +30,7 @@ from actors import user_code
 from actors import waits
 from actors.group import PipelineActorError, WorkerGroup
 from actors.metrics import MeasuredIteration, combine_run
+from actors.placement import Slot, discover
 from actors.job_spec import JobSpec
 from actors.training import TrainingOptions
 from actors.ray_session import ensure_ray
@@ -180,7 +181,59 @@ class PipelineRuntime:
             self.step += 1
         return run
 
-    # ----- rehearsal: the runtime's interface for injected crashes (actors.injection) -----
+    # ----- membership: the workers as devices (the job asks; only the runtime talks to the worker group) -----
+    @property
+    def kind(self) -> str:
+        """The devices' kind: ``gpu`` or ``cpu``."""
+        return "gpu" if self._workers().use_gpu else "cpu"
+
+    @property
+    def size(self) -> int:
+        """Worker slots (device ``d`` runs on slot ``d`` when the job pins them)."""
+        return self.group.size if self.group is not None else len(self.plan.devices)
+
+    def unreachable(self) -> set[int]:
+        """Slots whose worker cannot be reached now (its process or its node is gone)."""
+        return self._workers().unreachable_slots()
+
+    def node_lost(self) -> set[int]:
+        """Slots whose node left the cluster: no worker can start there again."""
+        return self._workers().node_lost_slots()
+
+    def node_of(self, device: int) -> str:
+        return str(self._workers().identities[device]["node_id"])
+
+    def add_worker(self, device: int, slot: Slot | None) -> None:
+        """A worker for a new device, without waiting for it: a shared pool's spare slot stands in (respawned if it
+        died), else ``slot`` (``None``: the next free local one) is added to the group."""
+        group = self._workers()
+        if device < group.size:
+            if device in group.dead:
+                group.respawn([device])
+            return
+        if slot is None:
+            found = discover(self.kind, local_slots=device + 1)
+            if len(found) <= device:
+                raise UserError(f"the Ray cluster has no free slot for device {device}")
+            slot = found[device]
+        group.extend([slot])
+
+    def workers_up(self, waiting: Collection[int]) -> tuple[list[int], list[tuple[int, str]]]:
+        """Of the workers being started for ``waiting`` devices: those up now (a recovery in between restarted
+        every worker, these too) and those that failed to start, with why."""
+        group = self._workers()
+        up, failed = group.started()
+        return sorted(set(up) | {d for d in waiting if group.identities[d]}), failed
+
+    # ----- rehearsal: the runtime's interface for injected faults (actors.injection) -----
+    def set_knobs(self, device: int, slowdown: float, send_delay_per_byte: dict[int, float]) -> None:
+        """Injected slowness of ``device``'s compute and outgoing links (CPU workers only)."""
+        self._workers().call("set_faults", slowdown, send_delay_per_byte, devices=[device], what="set faults")
+
+    def arm_kill(self, device: int, step: int, hang: bool = False) -> None:
+        """``device``'s worker dies (or, ``hang``, blocks for ever) halfway through step ``step``."""
+        self._workers().call("arm_kill", step, hang, devices=[device], what="arm kill")
+
     def rehearse_kills(self, kills: Iterable[tuple[int, int]]) -> None:
         """Arm crashes: for each ``(step, device)`` that device's worker dies halfway through that step, once. The
         kills travel in the job spec (every executor built from it installs them, fresh processes included)."""
