@@ -54,6 +54,7 @@ from orchestrator.adapt.rehearsal import Rehearsal
 from orchestrator.adapt.policies import (DeathDecision, GiveUp, RecoverInPlace, Restart, checkpoint_interval, on_worker_death,
                                          planner_plan)
 from orchestrator.core.errors import UserError
+from orchestrator.elastic.actions import Adapt, CommitUpload, Evaluate, JobAction, Leave, Preempt, Relocate, Snapshot
 from orchestrator.elastic.callbacks import Callback, CallbackError, Callbacks, Checkpoint, Progress, StartInfo, StepInfo, Stop, phase
 from orchestrator.train.discovery import connect
 from orchestrator.elastic.evacuation import Evacuate, Fallback, Notice, check_notice, plan_evacuation
@@ -190,7 +191,8 @@ class ElasticJob:
         resumed = self.opened.resume_step if first == self.opened.resume_step else None
         self.callbacks.start(StartInfo(first, target, self.runstate.run_id, str(self.run.storage), self.runtime.plan.describe(), resumed))
         try:
-            self._user_turn()  # a callback that failed in on_start
+            if self.callbacks.failure is not None:  # a callback that failed in on_start
+                raise self.callbacks.failure
             self.loop.run(target)
             self._finish()
         except UserError as exc:  # the user's mistake (a callback, data_fn, loss_fn, ...): recorded, never retried
@@ -295,43 +297,141 @@ class ElasticJob:
             self.callbacks.step_end(info)
 
     def between(self, run: Sequence[MeasuredIteration], target: int) -> None:
-        if every(self.train.eval_every, self.runtime.step):
-            self._evaluate()
-        self._user_turn(self.runstate.progress(self.runtime.step, self._live))
-        if not self.loop.stopped:
-            self._after(run[-1], target)
+        """Between iterations: each policy in turn looks at the step just gathered and returns what it wants done
+        (typed actions, :mod:`orchestrator.elastic.actions`); the job carries each out (:meth:`_act`, the one
+        carrier) after the step in flight is drained — once, before the first action of the batch. A policy sees
+        what the ones before it did (a plan an evacuation changed, a checkpoint just written)."""
+        self.last_metrics = run[-1]
+        for policy in (self._user_policy, self._checkpoint_upload_policy, self._notice_policy, self._adapt_policy,
+                       self._spot_policy, self._cadence_policy):
+            for action in policy(run[-1], target):
+                self.loop.finish_in_flight()  # the one drain: a no-op after the batch's first action
+                self._act(action)
+                if self.loop.stopped:
+                    return
 
-    def _evaluate(self) -> None:
-        """The evaluation due at this step: forward only over the current plan, with nothing in flight."""
-        self.loop.finish_in_flight()
-        t0 = time.perf_counter()
-        self._eval_loss = loss = self.runtime.evaluate(self.train.eval_steps)
-        if self.train.training.lr_scheduler is not None:  # ReduceLROnPlateau steps on it (actors.training.BlockSchedule)
-            self.runtime.step_on_metric(loss)
-        self.emit("eval", step=self.runtime.step, loss=loss, batches=self.train.eval_steps,
-                  seconds=round(time.perf_counter() - t0, 4))
+    # ----- the policies: each owns its cadence and returns actions; none acts -----
+    def _user_policy(self, m: MeasuredIteration, target: int) -> Sequence[JobAction]:
+        """The evaluation due at this step, then what the user asked for since the last step: a callback's
+        failure ends the run (raised to ``fit``), then the callbacks' checkpoints and stops in order; a stop
+        requested from outside (``orchestrator stop``) last."""
+        actions: list[JobAction] = [Evaluate()] if every(self.train.eval_every, self.runtime.step) else []
+        stop_requested = self.runstate.progress(self.runtime.step, self._live)
+        if self.callbacks.failure is not None:
+            self.loop.finish_in_flight()  # the step in flight completes (its callbacks run) before the run ends
+            raise self.callbacks.failure
+        return actions + self.callbacks.take() + ([Stop("requested by orchestrator stop")] if stop_requested else [])
 
-    def _user_turn(self, stop_requested: bool = False) -> None:
-        """What the user asked for since the last step, carried out with nothing in flight: a callback's failure
-        ends the run (raised to ``fit``), then the callbacks' checkpoints and stops in order; a stop requested
-        from outside (``orchestrator stop``) last."""
-        callbacks = self.callbacks
-        if callbacks.failure is None and not callbacks.pending and not stop_requested:
-            return
-        self.loop.finish_in_flight()  # the step in flight completes (its callbacks run) before anything acts
-        if callbacks.failure is not None:
-            raise callbacks.failure
-        actions = callbacks.take() + ([Stop("requested by orchestrator stop")] if stop_requested else [])
-        for action in actions:
-            if isinstance(action, Checkpoint):
-                self.checkpoint_now(action.reason)
-            else:
-                self._commit_final()
-                self._stopped_for = action.reason
-                self.emit("stopped", step=self.runtime.step, reason=action.reason, usd_job=self._usd_job())
-                self.runstate.ended("stopped", self.runtime.step, live=self._live())
-                self.loop.stop()
-                return
+    def _checkpoint_upload_policy(self, m: MeasuredIteration, target: int) -> Sequence[JobAction]:
+        """A background checkpoint uploaded during the step after it is committed now, so that a crash from here
+        on loses at most the steps since it."""
+        return [CommitUpload()] if self.runtime.upload_pending and self.runtime.step > self._saved_at else []
+
+    def _notice_policy(self, m: MeasuredIteration, target: int) -> Sequence[JobAction]:
+        """Evacuated devices leave the process group before their deadline; notices from outside (cloud watchers,
+        Ray's drain requests) and rehearsed ones are each handled (:meth:`_preempted`)."""
+        if not self.spot.enabled:
+            return []
+        actions: list[JobAction] = []
+        leaving = self.leaving
+        if leaving is not None and self.clock() >= leaving.deadline - self.spot.margin_s:
+            actions.append(Leave(leaving))
+        self._poll_signals()
+        step = self.runtime.step
+        for k, n in enumerate(self.spot.notices):
+            if n.at_step <= step and k not in self._fired:  # a drained step may have passed at_step
+                self._fired.add(k)
+                stages = self.runtime.plan.stages
+                doomed = stages[len(stages) // 2].devices[:1] if n.devices is None else n.devices or tuple(sorted(self.alive))
+                self.notify(doomed, n.seconds, "rehearsal")
+        with self._lock:
+            notices, self._notices = self._notices, []
+        return actions + [Preempt(n) for n in notices]
+
+    def _adapt_policy(self, m: MeasuredIteration, target: int) -> Sequence[JobAction]:
+        """Devices that joined or whose node left (growth's), then the controller's arbiter: stay, or live moves."""
+        self.growth.poll(self.runtime.step)
+        self._idle_lost()
+        if self.controller is None or self.runtime.step >= target:
+            return []
+        plan = self.runtime.plan
+        out = self.controller.observe(to_controller_metrics(m, self.runtime.step - 1, plan), plan, tuple(sorted(self.alive)))
+        if out.act is None:
+            self.growth.decided(out.record, [])
+            return []
+        return [Adapt(out)]
+
+    def _spot_policy(self, m: MeasuredIteration, target: int) -> Sequence[JobAction]:
+        """Stay, or move the job where a price change makes it pay (a skipped check is recorded with why)."""
+        if not self.spot.enabled or self.runtime.step >= target:
+            return []
+        move = spot_decision(self, self.runtime.step, max_price_age_s=self.spot.max_price_age_s)
+        if isinstance(move, MigrationSkipped):
+            self.emit("migration_skipped", step=self.runtime.step, reason=move.reason, age_s=move.age_s,
+                      max_age_s=move.max_age_s, target=move.target.label(), refresh=move.refresh)
+            return []
+        return [] if move is None else [Relocate(move)]
+
+    def _cadence_policy(self, m: MeasuredIteration, target: int) -> Sequence[JobAction]:
+        """The periodic checkpoint and the in-memory snapshot, each on its own cadence."""
+        step = self.runtime.step
+        if step >= target:
+            return []
+        actions: list[JobAction] = []
+        if self._checkpoint_due(step) and self._saved_at != step:
+            actions.append(Checkpoint("periodic"))
+        if every(self.run.snapshot_every, step):
+            actions.append(Snapshot())
+        return actions
+
+    # ----- the carrier: the only code that acts between iterations -----
+    def _act(self, action: JobAction) -> None:
+        """Carry ``action`` out, with nothing in flight."""
+        if isinstance(action, Evaluate):
+            t0 = time.perf_counter()
+            self._eval_loss = loss = self.runtime.evaluate(self.train.eval_steps)
+            if self.train.training.lr_scheduler is not None:  # ReduceLROnPlateau steps on it (actors.training.BlockSchedule)
+                self.runtime.step_on_metric(loss)
+            self.emit("eval", step=self.runtime.step, loss=loss, batches=self.train.eval_steps,
+                      seconds=round(time.perf_counter() - t0, 4))
+        elif isinstance(action, Checkpoint):
+            self.checkpoint_now(action.reason)
+        elif isinstance(action, Stop):
+            self._commit_final()
+            self._stopped_for = action.reason
+            self.emit("stopped", step=self.runtime.step, reason=action.reason, usd_job=self._usd_job())
+            self.runstate.ended("stopped", self.runtime.step, live=self._live())
+            self.loop.stop()
+        elif isinstance(action, CommitUpload):
+            t0 = time.perf_counter()
+            where = self._finish_checkpoint()
+            self.emit("checkpoint_committed", step=self._saved_at, path=str(where), wait_s=round(time.perf_counter() - t0, 4))
+        elif isinstance(action, Leave):
+            t0 = time.perf_counter()
+            self.switch_live(self.runtime.plan)  # the process group is re-formed without them
+            self.leaving = None
+            self.emit("evacuated_left", devices=list(action.notice.devices), step=self.runtime.step,
+                      stall_s=round(time.perf_counter() - t0, 4))
+        elif isinstance(action, Preempt):
+            self._preempted(action.notice)
+        elif isinstance(action, Adapt):
+            act = action.decided.act
+            assert self.controller is not None and act is not None
+            mark = len(self.move_pairs)
+            record = self.controller.acted(action.decided, self._carry_out(act))
+            self.emit("adapt", step=self.runtime.step, action=record.action, seconds=round(record.action_s, 4),
+                      plan=self.runtime.plan.describe(), decision=type(record.decision).__name__)
+            self.growth.decided(record, self.move_pairs[mark:])
+        elif isinstance(action, Relocate):
+            relocate(self, action.move, forced=False, reason="price")
+        else:
+            assert isinstance(action, Snapshot)
+            self.runtime.snapshot_in_memory()  # copied while the next step runs
+            if not self._snapshot_told:  # what in-memory snapshots cost, once (waited for, this once)
+                self._snapshot_told = True
+                held = self.runtime.settle_snapshots()
+                self.emit("snapshots", step=self.runtime.step, every=self.run.snapshot_every,
+                          bytes_per_worker={str(d): int(b) for d, b in held.items()})
 
     def _usd_job(self) -> float:
         """This job's dollars so far, at the price of the offer it runs on (see :mod:`orchestrator.elastic.ledger`)."""
@@ -410,76 +510,13 @@ class ElasticJob:
 
     def _hold(self, nxt: int) -> bool:
         """Whether a decision is due after the step before ``nxt``: then nothing is submitted ahead."""
-        due = self.runtime.upload_pending or self._checkpoint_due(nxt) or self._snapshot_due(nxt) or bool(self._notices)
+        due = self.runtime.upload_pending or self._checkpoint_due(nxt) or every(self.run.snapshot_every, nxt) or bool(self._notices)
         due |= every(self.train.eval_every, nxt)
         due |= any(n.at_step == nxt for n in self.spot.notices)
-        due |= self.spot.enabled and (any(s == nxt for s, _ in self.spot.price_events) or self._migration_due(nxt))
+        due |= self.spot.enabled and (any(s == nxt for s, _ in self.spot.price_events) or every(self.spot.migration_check_every, nxt))
         due |= any(f.at_iteration in (nxt, nxt + 1) or getattr(f, "until_iteration", None) in (nxt, nxt + 1)
                    for f in self.adapt.faults.faults)
         return due
-
-    def _after(self, m: MeasuredIteration, target: int) -> None:
-        """Between iterations: each policy decides, the loop acts (after draining a step in flight)."""
-        step = self.runtime.step
-        if self.runtime.upload_pending and step > self._saved_at:
-            # a background checkpoint uploaded during the step after it: commit it now, so that a
-            # crash from here on loses at most the steps since it
-            self.loop.finish_in_flight()
-            t0 = time.perf_counter()
-            where = self._finish_checkpoint()
-            self.emit("checkpoint_committed", step=self._saved_at, path=str(where), wait_s=round(time.perf_counter() - t0, 4))
-        self.last_metrics = m
-        if self.spot.enabled:
-            leaving = self.leaving
-            if leaving is not None and self.clock() >= leaving.deadline - self.spot.margin_s:
-                self.loop.finish_in_flight()
-                t0 = time.perf_counter()
-                self.switch_live(self.runtime.plan)  # the process group is re-formed without them
-                self.leaving = None
-                self.emit("evacuated_left", devices=list(leaving.devices), step=self.runtime.step,
-                          stall_s=round(time.perf_counter() - t0, 4))
-            self._poll_signals()
-            for k, n in enumerate(self.spot.notices):
-                if n.at_step <= step and k not in self._fired:  # a drained step may have passed at_step
-                    self._fired.add(k)
-                    stages = self.runtime.plan.stages
-                    doomed = stages[len(stages) // 2].devices[:1] if n.devices is None else n.devices or tuple(sorted(self.alive))
-                    self.notify(doomed, n.seconds, "rehearsal")
-            with self._lock:
-                notices, self._notices = self._notices, []
-            for notice in notices:
-                self.loop.finish_in_flight()
-                self._preempted(notice)
-        self.growth.poll(self.runtime.step)
-        self._idle_lost()
-        if self.controller is not None and self.runtime.step < target:
-            plan = self.runtime.plan
-            out = self.controller.observe(to_controller_metrics(m, self.runtime.step - 1, plan), plan, tuple(sorted(self.alive)))
-            mark = len(self.move_pairs)
-            record = out.record if out.act is None else self.controller.acted(out, self._carry_out(out.act))
-            if record.action:
-                self.emit("adapt", step=self.runtime.step, action=record.action, seconds=round(record.action_s, 4),
-                          plan=self.runtime.plan.describe(), decision=type(record.decision).__name__)
-            self.growth.decided(record, self.move_pairs[mark:])
-        if self.spot.enabled and self.runtime.step < target:
-            move = spot_decision(self, self.runtime.step, max_price_age_s=self.spot.max_price_age_s)
-            if isinstance(move, MigrationSkipped):
-                self.emit("migration_skipped", step=self.runtime.step, reason=move.reason, age_s=move.age_s,
-                          max_age_s=move.max_age_s, target=move.target.label(), refresh=move.refresh)
-            elif move is not None:
-                self.loop.finish_in_flight()
-                relocate(self, move, forced=False, reason="price")
-        if self._checkpoint_due(self.runtime.step) and self.runtime.step < target and self._saved_at != self.runtime.step:
-            self.loop.finish_in_flight()
-            self.checkpoint_now("periodic")
-        if self._snapshot_due(self.runtime.step) and self.runtime.step < target:
-            self.loop.finish_in_flight()
-            self.runtime.snapshot_in_memory()  # copied while the next step runs
-            if not self._snapshot_told:  # what in-memory snapshots cost, once (waited for, this once)
-                self._snapshot_told = True
-                held = self.runtime.settle_snapshots()
-                self.emit("snapshots", step=self.runtime.step, every=self.run.snapshot_every,
-                          bytes_per_worker={str(d): int(b) for d, b in held.items()})
 
     def _poll_signals(self) -> None:
         """Notices from outside, every ``ray_drain_poll_s``: the cloud watchers on the job's nodes
@@ -507,7 +544,6 @@ class ElasticJob:
     # ----- actions -----
     def _carry_out(self, act: Act) -> list[MoveReport | RestartReport]:
         """The controller's act: live moves in order, or a planned restart (checkpointed first)."""
-        self.loop.finish_in_flight()
         if act.kind != "restart":
             return [self.switch_live(p) for p in act.plans]
         before, t0 = self.runtime.step, time.perf_counter()  # the downtime counts the planned checkpoint's write
@@ -521,8 +557,7 @@ class ElasticJob:
 
     def switch_live(self, plan: Plan, members: set[int] | None = None) -> MoveReport:
         """A live switch to ``plan`` (the controller's moves and evacuation steps); ``members``:
-        the devices that stay in the job (default: every alive one)."""
-        self.loop.finish_in_flight()
+        the devices that stay in the job (default: every alive one). Called with nothing in flight."""
         t0 = time.perf_counter()
         before = self.runtime.plan
         gone = frozenset(set(range(self.cluster.size)) - self.alive)
@@ -719,21 +754,12 @@ class ElasticJob:
         self.emit("checkpoint", why=why, step=self.runtime.step, path=str(where), stall_s=round(took, 4), background=background)
         return str(where)
 
-    def _snapshot_due(self, done: int) -> bool:
-        every = self.run.snapshot_every
-        return bool(every) and done % every == 0
-
     def _checkpoint_due(self, done: int) -> bool:
-        every = self.run.checkpoint_every
-        if every == "auto":  # as often as pays: the stall measured against the deaths seen (Young's interval)
+        if self.run.checkpoint_every == "auto":  # as often as pays: the stall measured against the deaths seen (Young's interval)
             recent = self.iteration_s[-5:]
             return bool(recent) and done - self._saved_at >= checkpoint_interval(
                 self._checkpoint_stall_s, statistics.median(recent), self.failures, time.perf_counter() - self._born)
-        return bool(every) and done % int(every) == 0
-
-    def _migration_due(self, done: int) -> bool:
-        every = self.spot.migration_check_every
-        return bool(self.spot.enabled and every and done % every == 0)
+        return every(int(self.run.checkpoint_every), done)
 
     # ----- inspection -----
     def emit(self, event: str, **fields: Any) -> None:

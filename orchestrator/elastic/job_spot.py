@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from orchestrator.core.errors import UserError
 from orchestrator.core.profile import Profile
+from orchestrator.elastic.loop import every
 from orchestrator.elastic.price_view import PriceView
 
 if TYPE_CHECKING:
@@ -89,7 +90,7 @@ def spot_decision(job: "JobView", step: int, preempted: bool = False, max_price_
 
     spot = job.spot
     changes = [f for at, f in spot.price_events if at == step]
-    due = preempted or bool(changes) or bool(spot.migration_check_every and step % spot.migration_check_every == 0)
+    due = preempted or bool(changes) or every(spot.migration_check_every, step)
     if not due:
         return None
     view = job.price_view()
