@@ -57,9 +57,9 @@ def bucket_order(params: Iterable[nn.Parameter], cap: int = BUCKET_BYTES, first:
 class GradSync:
     """The gradient buckets of one replicated stage on one device (see module docstring)."""
 
-    def __init__(self, params: Iterable[nn.Parameter], group: Any) -> None:
+    def __init__(self, params: Iterable[nn.Parameter], group: Any, cap: int = BUCKET_BYTES, first: int = FIRST_BUCKET_BYTES) -> None:
         self.group = group
-        self.buckets = bucket_order(params)
+        self.buckets = bucket_order(params, cap, first)
         self.flat = [torch.zeros(sum(p.numel() for p in b), dtype=b[0].dtype, device=b[0].device) for b in self.buckets]
         self.params = [p for b in self.buckets for p in b]
         self.where: dict[int, tuple[int, Tensor]] = {}  # id(parameter) -> (bucket, its view of the buffer)
