@@ -37,12 +37,25 @@ class PendingWeights:
     param_groups: list[dict[str, Any]] | None = None
     whole: tuple[Tensor, Tensor] | None = None  # (output, its gradient): backward at W
 
-    def run(self, params: Sequence[nn.Parameter], backward: Callable[[Tensor, Tensor], None]) -> None:
+    def run(self, params: Sequence[nn.Parameter], backward: Callable[[Tensor, Tensor], None],
+            ready: Callable[[nn.Parameter], None] | None = None) -> None:
+        """Accumulate the weight gradients. ``ready(p)``: called as soon as ``p``'s gradient is complete (the
+        gradient sync of a replicated stage starts its buckets then, :mod:`actors.grad_sync`); a whole backward
+        reports through the parameters' post-accumulate hooks instead."""
         if self.whole is not None:
             out, grad = self.whole
             backward(out, grad)
-        elif self.param_groups:
+        elif self.param_groups and ready is None:
             stage_backward_weight(iter(params), self.param_groups)
+        elif self.param_groups and ready is not None:  # group by group (torch's loop, one group per call)
+            node_of = {_get_grad_fn_or_grad_acc(p): p for p in params}
+            last = {n: k for k, group in enumerate(self.param_groups) for n in group["params"]}
+            for k, group in enumerate(self.param_groups):
+                mine = [node_of[n] for n in group["params"] if n in node_of]
+                stage_backward_weight(iter(mine), [group])
+                for n in group["params"]:
+                    if last[n] == k and n in node_of:
+                        ready(node_of[n])
         self.param_groups = self.whole = None
 
 

@@ -21,10 +21,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from actors.clock import Clock
-from actors.gpu import dtype_buckets
+from actors.grad_sync import GradSync
 from actors.tables import Key, Piece, ProgramTables
 from orchestrator.core.errors import UserError
 from orchestrator.schedule.ir import Action
@@ -42,6 +41,7 @@ class Exchange:
         self.links = links  # (sender, receiver) device -> two-rank group; absent: the default group
         self.torch_device = torch_device
         self.now = clock.now  # the executor's clock: spans and transfers on one time base
+        self.syncs: dict[int, GradSync] = {}  # replicated stage -> its gradient buckets (made at first use)
         self.start()
 
     def start(self) -> None:
@@ -139,15 +139,13 @@ class Exchange:
         self.recvs.append((self.labels[index], a.peer, buf.numel() * buf.element_size(), post, wait, done))
 
     # ----- collectives -----
-    def all_reduce(self, params: list[nn.Parameter], devices: tuple[int, ...]) -> None:
-        """Sum the gradients of ``params`` over the replica group of ``devices``, in place."""
-        group = self.groups[devices]
-        for bucket in dtype_buckets(params):  # one flat buffer per dtype: no bf16 -> fp32 promotion
-            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in bucket]
-            flat = _flatten_dense_tensors(grads)
-            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
-            for p, g in zip(bucket, _unflatten_dense_tensors(flat, grads)):
-                p.grad = g
+    def grad_sync(self, stage: int, params: list[nn.Parameter], devices: tuple[int, ...]) -> GradSync:
+        """The gradient buckets of replicated ``stage`` (``params``), summed over the replica group of ``devices``
+        (:mod:`actors.grad_sync`: started during the stage's last backward, waited for at its ``ALL_REDUCE``)."""
+        sync = self.syncs.get(stage)
+        if sync is None:
+            sync = self.syncs[stage] = GradSync(params, self.groups[devices])
+        return sync
 
     # ----- the end of an iteration -----
     def finish(self) -> None:
@@ -169,4 +167,6 @@ class Exchange:
         keeps its group, and so its sockets, alive (see :meth:`actors.execution.Executor.drop_communicators`)."""
         self.posted = {}
         self.pending_sends = deque()
+        for sync in self.syncs.values():
+            sync.drop()
         self.groups, self.links = {}, {}

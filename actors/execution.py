@@ -61,6 +61,7 @@ from actors.backward_split import PendingWeights, backward_input
 from actors.clock import clock_for
 from actors.gpu import check_nccl_dtypes
 from actors.exchange import Exchange
+from actors.grad_sync import GradSync
 from actors.job_spec import JobSpec
 from actors.tables import Key, ProgramTables
 from actors.transport import nbytes
@@ -128,6 +129,7 @@ class Executor:
         self.now = self.clock.now  # the one time base of spans and transfers (bound once: the hot path)
         self.exchange = Exchange(self.tables, groups, links, torch_device, self.clock)
         self._info, self._labels = self.tables.info, self.tables.labels  # read-only views (hot path: one lookup)
+        self._launch_grads = self.tables.launch_grads
         exchange = self.exchange
         self._assemble, self._hand_over = exchange.assemble, exchange.hand_over  # bound once (hot path)
         self.handlers: dict[Kind, Handler] = {
@@ -215,6 +217,10 @@ class Executor:
         self.weights_due: dict[Key, tuple[PendingWeights, int]] = {}  # split backwards between BI and W
         exchange, clock = self.exchange, self.clock
         exchange.start()
+        if not self.evaluating:  # replicated stages' gradients accumulate in their buckets (actors/grad_sync.py)
+            for j in stages:
+                if self.plan.stages[j].replicas > 1:
+                    self._sync(j).attach()
         self.losses: list[Tensor] = []
         self.stash_now = self.stash_peak = 0
         self.spans = []
@@ -337,13 +343,18 @@ class Executor:
         start = self.now()
         key, lo, hi, pieces, keep = self._info[index]
         x, out, held = self.stash.pop(key)
-        if a.stage == self.last:
-            if out.requires_grad:
-                _backward(out, torch.ones_like(out))
-        else:
-            grad = self._assemble("B", a.stage, a.unit, pieces, lo, hi)
-            if out.requires_grad:
+        grad = torch.ones_like(out) if a.stage == self.last else self._assemble("B", a.stage, a.unit, pieces, lo, hi)
+        if out.requires_grad:
+            stage = self._launch_grads.get(index)
+            if stage is None:
                 _backward(out, grad)
+            else:  # the stage's last backward: its gradient buckets start as they become final
+                sync = self._sync(stage)
+                sync.arm()
+                try:
+                    _backward(out, grad)
+                finally:
+                    sync.disarm()
         if x is not None and keep:
             self._hand_over("B", key, x.grad if x.grad is not None else torch.zeros_like(x))
         self.stash_now -= held
@@ -364,7 +375,16 @@ class Executor:
     def _backward_weight(self, a: Action, index: int) -> None:
         start = self.now()
         pending, held = self.weights_due.pop(self._info[index])
-        pending.run(self._stage_params(a.stage), _backward)
+        stage = self._launch_grads.get(index)
+        if stage is None:
+            pending.run(self._stage_params(a.stage), _backward)
+        else:  # the stage's last W: its gradient buckets start as they become final
+            sync = self._sync(stage)
+            sync.arm()
+            try:
+                pending.run(self._stage_params(a.stage), _backward, sync.ready)
+            finally:
+                sync.disarm()
         self.stash_now -= held
         self.spans.append((self._labels[index], "W", start, self.now()))
 
@@ -372,9 +392,13 @@ class Executor:
         s = self.plan.stages[stage]
         return [p for b in range(s.first, s.last) for p in self.modules[b].parameters()]
 
+    def _sync(self, stage: int) -> GradSync:
+        return self.exchange.grad_sync(stage, self._stage_params(stage), self.plan.stages[stage].devices)
+
     def _all_reduce(self, a: Action, index: int) -> None:
+        """The buckets started during the stage's last backward (the rest start now); waits for their sums."""
         start = self.now()
-        self.exchange.all_reduce(self._stage_params(a.stage), self.plan.stages[a.stage].devices)
+        self._sync(a.stage).finish()
         self.spans.append((self._labels[index], "all_reduce", start, self.now()))
 
     def _step(self, a: Action, index: int) -> None:

@@ -1,7 +1,7 @@
 """What the executor needs on CUDA/NCCL and nowhere else: event timing, dtype rules, posting.
 
 Why apart from :mod:`actors.execution`: these are the rules of the GPU path (no host syncs, what
-NCCL can carry, gradients bucketed by dtype), each small and each testable without the executor.
+NCCL can carry), each small and each testable without the executor.
 """
 
 from __future__ import annotations
@@ -69,15 +69,3 @@ def recv_lookahead(requested: int, cuda: bool) -> int:
     """On CUDA receives are posted at their own action: the host runs ahead of the GPU anyway (no
     syncs), and fewer NCCL kernels in flight on different communicators leaves less to chance."""
     return 1 if cuda else requested
-
-
-def dtype_buckets(params: list[nn.Parameter]) -> list[list[nn.Parameter]]:
-    """Parameters grouped by (dtype, device) in first-seen order, each group one flat all-reduce.
-
-    Flattening mixed dtypes into one buffer would promote (bf16 -> fp32) and the unflattened
-    gradients would no longer match their parameters' dtype.
-    """
-    buckets: dict[tuple[torch.dtype, torch.device], list[nn.Parameter]] = {}
-    for p in params:
-        buckets.setdefault((p.dtype, p.device), []).append(p)
-    return list(buckets.values())

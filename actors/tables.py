@@ -24,7 +24,7 @@ from actors.transport import Range, intersect, stage_rows, tag
 from orchestrator.core.plan import Plan
 from orchestrator.schedule.ir import Action, Kind
 from orchestrator.schedule.lowering import peers
-from orchestrator.schedule.nccl import recv_post_points
+from orchestrator.schedule.nccl import gradient_launch_points, recv_post_points
 
 Key = tuple[int, tuple[int, int]]  # (stage, unit)
 Piece = tuple[bool, Key, int, int, int, int]  # (local, source key, src lo, src hi, dst lo, dst hi)
@@ -52,6 +52,8 @@ class ProgramTables:
         self.labels = [str(a) for a in program]
         # Which receives to post before action i (the rule the NCCL replay proves hang-free).
         self.post_before = recv_post_points(program, recv_lookahead(lookahead, cuda))
+        # The backward during which each replicated stage's gradient buckets start (the rule the replay models).
+        self.launch_grads = gradient_launch_points(program)
         self.info: list[Any] = self._compile(links)
 
     def _count_consumers(self) -> dict[tuple[str, int, tuple[int, int]], int]:

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch import nn
 
 from actors.execution import Executor
-from actors.gpu import dtype_buckets
+from actors.grad_sync import bucket_order
 from actors.job_spec import JobSpec
 from actors.checkpoint import host_copy
 from actors.transport import local_cuda_index, select_device
@@ -38,11 +38,11 @@ def _mixed_block() -> nn.Module:
     return block
 
 
-def test_dtype_buckets_keep_each_dtype_together_in_order() -> None:
+def test_gradient_buckets_keep_each_dtype_together_in_reverse_order() -> None:
     params = list(_mixed_block().parameters())
-    buckets = dtype_buckets(params)
-    assert [{p.dtype for p in b} for b in buckets] == [{torch.float32}, {torch.bfloat16}]
-    assert [p for b in buckets for p in b] == params
+    buckets = bucket_order(params)
+    assert [{p.dtype for p in b} for b in buckets] == [{torch.bfloat16}, {torch.float32}]
+    assert [p for b in buckets for p in b] == params[::-1]  # backward makes the last gradients first
 
 
 def test_all_reduce_of_a_mixed_dtype_stage_keeps_gradient_dtypes(world_of_one: None) -> None:

@@ -19,6 +19,7 @@ pytest.importorskip("transformers")
 from transformers import GPT2Config  # noqa: E402
 
 from actors import seeding  # noqa: E402
+from actors.job_spec import cpu_threads  # noqa: E402
 from actors.materialize import materialize  # noqa: E402
 from actors.reference import ReferenceTrainer  # noqa: E402
 from actors.training import LossScale, TrainingOptions, autocast_blocks, decay_groups  # noqa: E402
@@ -152,6 +153,28 @@ def test_bf16_autocast_with_dropout_on_four_stages(worker_group: Any) -> None:
 
     stock = AutoModelForCausalLM.from_config(gpt2())
     stock.load_state_dict(user_state_dict(factory(), got), strict=True)
+
+
+@pytest.mark.ray
+def test_bf16_boundaries_halve_what_travels_and_equal_the_reference(worker_group: Any) -> None:
+    """``boundary=torch.bfloat16``: activations and gradients cross the stages in bf16 (2 bytes per value: a
+    micro-batch of 2 rows of 8 x 16 is 512 bytes, float32's 1024), and training is still exactly the reference's run
+    with the workers' torch threads (bf16 reductions on the CPU are summed per thread: with 2 threads instead of 1 the
+    reference itself moves 2e-2 in 2 steps)."""
+    factory = autocast_blocks(partial(hf.causal_lm_blocks, gpt2()), torch.bfloat16, boundary=torch.bfloat16)
+    plan = straight_plan([0, 1, 2, 3, 4], MB)
+    trainer = PipelineTrainer(factory, hf.lm_loss, ADAMW, DATA, MB, plan=plan, workers=worker_group, seed=1)
+    result = trainer.fit(2)
+    assert {t.bytes for m in result.metrics for t in m.transfers} == {2 * SEQ * 16 * 2}
+    ref = ReferenceTrainer.for_plan(straight_plan([0, 4], MB), factory, hf.lm_loss, ADAMW, DATA, seed=1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cpu_threads(0, len(plan.devices)))  # the stage workers' rule
+    try:
+        ref.train(2)
+    finally:
+        torch.set_num_threads(threads)
+    got = trainer.state_dicts()
+    assert max(float((got[b][k] - v).abs().max()) for b, sd in ref.state_dicts().items() for k, v in sd.items()) < 1e-6
 
 
 @pytest.mark.ray

@@ -83,6 +83,22 @@ def recv_post_points(program: Sequence[Action], lookahead: int) -> list[tuple[in
     return out
 
 
+def gradient_launch_points(program: Sequence[Action]) -> dict[int, int]:
+    """For each replicated stage, the index of the action during which its gradient all-reduces start -> the stage.
+
+    It is the stage's last weight-gradient action (``B`` or ``W``) before its ``ALL_REDUCE``: the buckets start as
+    their gradients become final in it (:mod:`actors.grad_sync`), and the ``ALL_REDUCE`` action only waits.
+    """
+    out: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for i, a in enumerate(program):
+        if a.kind.grads_weights:
+            last[a.stage] = i
+        elif a.kind is Kind.ALL_REDUCE and a.stage in last:
+            out[last[a.stage]] = a.stage
+    return out
+
+
 # Operation kinds of the replay.
 _COMPUTE, _WAIT, _SEND_OP, _RECV_OP, _COLL = range(5)
 
@@ -154,7 +170,15 @@ def check_hang_free(schedule: Schedule, layout: CommLayout = RUNTIME_LAYOUT,
             add(_Op(_WAIT, dev, i, (dev, ("C",)), waits_for=op_id))
             compute_count += 1
 
+        def reduce_grads(i: int, stage: int) -> int:
+            group = plan.stages[stage].devices
+            nth = reduced[group]
+            reduced[group] += 1
+            return add(_Op(_COLL, dev, i, (dev, ("G",) + tuple(group)), compute_count, ("coll", group, nth)))
+
         post_before = recv_post_points(program, layout.recv_lookahead)
+        launch = gradient_launch_points(program)
+        reducing: dict[int, int] = {}  # stage -> its gradient all-reduce, started during its last backward
         stepped = False
         for i, a in enumerate(program):
             for r in post_before[i]:
@@ -171,6 +195,8 @@ def check_hang_free(schedule: Schedule, layout: CommLayout = RUNTIME_LAYOUT,
                     items.append(("sync", 0))
             if a.kind.is_compute or a.kind is Kind.STEP:
                 compute(i)
+                if i in launch:  # the buckets start as the backward finishes them: after its compute
+                    reducing[a.stage] = reduce_grads(i, a.stage)
             elif a.kind in _RECV:
                 wait(i, posted.pop(i))
             elif a.kind in _SEND:
@@ -181,12 +207,9 @@ def check_hang_free(schedule: Schedule, layout: CommLayout = RUNTIME_LAYOUT,
                 op_id = add(_Op(_SEND_OP, dev, i, (dev, link_stream(src, dst)), compute_count, ("p2p", src, dst, nth), nbytes=size))
                 by_match[("send", src, dst, nth)] = op_id
                 send_ops.append(op_id)
-            elif a.kind is Kind.ALL_REDUCE:
-                group = plan.stages[a.stage].devices
-                nth = reduced[group]
-                reduced[group] += 1
-                op_id = add(_Op(_COLL, dev, i, (dev, ("G",) + tuple(group)), compute_count, ("coll", group, nth)))
-                wait(i, op_id)  # a blocking all_reduce: the compute stream waits for it
+            elif a.kind is Kind.ALL_REDUCE:  # the compute stream waits for the stage's buckets
+                started = reducing.pop(a.stage, None)
+                wait(i, reduce_grads(i, a.stage) if started is None else started)
         for op_id in send_ops:  # the end of the iteration waits for every send
             wait(len(program), op_id)
         items.append(("sync", 0))
