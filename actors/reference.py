@@ -4,7 +4,7 @@ It builds the model the way every stage worker does (``torch.manual_seed(seed)``
 factory; blocks built on the meta device are materialized with the same per-path seeds), draws
 dropout masks from the same per-(step, unit, block) seeds, sums tied weights' gradients, keeps one optimizer per block, cuts each iteration batch into the same units with the
 same row rules (:mod:`actors.transport`), weights each unit's loss by its share of the batch rows
-and accumulates gradients before one optimizer step. Pipelined training of any plan must end up
+and accumulates gradients before one optimizer step (fp16 losses scaled as ``GradScaler`` does). Pipelined training of any plan must end up
 ``allclose`` to this; the only differences allowed are floating-point summation order (replica
 shares and all-reduce add the same terms in another order).
 """
@@ -117,7 +117,7 @@ class ReferenceTrainer:
         inv = torch.tensor(self.scale, dtype=torch.float64).reciprocal().float()
         grads = [p.grad for m in self.blocks for p in m.parameters() if p.grad is not None]
         for g in grads:
-            g.mul_(inv.to(g.device, g.dtype) if g.dtype != torch.float32 else inv.to(g.device))
+            g.mul_(inv.to(g.device))
         if not all(bool(torch.isfinite(g).all()) for g in grads):
             self.scale, self.good_steps = self.scale * config.backoff_factor, 0
             return False
