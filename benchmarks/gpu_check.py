@@ -188,9 +188,8 @@ CHECKS: list[tuple[str, Callable[[torch.device, object], str], bool]] = [  # nam
     *worker_checks.CHECKS,  # each forms a world of its own in this process (benchmarks/gpu_check_worker.py)
     ("api-one-stage", lambda d, g: _api(True, d), False),
     ("api-data-parallel-of-one", lambda d, g: _api(False, d), False),
-    *worker_checks.ray_checks(lambda: _ray_up(_DEVICE[0])),
+    *worker_checks.ray_checks(_ray_up),
 ]
-_DEVICE = [torch.device("cpu")]  # the device main() chose (the Ray checks start Ray for it)
 OWN_WORLD = {name for name, _, _ in worker_checks.CHECKS}  # checks after these find no group of this process's
 IN_RAY = {"api-one-stage", "api-data-parallel-of-one", "live-moves-20"}  # their workers are other processes
 
@@ -208,7 +207,6 @@ def main() -> int:
     store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=timedelta(seconds=60))
     dist.init_process_group(backend, store=store, rank=0, world_size=1, device_id=device if kind == "cuda" else None)
     group = new_group([0], 60.0)  # a real group of one, as a stage's norm group
-    _DEVICE[0] = device
     failed = 0
     for name, check, needs_cuda in CHECKS:
         if needs_cuda and kind != "cuda":

@@ -126,28 +126,34 @@ def _mlp_spec(options: TrainingOptions | None = None) -> JobSpec:
 
 
 def check_abort_reform(device: torch.device, group: object) -> str:
-    """In one process: two iterations, an in-memory snapshot, the communicators aborted (as after a failed
-    iteration), a new world formed over the aborted one (a recovery's re-form), the state restored from the host copy,
-    two more iterations — exact against four uninterrupted reference steps."""
+    """In one process, twice: iterations, an in-memory snapshot, a new world formed as a recovery's re-form does
+    (``configure`` keeping the host copies), the state restored from the copy, more iterations. The first time the
+    communicators were aborted first (a survivor that failed its iteration); the second time the old world is still
+    up (a death between iterations) and the re-form aborts it rather than destroying it. Exact against six
+    uninterrupted reference steps."""
     spec, plan = _mlp_spec(), straight_plan([0, 4], MB)
     worker = _worker(device, spec, plan)
+    restored: list[dict[str, int]] = []
     try:
-        for step in range(2):
+        for at, aborted in ((2, True), (4, False)):
+            for step in range(at - 2, at):
+                worker.run_iteration(step)
+            worker.snapshot_copies(at)
+            worker.run_iteration(at)  # its optimizer step waits for the copy of the state at step `at`: then lost
+            if aborted:
+                worker.abort()
+                assert worker.aborted and not dist.is_initialized(), "abort left a process group"
+            host, port = free_endpoint()
+            worker.configure(spec, plan.to_dict(), 0, {0: 0}, host, port, True)  # as WorkerGroup.reform: keep the copies
+            restored.append(worker.restore_copies(at, {}, None, None))
+        for step in range(4, 6):
             worker.run_iteration(step)
-        worker.snapshot_copies(2)
-        worker.run_iteration(2)  # its optimizer step waits for the copy of the state at step 2
-        worker.abort()
-        assert worker.aborted and not dist.is_initialized(), "abort left a process group"
-        host, port = free_endpoint()
-        worker.configure(spec, plan.to_dict(), 0, {0: 0}, host, port, True)  # as WorkerGroup.reform: keep the copies
-        counts = worker.restore_copies(2, {}, None, None)
-        for step in range(2, 4):
-            worker.run_iteration(step)
-        diff = _against_reference(worker, spec, plan, 4, device)
+        diff = _against_reference(worker, spec, plan, 6, device)
     finally:
         worker.shutdown()
     assert diff <= 1e-5, f"max |dW| {diff:.2e} after abort, re-form and restore"
-    return f"abort, re-form, restore from the host copy ({counts}), max |dW| {diff:.1e} after 4 steps"
+    assert all(r["own"] == 4 for r in restored), restored
+    return f"abort, re-form, restore, iterate, then re-form over a live world; max |dW| {diff:.1e} after 6 steps"
 
 
 def check_snapshot_overlap(device: torch.device, group: object) -> str:
@@ -187,14 +193,14 @@ def _rss_kib(pid: int) -> int:
         return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
 
 
-def check_live_moves(device: torch.device, group: object, ray_up: Callable[[], None]) -> str:
+def check_live_moves(device: torch.device, group: object, ray_up: Callable[[torch.device], None]) -> str:
     """Twenty live moves through the runtime's primitive (:meth:`PipelineRuntime.move_live`, what ElasticJob calls),
     one iteration after each, exact against the reference; memory must not grow with the moves (from move 5 to 20:
     the workers' resident memory on CPU, the device's used memory on a GPU). On CPU two workers hand a block back
     and forth; on one GPU the one worker switches between a straight and an interleaved plan (no second rank)."""
     from orchestrator.train.runtime import PipelineRuntime
 
-    ray_up()
+    ray_up(device)
     spec = _mlp_spec()
     if device.type == "cuda":
         plans = [straight_plan([0, 4], MB), interleave(straight_plan([0, 4], MB), 2)]
@@ -233,7 +239,8 @@ def check_live_moves(device: torch.device, group: object, ray_up: Callable[[], N
     return f"20 live moves, 21 steps, max |dW| {diff:.1e}; {what} {grown / 2**20:+.1f} MiB from move 5 to 20"
 
 
-def ray_checks(ray_up: Callable[[], None]) -> list[tuple[str, Callable[[torch.device, object], str], bool]]:
+def ray_checks(ray_up: Callable[[torch.device], None]) -> list[tuple[str, Callable[[torch.device, object], str], bool]]:
+    """The checks that run workers in Ray (``ray_up(device)`` starts the script's own Ray instance first)."""
     return [("live-moves-20", lambda d, g: check_live_moves(d, g, ray_up), False)]
 
 
