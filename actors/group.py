@@ -357,6 +357,14 @@ class WorkerGroup:
         if not self.broken and refs and group_calls.ran_after_failure(refs, grace_s):
             self.broken = True
 
+    def release(self, devices: Sequence[int], timeout_s: float = 10.0) -> None:
+        """NCCL: free the workers of ``devices`` from waits on a dead peer (:meth:`StageWorker.release`, on each
+        worker's probe thread); their iterations then fail as on gloo. Nothing on CPU workers (see there)."""
+        if not self.use_gpu:
+            return
+        refs = [self.actor_of(d).release.remote() for d in devices if self.slot_of.get(d, d) not in self.processes.dead]
+        ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+
     def unresponsive(self, devices: Sequence[int], timeout_s: float) -> set[int]:
         """Devices among ``devices`` whose worker is dead or does not answer within ``timeout_s`` (marked dead).
 

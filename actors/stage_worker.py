@@ -292,6 +292,16 @@ class StageWorker:
         injection.install(ex, self.knobs)
 
     @ray.method(concurrency_group="probe")
+    def release(self) -> None:
+        """After a peer died or was ended (NCCL only): abort this worker's communicators from the probe thread, so an
+        iteration blocked on the dead peer fails and the worker answers again. Why: a kernel waiting for a dead peer
+        never returns and the host waits in the loss read; with the watchdog's kill off
+        (:func:`actors.transport.nccl_environment`) nothing else ends it. Gloo needs none (the peer's closed sockets
+        fail the waits) and cannot use it (an abort from another thread does not end a gloo receive)."""
+        abort_communicators()
+        self.aborted = True  # until the recovery's re-form: nothing runs on these communicators
+
+    @ray.method(concurrency_group="probe")
     def progress(self) -> dict[str, Any]:
         """Where this worker is, answered on its own thread while an iteration may be blocked (hang triage): the
         step and action running and whether that action waits for other workers."""

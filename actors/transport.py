@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import os
 import socket
+import threading
 from datetime import timedelta
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -317,17 +318,21 @@ def abort_communicators() -> None:
     at once too, so the failure spreads along the waits in milliseconds and every survivor is
     free for the recovery that re-forms a group among them (:meth:`actors.group.WorkerGroup.reform`).
     """
-    if not dist.is_initialized():
-        return
-    try:
-        from torch.distributed.distributed_c10d import _abort_process_group
-
-        _abort_process_group()  # every group, the default one included, in one NCCL group call
-    except Exception:  # noqa: BLE001 - a backend without abort: destroying closes its sockets
+    with _ABORTING:  # the iteration's thread and the probe thread (StageWorker.release) may both get here
+        if not dist.is_initialized():
+            return
         try:
-            dist.destroy_process_group()
-        except Exception:  # noqa: BLE001 - already gone
-            pass
+            from torch.distributed.distributed_c10d import _abort_process_group
+
+            _abort_process_group()  # every group, the default one included, in one NCCL group call
+        except Exception:  # noqa: BLE001 - a backend without abort: destroying closes its sockets
+            try:
+                dist.destroy_process_group()
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+
+
+_ABORTING = threading.Lock()
 
 
 def shorten_timeouts(seconds: float, groups: Iterable[Any]) -> None:
