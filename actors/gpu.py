@@ -6,6 +6,7 @@ NCCL can carry), each small and each testable without the executor.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -20,6 +21,55 @@ NCCL_DTYPES = frozenset({
     torch.complex64, torch.complex128,
     *(getattr(torch, n) for n in ("float8_e5m2", "float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, n)),
 })
+
+
+NCCL_SAFE_ABORT = (2, 25)
+"""The oldest NCCL whose communicators can be aborted and re-created in a live process (torchft's floor)."""
+
+
+@dataclass(frozen=True)
+class NcclFacts:
+    """What the installed torch and NCCL offer a recovery in place, read in a worker (the driver may have no GPU).
+
+    ``version``: NCCL's, ``None`` when this torch has none; ``nonblocking_abort``: torch can build non-blocking
+    communicators (``ProcessGroupNCCL.Options().config.blocking``) and abort them (``_abort_process_group``)."""
+
+    version: tuple[int, ...] | None
+    nonblocking_abort: bool
+
+    @staticmethod
+    def installed() -> "NcclFacts":
+        try:
+            version: tuple[int, ...] | None = tuple(int(v) for v in torch.cuda.nccl.version())
+        except Exception:  # noqa: BLE001 - a torch built without NCCL
+            version = None
+        try:
+            from torch.distributed import ProcessGroupNCCL  # type: ignore[attr-defined]
+            from torch.distributed.distributed_c10d import _abort_process_group  # noqa: F401
+
+            api = hasattr(ProcessGroupNCCL.Options().config, "blocking")
+        except Exception:  # noqa: BLE001 - no NCCL in this torch, or an older API
+            api = False
+        return NcclFacts(version, api)
+
+
+def in_place_hazard(backend: str, facts: NcclFacts | None) -> str | None:
+    """Why recovery in place cannot be made safe on this install (one line for the event), or ``None``.
+
+    Gloo: nothing (a failed rank's abort closes its sockets and its peers fail at once). NCCL: a survivor blocked on a
+    dead peer's kernel is freed only by aborting its communicators, which needs non-blocking communicators and
+    NCCL >= 2.25 (ncclCommAbort of a blocking communicator may itself wait; torchft's floor); without them the job
+    restarts up front instead of waiting for a recovery that would fail."""
+    if backend != "nccl":
+        return None
+    if facts is None or facts.version is None:
+        return "NCCL's version is unknown"
+    if facts.version[:2] < NCCL_SAFE_ABORT:
+        have = ".".join(map(str, facts.version))
+        return f"NCCL {have} < {NCCL_SAFE_ABORT[0]}.{NCCL_SAFE_ABORT[1]} cannot abort a communicator blocked on a dead peer"
+    if not facts.nonblocking_abort:
+        return "this torch cannot build non-blocking NCCL communicators or abort them"
+    return None
 
 
 def check_nccl_dtypes(device: int, program: Sequence[Action], info: Sequence[Any],

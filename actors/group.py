@@ -40,7 +40,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from actors.placement import Slot, discover, probe_pairs
 from actors.ray_session import ensure_ray
-from actors.gpu import recv_lookahead
+from actors.gpu import NcclFacts, in_place_hazard, recv_lookahead
 from actors import group_calls
 from actors.group_calls import PipelineActorError, last_line
 from actors.processes import WorkerProcesses
@@ -98,6 +98,15 @@ class WorkerGroup:
     def dead(self) -> frozenset[int]:
         """Worker slots known to have died."""
         return frozenset(self.processes.dead)
+
+    def in_place_hazard(self) -> str | None:
+        """Why recovery in place cannot be made safe on the workers' NCCL (:func:`actors.gpu.in_place_hazard`), or
+        ``None`` (gloo, or a safe NCCL); the oldest install among the workers decides."""
+        if not self.use_gpu:
+            return None
+        seen = [i.get("nccl") for i in self.identities]
+        hazards = [in_place_hazard("nccl", f if isinstance(f, NcclFacts) else None) for f in seen]
+        return next((h for h in hazards if h is not None), None)
 
     def node_of(self, device: int) -> str:
         """The Ray node id of ``device``'s worker slot (where it was placed)."""
@@ -258,10 +267,13 @@ class WorkerGroup:
         refs = [self.actor_of(d).live_move.remote(plan.to_dict(), rank_of, endpoint, order, create, d, self.spec if d in newcomers else None,
                                                   step)
                 for d in new_members]
+        # Alive but no longer a member: it leaves the old group while the members re-join, not after. Under NCCL the
+        # members' re-join destroys the old communicators, which may wait for every old rank, the leaver included.
+        left = {d: self.actor_of(d).shutdown.remote() for d in leaving}
         out = self.gather(refs, "live move", timeout_s, new_members)
-        for d in leaving:  # alive but no longer a member: leave the old group cleanly
+        for d, ref in left.items():
             try:
-                ray.get(self.actor_of(d).shutdown.remote(), timeout=timeout_s)
+                ray.get(ref, timeout=timeout_s)
             except RayActorError:
                 self.processes.mark_dead(self.slot_of[d])
         self.broken = False
@@ -344,6 +356,14 @@ class WorkerGroup:
         restarted anyway: nothing to wait for."""
         if not self.broken and refs and group_calls.ran_after_failure(refs, grace_s):
             self.broken = True
+
+    def release(self, devices: Sequence[int], timeout_s: float = 10.0) -> None:
+        """NCCL: free the workers of ``devices`` from waits on a dead peer (:meth:`StageWorker.release`, on each
+        worker's probe thread); their iterations then fail as on gloo. Nothing on CPU workers (see there)."""
+        if not self.use_gpu:
+            return
+        refs = [self.actor_of(d).release.remote() for d in devices if self.slot_of.get(d, d) not in self.processes.dead]
+        ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
 
     def unresponsive(self, devices: Sequence[int], timeout_s: float) -> set[int]:
         """Devices among ``devices`` whose worker is dead or does not answer within ``timeout_s`` (marked dead).

@@ -23,6 +23,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
+from actors.gpu import NcclFacts
 from orchestrator.core.errors import UserError
 
 ACCELERATOR_PREFIX = "accelerator_type:"
@@ -126,6 +127,7 @@ def identity() -> dict[str, Any]:
     return {
         "node_id": node, "accelerator": node_accelerator(resources, entry.get("Labels")) or ("gpu" if gpu_ids else "cpu"),
         "device": device, "device_name": name, "gpu_ids": gpu_ids, "pid": os.getpid(), "memory_bytes": memory,
+        "nccl": NcclFacts.installed() if device != "cpu" else None,
     }
 
 

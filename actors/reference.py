@@ -4,7 +4,7 @@ It builds the model the way every stage worker does (``torch.manual_seed(seed)``
 factory; blocks built on the meta device are materialized with the same per-path seeds), draws
 dropout masks from the same per-(step, unit, block) seeds, sums tied weights' gradients, keeps one optimizer per block, cuts each iteration batch into the same units with the
 same row rules (:mod:`actors.transport`), weights each unit's loss by its share of the batch rows
-and accumulates gradients before one optimizer step. Pipelined training of any plan must end up
+and accumulates gradients before one optimizer step (fp16 losses scaled as ``GradScaler`` does). Pipelined training of any plan must end up
 ``allclose`` to this; the only differences allowed are floating-point summation order (replica
 shares and all-reduce add the same terms in another order).
 """
@@ -54,6 +54,8 @@ class ReferenceTrainer:
         self.num_microbatches, self.sliced = num_microbatches, sliced_microbatches
         self.step = 0
         self.losses: list[float] = []
+        scale = self.training.loss_scale
+        self.scale, self.good_steps = (scale.init_scale if scale is not None else 1.0), 0  # GradScaler's scale and tracker
 
     @classmethod
     def for_plan(
@@ -90,18 +92,39 @@ class ReferenceTrainer:
                 x = block(x)
             seeding.leave_unit()
             loss = self.loss_fn(x, targets[lo:hi]) * ((hi - lo) / rows)
-            loss.backward()
+            (loss * self.scale if self.training.loss_scale is not None else loss).backward()
             total += float(loss.detach())
         tied.sum_local(dict(enumerate(self.blocks)), self.ties)
-        if self.training.max_grad_norm is not None:  # what clip_grad_norm_ does over the (tied) model
+        stepping = self._unscale()
+        if self.training.max_grad_norm is not None and stepping:  # what clip_grad_norm_ does over the (tied) model
             norm = total_norm([p.grad for p in counted_params(self.blocks) if p.grad is not None])
             clip_([p for m in self.blocks for p in m.parameters()], norm, self.training.max_grad_norm)
         for b, opt in self.optimizers.items():
-            opt.step()
+            if stepping:
+                opt.step()
             opt.zero_grad(set_to_none=True)
             if b in self.schedulers:
                 self.schedulers[b].step()
         return total
+
+    def _unscale(self) -> bool:
+        """fp16 loss scaling as ``torch.amp.GradScaler`` does it for one optimizer over the whole model: gradients
+        unscaled by the scale's fp32 inverse; any inf/nan skips the whole step and backs the scale off, and
+        ``growth_interval`` finite steps in a row grow it. Returns whether the optimizers step."""
+        config = self.training.loss_scale
+        if config is None:
+            return True
+        inv = torch.tensor(self.scale, dtype=torch.float64).reciprocal().float()
+        grads = [p.grad for m in self.blocks for p in m.parameters() if p.grad is not None]
+        for g in grads:
+            g.mul_(inv.to(g.device))
+        if not all(bool(torch.isfinite(g).all()) for g in grads):
+            self.scale, self.good_steps = self.scale * config.backoff_factor, 0
+            return False
+        self.good_steps += 1
+        if self.good_steps == config.growth_interval:
+            self.scale, self.good_steps = self.scale * config.growth_factor, 0
+        return True
 
     def evaluate(self, eval_data_fn: Callable[[int], tuple[Tensor, Tensor]], batches: int) -> float:
         """The mean loss over ``eval_data_fn(0 .. batches - 1)`` with no gradient and dropout off, units weighted as in

@@ -54,8 +54,8 @@ from actors.worker_checkpoints import WorkerCheckpoints
 from actors import injection
 from actors.injection import FaultKnobs
 from actors.transport import (
-    MAX_MICROBATCHES, CommunicatorsAborted, abort_communicators, backend_for, destroy_groups, free_endpoint, init_group, link_groups, new_group,
-    replica_groups, select_device, shorten_timeouts, warm_up,
+    MAX_MICROBATCHES, CommunicatorsAborted, abort_communicators, backend_for, destroy_groups, free_endpoint, init_group, largest_buckets,
+    link_groups, link_messages, new_group, replica_groups, select_device, shorten_timeouts, warm_up,
 )
 from orchestrator.core.errors import UserError
 from orchestrator.core.plan import Plan
@@ -80,6 +80,7 @@ class StageWorker:
         self.norm_layout: NormLayout | None = None  # the model's clip_grad_norm_ order (actors/training.py)
         self.hooks: StepHooks | None = None  # owns the norm and tied groups of the current plan
         self._evaluator: tuple[Executor, Executor] | None = None  # (the training executor it was built for, the evaluation's)
+        self.left_at: float | None = None  # wall clock when it last shut down (left the job's process group)
 
     # ----- setup -----
     def endpoint(self) -> tuple[str, int]:
@@ -142,13 +143,16 @@ class StageWorker:
         self.schedulers = schedulers_for(spec.training, optimizers)
         if spec.eval_data_fn is None and any(s.on_metric for s in self.schedulers.values()):
             raise UserError("ReduceLROnPlateau steps on the evaluation loss: give TrainConfig an eval_data_fn and eval_every")
-        init_group(host, port, rank_of[device], len(rank_of), backend_for(torch_device), spec.pg_timeout_s, torch_device)
+        # keep_copies: only a recovery after a death asks for it (WorkerGroup.reform), so the old world holds a dead rank
+        init_group(host, port, rank_of[device], len(rank_of), backend_for(torch_device), spec.pg_timeout_s, torch_device,
+                   member_died=keep_copies)
         self.aborted = False
         schedule = lower(plan)
         groups = replica_groups(plan, rank_of, timeout_s=spec.pg_timeout_s)
         links = link_groups(directed_links(schedule), rank_of, timeout_s=spec.pg_timeout_s)
         hooks = self._step_hooks(spec, plan, device, rank_of, modules, torch_device)
-        warm_up(device, rank_of, links, groups, torch_device)
+        warm_up(device, rank_of, links, groups, torch_device, link_messages(plan, schedule.programs, boundary, int(inputs.shape[0])),
+                largest_buckets(plan, device, modules))
         self.executor = self._executor(
             spec, plan, device, rank_of, schedule.programs.get(device, ()), modules, optimizers, groups, boundary,
             int(inputs.shape[0]), torch_device, links=links,
@@ -287,6 +291,16 @@ class StageWorker:
         injection.install(ex, self.knobs)
 
     @ray.method(concurrency_group="probe")
+    def release(self) -> None:
+        """After a peer died or was ended (NCCL only): abort this worker's communicators from the probe thread, so an
+        iteration blocked on the dead peer fails and the worker answers again. Why: a kernel waiting for a dead peer
+        never returns and the host waits in the loss read; with the watchdog's kill off
+        (:func:`actors.transport.nccl_environment`) nothing else ends it. Gloo needs none (the peer's closed sockets
+        fail the waits) and cannot use it (an abort from another thread does not end a gloo receive)."""
+        abort_communicators()
+        self.aborted = True  # until the recovery's re-form: nothing runs on these communicators
+
+    @ray.method(concurrency_group="probe")
     def progress(self) -> dict[str, Any]:
         """Where this worker is, answered on its own thread while an iteration may be blocked (hang triage): the
         step and action running and whether that action waits for other workers."""
@@ -297,7 +311,8 @@ class StageWorker:
 
     def status(self) -> dict[str, Any]:
         held = sorted(self.executor.modules) if self.executor is not None else []
-        return {"device": self.device_id, "completed_step": self.completed_step, "blocks": held, "pid": os.getpid()}
+        return {"device": self.device_id, "completed_step": self.completed_step, "blocks": held, "pid": os.getpid(),
+                "left_at": self.left_at}
 
     # ----- live re-partitioning -----
     def live_move(
@@ -364,7 +379,6 @@ class StageWorker:
         wanted_links = directed_links(schedule)
         links = link_groups(wanted_links, rank_of, old_links, spec.pg_timeout_s)
         destroy_groups(h for k, h in old_links.items() if k not in links)
-        warm_up(device, rank_of, links, groups, torch_device)
         t_group = time.perf_counter()
         sent = received = 0
         templates: list[nn.Module] | None = None
@@ -398,6 +412,9 @@ class StageWorker:
             raise RuntimeError(f"device {device}: blocks {sorted(missing)} were neither held nor received (bad transfer list)")
         modules = {b: m for b, m in modules.items() if b in held}
         optimizers = {b: o for b, o in optimizers.items() if b in held}
+        # after the hand-overs (one global order: transfers, then the links and groups), when every held block is here
+        warm_up(device, rank_of, links, groups, torch_device, link_messages(plan, schedule.programs, boundary, batch_rows),
+                largest_buckets(plan, device, modules))
         for arrived in fresh.values():
             arrived.forward(self.completed_step + 1)
         self.schedulers = {**{b: s for b, s in previous.items() if b in optimizers and b not in fresh}, **fresh}
@@ -411,7 +428,7 @@ class StageWorker:
         done = time.perf_counter()
         return {"device": device, "bytes_sent": sent, "bytes_received": received, "blocks": sorted(held),
                 "rejoined": endpoint is not None, "groups_created": len(create_groups),
-                "group_s": t_group - t0, "transfer_s": done - t_group, "pid": os.getpid()}
+                "group_s": t_group - t0, "transfer_s": done - t_group, "pid": os.getpid(), "finished_at": time.time()}
 
     def state_dicts(self) -> dict[int, dict[str, Tensor]]:
         """Weights of the blocks held here (tests compare them with the reference)."""
@@ -474,6 +491,7 @@ class StageWorker:
             lr.metric(value)
 
     def shutdown(self) -> None:
+        self.left_at = time.time()  # when it began to leave (a live move's leaver leaves while the members re-join)
         if dist.is_initialized():
             dist.destroy_process_group()
         self.executor = self._evaluator = None

@@ -22,20 +22,24 @@ integer overlap is empty is skipped identically on both sides.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
+import threading
 from datetime import timedelta
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
+from actors.gpu import NcclFacts, dtype_buckets, in_place_hazard
 from orchestrator.core.plan import Plan
-from orchestrator.schedule.ir import Range, intersect, replica_range, split_range, unit_range
+from orchestrator.schedule.ir import Action, Kind, Range, intersect, replica_range, split_range, unit_range
 
 __all__ = [
     "Range", "intersect", "replica_range", "split_range", "unit_range", "stage_rows", "tag", "select_device",
-    "local_cuda_index", "link_groups", "replica_groups", "warm_up", "destroy_groups", "shorten_timeouts",
+    "local_cuda_index", "link_groups", "replica_groups", "link_messages", "largest_buckets", "warm_up", "destroy_groups", "shorten_timeouts",
     "abort_communicators",
 ]
 
@@ -127,44 +131,50 @@ def local_cuda_index(gpu_ids: list[str], visible: str | None, count: int) -> int
     return index
 
 
-def nccl_environment() -> None:
-    """NCCL's failure policy, set before the first communicator exists.
+def nccl_environment(facts: NcclFacts) -> None:
+    """NCCL's failure policy, set before the first communicator exists; users may override any setting.
 
-    ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1`` (tear down after aborting the communicators; torch's own
-    default, 3, tears down without the abort): when an operation fails or times out (a dead
-    peer), the watchdog ends this process instead of leaving it hung on a kernel that never
-    completes. Ray then reports the actor dead and the job's failure policy restarts the
-    pipeline in fresh processes from the latest checkpoint. On GPUs that is the only recovery:
-    every rank whose stream depends on the dead peer times out too (the host runs ahead, so in
-    practice all of a pipeline's ranks), and re-creating a process group in a process whose NCCL
-    state faulted is not safe. Recovery in place (survivors keep their processes) is therefore a
-    gloo (CPU) path for now: there a failed rank aborts its communicators
-    (:func:`abort_communicators`) and the failure spreads to its peers in milliseconds. On NCCL
-    the abort is the same call, but a survivor blocked on a kernel waiting for a dead peer is
-    ended by this watchdog first, so the job falls back to a full restart (untested on GPUs).
-    Users may override either setting.
+    Where recovery in place is safe on this install (:func:`actors.gpu.in_place_hazard`: NCCL >= 2.25 and torch's
+    non-blocking, abortable communicators), torchft's recipe: non-blocking communicators
+    (``TORCH_NCCL_USE_COMM_NONBLOCKING=1``, so creating, aborting and destroying one never blocks the host) and no
+    watchdog kill (``TORCH_NCCL_ASYNC_ERROR_HANDLING=0``, as ``_abort_process_group`` asks): a failed or hung
+    operation is ended by the job's own deadline (:meth:`orchestrator.train.runtime.PipelineRuntime.deadline_s`),
+    which ends the hung worker and aborts the survivors' communicators (:func:`abort_communicators`). Otherwise the
+    watchdog tears the process down after aborting its communicators (``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``): Ray
+    reports the actor dead and the failure policy, which chose a full restart up front for this install, restarts
+    the pipeline from the newest checkpoint. Both await a run on GPUs (README, GPU section).
     """
     if os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1":  # orchestrator/schedule/nccl.py: 41 of 78 plan shapes hang
         from orchestrator.core.errors import UserError
 
         raise UserError("CUDA_DEVICE_MAX_CONNECTIONS=1 serialises the per-link NCCL communicators and can hang the pipeline; unset it")
-    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    if in_place_hazard("nccl", facts) is None:
+        os.environ.setdefault("TORCH_NCCL_USE_COMM_NONBLOCKING", "1")
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
+    else:
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "0")
 
 
 def init_group(host: str, port: int, rank: int, world: int, backend: str, timeout_s: float,
-               device: torch.device | None = None) -> None:
-    """(Re)join the job's process group; a stale group from a previous plan is torn down first.
+               device: torch.device | None = None, member_died: bool = False) -> None:
+    """(Re)join the job's process group; a stale group from a previous plan is torn down first: destroyed, or
+    aborted when ``member_died`` (NCCL's destroy is a collective of the old members, which a dead one never joins).
 
+    Each formation has a store of its own (``host:port`` is a fresh endpoint every time, :func:`free_endpoint`), so
+    no key of an earlier formation is ever read (torchft uses a new store prefix per re-formation for the same).
     The timeout bounds every blocking receive and collective, so a peer that dies mid-iteration
     turns into an exception here instead of a hang. On CUDA the group is bound to ``device``
     (``device_id``), which also creates its NCCL communicator eagerly instead of at the first
     collective.
     """
     if dist.is_initialized():
-        dist.destroy_process_group()
+        if member_died:
+            abort_communicators()
+        else:
+            dist.destroy_process_group()
     if backend == "nccl":
-        nccl_environment()
+        nccl_environment(NcclFacts.installed())
     # The rendezvous gets its own, longer bound: on a loaded machine the ranks may start seconds
     # apart, and that must not fail a job whose per-operation timeout is short for fast death detection.
     store = dist.TCPStore(host, port, world_size=world, is_master=rank == 0,
@@ -213,24 +223,72 @@ def link_groups(links: Iterable[tuple[int, int]], rank_of: Mapping[int, int],
     return groups
 
 
+Message = tuple[int, torch.dtype]  # (elements, dtype) of the largest tensor a communicator carries
+
+
+def link_messages(plan: Plan, programs: Mapping[int, Sequence[Action]], boundary: Sequence[tuple[tuple[int, ...], torch.dtype]],
+                  batch_rows: int) -> dict[tuple[int, int], Message]:
+    """The largest boundary message (by bytes) each directed link ``(sender, receiver)`` carries in an iteration:
+    the rows a send shares with its peer's (the row rules above) times the boundary's trailing shape, in its dtype.
+    Pure in the plan, so both ends of a link compute the same size; what :func:`warm_up` sends."""
+    out: dict[tuple[int, int], Message] = {}
+    for src, program in programs.items():
+        for a in program:
+            if a.kind not in (Kind.SEND_F, Kind.SEND_B):
+                continue
+            forward = a.kind is Kind.SEND_F
+            other = a.stage + 1 if forward else a.stage - 1
+            lo, hi = intersect(stage_rows(plan, batch_rows, a.stage, src, a.unit), stage_rows(plan, batch_rows, other, a.peer, a.unit))
+            stage = plan.stages[a.stage]
+            shape, dtype = boundary[stage.last if forward else stage.first]
+            numel = max(0, hi - lo) * math.prod(shape)
+            known = out.get((src, a.peer))
+            if known is None or numel * dtype.itemsize > known[0] * known[1].itemsize:
+                out[(src, a.peer)] = (numel, dtype)
+    return out
+
+
+def largest_buckets(plan: Plan, device: int, modules: Mapping[int, nn.Module]) -> dict[tuple[int, ...], Message]:
+    """The largest gradient bucket (:func:`actors.gpu.dtype_buckets` of one stage's parameters, by bytes) that each
+    replica group of ``device`` all-reduces in an iteration; every member holds the same blocks, so all agree."""
+    out: dict[tuple[int, ...], Message] = {}
+    for j in plan.stages_of_device(device):
+        stage = plan.stages[j]
+        if len(stage.devices) < 2:
+            continue
+        params = [p for b in range(stage.first, stage.last) for p in modules[b].parameters()]
+        for bucket in dtype_buckets(params):
+            numel, dtype = sum(p.numel() for p in bucket), bucket[0].dtype
+            known = out.get(stage.devices)
+            if known is None or numel * dtype.itemsize > known[0] * known[1].itemsize:
+                out[stage.devices] = (numel, dtype)
+    return out
+
+
 def warm_up(device: int, rank_of: Mapping[int, int], links: Mapping[tuple[int, int], Any],
-            replicas: Mapping[tuple[int, ...], Any], torch_device: torch.device) -> None:
-    """Create every communicator before the first iteration, in one global order.
+            replicas: Mapping[tuple[int, ...], Any], torch_device: torch.device,
+            messages: Mapping[tuple[int, int], Message], buckets: Mapping[tuple[int, ...], Message]) -> None:
+    """Create every communicator and set up its connections before the first iteration, in one global order.
 
     NCCL creates a communicator at its first operation, and creation blocks the host until the
     peer creates it too; done lazily inside the schedule, two ranks could each block creating a
     different communicator. Here every rank walks the same sorted list with blocking operations,
-    so the earliest unfinished one always has both ends ready.
+    so the earliest unfinished one always has both ends ready. Each link carries its largest boundary
+    message (:func:`link_messages`) and each replica group all-reduces its largest bucket (:func:`largest_buckets`),
+    so NCCL's buffers and connections for full-size messages are set up here, not inside iteration 1.
     """
-    probe = torch.zeros(1, device=torch_device)
     for (src, dst), group in sorted(links.items()):
-        if device == src:
-            dist.send(probe, rank_of[dst], group=group)
-        elif device == dst:
-            dist.recv(probe, rank_of[src], group=group)
+        if device in (src, dst):
+            numel, dtype = messages.get((src, dst), (1, torch.float32))
+            probe = torch.zeros(max(1, numel), dtype=dtype, device=torch_device)
+            if device == src:
+                dist.send(probe, rank_of[dst], group=group)
+            else:
+                dist.recv(probe, rank_of[src], group=group)
     for devices, group in sorted(replicas.items()):
         if device in devices:
-            dist.all_reduce(probe, group=group)
+            numel, dtype = buckets.get(devices, (1, torch.float32))
+            dist.all_reduce(torch.zeros(max(1, numel), dtype=dtype, device=torch_device), group=group)
 
 
 def destroy_groups(groups: Iterable[Any]) -> None:
@@ -260,17 +318,21 @@ def abort_communicators() -> None:
     at once too, so the failure spreads along the waits in milliseconds and every survivor is
     free for the recovery that re-forms a group among them (:meth:`actors.group.WorkerGroup.reform`).
     """
-    if not dist.is_initialized():
-        return
-    try:
-        from torch.distributed.distributed_c10d import _abort_process_group
-
-        _abort_process_group()  # every group, the default one included, in one NCCL group call
-    except Exception:  # noqa: BLE001 - a backend without abort: destroying closes its sockets
+    with _ABORTING:  # the iteration's thread and the probe thread (StageWorker.release) may both get here
+        if not dist.is_initialized():
+            return
         try:
-            dist.destroy_process_group()
-        except Exception:  # noqa: BLE001 - already gone
-            pass
+            from torch.distributed.distributed_c10d import _abort_process_group
+
+            _abort_process_group()  # every group, the default one included, in one NCCL group call
+        except Exception:  # noqa: BLE001 - a backend without abort: destroying closes its sockets
+            try:
+                dist.destroy_process_group()
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+
+
+_ABORTING = threading.Lock()
 
 
 def shorten_timeouts(seconds: float, groups: Iterable[Any]) -> None:

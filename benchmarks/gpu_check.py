@@ -2,8 +2,9 @@
 
 ``GPU_CHECK_DEVICE=cuda`` (default when CUDA is present): every check, on ``cuda:0`` with real
 NCCL groups of one. ``GPU_CHECK_DEVICE=cpu``: the checks that apply on CPU/gloo, each the CPU
-twin of its CUDA check (``make test`` runs it through ``tests/test_gpu_check.py``). The checks
-that need CUDA are named on stderr, never printed as ``ok``. Exit status 1 if any check fails.
+twin of its CUDA check (``make test`` runs it through ``tests/test_gpu_check.py``). Each check prints one line,
+``NAME ok [backend, seconds]: detail``, ``NAME FAIL [...]: error`` or ``NAME skipped (needs CUDA)``; the checks that
+drive the stage worker and the runtime are in :mod:`benchmarks.gpu_check_worker`. Exit status 1 if any check fails.
 Run by ``benchmarks/gpu_check.sh``; on a GPU its output goes in ``benchmarks/results/gpu.md``.
 """
 
@@ -27,6 +28,8 @@ from actors.snapshot import deferred_snapshot
 from actors.training import LossScale, NormLayout, StepHooks, TrainingOptions, norm_contributors
 from actors.transport import destroy_groups, new_group, select_device
 from orchestrator.core.plan import straight_plan
+
+from benchmarks import gpu_check_worker as worker_checks
 
 WIDTH, ROWS, BLOCKS = 64, 32, 4
 
@@ -147,14 +150,18 @@ def check_group_reformations(device: torch.device, group: object) -> str:
     return f"20 group re-formations, 0 groups left, device memory {grown / 2**20:+.0f} MiB (one communicator {one / 2**20:.0f} MiB)"
 
 
-def _api(plan_fixed: bool, device: torch.device) -> str:
+def _ray_up(device: torch.device) -> None:
     import ray
-
-    from orchestrator import ElasticJob, RunConfig, ScalingConfig, TrainConfig
 
     if not ray.is_initialized():
         ray.init(address="local", num_cpus=2, num_gpus=1 if device.type == "cuda" else 0, include_dashboard=False,
                  log_to_driver=False)  # its own instance, never a cluster found on the machine
+
+
+def _api(plan_fixed: bool, device: torch.device) -> str:
+    from orchestrator import ElasticJob, RunConfig, ScalingConfig, TrainConfig
+
+    _ray_up(device)
     train = TrainConfig(model_factory=partial(_blocks, torch.device("cpu")), loss_fn=nn.functional.mse_loss,
                         optimizer_factory=partial(torch.optim.SGD, lr=0.05, momentum=0.9), data_fn=_data, num_microbatches=4)
     plan = straight_plan([0, BLOCKS], 4) if plan_fixed else None
@@ -178,9 +185,13 @@ CHECKS: list[tuple[str, Callable[[torch.device, object], str], bool]] = [  # nam
     ("side-stream-snapshot", check_snapshot, False),
     ("cuda-event-timing", check_events, True),
     ("live-move-group-reformations", check_group_reformations, False),
+    *worker_checks.CHECKS,  # each forms a world of its own in this process (benchmarks/gpu_check_worker.py)
     ("api-one-stage", lambda d, g: _api(True, d), False),
     ("api-data-parallel-of-one", lambda d, g: _api(False, d), False),
+    *worker_checks.ray_checks(_ray_up),
 ]
+OWN_WORLD = {name for name, _, _ in worker_checks.CHECKS}  # checks after these find no group of this process's
+IN_RAY = {"api-one-stage", "api-data-parallel-of-one", "live-moves-20"}  # their workers are other processes
 
 
 def main() -> int:
@@ -199,9 +210,9 @@ def main() -> int:
     failed = 0
     for name, check, needs_cuda in CHECKS:
         if needs_cuda and kind != "cuda":
-            print(f"({name}: needs CUDA, not run on cpu)", file=sys.stderr)
+            print(f"{name} skipped (needs CUDA)", flush=True)
             continue
-        if name.startswith("api-") and dist.is_initialized():
+        if name in IN_RAY and dist.is_initialized():
             dist.destroy_process_group()  # the job's workers are other processes; this one leaves its group
         t0 = time.perf_counter()
         try:
@@ -211,7 +222,9 @@ def main() -> int:
             detail, verdict = f"{type(exc).__name__}: {exc}".splitlines()[0], "FAIL"
             traceback.print_exc(file=sys.stderr)
             failed += 1
-        print(f"{name} [{backend}, {time.perf_counter() - t0:.1f} s]: {detail} -- {verdict}", flush=True)
+        if dist.is_initialized() and name in OWN_WORLD:
+            dist.destroy_process_group()  # a failed check may leave its world behind
+        print(f"{name} {verdict} [{backend}, {time.perf_counter() - t0:.1f} s]: {detail}", flush=True)
     return 1 if failed else 0
 
 

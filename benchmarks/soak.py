@@ -7,7 +7,8 @@ groups, processes) and that the survivors' memory does not grow with every fault
 The cluster is a real ``ray.cluster_utils.Cluster`` (a head with 1 CPU, two worker nodes with 2 CPUs each: five
 CPU devices on three nodes). Between chunks of ``--every`` steps (one ``ElasticJob.fit`` each) the seeded schedule
 draws one fault: an unnoticed worker death (``ray.kill`` of a stage actor: its next call sees Ray's actor death), a
-node removal (``Cluster.remove_node``: all its workers die), a preemption notice for one device or for a whole node
+hung worker (the rehearsed hang of ``--inject-hang-at``: it blocks for ever halfway through its next step, the job's
+deadline finds it, ends its process and recovers in place), a node removal (``Cluster.remove_node``: all its workers die), a preemption notice for one device or for a whole node
 (``ElasticJob.notify``), a node join (``Cluster.add_node``: growth) or a slowdown of one device (the workers'
 injection knob, lifted one chunk later). Each kind is drawn once early, in a seeded order, then at random. The last
 line is one JSON object: ``max_abs_diff`` against uninterrupted single-process training, ``faults`` (count per
@@ -45,7 +46,8 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.soak_trace import TraceEvent, compression, trace_schedule  # noqa: E402
 
-KINDS = ("death", "node_removal", "notice_device", "notice_node", "join", "slowdown")
+KINDS = ("death", "hang", "node_removal", "notice_device", "notice_node", "join", "slowdown")
+TAKING = ("death", "hang", "node_removal")  # kinds that take capacity away
 WIDTHS = (8, 16, 16, 16, 16, 16, 16, 16, 4)
 
 
@@ -54,9 +56,9 @@ def schedule(steps: int, every: int, seed: int, kinds: tuple[str, ...] = KINDS) 
     rng = random.Random(seed)
     # every kind once first, those that take capacity away last: a death and a node removal early leave the job one
     # device to train on, where no notice can be evacuated (it would be a migration) and the notices are never drawn
-    gentle = [k for k in kinds if k not in ("death", "node_removal")]
+    gentle = [k for k in kinds if k not in TAKING]
     rng.shuffle(gentle)
-    first = gentle + [k for k in ("death", "node_removal") if k in kinds]
+    first = gentle + [k for k in TAKING if k in kinds]
     at = list(range(every, steps, every))
     return [(s, first[i] if i < len(first) else rng.choice(kinds)) for i, s in enumerate(at)]
 
@@ -122,7 +124,7 @@ class Soak:
         partial = [n for n in workers if set(node_of) - {d for d, at in node_of.items() if at == n.node_id}]
         busy = [n for n in partial if n.node_id in {node_of[d] for d in plan_devices if d in node_of}]
         workers = busy or partial or workers
-        if kind == "death" and len(plan_devices) < 2:
+        if kind in ("death", "hang") and len(plan_devices) < 2:
             kind = "slowdown"
         if kind == "death":
             d = self.rng.choice(plan_devices)
@@ -130,6 +132,10 @@ class Soak:
 
             ray.kill(group.actor_of(d), no_restart=True)
             return f"death: device {d}'s actor killed"
+        if kind == "hang":  # the rehearsed hang (--inject-hang-at): the worker blocks for ever halfway through the next step
+            d = self.rng.choice(plan_devices)
+            group.call("arm_kill", job.runtime.step, True, devices=[d], what="soak hang")
+            return f"hang: device {d} blocks in step {job.runtime.step}"
         if kind == "node_removal" and not partial:
             kind = "join"  # every device of the job is on one node: add capacity instead
         if kind == "node_removal":
@@ -266,11 +272,14 @@ class Soak:
         ok = (error is None and diff is not None and diff <= 1e-5 and not leaked
               and (trace is not None or all(counts[k] for k in self.kinds))
               and (memory.get("max_growth") is None or memory["max_growth"] <= 0.10))
+        hangs = [e for e in self.events() if e["event"] == "worker_failed" and e.get("cause") == "hang"]
+        ok = ok and (trace is not None or len(hangs) == counts["hang"])  # every hang found by the deadline, none made up
         recovered = [e for e in self.events() if e["event"] == "recovered"]
         stalls = {str(m): [float(e["stall_s"]) for e in recovered if e["mode"] == m] for m in {e["mode"] for e in recovered}}
         return {"steps": self.job.runtime.step, "max_abs_diff": diff, "faults": counts, "handled": handled, "leaked": leaked,
                 "memory": memory, "train_s": round(train_s, 2),
                 "goodput_samples_per_s": round(self.job.runtime.step * self.batch / train_s, 2) if error is None else None,
+                "hangs_detected": [{"step": e["step"], "device": e["device"], "hang_detect_s": e.get("hang_detect_s")} for e in hangs],
                 "recoveries": {m: {"count": len(v), "stall_s_total": round(sum(v), 2), "stall_s_max": max(v)} for m, v in sorted(stalls.items())},
                 "error": error, "ok": ok}
 

@@ -186,8 +186,10 @@ def test_one_hardware_queue_hangs_the_1f1b_steady_state() -> None:
 
 def test_warm_up_and_live_move_transfers_in_one_global_order_complete() -> None:
     """Every device walks the same list of blocking operations (warm_up: the sorted links, then the
-    replica groups; a live move: the hand-overs in the driver's order)."""
+    replica groups; a live move: the hand-overs in the driver's order, then the warm-up of the new plan's
+    links and groups, once every block it holds is there to size their largest bucket)."""
     plan = Plan((Stage(0, 2, (0, 1)), Stage(2, 3, (2, 3, 4)), Stage(3, 5, (5,))), 4)
     links = directed_links(lower(plan))
     check_ordered_blocking([*links, (0, 1), (2, 3, 4)], list(range(6)))
     check_ordered_blocking([(0, 2), (1, 2), (2, 0), (5, 3)], list(range(6)))
+    check_ordered_blocking([(0, 2), (1, 2), (2, 0), (5, 3), *links, (0, 1), (2, 3, 4)], list(range(6)))

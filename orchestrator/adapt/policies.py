@@ -151,17 +151,20 @@ DeathDecision = Union[GiveUp, RecoverInPlace, Restart]
 
 
 def on_worker_death(failures: int, max_failures: int, plan: Plan, dead: Sequence[int], alive: Sequence[int],
-                    in_place: bool) -> DeathDecision:
+                    in_place: bool, hazard: str | None = None) -> DeathDecision:
     """After workers died without notice (``failures`` deaths so far, this one included): give up
-    past the budget; recover in place when it is on (``in_place``), the dead are known and workers
-    survive (the runtime may still find it impossible: then the caller restarts); otherwise restart
-    every worker on the same plan from the newest checkpoint."""
+    past the budget; recover in place when it is on (``in_place``), safe on the installed communicators
+    (``hazard``: why not, from :func:`actors.gpu.in_place_hazard`; then the restart is chosen up front rather than
+    after a recovery that would wait and fail), the dead are known and workers survive (the runtime may still find it
+    impossible: then the caller restarts); otherwise restart every worker on the same plan from the newest checkpoint."""
     if failures > max_failures:
         return GiveUp(f"{failures} worker deaths exceed max_failures={max_failures}")
     gone = set(dead)
     survivors = tuple(sorted(set(alive) - gone))
     if not in_place:
         return Restart(plan, True, "recovery in place is switched off: every worker restarts")
+    if hazard is not None:
+        return Restart(plan, True, f"recovery in place is not safe here ({hazard}): every worker restarts")
     if not gone:
         return Restart(plan, True, "the dead worker is not known: every worker restarts")
     if not survivors:

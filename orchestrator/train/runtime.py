@@ -456,6 +456,7 @@ class PipelineRuntime:
         missing = sorted(set(plan.devices) - set(survivors))
         if missing or not survivors:
             raise recovery.InPlaceImpossible(f"the plan uses device(s) {missing} that have no live worker")
+        group.release(survivors)  # NCCL: a survivor blocked on the dead peer is freed by aborting its communicators
         late = group.unresponsive(survivors, waits.stretched(30.0))  # each finishes (fails) its iteration first (10 s missed one on a loaded 2-core machine)
         if late:
             raise recovery.InPlaceImpossible(f"survivor(s) {sorted(late)} did not answer after the death of {gone}")
