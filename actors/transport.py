@@ -33,7 +33,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from actors.gpu import NcclFacts, dtype_buckets, in_place_hazard
+from actors.gpu import NcclFacts, in_place_hazard
+from actors.grad_sync import bucket_order
 from orchestrator.core.plan import Plan
 from orchestrator.schedule.ir import Action, Kind, Range, intersect, replica_range, split_range, unit_range
 
@@ -249,7 +250,7 @@ def link_messages(plan: Plan, programs: Mapping[int, Sequence[Action]], boundary
 
 
 def largest_buckets(plan: Plan, device: int, modules: Mapping[int, nn.Module]) -> dict[tuple[int, ...], Message]:
-    """The largest gradient bucket (:func:`actors.gpu.dtype_buckets` of one stage's parameters, by bytes) that each
+    """The largest gradient bucket (:func:`actors.grad_sync.bucket_order` of one stage's parameters, by bytes) that each
     replica group of ``device`` all-reduces in an iteration; every member holds the same blocks, so all agree."""
     out: dict[tuple[int, ...], Message] = {}
     for j in plan.stages_of_device(device):
@@ -257,7 +258,7 @@ def largest_buckets(plan: Plan, device: int, modules: Mapping[int, nn.Module]) -
         if len(stage.devices) < 2:
             continue
         params = [p for b in range(stage.first, stage.last) for p in modules[b].parameters()]
-        for bucket in dtype_buckets(params):
+        for bucket in bucket_order(params):
             numel, dtype = sum(p.numel() for p in bucket), bucket[0].dtype
             known = out.get(stage.devices)
             if known is None or numel * dtype.itemsize > known[0] * known[1].itemsize:

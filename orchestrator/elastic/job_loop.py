@@ -615,7 +615,7 @@ class ElasticJob:
             self._saved_at = -1
         plan = self.runtime.plan
         decision: DeathDecision = on_worker_death(failures, self.run.max_failures, plan, dead, sorted(self.alive),
-                                                  in_place=self.run.recover_in_place, hazard=self.runtime.group.in_place_hazard())
+                                                  in_place=self.run.recover_in_place, hazard=self.runtime.in_place_hazard())
         if isinstance(decision, GiveUp):
             self.emit("job_failed", step=before, failures=failures, max_failures=self.run.max_failures, reason=decision.reason)
             self.runstate.ended("failed", before, live=self._live())

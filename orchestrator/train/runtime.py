@@ -200,6 +200,10 @@ class PipelineRuntime:
         """Slots whose node left the cluster: no worker can start there again."""
         return self._workers().node_lost_slots()
 
+    def in_place_hazard(self) -> str | None:
+        """Why recovery in place cannot be made safe on the workers' NCCL, or ``None`` (gloo, or a safe NCCL)."""
+        return self._workers().in_place_hazard()
+
     def node_of(self, device: int) -> str:
         return str(self._workers().identities[device]["node_id"])
 
