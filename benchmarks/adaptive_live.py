@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 from orchestrator import AdaptConfig, Callback, ElasticJob, RunConfig, ScalingConfig, SpotConfig, TrainConfig  # noqa: E402
 from orchestrator.core.cluster import flat  # noqa: E402
 from orchestrator.adapt import ControllerConfig, FaultSchedule, Slowdown, full_replan, move_transfers, scenario  # noqa: E402
-from orchestrator.elastic.callbacks import StepInfo  # noqa: E402
+from orchestrator.train.callbacks import StepInfo  # noqa: E402
 from orchestrator.profiling.models import example_batch, mlp  # noqa: E402
 from orchestrator.core.plan import Plan, straight_plan  # noqa: E402
 from orchestrator.core.profile import Profile  # noqa: E402

@@ -40,7 +40,7 @@ from actors.reference import ReferenceTrainer, allclose, max_difference  # noqa:
 from orchestrator.core.errors import UserError  # noqa: E402
 from orchestrator.profiling.models import example_batch, loss_fn, mlp  # noqa: E402
 from orchestrator.core.plan import straight_plan  # noqa: E402
-from orchestrator.elastic.fixed_plan import PipelineTrainer  # noqa: E402
+from orchestrator.train.trainer import PipelineTrainer  # noqa: E402
 from orchestrator.train.runtime import PipelineRuntime  # noqa: E402
 
 WIDTHS = (8, 32, 32, 32, 32, 32, 32, 4)

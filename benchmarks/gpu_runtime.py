@@ -3,7 +3,7 @@
 Same model (an MLP of ``--blocks`` Linear+GELU blocks of ``--width``), same cut, same batch and
 micro-batches, same optimizer (SGD), both on NCCL with one process per GPU:
 
-* **ours** - :class:`orchestrator.elastic.fixed_plan.PipelineTrainer` with ``use_gpu=True`` on local Ray
+* **ours** - :class:`orchestrator.train.trainer.PipelineTrainer` with ``use_gpu=True`` on local Ray
   actors, ``fit(N)`` with pipelined dispatch (driver wall time per iteration, Ray included);
 * **torch** - ``torch.distributed.pipelining`` (``Schedule1F1B``; ``ScheduleGPipe`` for one
   stage, where the two are the same schedule) on processes started with
@@ -131,7 +131,7 @@ def torch_times(args: Any, world: int, iters: int) -> list[float]:
 
 def ours_times(args: Any, world: int, iters: int) -> tuple[list[float], float]:
     from orchestrator.core.plan import ScheduleKind, straight_plan
-    from orchestrator.elastic.fixed_plan import PipelineTrainer
+    from orchestrator.train.trainer import PipelineTrainer
 
     per = args.blocks // world
     cuts = [r * per for r in range(world)] + [args.blocks]

@@ -26,7 +26,7 @@ import torch
 
 from orchestrator.profiling import hf
 from orchestrator.core.plan import straight_plan
-from orchestrator.elastic.fixed_plan import PipelineTrainer
+from orchestrator.train.trainer import PipelineTrainer
 
 RESULTS = Path(__file__).resolve().parent / "results" / "hf_memory.md"
 GIB = 1024 ** 3

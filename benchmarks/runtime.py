@@ -2,7 +2,7 @@
 
 Same model, same 2-stage cut, same micro-batches, 1F1B, CPU/gloo, one torch thread per stage:
 
-* **ours** - :class:`orchestrator.elastic.fixed_plan.PipelineTrainer` on local Ray actors (driver wall time
+* **ours** - :class:`orchestrator.train.trainer.PipelineTrainer` on local Ray actors (driver wall time
   per iteration, Ray dispatch included);
 * **predicted** - :func:`orchestrator.costmodel.simulator.simulate` of the same plan over a cost model
   measured here: per-block forward/backward with :func:`orchestrator.profiling.profiler.profile_blocks` in a
@@ -223,7 +223,7 @@ class Ours:
     """Our trainer on the shared Ray worker group, driven one iteration at a time."""
 
     def __init__(self, group: Any, widths: tuple[int, ...], plan: Plan, batch: int) -> None:
-        from orchestrator.elastic.fixed_plan import PipelineTrainer
+        from orchestrator.train.trainer import PipelineTrainer
 
         self.trainer = PipelineTrainer(
             partial(mlp, widths), torch.nn.functional.mse_loss, partial(torch.optim.SGD, lr=0.01),

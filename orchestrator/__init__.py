@@ -31,16 +31,16 @@ _API = {
     "profile_blocks": "orchestrator.profiling.profiler", "sequential_blocks": "orchestrator.profiling.modules",
     "split_at": "orchestrator.profiling.modules",
     # training (torch, Ray)
-    "PipelineTrainer": "orchestrator.elastic.fixed_plan", "PipelineRuntime": "orchestrator.train.runtime",
+    "PipelineTrainer": "orchestrator.train.trainer", "PipelineRuntime": "orchestrator.train.runtime",
     "ElasticJob": "orchestrator.elastic.job_loop", "JobResult": "orchestrator.elastic.job_loop",
     "TrainConfig": "orchestrator.elastic.job_config", "ScalingConfig": "orchestrator.elastic.job_config",
     "RunConfig": "orchestrator.elastic.job_config", "AdaptConfig": "orchestrator.elastic.job_config",
     "SpotConfig": "orchestrator.elastic.job_config", "InjectedNotice": "orchestrator.elastic.job_config",
     "JobFailed": "orchestrator.elastic.signals", "JobStopped": "orchestrator.elastic.signals",
     "MigrationRequested": "orchestrator.elastic.signals",
-    "Callback": "orchestrator.elastic.callbacks", "Checkpoint": "orchestrator.elastic.callbacks",
-    "Stop": "orchestrator.elastic.callbacks", "StepInfo": "orchestrator.elastic.callbacks",
-    "StartInfo": "orchestrator.elastic.callbacks",
+    "Callback": "orchestrator.train.callbacks", "Checkpoint": "orchestrator.train.callbacks",
+    "Stop": "orchestrator.train.callbacks", "StepInfo": "orchestrator.train.callbacks",
+    "StartInfo": "orchestrator.train.callbacks",
     "add_job_arguments": "orchestrator.cli.driver_args", "job_configs": "orchestrator.cli.driver_args",
     "TokenFile": "orchestrator.data", "from_dataset": "orchestrator.data",  # data_fns: token files, map-style datasets
     # training options (torch): what TrainConfig.training and the factories' wrappers take
@@ -64,7 +64,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs only; at run time each name is i
     from orchestrator.cli.driver_args import add_job_arguments, job_configs
     from orchestrator.data import TokenFile, from_dataset
     from orchestrator.elastic.signals import JobFailed, JobStopped, MigrationRequested
-    from orchestrator.elastic.callbacks import Callback, Checkpoint, StartInfo, StepInfo, Stop
+    from orchestrator.train.callbacks import Callback, Checkpoint, StartInfo, StepInfo, Stop
     from orchestrator.core.profile import Block, Profile
     from orchestrator.core.profile_loader import load_profile
     from orchestrator.costmodel.simulator import simulate
@@ -74,7 +74,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs only; at run time each name is i
     from orchestrator.planners.options import PlannerOptions
     from orchestrator.profiling.modules import sequential_blocks, split_at
     from orchestrator.profiling.profiler import profile_blocks
-    from orchestrator.elastic.fixed_plan import PipelineTrainer
+    from orchestrator.train.trainer import PipelineTrainer
     from orchestrator.train.runtime import PipelineRuntime
 
 

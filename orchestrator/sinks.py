@@ -20,7 +20,7 @@ import time
 from typing import Any, Literal
 
 from orchestrator.core.errors import UserError
-from orchestrator.elastic.callbacks import Callback, StartInfo, StepInfo
+from orchestrator.train.callbacks import Callback, StartInfo, StepInfo
 
 FLUSH_EVENTS = ("eval", "stopped", "job_finished", "job_failed", "user_error", "migration_requested")
 Status = Literal["FINISHED", "FAILED", "KILLED"]

@@ -119,7 +119,7 @@ def test_checkpoint_dir_that_is_a_file_is_refused(tmp_path: Path) -> None:
 
 
 def test_trainer_refuses_before_any_actor_starts() -> None:
-    from orchestrator.elastic.fixed_plan import PipelineTrainer
+    from orchestrator.train.trainer import PipelineTrainer
 
     plan = straight_plan([0, 1, 3], 3)
     with pytest.raises(UserCodeError, match=r"raising_data"):
@@ -144,7 +144,7 @@ def test_user_error_mid_training_is_reported_once_without_restarts(
 ) -> None:
     import ray
 
-    from orchestrator.elastic.fixed_plan import PipelineTrainer
+    from orchestrator.train.trainer import PipelineTrainer
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import a test module
     plan = straight_plan([0, 1, 3], 3)

@@ -16,7 +16,7 @@ import pytest
 import orchestrator
 from actors import checkpoint as ckpt
 from orchestrator.elastic import run_record
-from orchestrator.elastic.callbacks import CallbackError
+from orchestrator.train.callbacks import CallbackError
 from tests.test_run_lifecycle import job
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,7 +109,7 @@ def test_a_raising_callback_ends_the_run_once_on_a_committed_checkpoint_as_the_u
 
 def test_callbacks_must_be_callbacks(tmp_path: Path) -> None:
     from orchestrator.core.errors import UserError
-    from orchestrator.elastic.callbacks import Callbacks
+    from orchestrator.train.callbacks import Callbacks
 
     with pytest.raises(UserError, match="is not an orchestrator.Callback"):
         Callbacks([object()])  # type: ignore[list-item]
@@ -122,7 +122,7 @@ def test_progress_is_a_bar_on_a_terminal_and_lines_in_a_file(tmp_path: Path) -> 
     import struct
     import termios
 
-    from orchestrator.elastic.callbacks import Progress
+    from orchestrator.train.callbacks import Progress
 
     def drive(out: Any) -> None:
         progress = Progress(every=5, out=out)

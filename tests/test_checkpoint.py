@@ -20,7 +20,7 @@ from orchestrator.cli.commands import main
 from orchestrator.core.errors import UserError
 from orchestrator.profiling.models import example_batch, loss_fn, mlp
 from orchestrator.core.plan import ScheduleKind, straight_plan
-from orchestrator.elastic.fixed_plan import PipelineTrainer
+from orchestrator.train.trainer import PipelineTrainer
 
 WIDTHS = (8, 16, 16, 16, 16, 4)  # 5 blocks
 MLP = partial(mlp, WIDTHS)

@@ -30,7 +30,7 @@ from functools import partial
 import ray, torch
 from orchestrator.profiling.models import example_batch, loss_fn, mlp
 from orchestrator.core.plan import straight_plan
-from orchestrator.elastic.fixed_plan import PipelineTrainer
+from orchestrator.train.trainer import PipelineTrainer
 
 root = sys.argv[1]
 ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)

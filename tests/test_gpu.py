@@ -117,7 +117,7 @@ def test_bf16_and_fp32_gradients_all_reduce_in_their_own_buckets(nccl_world_of_o
 @pytest.mark.gpu
 @pytest.mark.ray
 def test_one_stage_job_through_ray_on_a_gpu(ray_gpu: Any) -> None:
-    from orchestrator.elastic.fixed_plan import PipelineTrainer
+    from orchestrator.train.trainer import PipelineTrainer
 
     plan = straight_plan([0, 4], 4)
     data = partial(wide_batch, rows=256)
@@ -144,7 +144,7 @@ PLANS_2GPU = {
 @pytest.mark.ray
 @pytest.mark.parametrize("name", list(PLANS_2GPU))
 def test_two_stages_with_large_activations_are_exact(ray_gpu: Any, name: str) -> None:
-    from orchestrator.elastic.fixed_plan import PipelineTrainer
+    from orchestrator.train.trainer import PipelineTrainer
 
     plan = PLANS_2GPU[name]
     trainer = PipelineTrainer(wide_mlp, mse, SGD, wide_batch, plan.num_microbatches, plan=plan, use_gpu=True)
@@ -163,7 +163,7 @@ def test_two_stages_with_large_activations_are_exact(ray_gpu: Any, name: str) ->
 @pytest.mark.gpu2
 @pytest.mark.ray
 def test_killed_peer_is_recovered_not_hung(ray_gpu: Any, tmp_path: Any) -> None:
-    from orchestrator.elastic.fixed_plan import PipelineTrainer
+    from orchestrator.train.trainer import PipelineTrainer
 
     plan = PLANS_2GPU["1f1b"]
     from actors.injection import arm_kills

@@ -38,7 +38,7 @@ from orchestrator.profiling import export, hf  # noqa: E402
 from orchestrator.core.errors import UserError  # noqa: E402
 from orchestrator.core.plan import straight_plan  # noqa: E402
 from orchestrator.profiling.profiler import profile_blocks  # noqa: E402
-from orchestrator.elastic.fixed_plan import PipelineTrainer  # noqa: E402
+from orchestrator.train.trainer import PipelineTrainer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB, SEQ = 64, 8

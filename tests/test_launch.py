@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from orchestrator.core.errors import UserError
-from orchestrator.elastic.launch import ClusterSpec, LaunchTarget, cluster_config, kuberay_manifest, ray_up, validate_config, write_cluster_yaml
+from orchestrator.supervise.launch import ClusterSpec, LaunchTarget, cluster_config, kuberay_manifest, ray_up, validate_config, write_cluster_yaml
 
 
 @pytest.mark.parametrize(
@@ -68,7 +68,7 @@ def test_kuberay_manifest_and_targets(tmp_path: Path) -> None:
 
 def test_offers_become_specs_with_the_users_own_project_subscription_and_network(tmp_path: Path) -> None:
     from cloud.records import Offer
-    from orchestrator.elastic.launch import spec_for_offer
+    from orchestrator.supervise.launch import spec_for_offer
 
     gcp = Offer("gcp", "us-central1", "us-central1-b", "n1-standard-16", "V100", 4, True, 2.9)
     with pytest.raises(UserError, match="no GCP project"):

@@ -19,7 +19,7 @@ from orchestrator.profiling.export import user_state_dict
 from orchestrator.profiling.modules import Packed, sequential_blocks, split_at
 from orchestrator.core.plan import straight_plan
 from orchestrator.profiling.profiler import profile_blocks
-from orchestrator.elastic.fixed_plan import PipelineTrainer
+from orchestrator.train.trainer import PipelineTrainer
 
 
 class Gated(nn.Module):

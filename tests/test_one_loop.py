@@ -1,8 +1,8 @@
 """One loop: the job's layers call downwards only, and only the loop dispatches iterations.
 
-The elastic job's loop (``orchestrator/elastic``) drives the runtime (``actors``,
-``orchestrator/train``) and asks the policies (``orchestrator/adapt``); none of those may call back
-up into the loop — no handle that "runs" an iteration by returning a stash, no move routed back
+The one training loop (``orchestrator/train/loop.py``) drives the runtime (``actors``, the rest of
+``orchestrator/train``) and asks the job's policies (``orchestrator/elastic``), which ask the controller
+(``orchestrator/adapt``); neither the runtime nor the controller may call back up into the job — no handle that "runs" an iteration by returning a stash, no move routed back
 through the job. Traced with ``sys.setprofile`` (and ``threading.setprofile`` for threads started
 meanwhile) over whole iterations with the controller on and a rehearsed slowdown (so knobs are
 pushed and the controller decides), and over the controller's act carried out by the loop.
@@ -28,8 +28,13 @@ from orchestrator.elastic.job_config import AdaptConfig
 from orchestrator.profiling.models import example_batch, loss_fn, mlp
 
 ROOT = Path(__file__).resolve().parents[1]
+TOP = ("orchestrator/train/loop.py", "orchestrator/train/trainer.py")  # the loop and the fixed-plan trainer's policies
 LOWER = tuple(str(ROOT / p) + "/" for p in ("actors", "orchestrator/adapt", "orchestrator/train"))
 ELASTIC = str(ROOT / "orchestrator" / "elastic") + "/"
+
+
+def _lower(filename: str) -> bool:
+    return filename.startswith(LOWER) and not filename.endswith(TOP)
 WIDTHS = (8, 16, 16, 16, 16, 4)
 
 
@@ -43,7 +48,7 @@ class UpwardCalls:
         if event != "call" or not frame.f_code.co_filename.startswith(ELASTIC):
             return
         caller = frame.f_back
-        if caller is not None and caller.f_code.co_filename.startswith(LOWER):
+        if caller is not None and _lower(caller.f_code.co_filename):
             self.found.append(f"{caller.f_code.co_filename}:{caller.f_lineno} -> "
                               f"{frame.f_code.co_filename}:{frame.f_code.co_name}")
 
@@ -51,13 +56,14 @@ class UpwardCalls:
 def test_the_tracer_sees_an_upward_call() -> None:
     """The check itself can fail: a lower-layer frame calling an elastic function is recorded."""
     tracer = UpwardCalls()
-    code = compile("from orchestrator.elastic.loop import every\nevery(2, 4)", str(ROOT / "orchestrator/adapt/x.py"), "exec")
+    code = compile("from orchestrator.elastic.run_record import new_run_id\nnew_run_id()", str(ROOT / "orchestrator/adapt/x.py"), "exec")
     sys.setprofile(tracer)
     try:
         exec(code, {})
     finally:
         sys.setprofile(None)
-    assert tracer.found and "every" in tracer.found[0]
+    assert tracer.found and "new_run_id" in tracer.found[0]
+    assert not _lower(str(ROOT / "orchestrator/train/loop.py")) and _lower(str(ROOT / "orchestrator/train/runtime.py"))
 
 
 @pytest.mark.ray
@@ -101,6 +107,6 @@ def test_only_the_loop_dispatches_iterations() -> None:
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in DISPATCH:
                     callers.setdefault(str(path.relative_to(ROOT)), []).append(f"{node.func.attr}:{node.lineno}")
-    assert "orchestrator/elastic/loop.py" in callers  # the check sees the loop's own calls
-    strays = {f: calls for f, calls in callers.items() if f not in {"orchestrator/elastic/loop.py", "orchestrator/train/runtime.py"}}
+    assert "orchestrator/train/loop.py" in callers  # the check sees the loop's own calls
+    strays = {f: calls for f, calls in callers.items() if f not in {"orchestrator/train/loop.py", "orchestrator/train/runtime.py"}}
     assert not strays, strays

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from cloud.records import Offer
-from orchestrator.elastic.launch import validate_config
+from orchestrator.supervise.launch import validate_config
 from orchestrator.supervise.local import LocalProvisioner, cluster_processes, listening, session_of, session_processes
 from orchestrator.supervise.provision import ClusterHandle, ExistingProvisioner, ProvisionError, auth_headers
 from orchestrator.supervise.rayup import RayUpProvisioner

@@ -17,7 +17,7 @@ from orchestrator.core.plan import Plan, Stage, straight_plan
 from orchestrator.planners.base import PlannerOptions, run_planner
 from orchestrator.core.profile import Block, Profile
 from orchestrator.costmodel.simulator import simulate
-from orchestrator.elastic.fixed_plan import PipelineTrainer
+from orchestrator.train.trainer import PipelineTrainer
 
 MB = 1e6
 PROFILE = Profile("chain", tuple(Block(f"b{i}", 1.0, 2.0, 1 * MB, 1 * MB, 10 * MB) for i in range(4)), 1, 1 * MB)

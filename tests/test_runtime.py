@@ -25,7 +25,7 @@ from actors.transport import intersect, replica_range, split_range, unit_range
 from orchestrator.profiling.models import example_batch, loss_fn, mlp, tiny_transformer
 from orchestrator.core.plan import Plan, ScheduleKind, interleave, straight_plan
 from orchestrator.schedule.lowering import peers
-from orchestrator.elastic.fixed_plan import PipelineTrainer
+from orchestrator.train.trainer import PipelineTrainer
 
 WIDTHS = (8, 16, 16, 16, 16, 16, 16, 16, 4)  # 8 blocks
 MLP = partial(mlp, WIDTHS)

@@ -20,7 +20,7 @@ from actors.injection import arm_kills
 from actors.reference import ReferenceTrainer, allclose, max_difference
 from orchestrator.profiling.models import example_batch, loss_fn, mlp
 from orchestrator.core.plan import straight_plan
-from orchestrator.elastic.fixed_plan import PipelineTrainer
+from orchestrator.train.trainer import PipelineTrainer
 
 WIDTHS = (8, 16, 16, 16, 16, 16, 16, 16, 4)
 MLP = partial(mlp, WIDTHS)

@@ -27,7 +27,7 @@ from actors.transport import unit_range  # noqa: E402
 from orchestrator.profiling import hf  # noqa: E402
 from orchestrator.core.errors import UserError  # noqa: E402
 from orchestrator.core.plan import straight_plan  # noqa: E402
-from orchestrator.elastic.fixed_plan import PipelineTrainer  # noqa: E402
+from orchestrator.train.trainer import PipelineTrainer  # noqa: E402
 
 VOCAB, SEQ, ROWS, MB = 64, 8, 6, 3
 

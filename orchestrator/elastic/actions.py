@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Union
 
-from orchestrator.elastic.callbacks import Checkpoint, Stop
+from orchestrator.train.callbacks import Checkpoint, Stop
 
 if TYPE_CHECKING:
     from cloud.migration import Migrate

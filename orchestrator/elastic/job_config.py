@@ -179,7 +179,7 @@ class RunConfig:
     """A death without notice: the survivors keep their processes and roll back from host copies
     (off, or when impossible: every worker restarts from the newest checkpoint)."""
     progress: bool = True
-    """A progress line on stdout every 10 steps (:class:`~orchestrator.elastic.callbacks.Progress`)."""
+    """A progress line on stdout every 10 steps (:class:`~orchestrator.train.callbacks.Progress`)."""
     hang_timeout_s: float | None = None
     """A worker whose step runs past this is hung: its process is ended and it is recovered like a dead one.
     ``None``: 10 x the recent median step, at least 30 s (a loaded machine never trips it)."""
@@ -188,7 +188,7 @@ class RunConfig:
     ends with one line and exit 74 (``EXIT_STORAGE``: infrastructure, a supervisor relaunches), as it does at once on a
     full disk. Writes that are only hints (progress, events) never end the job."""
     callbacks: tuple[Any, ...] = ()
-    """The user's callbacks and trackers (:mod:`orchestrator.elastic.callbacks`, :mod:`orchestrator.sinks`), called
+    """The user's callbacks and trackers (:mod:`orchestrator.train.callbacks`, :mod:`orchestrator.sinks`), called
     before those given to the job itself (as in Ray Train's ``RunConfig(callbacks=...)``)."""
 
     def __post_init__(self) -> None:
@@ -207,7 +207,7 @@ class RunConfig:
         if self.hang_timeout_s is not None:
             limits.number(self.hang_timeout_s, where, "hang_timeout_s", positive=True, maximum=86400.0)
         limits.number(self.storage_retry_s, where, "storage_retry_s", maximum=86400.0)
-        from orchestrator.elastic.callbacks import Callback
+        from orchestrator.train.callbacks import Callback
 
         if not isinstance(self.callbacks, tuple) or not all(isinstance(c, Callback) for c in self.callbacks):
             raise UserError(f"{where}: callbacks must be a tuple of orchestrator.Callback objects")

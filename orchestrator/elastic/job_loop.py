@@ -6,10 +6,10 @@
                      AdaptConfig(), SpotConfig(notices=(InjectedNotice(10, 30.0),)))
     result = job.fit(24)
 
-The job is the one training loop (:class:`~orchestrator.elastic.loop.TrainingLoop`: pipelined dispatch,
+The job is the one training loop (:class:`~orchestrator.train.loop.TrainingLoop`: pipelined dispatch,
 iteration k+1 submitted before k is gathered; failures counted once) over a
 :class:`~orchestrator.train.runtime.PipelineRuntime`, which owns the workers, the plan, the step and the
-checkpoints, with every policy on: this class is the loop's :class:`~orchestrator.elastic.loop.Policies`.
+checkpoints, with every policy on: this class is the loop's :class:`~orchestrator.train.loop.Policies`.
 Between iterations the policies return decision values and the job carries them out through the runtime's
 primitives:
 
@@ -55,7 +55,7 @@ from orchestrator.adapt.policies import (DeathDecision, GiveUp, RecoverInPlace, 
                                          planner_plan)
 from orchestrator.core.errors import UserError
 from orchestrator.elastic.actions import Adapt, CommitUpload, Evaluate, JobAction, Leave, Preempt, Relocate, Snapshot
-from orchestrator.elastic.callbacks import Callback, CallbackError, Callbacks, Checkpoint, Progress, StartInfo, StepInfo, Stop, phase
+from orchestrator.train.callbacks import Callback, CallbackError, Callbacks, Checkpoint, Progress, StartInfo, StepInfo, Stop, phase
 from orchestrator.train.discovery import connect
 from orchestrator.elastic.evacuation import Evacuate, Fallback, Notice, check_notice, plan_evacuation
 from orchestrator.elastic.job_config import AdaptConfig, RunConfig, ScalingConfig, SpotConfig, TrainConfig
@@ -72,7 +72,7 @@ from orchestrator.elastic.signals import JobFailed, JobStopped, MigrationRequest
 from orchestrator.core.plan import Plan, straight_plan
 from orchestrator.train.recovery import InPlaceImpossible, InPlaceRecovery
 from orchestrator.train.runtime import PipelineRuntime
-from orchestrator.elastic.loop import TrainingLoop, every
+from orchestrator.train.loop import TrainingLoop, every
 
 
 class ElasticJob:
@@ -84,7 +84,7 @@ class ElasticJob:
                  callbacks: Sequence[Callback] = ()) -> None:
         """``workers``: an existing pool of stage workers (slot ``d`` runs device ``d``) to use
         instead of starting one, kept alive afterwards (tests share one pool). ``callbacks``: the user's
-        (:mod:`orchestrator.elastic.callbacks`), called in order after the built-in progress line."""
+        (:mod:`orchestrator.train.callbacks`), called in order after the built-in progress line."""
         self.callbacks = Callbacks([*([Progress()] if run.progress else []), *run.callbacks, *callbacks])
         for n in spot.notices:
             bad = sorted(d for d in n.devices or () if not 0 <= d < scaling.devices)
@@ -265,7 +265,7 @@ class ElasticJob:
             nodes = {d["node_id"] for d in self.runtime.devices()} | {ray.get_runtime_context().get_node_id()}
             self._notice_watchers = NoticeWatchers(self.spot.watch, nodes)
 
-    # ----- the loop's questions (orchestrator.elastic.loop.Policies) -----
+    # ----- the loop's questions (orchestrator.train.loop.Policies) -----
     @property
     def failures(self) -> int:
         """Worker deaths so far (counted by the loop, once each)."""

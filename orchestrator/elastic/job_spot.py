@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from orchestrator.core.errors import UserError
 from orchestrator.core.profile import Profile
-from orchestrator.elastic.loop import every
+from orchestrator.train.loop import every
 from orchestrator.elastic.price_view import PriceView
 
 if TYPE_CHECKING:

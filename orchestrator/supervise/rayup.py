@@ -1,6 +1,6 @@
 """``ray-up``: a cloud cluster per offer through Ray's cluster launcher.
 
-The offer becomes a :class:`~orchestrator.elastic.launch.ClusterSpec` with the user's project,
+The offer becomes a :class:`~orchestrator.supervise.launch.ClusterSpec` with the user's project,
 subscription and network (from ``--cloud-config`` or the usual environment, never a placeholder),
 its validated YAML is written under ``workdir``, and ``ray up -y`` starts it. The supervisor then
 reaches the head's Job API only through an SSH tunnel (``ray dashboard YAML --port P``: the head's
@@ -58,7 +58,7 @@ class RayUpProvisioner:
         return proc.stdout
 
     def provision(self, offer: str, cluster_id: str) -> ClusterHandle:
-        from orchestrator.elastic.launch import spec_for_offer, write_cluster_yaml
+        from orchestrator.supervise.launch import spec_for_offer, write_cluster_yaml
 
         if offer not in self.offers:
             raise ProvisionError(f"{offer}: not an offer of this run")

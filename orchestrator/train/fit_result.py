@@ -29,7 +29,7 @@ class InFlight:
 @dataclass
 class JobResult:
     """What one ``fit`` did — :meth:`ElasticJob.fit <orchestrator.elastic.job_loop.ElasticJob.fit>` and
-    :meth:`PipelineTrainer.fit <orchestrator.elastic.fixed_plan.PipelineTrainer.fit>` alike: the step reached,
+    :meth:`PipelineTrainer.fit <orchestrator.train.trainer.PipelineTrainer.fit>` alike: the step reached,
     the loss of every step it trained, the plan at the end, events and counts, and the measured iterations."""
 
     step: int

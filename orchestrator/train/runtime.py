@@ -3,8 +3,8 @@
 The runtime runs what it is told and decides nothing: start, submit a step (or a run of consecutive steps) and
 complete it, move blocks live to another plan, restart or recover after a death, save, commit and restore
 checkpoints, snapshot in memory. When to do which is the one training loop's
-(:class:`~orchestrator.elastic.loop.TrainingLoop`) and its policies'; the user-facing fixed-plan trainer
-(:class:`~orchestrator.elastic.fixed_plan.PipelineTrainer`) is that loop over this runtime.
+(:class:`~orchestrator.train.loop.TrainingLoop`) and its policies'; the user-facing fixed-plan trainer
+(:class:`~orchestrator.train.trainer.PipelineTrainer`) is that loop over this runtime.
 
 The driver only sends "run iteration ``step``" to every worker and gathers small reports; the workers fetch their
 own data (``data_fn(step)``, deterministic in ``step``) and exchange activations and gradients directly over
@@ -159,7 +159,7 @@ class PipelineRuntime:
         return self.complete_run(flight, since)[0]
 
     def complete_run(self, flight: "InFlight", since: float | None = None) -> list[MeasuredIteration]:
-        """Gather the run ``flight`` started (see :mod:`orchestrator.elastic.loop` for how its steps are timed), record
+        """Gather the run ``flight`` started (see :mod:`orchestrator.train.loop` for how its steps are timed), record
         the losses and advance past it."""
         assert flight.step == self.step, (flight.step, self.step)
         end = flight.step + flight.count

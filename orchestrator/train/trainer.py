@@ -8,7 +8,7 @@ back), but the workers are pipeline stages, not data-parallel copies::
     result = trainer.fit(1000)
 
 The trainer holds a runtime (:class:`~orchestrator.train.runtime.PipelineRuntime`: the workers, the plan, the
-step, the checkpoints; :attr:`PipelineTrainer.runtime`) driven by the one training loop (:class:`~orchestrator.elastic.loop.TrainingLoop`) with
+step, the checkpoints; :attr:`PipelineTrainer.runtime`) driven by the one training loop (:class:`~orchestrator.train.loop.TrainingLoop`) with
 :class:`FixedPlan` as its policies: a checkpoint every ``checkpoint_every`` steps, a restart from the newest one
 after a worker's death until ``max_failures``, a progress bar. Nothing re-plans, moves or evacuates: that is
 :class:`~orchestrator.elastic.job_loop.ElasticJob`, the same loop with every policy on.
@@ -31,8 +31,8 @@ from actors.training import TrainingOptions
 from orchestrator.core.cluster import Cluster
 from orchestrator.core.errors import UserError
 from orchestrator.core.plan import Plan
-from orchestrator.elastic.callbacks import Callback, Callbacks, Checkpoint, StartInfo, StepInfo
-from orchestrator.elastic.loop import TrainingLoop, every
+from orchestrator.train.callbacks import Callback, Callbacks, Checkpoint, StartInfo, StepInfo
+from orchestrator.train.loop import TrainingLoop, every
 from orchestrator.train.fit_result import KEPT_METRICS, JobResult
 from orchestrator.train.runtime import PipelineRuntime
 
@@ -128,7 +128,7 @@ class PipelineTrainer:
         """Train up to step ``steps`` (not ``steps`` more: a resumed trainer continues to the same target; at or
         past it, return at once), restarting from the last checkpoint on a worker's death. With a
         ``checkpoint_dir`` the last step is always committed before ``fit`` returns. See
-        :mod:`orchestrator.elastic.loop` for dispatch and how each step is timed."""
+        :mod:`orchestrator.train.loop` for dispatch and how each step is timed."""
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
             raise UserError(f"fit(steps) needs a whole number of steps >= 0, not {steps!r}")
         runtime = self.runtime
@@ -155,7 +155,7 @@ class PipelineTrainer:
 
 
 class FixedPlan:
-    """The fixed-plan policies (:class:`~orchestrator.elastic.loop.Policies`): checkpoints on schedule, a restart
+    """The fixed-plan policies (:class:`~orchestrator.train.loop.Policies`): checkpoints on schedule, a restart
     after a death within the budget, runs of ``iterations_per_call`` steps that never cross a checkpoint, and
     the user's callbacks (a checkpoint on demand, a stop)."""
 

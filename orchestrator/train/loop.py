@@ -1,7 +1,7 @@
 """The one training loop: submit ahead → complete → observe → the policies decide → the loop acts.
 
 Every way to train goes through :class:`TrainingLoop`: the fixed-plan trainer's ``fit``
-(:class:`~orchestrator.elastic.fixed_plan.PipelineTrainer`: the policies only checkpoint on schedule and restart
+(:class:`~orchestrator.train.trainer.PipelineTrainer`: the policies only checkpoint on schedule and restart
 after a death, within a budget) and :class:`~orchestrator.elastic.job_loop.ElasticJob`'s (the controller,
 evacuation, growth, spot and failure policies). The loop alone dispatches iterations, counts failures and
 finishes the iteration in flight before anything acts; what happens between iterations is the policies'
