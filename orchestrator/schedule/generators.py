@@ -9,6 +9,7 @@ to ``GENERATORS``; the simulator and the actors pick it up unchanged.
 from __future__ import annotations
 
 from collections import deque
+from functools import lru_cache
 from typing import Callable
 
 from orchestrator.core.errors import UserError
@@ -19,20 +20,28 @@ Unit = tuple[int, int]
 ComputeOrder = list[Action]
 
 
+@lru_cache(maxsize=1 << 16)
+def _action(kind: Kind, stage: int, unit: Unit) -> Action:
+    """One compute action. Actions are immutable values and every schedule shape a planner times
+    (kinds × slicing counts × depths) is made of the same few thousand, so they are built once: a
+    frozen dataclass costs ~0.8 µs to construct, half of generating an order (issue 42)."""
+    return Action(kind, stage, unit[0], unit[1])
+
+
 def _f(stage: int, unit: Unit) -> Action:
-    return Action(Kind.FORWARD, stage, unit[0], unit[1])
+    return _action(Kind.FORWARD, stage, unit)
 
 
 def _b(stage: int, unit: Unit) -> Action:
-    return Action(Kind.BACKWARD, stage, unit[0], unit[1])
+    return _action(Kind.BACKWARD, stage, unit)
 
 
 def _bi(stage: int, unit: Unit) -> Action:
-    return Action(Kind.BACKWARD_INPUT, stage, unit[0], unit[1])
+    return _action(Kind.BACKWARD_INPUT, stage, unit)
 
 
 def _w(stage: int, unit: Unit) -> Action:
-    return Action(Kind.BACKWARD_WEIGHT, stage, unit[0], unit[1])
+    return _action(Kind.BACKWARD_WEIGHT, stage, unit)
 
 
 def gpipe(plan: Plan, units: list[Unit]) -> list[ComputeOrder]:
