@@ -66,5 +66,6 @@ def test_level_tables_equal_the_textbook_recurrence(seed: int, batch: int, monke
         for all_starts in (True, False):
             got = solve_level(compute, params, cut, level, straight, all_starts)
             want = _textbook(compute, params, cut, level, straight, all_starts)
+            rows = L if all_starts else 1  # [m, i, j]; one start holds the row i = 0 only
             for name, a, b in zip(("best", "split", "last_m", "used_m"), (got.best, got.split, got.last_m, got.used_m), want):
-                assert np.array_equal(a, b), (name, straight, all_starts)
+                assert np.array_equal(a, b.transpose(2, 0, 1)[:, :rows]), (name, straight, all_starts)

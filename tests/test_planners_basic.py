@@ -96,7 +96,7 @@ def test_pipedream_inner_level_table_is_optimal_for_every_range(seed: int) -> No
         for j in range(i, 5):
             sub = Profile("s", profile.blocks[i : j + 1])
             out = profile.activations[j] if j < 4 else 0.0
-            assert table.best[i, j, 2] == pytest.approx(_brute_flat(sub, 3, 100 * GBPS, False, out_bytes=out), rel=1e-9)
+            assert table.best[2, i, j] == pytest.approx(_brute_flat(sub, 3, 100 * GBPS, False, out_bytes=out), rel=1e-9)
 
 
 @pytest.mark.parametrize("seed", range(12))

@@ -105,10 +105,11 @@ def _orders(kind: ScheduleKind, p: int, v: int, M: int, sliced: int, plan: Plan)
         index = {u: i for i, u in enumerate(units)}
         orders = GENERATORS[kind](plan, units)
         compiled: list[tuple[Op, ...]] = []
+        code, weights = _CODE, _WEIGHT_KINDS
         for order in orders:
-            last = {act.stage: pos for pos, act in enumerate(order) if act.kind in _WEIGHT_KINDS}
-            compiled.append(tuple((_CODE[a.kind], a.stage, index[(a.microbatch, a.part)], int(a.part != 0), last[a.stage] == pos)
-                                  for pos, a in enumerate(order)))
+            last = {act.stage: pos for pos, act in enumerate(order) if act.kind in weights}
+            compiled.append(tuple([(code[a.kind], a.stage, index[a.microbatch, a.part], 1 if a.part else 0, last[a.stage] == pos)
+                                   for pos, a in enumerate(order)]))
         if len(_ORDERS) > 256:
             _ORDERS.clear()
         got = _ORDERS[key] = (orders, compiled, [_stash_rows(c, p) for c in compiled])

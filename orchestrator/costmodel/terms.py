@@ -126,7 +126,7 @@ def row_shares(ra: int, rb: int) -> np.ndarray:
 def pair_costs(cluster: Cluster, src: Sequence[int], dst: Sequence[int]) -> np.ndarray:
     """[len(src), len(dst)] seconds per boundary byte of each replica pair (0 where rows do not
     overlap, and between a device and itself: no message)."""
-    links = cluster.effective[np.ix_(list(src), list(dst))]
+    links = cluster.effective[np.asarray(src, dtype=np.intp)[:, None], np.asarray(dst, dtype=np.intp)[None, :]]  # np.ix_'s rows, a third of its cost
     return row_shares(len(src), len(dst)) / links
 
 

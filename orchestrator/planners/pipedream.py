@@ -160,10 +160,10 @@ def _solve_tables(compute: np.ndarray, params: np.ndarray, cut: np.ndarray, leve
         for first, last, m in unwind(table, 0, L - 1, levels[0].units):
             flat.append((first, last, tuple(order[pos : pos + m])))
             pos += m
-        return flat, float(table.best[0, L - 1, levels[0].units - 1])
+        return flat, float(table.best[levels[0].units - 1, 0, L - 1])
     inner, outer = levels
     t1 = solve_level(compute, params, cut, inner, straight, all_starts=True)
-    unit_best = t1.best[:, :, inner.units - 1]
+    unit_best = t1.best[inner.units - 1]
     t2 = solve_level(unit_best, params, cut, outer, straight, all_starts=False)
     flat = []
     server = 0
@@ -173,7 +173,7 @@ def _solve_tables(compute: np.ndarray, params: np.ndarray, cut: np.ndarray, leve
             flat.append((sfirst, slast, tuple(node_groups[server + s][gpu + g] for s in range(servers) for g in range(gpus))))
             gpu += gpus
         server += servers
-    return flat, float(t2.best[0, L - 1, outer.units - 1])
+    return flat, float(t2.best[outer.units - 1, 0, L - 1])
 
 
 # ----------------------------------------------------------------------------------------------

@@ -31,12 +31,14 @@ class Level:
 
 @dataclass
 class LevelTable:
-    """A[i, j, m-1] = best bottleneck of blocks i..j (inclusive) on m units; plus back-pointers."""
+    """best[m-1, r, j] = best bottleneck of blocks i..j (inclusive) on m units, r = i when every start
+    is solved, else 0 (only i = 0); plus back-pointers. Unit count first: a level above reads one
+    contiguous [i, j] slab (its compute term), and nothing is transposed after the fill."""
 
-    best: np.ndarray  # [L, L, n]
-    split: np.ndarray  # [L, L, n] k of the last cut, -1 = single stage
-    last_m: np.ndarray  # [L, L, n] units of the last stage
-    used_m: np.ndarray  # [L, L, n] units actually used (<= m when fewer is better)
+    best: np.ndarray  # [n, I, L]
+    split: np.ndarray  # [n, I, L] k of the last cut, -1 = single stage
+    last_m: np.ndarray  # [n, I, L] units of the last stage
+    used_m: np.ndarray  # [n, I, L] units actually used (<= m when fewer is better)
 
 
 def hierarchy(cluster: Cluster) -> list[Level]:
@@ -57,7 +59,7 @@ def hierarchy(cluster: Cluster) -> list[Level]:
     return [Level(n, bw, 1)]
 
 
-def stage_time(compute: np.ndarray, params: np.ndarray, m: np.ndarray, level: Level) -> np.ndarray:
+def stage_time(compute: np.ndarray, params: np.ndarray, m: np.ndarray | float, level: Level) -> np.ndarray:
     # PipeDream's gradient exchange, 4(m−1)/m · |w| / B: twice the ring term, per lower-level worker
     sync = 2.0 * all_reduce_time(m, params, level.bandwidth) / level.within
     return compute_time(compute + sync, 1.0, m)
@@ -73,43 +75,57 @@ def solve_level(compute: np.ndarray, params: np.ndarray, cut: np.ndarray, level:
     per-end-block sweep. The head A(i→i+t), the cut and the tail T(i+t+1→i+d) are strided views of
     [m, L, L] tables, so nothing is gathered per diagonal except, for small diagonals, the head
     slab of each (m, m') pair.
+
+    Without ``all_starts`` the tables hold the one row i = 0, and the single stage's times are
+    written one unit count at a time into the tables that keep them: in a fresh process (every
+    ``orchestrator plan``) each megabyte of [m, L, L] temporaries is a megabyte of page faults
+    (resnet101's 411 down-sets on 16 GPUs: 0.17 s on a first call, 0.06 s warm).
     """
     L, n = compute.shape[0], level.units
+    rows = L if all_starts else 1
     n_mp = 1 if straight else n  # units of the last stage, m' = 1..n_mp
-    # One stage over i..j on m units, [m, i, j]: the single-stage option and every tail's time.
-    single = stage_time(compute[None], params[None], np.arange(1, n + 1, dtype=np.float64)[:, None, None], level)
-    best, best_diag = _diagonal_table(L, n, INF)
-    split, split_diag = _diagonal_table(L, n, -1)
-    last_m, last_diag = _diagonal_table(L, n, 0)
-    best[:] = single
-    if straight:
-        best[1:] = INF
-    last_m[:] = np.arange(1, n + 1)[:, None, None]
+    best, best_diag = _diagonal_table(L, rows, n, INF)
+    split, split_diag = _diagonal_table(L, rows, n, -1)
+    last_m, last_diag = _diagonal_table(L, rows, n, 0)
+    tail = _tail_buffer(L, n_mp)  # T(s→e, m') as [m', e, s], the layout _fill reads it in
+    for m in range(1, n + 1):  # one stage over i..j on m units: the single-stage option and every tail's time
+        single = stage_time(compute, params, float(m), level)
+        if m <= n_mp:
+            tail[: n_mp * L * L].reshape(n_mp, L, L)[m - 1] = single.T
+        if m == 1 or not straight:
+            best[m - 1] = single[:rows]
+        last_m[m - 1] = m
     if L > 1 and n > 1:
-        _fill(best_diag, split_diag, last_diag, single[:n_mp], 2.0 * cut / level.bandwidth, all_starts)
+        _fill(best_diag, split_diag, last_diag, tail, n_mp, 2.0 * cut / level.bandwidth, all_starts)
     # "Use fewer units" when that is faster (PipeDream's use_fewer_machines).
-    used = np.broadcast_to(np.arange(1, n + 1, dtype=np.int32)[:, None, None], best.shape).copy()
+    used = np.empty(best.shape, dtype=np.int32)
+    used[:] = np.arange(1, n + 1, dtype=np.int32)[:, None, None]
     for m in range(1, n):
         worse = best[m - 1] <= best[m]
         np.copyto(best[m], best[m - 1], where=worse)
         np.copyto(used[m], used[m - 1], where=worse)
-    return LevelTable(*(np.ascontiguousarray(x.transpose(1, 2, 0)) for x in (best, split, last_m, used)))
+    return LevelTable(best, split, last_m, used)
 
 
-def _fill(diag: np.ndarray, split_diag: np.ndarray, last_diag: np.ndarray, tail: np.ndarray, cut_cost: np.ndarray, all_starts: bool) -> None:
+def _tail_buffer(L: int, n_mp: int) -> np.ndarray:
+    """Room for T(s→e, m') as [m', e, s] and two slabs of INF after it: :func:`_fill`'s strided tail
+    view reaches into them for the offsets no range has."""
+    buf = np.empty((n_mp + 2) * L * L)
+    buf[n_mp * L * L :] = INF
+    return buf
+
+
+def _fill(diag: np.ndarray, split_diag: np.ndarray, last_diag: np.ndarray, tail: np.ndarray, n_mp: int, cut_cost: np.ndarray, all_starts: bool) -> None:
     """The recurrence A(i→j, m) = min over cuts k and last-stage units m' of
     max(A(i→k, m − m'), 2a_k/(B·m'), T(k+1→j, m'), 2a_j/(B·m')), the last term only when j is not the
     model's last block, written into the diagonal views ``diag[m−1, i, d]``
     (and its back-pointers) where it beats the single stage already there. ``tail`` is
-    T(s→e, m') as [m', s, e]."""
-    n, L = diag.shape[0] - 1, diag.shape[1]
-    n_mp = tail.shape[0]
+    :func:`_tail_buffer`: T(s→e, m') as [m', e, s] for m' = 1..``n_mp``, then INF."""
+    n, L = diag.shape[0] - 1, len(cut_cost)
     f8, LL = tail.itemsize, L * L
     # T(i+t+1 → i+d, m') at tail_view[m'−1, d, i, t], from the transposed table [m', end, start];
     # the INF padding covers the view's unused corner.
-    buf = np.full((n_mp + 2) * LL, INF)
-    buf[: n_mp * LL].reshape(n_mp, L, L)[:] = tail.transpose(0, 2, 1)
-    tail_view = as_strided(buf[1:], shape=(n_mp, L, L, L), strides=(LL * f8, L * f8, (L + 1) * f8, f8))
+    tail_view = as_strided(tail[1:], shape=(n_mp, L, L, L), strides=(LL * f8, L * f8, (L + 1) * f8, f8))
     cuts = np.concatenate([cut_cost, np.full(L, INF)])
     cut_view = as_strided(cuts, shape=(L, L), strides=(f8, f8))  # cut after i + t
     mp_div = np.arange(1, n_mp + 1, dtype=np.float64)[:, None, None]  # the cut is shared by the tail's m' replicas
@@ -180,23 +196,26 @@ def _relax(arg: np.ndarray, val: np.ndarray, best: np.ndarray, split: np.ndarray
     np.copyto(last_m, flat % n_mp + 1, where=better, casting="unsafe")
 
 
-def _diagonal_table(L: int, n: int, fill: float) -> tuple[np.ndarray, np.ndarray]:
-    """A [m, i, j] table and its diagonal view D[m, i, d] = table[m, i, i + d], with one more slab
-    m = n holding ``fill`` ("no such pair"). The buffer is L longer: the view's unused corner
-    reaches past the table's end."""
+def _diagonal_table(L: int, rows: int, n: int, fill: float) -> tuple[np.ndarray, np.ndarray]:
+    """A [m, i, j] table of ``rows`` starts and its diagonal view D[m, i, d] = table[m, i, i + d], with
+    one more slab m = n holding ``fill`` ("no such pair"). The buffer is L longer: the view's unused
+    corner reaches past the table's end."""
     dtype = np.float64 if isinstance(fill, float) else np.int32
-    buf = np.full((n + 1) * L * L + L, fill, dtype=dtype)
+    buf = np.full((n + 1) * rows * L + L, fill, dtype=dtype)
     b = buf.itemsize
-    return buf[: n * L * L].reshape(n, L, L), as_strided(buf, shape=(n + 1, L, L), strides=(L * L * b, (L + 1) * b, b))
+    return buf[: n * rows * L].reshape(n, rows, L), as_strided(buf, shape=(n + 1, rows, L), strides=(rows * L * b, (L + 1) * b, b))
 
 
 def unwind(table: LevelTable, i: int, j: int, m: int) -> list[tuple[int, int, int]]:
     """Stages (first, last_inclusive, units) of range i..j on m units, in order."""
     out: list[tuple[int, int, int]] = []
+    if table.best.shape[1] == 1 and i:
+        raise ValueError(f"range {i}..{j}: this table was solved from block 0 only")
+    r = i if table.best.shape[1] > 1 else 0
     while True:
-        m = int(table.used_m[i, j, m - 1])
-        k = int(table.split[i, j, m - 1])
-        mp = int(table.last_m[i, j, m - 1])
+        m = int(table.used_m[m - 1, r, j])
+        k = int(table.split[m - 1, r, j])
+        mp = int(table.last_m[m - 1, r, j])
         if k < 0:
             out.append((i, j, m))
             break

@@ -66,9 +66,9 @@ def _tables(g: Graph, sets: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarr
     a = 0) to S_b, as the chain's entry is blocks a..b; the cut after S_k is every tensor of S_k read
     outside it (the data loader's inputs never count)."""
     n, N = len(g.ids), len(sets)
-    member = np.zeros((N, n), dtype=bool)
-    for k, s in enumerate(sets):
-        member[k] = [(s >> v) & 1 for v in range(n)]
+    width = (n + 7) // 8  # each mask's bits as little-endian bytes, unpacked at once (a Python loop per bit: 11 ms on resnet101)
+    raw = np.frombuffer(b"".join(s.to_bytes(width, "little") for s in sets), dtype=np.uint8).reshape(N, width)
+    member = np.unpackbits(raw, axis=1, count=n, bitorder="little").astype(bool)
     work = (g.data[:, 0] + g.data[:, 1]) / 1000.0
     useful = (g.data[:, 1] > 0) | (g.data[:, 3] > 0)
     m = member.astype(np.float64)
