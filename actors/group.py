@@ -33,7 +33,7 @@ membership changes (a death or a join); a change of blocks or replicas among mem
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
@@ -44,6 +44,7 @@ from actors.gpu import NcclFacts, in_place_hazard, recv_lookahead
 from actors import group_calls
 from actors.group_calls import PipelineActorError, last_line
 from actors.processes import WorkerProcesses
+from actors.stage_worker import StageWorker
 from actors.storage_env import StorageFailed
 from actors.user_code import UserCodeError
 from actors.job_spec import JobSpec
@@ -52,6 +53,8 @@ from orchestrator.core.errors import UserError
 from orchestrator.core.plan import Plan
 from orchestrator.schedule.lowering import lower
 from orchestrator.schedule.nccl import CommLayout, check_hang_free
+
+R = TypeVar("R")
 
 
 class WorkerGroup:
@@ -222,16 +225,18 @@ class WorkerGroup:
         self.broken = False
         return self.configure(spec, plan, timeout_s, members=survivors, slots=slots, keep_copies=True)
 
-    def call_each(self, method: str, args_of: Mapping[int, tuple[Any, ...]], what: str = "", timeout_s: float = 600.0) -> list[Any]:
+    def call_each(self, method: Callable[..., R], args_of: Mapping[int, tuple[Any, ...]], what: str = "",
+                  timeout_s: float = 600.0) -> list[R]:
         """Call ``method`` on each device of ``args_of`` with its own arguments, in parallel; results in that order."""
         refs, targets = self.submit_each(method, args_of)
-        return self.gather(refs, what or method, timeout_s, targets)
+        return self.gather(refs, what or method.__name__, timeout_s, targets)
 
-    def submit_each(self, method: str, args_of: Mapping[int, tuple[Any, ...]]) -> tuple[list[Any], list[int]]:
+    def submit_each(self, method: Any, args_of: Mapping[int, tuple[Any, ...]]) -> tuple[list[Any], list[int]]:
         """Start ``method`` on each device of ``args_of`` with its own arguments without waiting (as :meth:`submit`);
-        an object ref among the arguments is that call's result once it exists (Ray resolves it first)."""
+        an object ref among the arguments is that call's result once it exists (Ray resolves it first). ``method``
+        is typed loosely for the methods of a concurrency group (``ray.method`` types them as Ray's own wrapper)."""
         targets = list(args_of)
-        return [getattr(self.actor_of(d), method).remote(*args_of[d]) for d in targets], targets
+        return [getattr(self.actor_of(d), method.__name__).remote(*args_of[d]) for d in targets], targets
 
     def move(self, plan: Plan, transfers: Sequence[tuple[int, int, int, int]], members: Sequence[int] | None = None,
              timeout_s: float = 300.0, step: int = 0) -> list[dict[str, Any]]:
@@ -305,17 +310,20 @@ class WorkerGroup:
     def plan_devices(self) -> list[int]:
         return sorted(self.plan.devices) if self.plan is not None else sorted(self.rank_of)
 
-    def call(self, method: str, *args: Any, devices: Sequence[int] | None = None, what: str = "", timeout_s: float = 600.0) -> list[Any]:
-        """Call ``method`` on the workers of ``devices`` (default: the plan's devices) in parallel."""
+    def call(self, method: Callable[..., R], *args: Any, devices: Sequence[int] | None = None, what: str = "",
+             timeout_s: float = 600.0) -> list[R]:
+        """Call ``method`` (a :class:`~actors.stage_worker.StageWorker` method, named by reference: ``StageWorker.status``,
+        so that the name is checked and the reply typed) on the workers of ``devices`` (default: the plan's devices)
+        in parallel."""
         refs, targets = self.submit(method, *args, devices=devices)
-        return self.gather(refs, what or method, timeout_s, targets)
+        return self.gather(refs, what or method.__name__, timeout_s, targets)
 
-    def submit(self, method: str, *args: Any, devices: Sequence[int] | None = None) -> tuple[list[Any], list[int]]:
+    def submit(self, method: Callable[..., Any], *args: Any, devices: Sequence[int] | None = None) -> tuple[list[Any], list[int]]:
         """Start ``method`` on the workers of ``devices`` without waiting: ``(refs, devices)`` for
         :meth:`gather` (or :meth:`discard`). Workers run one call at a time (``max_concurrency=1``)
         in submission order, so a call submitted while an earlier one runs waits behind it."""
         targets = list(devices) if devices is not None else self.plan_devices()
-        return [getattr(self.actor_of(d), method).remote(*args) for d in targets], targets
+        return [getattr(self.actor_of(d), method.__name__).remote(*args) for d in targets], targets
 
     def gather(self, refs: list[Any], what: str, timeout_s: float, devices: Sequence[int] | None = None) -> list[Any]:
         """The results of ``refs`` (one per device, default the members), or the failure, triaged (module docstring)."""

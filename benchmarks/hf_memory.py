@@ -15,6 +15,7 @@ benchmarks/results/hf_memory.md; ``--small`` is a 2-layer smoke run that writes 
 
 from __future__ import annotations
 
+from actors.stage_worker import StageWorker
 import argparse
 import os
 import resource
@@ -69,7 +70,7 @@ def main() -> None:
     t0 = time.perf_counter()
     with PipelineTrainer(factory, hf.lm_loss, partial(torch.optim.SGD, lr=1e-3), data, 2, plan=plan) as trainer:
         group = trainer.runtime._workers()
-        pids = group.call("pid", what="pids")
+        pids = group.call(StageWorker.pid, what="pids")
         setup_s = time.perf_counter() - t0
         after_setup = [proc_kib(p, "VmRSS") * 1024 for p in pids]
         result = trainer.fit(1)

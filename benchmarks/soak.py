@@ -134,7 +134,7 @@ class Soak:
             return f"death: device {d}'s actor killed"
         if kind == "hang":  # the rehearsed hang (--inject-hang-at): the worker blocks for ever halfway through the next step
             d = self.rng.choice(plan_devices)
-            group.call("arm_kill", job.runtime.step, True, devices=[d], what="soak hang")
+            job.runtime.arm_kill(d, job.runtime.step, hang=True)
             return f"hang: device {d} blocks in step {job.runtime.step}"
         if kind == "node_removal" and not partial:
             kind = "join"  # every device of the job is on one node: add capacity instead
@@ -161,7 +161,7 @@ class Soak:
             self.cluster.wait_for_nodes()
             return f"join: node {self.nodes[-1].node_id[:12]}"
         d = self.rng.choice(plan_devices)
-        group.call("set_faults", 4.0, {}, devices=[d], what="soak slowdown")
+        job.runtime.set_knobs(d, 4.0, {})
         self.slowed = d
         return f"slowdown: device {d} 4x"
 
@@ -181,10 +181,9 @@ class Soak:
         return f"none: {event.offer} {event.kind} at {event.at} (no change)"
 
     def lift_slowdown(self) -> None:
-        group = self.job.runtime.group
-        if self.slowed is not None and group is not None and self.slowed in self.job.runtime.plan.devices:
+        if self.slowed is not None and self.job.runtime.started and self.slowed in self.job.runtime.plan.devices:
             try:
-                group.call("set_faults", 1.0, {}, devices=[self.slowed], what="soak slowdown lifted")
+                self.job.runtime.set_knobs(self.slowed, 1.0, {})
             except Exception:  # noqa: BLE001 - its worker may have died since
                 pass
         self.slowed = None

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 
+from actors.stage_worker import StageWorker
 from actors.reference import ReferenceTrainer, allclose, max_difference
 from orchestrator.core.cluster import flat
 from actors.metrics import MeasuredIteration
@@ -60,7 +61,7 @@ def move(runtime: PipelineRuntime, new: Plan, cluster_size: int, members: list[i
 
 
 def pids(group: Any, devices: list[int]) -> dict[int, int]:
-    return {s["device"]: s["pid"] for s in group.call("status", devices=devices)}
+    return {s["device"]: s["pid"] for s in group.call(StageWorker.status, devices=devices)}
 
 
 @pytest.mark.ray

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 
+from actors.stage_worker import StageWorker
 from actors import user_code
 from actors.gpu import NcclFacts, in_place_hazard
 from actors.tables import ProgramTables
@@ -90,12 +91,12 @@ def test_a_leaver_shuts_down_while_the_members_rejoin(worker_group: Any) -> None
     spec = JobSpec(BLOCKS, loss_fn("mlp"), partial(torch.optim.SGD, lr=0.05), DATA, pg_timeout_s=60.0, threads=1)
     three = straight_plan([0, 2, 3, 4], 4)
     worker_group.configure(spec, three, members=[0, 1, 2], slots={0: 0, 1: 1, 2: 2})
-    worker_group.call("run_iteration", 0)
+    worker_group.call(StageWorker.run_iteration, 0)
     two = straight_plan([0, 2, 4], 4)
     worker_group.move(two, [(2, 1, 3, 4)], members=[0, 1, 2], step=1)  # device 2's block handed over; still a member
-    worker_group.call("run_iteration", 1)
+    worker_group.call(StageWorker.run_iteration, 1)
     reports = worker_group.move(two, [], members=[0, 1], step=2)  # then it leaves (as an evacuated device does)
-    left_at = worker_group.call("status", devices=[2])[0]["left_at"]
+    left_at = worker_group.call(StageWorker.status, devices=[2])[0]["left_at"]
     assert left_at is not None and all(r["rejoined"] for r in reports)
     assert left_at < max(float(r["finished_at"]) for r in reports)
-    worker_group.call("run_iteration", 2)
+    worker_group.call(StageWorker.run_iteration, 2)

@@ -15,6 +15,7 @@ from typing import Any, Iterator
 import pytest
 import torch
 
+from actors.stage_worker import StageWorker
 from actors.group import PipelineActorError
 from actors.injection import arm_kills
 from actors.reference import ReferenceTrainer, allclose, max_difference
@@ -96,7 +97,7 @@ def test_a_death_with_snapshots_every_step_loses_no_step_and_keeps_the_survivors
     assert rec.resumed_step == 4  # the snapshot after step 3, complete before step 4 ran: nothing lost
     assert rec.source == "peer" and rec.blocks_from["peer"] >= 1  # device 1's blocks came from device 2's memory
     assert {d["device"]: d["pid"] for d in rec.devices} == {d: pids[d] for d in (0, 2, 3)}  # same processes
-    assert {s["device"]: s["pid"] for s in pool.call("status", devices=[0, 2, 3])} == {d: pids[d] for d in (0, 2, 3)}
+    assert {s["device"]: s["pid"] for s in pool.call(StageWorker.status, devices=[0, 2, 3])} == {d: pids[d] for d in (0, 2, 3)}
     assert trainer.plan == SURVIVORS and set(rec.snapshot_bytes) == {0, 2, 3}
     check_exact(trainer, 7)
 
@@ -180,7 +181,7 @@ def test_the_step_an_asynchronous_checkpoint_is_uploading_is_a_host_copy_before_
         one_step(runtime)
     runtime.save_checkpoint(background=True)
     one_step(runtime)  # the upload's snapshot is taken before this step's optimizer step
-    held = pool.call("host_copies", devices=[0, 2, 3])
+    held = pool.call(StageWorker.host_copies, devices=[0, 2, 3])
     assert all(3 in r["steps"] for r in held), held
     pool.kill_worker(1)
     rec = runtime.recover_in_place([1], plan)

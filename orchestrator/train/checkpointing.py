@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from actors.stage_worker import StageWorker
 from actors import checkpoint as ckpt
 from actors import storage
 from actors.group import WorkerGroup
@@ -65,10 +66,10 @@ class Checkpoints:
         if background:
             self.finish(group, spec)  # one upload at a time
             devices = group.plan_devices()
-            group.call("save_blocks", str(target), True, step, devices=devices, what="checkpoint snapshot")
+            group.call(StageWorker.save_blocks, str(target), True, step, devices=devices, what="checkpoint snapshot")
             self._upload = Upload(target, step, plan.num_blocks, plan.to_dict(), extra, devices)
             return target
-        entries = [e for part in group.call("save_blocks", str(target), False, step, what="checkpoint") for e in part]
+        entries = [e for part in group.call(StageWorker.save_blocks, str(target), False, step, what="checkpoint") for e in part]
         storage.retried(lambda: ckpt.write_manifest(target, step, plan.num_blocks, entries, plan.to_dict(), extra, seed=spec.seed),
                         self.retry_s)
         return target
@@ -83,7 +84,7 @@ class Checkpoints:
         if self._upload is None:
             return None
         up, self._upload = self._upload, None
-        entries = [e for part in group.call("finish_blocks", devices=up.devices, what=f"checkpoint upload to {up.target}")
+        entries = [e for part in group.call(StageWorker.finish_blocks, devices=up.devices, what=f"checkpoint upload to {up.target}")
                    for e in part]
         storage.retried(lambda: ckpt.write_manifest(up.target, up.step, up.num_blocks, entries, up.plan, up.extra, seed=spec.seed),
                         self.retry_s)
@@ -125,7 +126,7 @@ class Checkpoints:
         directory = str(source)
         manifest = ckpt.verify(directory)
         ckpt.check_model(manifest, num_blocks, directory)
-        group.call("load_blocks", str(directory), manifest, what=f"restore from {directory}")
+        group.call(StageWorker.load_blocks, str(directory), manifest, what=f"restore from {directory}")
         losses = {int(k): float(v) for k, v in manifest.get("extra", {}).get("losses", {}).items()}
         return int(manifest["step"]), losses
 

@@ -24,6 +24,7 @@ import ray
 import torch
 from torch import Tensor, nn
 
+from actors.stage_worker import StageWorker
 from actors import checkpoint as ckpt
 from actors import injection
 from actors import user_code
@@ -149,7 +150,7 @@ class PipelineRuntime:
         """Start iteration ``step`` (default: the next) — or the run of ``count`` consecutive
         steps from it, executed back to back in one call per worker — without waiting."""
         at = self.step if step is None else step
-        refs, devices = self._workers().submit("run_iterations", at, max(1, count))
+        refs, devices = self._workers().submit(StageWorker.run_iterations, at, max(1, count))
         return InFlight(at, refs, devices, time.perf_counter(), max(1, count))
 
     def complete_step(self, flight: "InFlight", since: float | None = None) -> MeasuredIteration:
@@ -232,11 +233,11 @@ class PipelineRuntime:
     # ----- rehearsal: the runtime's interface for injected faults (actors.injection) -----
     def set_knobs(self, device: int, slowdown: float, send_delay_per_byte: dict[int, float]) -> None:
         """Injected slowness of ``device``'s compute and outgoing links (CPU workers only)."""
-        self._workers().call("set_faults", slowdown, send_delay_per_byte, devices=[device], what="set faults")
+        self._workers().call(StageWorker.set_faults, slowdown, send_delay_per_byte, devices=[device], what="set faults")
 
     def arm_kill(self, device: int, step: int, hang: bool = False) -> None:
         """``device``'s worker dies (or, ``hang``, blocks for ever) halfway through step ``step``."""
-        self._workers().call("arm_kill", step, hang, devices=[device], what="arm kill")
+        self._workers().call(StageWorker.arm_kill, step, hang, devices=[device], what="arm kill")
 
     def rehearse_kills(self, kills: Iterable[tuple[int, int]]) -> None:
         """Arm crashes: for each ``(step, device)`` that device's worker dies halfway through that step, once. The
@@ -292,7 +293,7 @@ class PipelineRuntime:
         gradient, dropout off, nothing changed); no step may be in flight. Each batch's loss is weighted by unit
         rows as a training step's is, so it equals the single-process model's on the same batch."""
         group = self._workers()
-        reports = group.call("evaluate", batches, devices=sorted(self.plan.devices), what="evaluation",
+        reports = group.call(StageWorker.evaluate, batches, devices=sorted(self.plan.devices), what="evaluation",
                              timeout_s=self.iteration_timeout_s * batches)
         self._echo(reports)
         per_batch = [sum(float(r[i]["loss"]) for r in reports if r[i].get("loss") is not None) for i in range(batches)]
@@ -301,7 +302,7 @@ class PipelineRuntime:
     def step_on_metric(self, value: float) -> None:
         """After an evaluation, with nothing in flight: every worker's metric-driven LR schedulers
         (``ReduceLROnPlateau``) step on ``value``, before the next step runs (so a resumed run does the same)."""
-        self._workers().call("step_on_metric", value, devices=sorted(self.plan.devices), what="LR schedules",
+        self._workers().call(StageWorker.step_on_metric, value, devices=sorted(self.plan.devices), what="LR schedules",
                              timeout_s=self.iteration_timeout_s)
 
     def discard_step(self, flight: "InFlight") -> None:
@@ -383,7 +384,7 @@ class PipelineRuntime:
         group = self._workers()
         owners = sorted({s.devices[0] for s in self.plan.stages})
         merged: dict[int, dict[str, Tensor]] = {}
-        for part in group.call("state_dicts", devices=owners):
+        for part in group.call(StageWorker.state_dicts, devices=owners):
             merged.update(part)
         return merged
 
@@ -411,13 +412,13 @@ class PipelineRuntime:
         self.settle_snapshots()
         group = self._workers()
         devices = group.plan_devices()
-        started, _ = group.submit("snapshot_copies", self.step, devices=devices)
+        started, _ = group.submit(StageWorker.snapshot_copies, self.step, devices=devices)
         neighbours = recovery.ring_neighbours(devices, {d: str(group.identities[group.slot_of[d]].get("node_id", d)) for d in devices})
-        sent = dict(zip(neighbours, group.submit_each("peer_payloads", {o: (self.step, started[devices.index(o)]) for o in neighbours})[0]))
+        sent = dict(zip(neighbours, group.submit_each(StageWorker.peer_payloads, {o: (self.step, started[devices.index(o)]) for o in neighbours})[0]))
         parts: dict[int, list[Any]] = {}  # keeper -> refs of its owners' payloads
         for owner, keeper in neighbours.items():
             parts.setdefault(keeper, []).append(sent[owner])
-        kept, keepers = group.submit_each("keep_peer_copy", {k: (self.step, *p) for k, p in parts.items()})
+        kept, keepers = group.submit_each(StageWorker.keep_peer_copy, {k: (self.step, *p) for k, p in parts.items()})
         self._snapshot = recovery.SnapshotInFlight(self.step, started, devices, kept, keepers)
 
     def settle_snapshots(self) -> dict[int, int]:
@@ -466,7 +467,7 @@ class PipelineRuntime:
             raise recovery.InPlaceImpossible(f"survivor(s) {sorted(late)} did not answer after the death of {gone}")
         self._drain_snapshot(waits.stretched(30.0))
         copies = {d: {int(s): b for s, b in r["steps"].items()}
-                  for d, r in zip(survivors, group.call("host_copies", devices=survivors, what="host copies"))}
+                  for d, r in zip(survivors, group.call(StageWorker.host_copies, devices=survivors, what="host copies"))}
         self.checkpoints.abandon()  # an upload the dead worker was part of never commits
         stored = self.latest()
         manifest = ckpt.verify(str(stored)) if stored is not None else None
@@ -485,17 +486,17 @@ class PipelineRuntime:
                     wanted.setdefault(holder, []).append(b)
         exported: dict[int, Any] = {}
         if wanted:
-            for part in group.call_each("export_copies", {h: (step, sorted(set(bs))) for h, bs in wanted.items()}, "export copies"):
+            for part in group.call_each(StageWorker.export_copies, {h: (step, sorted(set(bs))) for h, bs in wanted.items()}, "export copies"):
                 exported.update(part)
         args = {d: (step, {b: exported[b] for b, h in blocks.items() if h not in (d, recovery.STORAGE)},
                     str(stored) if stored is not None else None, manifest)
                 for d, blocks in sources.items()}
         counts: dict[str, int] = {}
-        for part in group.call_each("restore_copies", args, f"roll back to step {step}", self.iteration_timeout_s):
-            for k, v in part.items():
+        for restored in group.call_each(StageWorker.restore_copies, args, f"roll back to step {step}", self.iteration_timeout_s):
+            for k, v in restored.items():
                 counts[k] = counts.get(k, 0) + v
         self.step = step
-        held = {d: int(r["bytes"]) for d, r in zip(survivors, group.call("host_copies", devices=survivors))}
+        held = {d: int(r["bytes"]) for d, r in zip(survivors, group.call(StageWorker.host_copies, devices=survivors))}
         return recovery.InPlaceRecovery(step, recovery.source_of(sources), counts, held, tuple(self._survivors()),
                                         time.perf_counter() - t0, tuple(survivors))
 
