@@ -43,6 +43,7 @@ from actors.ray_session import ensure_ray
 from actors.gpu import NcclFacts, in_place_hazard, recv_lookahead
 from actors import group_calls
 from actors.group_calls import PipelineActorError, last_line
+from actors.metrics import MoveReply
 from actors.processes import WorkerProcesses
 from actors.stage_worker import StageWorker
 from actors.storage_env import StorageFailed
@@ -239,7 +240,7 @@ class WorkerGroup:
         return [getattr(self.actor_of(d), method.__name__).remote(*args_of[d]) for d in targets], targets
 
     def move(self, plan: Plan, transfers: Sequence[tuple[int, int, int, int]], members: Sequence[int] | None = None,
-             timeout_s: float = 300.0, step: int = 0) -> list[dict[str, Any]]:
+             timeout_s: float = 300.0, step: int = 0) -> list[MoveReply]:
         """Live switch to ``plan``: hand over ``(src, dst, first, last)`` block state worker to worker.
 
         Every worker keeps its process and the blocks it keeps; the process group is re-created

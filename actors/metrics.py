@@ -32,6 +32,25 @@ class Transfer:
         return max(0.0, self.end - self.start)
 
 
+@dataclass(frozen=True)
+class MoveReply:
+    """One worker's side of a live move (:meth:`actors.stage_worker.StageWorker.live_move`)."""
+
+    device: int
+    bytes_sent: int
+    bytes_received: int
+    blocks: tuple[int, ...]
+    """The blocks it holds after the move."""
+    rejoined: bool
+    """The process group was formed anew (the members changed)."""
+    groups_created: int
+    group_s: float
+    transfer_s: float
+    pid: int
+    finished_at: float
+    """Wall-clock time it finished (``time.time()``)."""
+
+
 @dataclass
 class MeasuredIteration:
     """One iteration as measured: per-device spans, transfers, bubbles and memory."""

@@ -108,6 +108,22 @@ def actor_options(slot: Slot, cpus_per_worker: float = 0.01) -> dict[str, Any]:
     return {"num_cpus": cpus_per_worker, "scheduling_strategy": strategy}
 
 
+@dataclass(frozen=True)
+class WorkerPlace:
+    """Where a device's stage worker runs, as the worker reported it at start."""
+
+    device: int
+    node_id: str
+    pid: int
+    accelerator: str = "cpu"
+    actual_device: str = "cpu"
+    """The torch device it computes on (``cuda:0``, ``cpu``)."""
+
+    def event(self) -> dict[str, Any]:
+        """What an event records of it (the node and the process: enough to tell a survivor from a new worker)."""
+        return {"device": self.device, "node_id": self.node_id, "pid": self.pid}
+
+
 def identity() -> dict[str, Any]:
     """What this actor process actually runs on (called inside the actor at start)."""
     import ray

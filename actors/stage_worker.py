@@ -48,6 +48,7 @@ from actors.materialize import materialize
 from actors.tied import TiedGrads, tie_table
 from actors.training import BlockSchedule, NormLayout, StepHooks, norm_contributors, schedulers_for
 from actors.execution import Executor
+from actors.metrics import MoveReply
 from actors.checkpoint import host_copy
 from actors.job_spec import JobSpec, cpu_threads
 from actors.worker_checkpoints import WorkerCheckpoints
@@ -319,7 +320,7 @@ class StageWorker:
         self, plan_dict: dict[str, Any], rank_of: dict[int, int], endpoint: tuple[str, int] | None,
         transfers: list[tuple[int, int, int, int]], create_groups: list[tuple[int, ...]],
         device: int = -1, spec: JobSpec | None = None, step: int = 0,
-    ) -> dict[str, Any]:
+    ) -> MoveReply:
         """Switch to ``plan_dict`` keeping this process and every block it keeps.
 
         ``endpoint``: re-join a new process group first (membership changed); ``None`` keeps the
@@ -426,9 +427,8 @@ class StageWorker:
         self._install(hooks)
         self.steady = False
         done = time.perf_counter()
-        return {"device": device, "bytes_sent": sent, "bytes_received": received, "blocks": sorted(held),
-                "rejoined": endpoint is not None, "groups_created": len(create_groups),
-                "group_s": t_group - t0, "transfer_s": done - t_group, "pid": os.getpid(), "finished_at": time.time()}
+        return MoveReply(device, sent, received, tuple(sorted(held)), endpoint is not None, len(create_groups),
+                         t_group - t0, done - t_group, os.getpid(), time.time())
 
     def state_dicts(self) -> dict[int, dict[str, Tensor]]:
         """Weights of the blocks held here (tests compare them with the reference)."""

@@ -135,7 +135,7 @@ def _job(group, seed: int, faults: FaultSchedule, iterations: int, static_plan: 
                         num_microbatches=LIVE_M, seed=seed)
     seen = _InForce()
     with tempfile.TemporaryDirectory() as tmp:
-        job = ElasticJob(train, ScalingConfig(devices=4, plan=static_plan, cluster=flat(4, 10)),
+        job = ElasticJob(train, ScalingConfig(devices=4, plan=static_plan, cluster=flat(4, 10), use_gpu=False),
                          RunConfig(storage=tmp, checkpoint_every=0, progress=False),
                          AdaptConfig(controller=ControllerConfig(straight=True), faults=faults), SpotConfig(enabled=False),
                          workers=group, callbacks=[seen])
@@ -203,7 +203,7 @@ def live_runs(seeds: tuple[int, ...] = LIVE_SEEDS, base: float = LIVE_BASE) -> t
         # One object per layout: the controller's plan and a fresh re-plan with the same stages, devices and schedule
         # run identically, but compare unequal (their `algorithm` labels differ) and would be timed as two plans.
         same: dict[str, Plan] = {static_plan.describe(): static_plan}
-        in_force = [static_plan] + [same.setdefault(p.describe(), p) for p in seen.plans[:-1]]  # in_force[k]: step k + 1
+        in_force = [same.setdefault(p.describe(), p) for p in seen.plans]  # in_force[k]: the plan iteration k ran on
         fresh_candidates = {same.setdefault(p.describe(), p)
                             for p in (full_replan(profile, c, range(4), static_plan, straight=True) for c in (truth, learned))}
         after = sorted({p for p in in_force[LIVE_CHANGE:]} | {static_plan} | fresh_candidates, key=lambda p: p.describe())

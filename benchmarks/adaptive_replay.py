@@ -1,4 +1,4 @@
-"""The controller on recorded live noise, replayed through the simulated pipeline (a section of
+"""The controller on recorded live noise, replayed through the simulated runtime (a section of
 ``benchmarks/results/adaptive.md``; run by ``benchmarks/adaptive.py``).
 
 ``tests/data/noise_traces`` holds what four Ray stage actors on this machine's two shared cores
@@ -49,7 +49,7 @@ def replay_section() -> list[str]:
                     + f" | {statistics.median(pooled):.0f} | {_dist(pooled)} |")
     before = sorted(BEFORE["devices 1-2"].elements())
     return [
-        "### Recorded noise replayed through the controller (simulated pipeline, live traces)", "",
+        "### Recorded noise replayed through the controller (simulated runtime, live traces)", "",
         f"Traces: {', '.join(t.stem for t in TRACES)} (four actors on two loaded cores, nothing changed; "
         "`benchmarks/noise_traces.py`), replayed from offsets " + f"{OFFSETS.start}, {OFFSETS.start + OFFSETS.step}, …, {OFFSETS[-1]} "
         "on the live benchmark's model (8 equal blocks, 4 devices). The harness is `tests/test_controller_noise.py`'s.", "",

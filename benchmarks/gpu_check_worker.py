@@ -214,7 +214,7 @@ def check_live_moves(device: torch.device, group: object, ray_up: Callable[[torc
     used: list[int] = []
     try:
         runtime.start(members=members, slots={d: d for d in members})
-        pids = [int(d["pid"]) for d in runtime.devices()]
+        pids = [d.pid for d in runtime.devices()]
         runtime.complete_step(runtime.submit_step())
         for move in range(1, 21):
             to = move % 2

@@ -48,7 +48,7 @@ def record(iterations: int, bounds: list[int]) -> dict[str, object]:
     train = TrainConfig(model_factory=_live_model, loss_fn=F.mse_loss, optimizer_factory=_live_optimizer, data_fn=_live_data,
                         num_microbatches=LIVE_M)
     with tempfile.TemporaryDirectory() as tmp:  # the elastic job as users run it, with the controller off
-        with ElasticJob(train, ScalingConfig(devices=4, plan=plan, cluster=flat(4, 10)),
+        with ElasticJob(train, ScalingConfig(devices=4, plan=plan, cluster=flat(4, 10), use_gpu=False),
                         RunConfig(storage=tmp, checkpoint_every=0, progress=False), AdaptConfig(enabled=False),
                         SpotConfig(enabled=False)) as job:
             measured = job.fit(iterations + 1).metrics[1:]  # the first is warm-up, not recorded

@@ -193,7 +193,7 @@ class Soak:
         return [json.loads(line) for line in self.events_file.read_text().splitlines()]
 
     def sample_memory(self) -> None:
-        pids = {int(d["pid"]) for d in self.job.runtime.devices()}
+        pids = {d.pid for d in self.job.runtime.devices()}
         self.pids |= pids
         if self.job.runtime.step >= 50:
             for pid in pids:
@@ -203,7 +203,7 @@ class Soak:
                         self.memory[pid] = found
 
     def memory_growth(self) -> dict[str, Any]:
-        pids = {int(d["pid"]) for d in self.job.runtime.devices()}
+        pids = {d.pid for d in self.job.runtime.devices()}
         now = {pid: rss_kib(pid) for pid in pids if pid in self.memory}
         growth = {str(pid): round(kib / self.memory[pid] - 1.0, 4) for pid, kib in now.items() if kib}
         return {"from_step_50_kib": {str(p): self.memory[p] for p in now}, "end_kib": {str(p): k for p, k in now.items()},

@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -101,7 +102,7 @@ def _placement(cluster: Any, workers: list[Any], tmp: Path) -> dict[str, Any]:
         job.fit(2)
         runtime = job.runtime
         assert runtime.group is not None
-        out["devices"] = runtime.devices()
+        out["devices"] = [asdict(d) for d in runtime.devices()]
         out["state_api"] = {str(pid): node for pid, node in stage_actor_nodes().items()}
         out["worker_pids"] = {str(d): s["pid"] for d, s in zip(plan.devices, runtime.group.identities)}
         out["slot_nodes"] = [slot.node_id for slot in runtime.group.processes.slots]
@@ -164,7 +165,7 @@ def growth(tmp: Path) -> dict[str, Any]:
             time.sleep(0.2)  # past node_poll_s: the next poll reads the node table
             wait_until_up(job, 2)  # what the loop does between iterations, until the new worker is up
             events = job.fit(30).events  # to step 30: 24 more
-            return {"nodes": [n.node_id for n in nodes], "events": events, "devices": job.runtime.devices(),
+            return {"nodes": [n.node_id for n in nodes], "events": events, "devices": [asdict(d) for d in job.runtime.devices()],
                     "actor_nodes": {str(pid): node for pid, node in stage_actor_nodes().items()},
                     "plan_devices": list(job.runtime.plan.devices), "step": job.runtime.step, "restarts": job.restarts,
                     "max_abs_diff": job.max_abs_diff()}

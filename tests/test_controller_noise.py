@@ -1,4 +1,4 @@
-"""The controller on real noise: recorded live traces replayed through the simulated pipeline.
+"""The controller on real noise: recorded live traces replayed through the simulated runtime.
 
 ``tests/data/noise_traces`` holds what four Ray stage actors on this machine's two shared cores
 reported with nothing changed (``benchmarks/noise_traces.py``): per-iteration speed and link

@@ -9,7 +9,7 @@ from orchestrator.adapt.policies import GiveUp, RecoverInPlace, checkpoint_inter
 from orchestrator.adapt import (
     ArbiterConfig, ExplicitArbiter, Option, Restart, Stay, Switch, full_replan, on_worker_death, should_switch,
 )
-from orchestrator.core.plan import Plan, Stage, straight_plan
+from orchestrator.core.plan import straight_plan
 from tests.helpers import random_profile
 
 CFG = ArbiterConfig(horizon_iterations=50, margin=1.0, min_relative_gain=0.02)
@@ -53,11 +53,17 @@ def test_arbiter_picks_the_largest_net_benefit_and_respects_remaining() -> None:
     (1, True, [], [0, 1, 2], Restart),  # the dead worker is not known
     (1, True, [0, 1], [0, 1], Restart),  # no survivor
     (3, True, [1], [0, 1, 2], RecoverInPlace),
+    (1, True, [1], [0, 1, 2], "nccl 2.18 cannot abort"),  # in place unsafe on the installed NCCL: a restart up front
 ])
-def test_the_failure_policy(failures: int, in_place: bool, dead: list[int], alive: list[int], expect: type) -> None:
+def test_the_failure_policy(failures: int, in_place: bool, dead: list[int], alive: list[int], expect: type | str) -> None:
     """The one failure policy (the job's and the simulated job's): give up past the budget, recover in place when
-    workers survive, otherwise every worker restarts on the same plan from the newest checkpoint."""
-    decision = on_worker_death(failures, 3, PLAN, dead, alive, in_place)
+    workers survive and it can be made safe, otherwise every worker restarts on the same plan from the newest
+    checkpoint (with the reason in the decision)."""
+    hazard = expect if isinstance(expect, str) else None
+    decision = on_worker_death(failures, 3, PLAN, dead, alive, in_place, hazard=hazard)
+    if isinstance(expect, str):
+        assert isinstance(decision, Restart) and expect in decision.reason
+        return
     assert isinstance(decision, expect)
     if isinstance(decision, Restart):
         assert decision.plan == PLAN and decision.from_checkpoint

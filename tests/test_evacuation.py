@@ -90,9 +90,10 @@ def test_bad_notices_are_one_line_errors() -> None:
 
 
 def test_ray_drain_requests_become_notices_for_the_devices_on_that_node() -> None:
+    from actors.placement import WorkerPlace
     from orchestrator.elastic.drain import DEFAULT_DRAIN_S, drain_notices, draining_nodes
 
-    devices = [{"device": 0, "node_id": "aa"}, {"device": 1, "node_id": "bb"}, {"device": 2, "node_id": "bb"}]
+    devices = [WorkerPlace(0, "aa", 10), WorkerPlace(1, "bb", 11), WorkerPlace(2, "bb", 12)]
     found = drain_notices({"bb": 1030.0, "cc": None, "aa": None}, devices, now=1000.0)
     assert found == [((0,), DEFAULT_DRAIN_S, "ray drain of node aa"), ((1, 2), 30.0, "ray drain of node bb")]
     assert isinstance(draining_nodes(), dict)  # without a Ray connection: no information, no crash

@@ -9,19 +9,18 @@ transfer seconds of that link. (A :class:`Kill` is the job's failure policy's: `
 from __future__ import annotations
 
 from functools import partial
-from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 import torch
 
-from actors.reference import ReferenceTrainer, allclose, max_difference
+from actors.reference import ReferenceTrainer, allclose
 from orchestrator.core.cluster import flat
 from orchestrator.adapt import FaultSchedule, IterationMetrics, Slowdown, Throttle
 from orchestrator.adapt.live import to_controller_metrics
 from orchestrator.adapt.rehearsal import Rehearsal
 from orchestrator.profiling.models import example_batch, loss_fn, mlp
-from orchestrator.core.plan import Plan, ScheduleKind, Stage, straight_plan
+from orchestrator.core.plan import Plan, ScheduleKind, straight_plan
 from orchestrator.train.runtime import PipelineRuntime
 
 WIDTHS = (8, 16, 16, 16, 16, 16, 16, 16, 4)

@@ -70,7 +70,7 @@ def test_a_joined_device_receives_blocks_live_and_training_stays_exact(ray_sessi
         assert added["step"] == 3 and [d["device"] for d in added["devices"]] == [2] and added["source"].startswith("rehearsal")
         assert added["decision"] == "move" and any(dst == 2 for _, dst in added["moves"]) and added["holding_blocks"] == [2], added
         assert 2 in job.runtime.plan.devices
-        after = {d["device"]: d["pid"] for d in job.runtime.devices()}
+        after = {d.device: d.pid for d in job.runtime.devices()}
         assert {d: after[d] for d in before if d in after} == {d: before[d] for d in before if d in after}  # not restarted
         assert not events_named(events, "resumed") and job.restarts == 0
         assert job.runtime.step == 30 and job.max_abs_diff() <= 1e-5

@@ -19,7 +19,7 @@ import torch
 from actors.stage_worker import StageWorker
 from actors.reference import ReferenceTrainer, allclose, max_difference
 from orchestrator.core.cluster import flat
-from actors.metrics import MeasuredIteration
+from actors.metrics import MeasuredIteration, MoveReply
 from orchestrator.adapt import move_transfers
 from orchestrator.adapt.handle import SHIPPED_STATE_FACTOR
 from orchestrator.schedule.ir import COMPUTE_KINDS
@@ -53,11 +53,11 @@ def iterate(runtime: PipelineRuntime) -> MeasuredIteration:
     return runtime.complete_step(runtime.submit_step())
 
 
-def move(runtime: PipelineRuntime, new: Plan, cluster_size: int, members: list[int]) -> tuple[float, list[dict[str, Any]]]:
+def move(runtime: PipelineRuntime, new: Plan, cluster_size: int, members: list[int]) -> tuple[float, list[MoveReply]]:
     """A live move as the elastic job makes it: the hand-overs :func:`move_transfers` lists, through the runtime."""
     transfers = move_transfers(runtime.plan, new, param_profile(), flat(cluster_size, 10))
     reports = runtime.move_live(new, [(t.src, t.dst, t.first, t.last) for t in transfers], members)
-    return float(sum(int(r["bytes_sent"]) for r in reports)), reports
+    return float(sum(r.bytes_sent for r in reports)), reports
 
 
 def pids(group: Any, devices: list[int]) -> dict[int, int]:
@@ -95,15 +95,15 @@ def test_moves_between_iterations_stay_exact(worker_group: Any) -> None:
         # exactly the listed senders shipped bytes: weights + two Adam moments (+ step counters)
         want_bytes = sum(t.nbytes for t in expected)
         assert want_bytes > 0 and moved == pytest.approx(want_bytes, rel=0.02)
-        assert {r["device"] for r in reports if r["bytes_sent"] > 0} == {t.src for t in expected}
-        assert not any(r["rejoined"] for r in reports), (reports, worker_group.rank_of)  # same members: no re-formation
+        assert {r.device for r in reports if r.bytes_sent > 0} == {t.src for t in expected}
+        assert not any(r.rejoined for r in reports), (reports, worker_group.rank_of)  # same members: no re-formation
         train(2)
     assert pids(worker_group, [0, 1, 2, 3]) == before  # nobody was restarted
     assert worker_group.rank_of == {0: 0, 1: 1, 2: 2, 3: 3}  # the joined device is no member yet
     expected = move_transfers(pipe.plan, joined, profile, cluster)
     assert {t.dst for t in expected} == {4}
     moved, reports = move(pipe, joined, 5, [0, 1, 2, 3, 4])
-    assert all(r["rejoined"] for r in reports)  # membership changed: new process group
+    assert all(r.rejoined for r in reports)  # membership changed: new process group
     assert moved == pytest.approx(sum(t.nbytes for t in expected), rel=0.02)
     train(2)
     assert pids(worker_group, [0, 1, 2, 3]) == before

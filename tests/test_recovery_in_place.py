@@ -89,7 +89,7 @@ def check_exact(trainer: PipelineRuntime, steps: int) -> None:
 def test_a_death_with_snapshots_every_step_loses_no_step_and_keeps_the_survivors(pool: Any) -> None:
     trainer = arm_kills(trainer_on(pool), [(4, 1)])
     trainer.start()
-    pids = {d["device"]: d["pid"] for d in trainer.devices()}
+    pids = {d.device: d.pid for d in trainer.devices()}
     trainer.snapshot_in_memory()
     held = trainer.settle_snapshots()
     assert set(held) == {0, 1, 2, 3} and all(b > 0 for b in held.values())  # own + a neighbour's copy each
@@ -138,7 +138,7 @@ def test_two_deaths_at_once_lose_their_copies_together_and_roll_back_to_the_chec
     come from the committed checkpoint, and the two survivors continue in their own processes, exactly."""
     trainer = trainer_on(pool, tmp_path)
     trainer.start()
-    pids = {d["device"]: d["pid"] for d in trainer.devices()}
+    pids = {d.device: d.pid for d in trainer.devices()}
     for _ in range(5):
         one_step(trainer, every=2)
         trainer.snapshot_in_memory()

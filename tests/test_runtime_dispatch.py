@@ -44,8 +44,8 @@ def spy(group: Any, log: list[tuple[str, Any]]) -> Callable[[], None]:
     """Record the order of submissions and gathers on ``group``; returns the undo."""
     submit, gather = group.submit, group.gather
 
-    def logged_submit(method: str, *args: Any, **kw: Any) -> Any:
-        log.append(("submit", (method, *args)))
+    def logged_submit(method: Any, *args: Any, **kw: Any) -> Any:
+        log.append(("submit", (method.__name__, *args)))
         return submit(method, *args, **kw)
 
     def logged_gather(refs: Any, what: str, *args: Any, **kw: Any) -> Any:

@@ -43,7 +43,7 @@ def test_a_short_soak_survives_every_kind_of_fault_exactly_and_leaks_nothing() -
     assert found["error"] is None, found["error"]
     assert found["max_abs_diff"] is not None and found["max_abs_diff"] <= 1e-5, found
     assert found["leaked"] == [], found["leaked"]
-    assert all(n >= 1 for n in found["faults"].values()), found["faults"]  # every kind drawn once early
+    assert all(found["faults"][k] >= 1 for k in six.split(",")), found["faults"]  # every kind asked for drawn once early
     assert all(h.get("completed") for h in found["handled"]), found["handled"]  # training went on after every fault
     deaths = [h for h in found["handled"] if h["fault"].startswith(("death", "node_removal"))]
     # survivors kept their processes (a node removal that took only idle devices needs no recovery: capacity_lost)

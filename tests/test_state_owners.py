@@ -76,7 +76,9 @@ def writes_through(source: str) -> list[str]:
     ``self.a.b += ...``); a write into a container the object owns (``self.rows[k] = ...``) is its own."""
     found: list[str] = []
     for node in ast.walk(ast.parse(source)):
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        if not isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            continue
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
         for target in targets:
             for t in (target.elts if isinstance(target, ast.Tuple) else [target]):
                 if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Attribute):

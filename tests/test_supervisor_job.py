@@ -55,7 +55,7 @@ def test_a_user_crash_fails_once_then_the_fixed_driver_moves_between_local_clust
     proc = run("examples/elastic_gpt.py", "out")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     diffs = [float(x) for x in re.findall(r"max_abs_diff=([0-9.e+-]+)", proc.stdout)]
-    assert diffs and diffs[-1] <= 1e-5
+    assert diffs and diffs[-1] <= 1e-5, proc.stdout[-3000:] + proc.stderr[-3000:]
     events = [json.loads(line) for line in (tmp_path / "out" / "events.jsonl").read_text().splitlines()]
     assert events[:len(crashed)] == crashed  # the run's log: the crash first
     events = events[len(crashed):]  # the second command's

@@ -1,4 +1,4 @@
-"""The adaptive controller: an explicit state machine stepped once per training iteration.
+"""The adaptive controller: an explicit state machine that observes each completed training iteration.
 
 ::
 
@@ -134,8 +134,10 @@ class Controller:
         self.config = replace(self.config, total_iterations=total_iterations)
 
     def observe(self, metrics: IterationMetrics, plan: Plan, alive: tuple[int, ...]) -> Observed:
-        """Fold one iteration's metrics in and decide (``plan``: the plan it ran; ``alive``: the
-        devices up now). With an act, carry it out and report back through :meth:`acted`."""
+        """Fold one completed iteration's metrics in and decide (``plan``: the plan in force now; ``alive``: the
+        devices up now). With an act, carry it out and report back through :meth:`acted`. A failed iteration is
+        never observed: the job's failure policy recovers, and the next completed one shows what changed."""
+        assert metrics.completed, "a failed iteration is the failure policy's, not the controller's"
         self._plan, self._alive = plan, tuple(alive)
         out = self._step(metrics)
         if out.act is None:
@@ -196,9 +198,6 @@ class Controller:
                 self._tried, self._check = self._tried.forget(), None
             self._tried = self._tried.record(Layout.of(metrics.plan), residual, self.config.monitor.noise_window)
             self._check_move()
-        if not metrics.completed:  # the job's failure policy recovers; the next good iteration is observed
-            self._path = ()
-            return self._record(step, metrics)
         if self.state is ControllerState.WARMUP:
             self._warm += 1
             if self._warm < self.config.warmup_iterations:

@@ -19,9 +19,9 @@ estimated the speeds behind it nor by anyone checking the move afterwards; the s
 the break-even test.
 A learned arbiter can replace :class:`ExplicitArbiter` behind the :class:`Arbiter` protocol.
 
-**Failure policy.** A dead device that held no blocks changes nothing. If every stage still has a
-live replica, the survivors already hold all state: drop the dead replicas and continue live.
-Otherwise state was lost: restart on a full re-plan of the live devices from the last checkpoint.
+**Failure policy** (:func:`on_worker_death`, the job's one): give up past the budget; recover in place when workers
+survive (the survivors continue on a plan re-made for them from their own snapshots and a peer's copy or storage);
+otherwise every worker restarts from the newest checkpoint — chosen up front where in place cannot be made safe.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Callable, Protocol, Sequence, Union
 
 from orchestrator.core.cluster import Cluster
 from orchestrator.core.errors import UserError
-from orchestrator.core.plan import Plan, Stage
+from orchestrator.core.plan import Plan
 from orchestrator.planners.base import PlannerOptions, run_planner
 from orchestrator.core.profile import Profile
 from orchestrator.costmodel.simulator import simulate

@@ -1,7 +1,7 @@
 """Rehearsed faults carried to the real workers: slowdowns and link delays as knobs, kills armed.
 
 One owner for what has been sent: the knobs each worker has now (sent again only on change) and
-the kills already armed. The elastic job and the live handle both push through it, once per
+the kills already armed. The elastic job pushes through it, once per
 iteration, before submitting it; after a restart (fresh processes, no knobs) it is told to
 :meth:`forget`. The workers are reached only through the runtime's ``set_knobs`` and ``arm_kill`` (rehearsal is
 opt-in: nothing here runs unless a :class:`~orchestrator.adapt.faults.FaultSchedule` has faults).

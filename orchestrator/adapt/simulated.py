@@ -244,8 +244,9 @@ class SimulatedJob:
         self.records: list[StepRecord] = []
 
     def fit(self, iterations: int) -> list[StepRecord]:
-        """``iterations`` more iterations (completed or not); their records."""
-        out = [self._iteration() for _ in range(iterations)]
+        """``iterations`` more iterations; the controller's records of those that completed (a failed one is the
+        failure policy's, as in the job: counted in :attr:`failures`, never observed)."""
+        out = [r for r in (self._iteration() for _ in range(iterations)) if r is not None]
         self.records += out
         return out
 
@@ -259,11 +260,12 @@ class SimulatedJob:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _iteration(self) -> StepRecord:
+    def _iteration(self) -> StepRecord | None:
         rt = self.runtime
         m = rt.run_step()
         if not m.completed:
             self._failed(tuple(d for d in m.lost_devices if d in m.plan.devices))
+            return None
         out = self.controller.observe(m, rt.plan, rt.alive_devices())
         if out.act is None:
             return out.record
@@ -278,8 +280,8 @@ class SimulatedJob:
         rt = self.runtime
         alive = rt.alive_devices()
         decision = on_worker_death(self.failures, 10**9, rt.plan, dead, sorted(set(alive) | set(dead)), in_place=True)
-        model, template = self.controller.model(), rt.plan
+        believed, model, template = self.controller.profile, self.controller.model(), rt.plan  # what the job knows
         if isinstance(decision, RecoverInPlace):
-            rt.recover_in_place(decision.dead, full_replan(rt.profile, model, decision.survivors, template))
+            rt.recover_in_place(decision.dead, full_replan(believed, model, decision.survivors, template))
         else:
-            rt.restart_on(full_replan(rt.profile, model, alive, template), from_checkpoint=True)
+            rt.restart_on(full_replan(believed, model, alive, template), from_checkpoint=True)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import time
 from typing import Iterable, Mapping
 
+from actors.placement import WorkerPlace
+
 DEFAULT_DRAIN_S = 120.0
 """Seconds assumed left when a drain request carries no deadline (the common spot notice)."""
 
@@ -30,14 +32,14 @@ def draining_nodes() -> dict[str, float | None]:
     return {str(node): (float(ms) / 1000.0 if ms else None) for node, ms in dict(found).items()}
 
 
-def drain_notices(draining: Mapping[str, float | None], devices: Iterable[Mapping[str, object]], now: float | None = None,
+def drain_notices(draining: Mapping[str, float | None], devices: Iterable[WorkerPlace], now: float | None = None,
                   default_s: float = DEFAULT_DRAIN_S) -> list[tuple[tuple[int, ...], float, str]]:
-    """``(devices, seconds_left, source)`` per draining node that runs some of ``devices``
-    (``[{"device", "node_id"}]``, as :meth:`PipelineRuntime.devices` reports them)."""
+    """``(devices, seconds_left, source)`` per draining node that runs some of ``devices`` (as
+    :meth:`PipelineRuntime.devices` reports them)."""
     now = time.time() if now is None else now
     by_node: dict[str, list[int]] = {}
     for d in devices:
-        by_node.setdefault(str(d["node_id"]), []).append(int(str(d["device"])))
+        by_node.setdefault(d.node_id, []).append(d.device)
     out = []
     for node, deadline in sorted(draining.items()):
         if node in by_node:

@@ -24,8 +24,9 @@ primitives:
 - growth (:mod:`orchestrator.elastic.growth`): devices that join get stage actors, and blocks by the
   arbiter's live moves when that pays.
 
-A pending decision stops the loop from submitting ahead, so actions always happen with no
-iteration in flight. Every decision is one line of ``events.jsonl``.
+A decision due at a known step (a checkpoint, a notice, a rehearsed fault) stops the loop from submitting past
+it; every action is carried out after the step in flight is drained. Every decision is one line of
+``events.jsonl``.
 """
 
 from __future__ import annotations
@@ -214,7 +215,7 @@ class ElasticJob:
             self.runstate.fit_done(self.runtime.step, self._live())  # 'finished' when the job closes: fit(M) may follow
         result = JobResult(self.runtime.step, losses, self.runtime.plan, list(self.records), time.perf_counter() - start,
                            self.moves, self.restarts, list(self._fit_metrics), [],
-                           {d["device"]: d["node_id"] for d in self.runtime.devices()})
+                           {d.device: d.node_id for d in self.runtime.devices()})
         self.callbacks.end(result)
         return result
 
@@ -237,7 +238,7 @@ class ElasticJob:
         if self.opened.resume_from is not None:
             resumed = runtime.restore(self.opened.resume_from)
             self._saved_at = resumed
-        self.emit("job_started", devices=[{"device": d["device"], "node_id": d["node_id"], "pid": d["pid"]} for d in runtime.devices()],
+        self.emit("job_started", devices=[d.event() for d in runtime.devices()],
                   plan=runtime.plan.describe(), step=runtime.step, storage=str(self.run.storage), run_id=self.runstate.run_id,
                   cluster=self.run.cluster, resumed_from=resumed, offer=self._offer())
         self._usd_job()  # the ledger knows the offer's price from the start
@@ -262,7 +263,7 @@ class ElasticJob:
 
             from orchestrator.elastic.notice_watchers import NoticeWatchers
 
-            nodes = {d["node_id"] for d in self.runtime.devices()} | {ray.get_runtime_context().get_node_id()}
+            nodes = {d.node_id for d in self.runtime.devices()} | {ray.get_runtime_context().get_node_id()}
             self._notice_watchers = NoticeWatchers(self.spot.watch, nodes)
 
     # ----- the loop's questions (orchestrator.train.loop.Policies) -----
@@ -310,15 +311,17 @@ class ElasticJob:
                 if self.loop.stopped:
                     return
 
-    # ----- the policies: each owns its cadence and returns actions; none acts -----
+    # ----- the policies: each owns its cadence and returns actions for the carrier (inputs they read on the way,
+    # such as notices polled or workers that came up, they record themselves) -----
     def _user_policy(self, m: MeasuredIteration, target: int) -> Sequence[JobAction]:
         """The evaluation due at this step, then what the user asked for since the last step: a callback's
         failure ends the run (raised to ``fit``), then the callbacks' checkpoints and stops in order; a stop
         requested from outside (``orchestrator stop``) last."""
         actions: list[JobAction] = [Evaluate()] if every(self.train.eval_every, self.runtime.step) else []
         stop_requested = self.runstate.progress(self.runtime.step, self._live)
+        if self.callbacks.failure is not None or self.callbacks.pending or stop_requested:
+            self.loop.finish_in_flight()  # the step in flight completes (its callbacks run) before they are read
         if self.callbacks.failure is not None:
-            self.loop.finish_in_flight()  # the step in flight completes (its callbacks run) before the run ends
             raise self.callbacks.failure
         return actions + self.callbacks.take() + ([Stop("requested by orchestrator stop")] if stop_requested else [])
 
@@ -442,7 +445,7 @@ class ElasticJob:
         self._usd_job()
         last, recent = self._last_step, self.iteration_s[-5:]
         median = statistics.median(recent) if recent else None
-        nodes = {d["device"]: d["node_id"] for d in self.runtime.devices()}
+        nodes = {d.device: d.node_id for d in self.runtime.devices()}
         plan = tuple(StageStatus((s.first, s.last), s.devices, tuple(str(nodes.get(d, "")) for d in s.devices))
                      for s in self.runtime.plan.stages)
         return Live(self.target_steps, loss=last.loss if last is not None else None, eval_loss=self._eval_loss,
@@ -474,6 +477,9 @@ class ElasticJob:
             self._recovered()
         if self.callbacks.failure is not None:
             raise self.callbacks.failure
+        for action in self.callbacks.take():  # what the last step's callbacks asked for
+            if not self.loop.stopped:
+                self._act(action)
         self._commit_final()
         self.growth.finish()
 
@@ -531,9 +537,9 @@ class ElasticJob:
 
         where = self.runtime.devices()
         if self._notice_watchers is not None:
-            self._notice_watchers.watch(d["node_id"] for d in where)  # nodes that joined since fit started
+            self._notice_watchers.watch(d.node_id for d in where)  # nodes that joined since fit started
             for node, deadline in self._notice_watchers.poll():
-                here = tuple(int(d["device"]) for d in where if d["node_id"] == node and d["device"] in self.alive)
+                here = tuple(d.device for d in where if d.node_id == node and d.device in self.alive)
                 self.notify(here or tuple(sorted(self.alive)), deadline - time.time(), f"{self.spot.watch} notice on node {node[:12]}")
         draining = {n: d for n, d in draining_nodes().items() if n not in self._drained}
         if draining:
@@ -565,10 +571,10 @@ class ElasticJob:
         self.move_pairs += list(dict.fromkeys((t.src, t.dst) for t in transfers))
         reports = self.runtime.move_live(plan, [(t.src, t.dst, t.first, t.last) for t in transfers],
                                          sorted(self.alive if members is None else members))
-        if any(r["rejoined"] for r in reports):
+        if any(r.rejoined for r in reports):
             self.leaving = None  # a new process group without the evacuated devices
         self.moves += 1
-        return MoveReport(float(sum(int(r["bytes_sent"]) for r in reports)), time.perf_counter() - t0, plan)
+        return MoveReport(float(sum(r.bytes_sent for r in reports)), time.perf_counter() - t0, plan)
 
     def _preempted(self, notice: Notice) -> None:
         now = self.clock()
@@ -644,7 +650,7 @@ class ElasticJob:
                                  "lost_steps": before - self.runtime.step,
                                  "iteration_s": round(statistics.median(recent), 4) if recent else None,
                                  "plan": self.runtime.plan.describe(),
-                                 "devices": [{"device": d["device"], "node_id": d["node_id"], "pid": d["pid"]} for d in self.runtime.devices()]})
+                                 "devices": [d.event() for d in self.runtime.devices()]})
 
     def _replan(self, devices: Iterable[int]) -> Plan:
         """The job's plan for ``devices``: its planner, from the plan in force (micro-batches, schedule)."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
@@ -52,13 +53,22 @@ def read_json(location: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+_TOLD: set[str] = set()
+
+
 def read_record(root: str) -> rr.RunRecord | None:
     """The job's run record (``STORAGE/run.json``), as the job's own type reads it; None when there is none, or it
-    is being replaced or unreadable now (read again at the next poll)."""
+    is being replaced or unreadable now (read again at the next poll). A record this supervisor cannot read (another
+    raypipe's version, say) is said once on stderr, not taken silently for a run that never started."""
     _fresh(rr.location(root))
     try:
         return rr.read(root)
-    except (UserError, storage.StorageError):
+    except storage.StorageError:
+        return None
+    except UserError as exc:
+        if str(exc) not in _TOLD:
+            _TOLD.add(str(exc))
+            print(f"[supervisor] {exc}", file=sys.stderr, flush=True)
         return None
 
 

@@ -49,6 +49,9 @@ class DriverJob:
         self.out = out or sys.stdout
         self._client: Any = None
         self._stream: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._streamed = 0  # driver lines printed from the stream
+        self._cut = False  # the stream ended early or was given up on: the rest comes from the job's full log
         self.lines: list[str] = []
         """The driver's output so far (its last lines are what a user error is reported with)."""
 
@@ -107,14 +110,23 @@ class DriverJob:
                 pending += chunk
                 *lines, pending = pending.split("\n")
                 for line in lines:
-                    self._line(line)
+                    self._driver_line(line)
             if pending:
-                self._line(pending)
+                self._driver_line(pending)
 
         try:
             asyncio.run(tail())
-        except Exception as exc:  # noqa: BLE001 - the cluster went away mid-stream: the status says why
+        except Exception as exc:  # noqa: BLE001 - the cluster went away mid-stream: drain reads the rest, if it can
+            with self._lock:
+                self._cut = True
             self._line(f"[supervisor] log stream of {self.job_id} ended: {' '.join(str(exc).split())[:200]}")
+
+    def _driver_line(self, line: str) -> None:
+        with self._lock:
+            if self._cut:
+                return
+            self._streamed += 1
+        self._line(line)
 
     def _line(self, line: str) -> None:
         self.lines.append(line)
@@ -122,9 +134,22 @@ class DriverJob:
         print(line, file=self.out, flush=True)
 
     def drain(self, timeout_s: float = 10.0) -> None:
-        """Wait (a little) for the stream to print the driver's last lines."""
-        if self._stream is not None:
-            self._stream.join(timeout_s)
+        """Wait (a little) for the stream to print the driver's last lines; when the stream ended early (a closed
+        connection) or is still behind, the lines it missed are read from the job's full log once."""
+        if self._stream is None:
+            return
+        self._stream.join(timeout_s)
+        with self._lock:
+            if not (self._cut or self._stream.is_alive()):
+                return
+            self._cut = True  # from here on the stream prints nothing: no line twice
+            done = self._streamed
+        try:
+            missed = str(self.client().get_job_logs(self.job_id)).splitlines()[done:]
+        except Exception:  # noqa: BLE001 - the cluster is gone: what was streamed is all there is
+            return
+        for line in missed:
+            self._line(line)
 
     def status(self) -> str | None:
         """The job's status, or None when the cluster does not answer."""

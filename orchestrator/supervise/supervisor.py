@@ -45,7 +45,6 @@ from orchestrator.supervise.provision import ClusterHandle, ProvisionError, Prov
 from orchestrator.supervise.state import RETRY_S, EventSegment, StateStore, SupervisorState, merged_events, newest_committed, read_record
 from orchestrator.supervise.submit import TERMINAL, DriverJob, TextSink
 
-"""The driver's exit code after it committed a checkpoint and asked to move (EX_TEMPFAIL)."""
 USER_ERROR_EXITS = (1, 2)
 
 

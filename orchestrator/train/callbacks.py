@@ -130,6 +130,7 @@ class Callbacks:
             return None
 
     def start(self, info: StartInfo) -> None:
+        self.pending.clear()  # nothing asked in an earlier fit carries into this one
         for cb in self.callbacks:
             self._call(cb, "on_start", info)
 

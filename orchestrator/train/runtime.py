@@ -30,8 +30,8 @@ from actors import injection
 from actors import user_code
 from actors import waits
 from actors.group import PipelineActorError, WorkerGroup
-from actors.metrics import MeasuredIteration, combine_run
-from actors.placement import Slot, discover
+from actors.metrics import MeasuredIteration, MoveReply, combine_run
+from actors.placement import Slot, WorkerPlace, discover
 from actors.job_spec import JobSpec
 from actors.training import TrainingOptions
 from actors.ray_session import ensure_ray
@@ -134,6 +134,11 @@ class PipelineRuntime:
         assert self.group is not None
         return self.group
 
+    def _started_group(self) -> WorkerGroup:
+        """The workers, for a question about them (never starts them)."""
+        assert self._started and self.group is not None, "the runtime has not started its workers"
+        return self.group
+
     def recover(self, exc: PipelineActorError, plan: Plan | None = None, members: Sequence[int] | None = None,
                 slots: Mapping[int, int] | None = None) -> None:
         """New processes (a broken process group cannot be repaired in place), the same plan (or ``plan``, one
@@ -145,7 +150,7 @@ class PipelineRuntime:
         self.group.restart()
         self.restart_on(plan or self.plan, self.latest(), members, slots)
 
-    # ----- primitives of the job loop (orchestrator.elastic.job_loop) and the live handle -----
+    # ----- primitives of the one loop (orchestrator.train.loop) and the jobs that act between its steps -----
     def submit_step(self, step: int | None = None, count: int = 1) -> "InFlight":
         """Start iteration ``step`` (default: the next) — or the run of ``count`` consecutive
         steps from it, executed back to back in one call per worker — without waiting."""
@@ -186,7 +191,7 @@ class PipelineRuntime:
     @property
     def kind(self) -> str:
         """The devices' kind: ``gpu`` or ``cpu``."""
-        return "gpu" if self._workers().use_gpu else "cpu"
+        return "gpu" if self._started_group().use_gpu else "cpu"
 
     @property
     def size(self) -> int:
@@ -195,18 +200,18 @@ class PipelineRuntime:
 
     def unreachable(self) -> set[int]:
         """Slots whose worker cannot be reached now (its process or its node is gone)."""
-        return self._workers().unreachable_slots()
+        return self._started_group().unreachable_slots()
 
     def node_lost(self) -> set[int]:
         """Slots whose node left the cluster: no worker can start there again."""
-        return self._workers().node_lost_slots()
+        return self._started_group().node_lost_slots()
 
     def in_place_hazard(self) -> str | None:
         """Why recovery in place cannot be made safe on the workers' NCCL, or ``None`` (gloo, or a safe NCCL)."""
-        return self._workers().in_place_hazard()
+        return self._started_group().in_place_hazard()
 
     def node_of(self, device: int) -> str:
-        return str(self._workers().identities[device]["node_id"])
+        return str(self._started_group().identities[device]["node_id"])
 
     def add_worker(self, device: int, slot: Slot | None) -> None:
         """A worker for a new device, without waiting for it: a shared pool's spare slot stands in (respawned if it
@@ -308,7 +313,7 @@ class PipelineRuntime:
     def discard_step(self, flight: "InFlight") -> None:
         self._workers().discard(flight.refs)
 
-    def move_live(self, plan: Plan, transfers: Sequence[tuple[int, int, int, int]], members: Sequence[int]) -> list[dict[str, Any]]:
+    def move_live(self, plan: Plan, transfers: Sequence[tuple[int, int, int, int]], members: Sequence[int]) -> list[MoveReply]:
         """Switch to ``plan`` between iterations, handing block state worker to worker
         (:meth:`WorkerGroup.move`); no step may be in flight."""
         reports = self._workers().move(plan, transfers, members, self.iteration_timeout_s, self.step)
@@ -369,14 +374,13 @@ class PipelineRuntime:
         return self.step
 
     # ----- inspection -----
-    def devices(self) -> list[dict[str, Any]]:
+    def devices(self) -> list[WorkerPlace]:
         """Where each plan device's actor actually runs (reported by the actor at start)."""
         group = self._workers()
         out = []
         for d in sorted(self.plan.devices):
             seen = group.identities[group.slot_of[d]]
-            out.append({"device": d, "node_id": seen["node_id"], "accelerator": seen["accelerator"],
-                        "actual_device": seen["device"], "pid": seen["pid"]})
+            out.append(WorkerPlace(d, str(seen["node_id"]), int(seen["pid"]), str(seen["accelerator"]), str(seen["device"])))
         return out
 
     def state_dicts(self) -> dict[int, dict[str, Tensor]]:
@@ -501,4 +505,4 @@ class PipelineRuntime:
                                         time.perf_counter() - t0, tuple(survivors))
 
     def _survivors(self) -> list[dict[str, Any]]:
-        return [{"device": d["device"], "node_id": d["node_id"], "pid": d["pid"]} for d in self.devices()]
+        return [d.event() for d in self.devices()]

@@ -147,7 +147,7 @@ class PipelineTrainer:
         done = range(first, runtime.step)
         result = JobResult(runtime.step, {s: runtime.history[s] for s in done}, runtime.plan, [], time.perf_counter() - start,
                            0, policies.restarts, list(policies.metrics), policies.written,
-                           {d["device"]: d["node_id"] for d in runtime.devices()})
+                           {d.device: d.node_id for d in runtime.devices()})
         self.callbacks.end(result)
         if self.callbacks.failure is not None:
             raise self.callbacks.failure
