@@ -114,6 +114,8 @@ def test_a_joined_idle_device_takes_over_an_evacuated_stage_live(worker_group: A
                      AdaptConfig(enabled=False, faults=FaultSchedule((Join(2, 1),))),
                      SpotConfig(notices=(InjectedNotice(3, 60.0, (1,)),)), workers=worker_group)
     try:
+        job.fit(2)  # the join is rehearsed at step 1; its worker starts in the background
+        wait_until_up(job, 2)  # up before the notice after step 3, however loaded the machine (the decision made certain)
         events = job.fit(6).events
         (handled,) = events_named(events, "preemption_handled")
         assert handled["mode"] == "live" and handled["moves"] == [[1, 2]] and handled["lost_steps"] == 0

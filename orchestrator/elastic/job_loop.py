@@ -37,7 +37,6 @@ import sys
 from collections import deque
 import statistics
 from datetime import datetime, timezone
-import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -52,7 +51,7 @@ from orchestrator.adapt.controller import Act, Controller
 from orchestrator.adapt.handle import MoveReport, RestartReport, move_transfers
 from orchestrator.adapt.live import to_controller_metrics
 from orchestrator.adapt.rehearsal import Rehearsal
-from orchestrator.adapt.policies import (DeathDecision, GiveUp, RecoverInPlace, Restart, checkpoint_interval, on_worker_death,
+from orchestrator.adapt.policies import (DeathDecision, GiveUp, RecoverInPlace, Restart, on_worker_death,
                                          planner_plan)
 from orchestrator.core.errors import UserError
 from orchestrator.elastic.actions import Adapt, CommitUpload, Evaluate, JobAction, Leave, Preempt, Relocate, Snapshot
@@ -61,7 +60,9 @@ from orchestrator.train.discovery import connect
 from orchestrator.elastic.evacuation import Evacuate, Fallback, Notice, check_notice, plan_evacuation
 from orchestrator.elastic.job_config import AdaptConfig, RunConfig, ScalingConfig, SpotConfig, TrainConfig
 from orchestrator.train.fit_result import KEPT_METRICS, JobResult
+from orchestrator.elastic.checkpoint_policy import CheckpointPolicy
 from orchestrator.elastic.growth import Growth, check_joins
+from orchestrator.elastic.notices import Notices
 from cloud.migration import MigrationSkipped
 from orchestrator.elastic.job_spot import PriceView, build_price_view, profile_model, relocate, spot_decision
 from orchestrator.elastic.run import RunState, open_run
@@ -141,23 +142,11 @@ class ElasticJob:
         self.iteration_s: list[float] = []
         self.records: list[dict[str, Any]] = []
         self.last_metrics: MeasuredIteration | None = None
-        self._notices: list[Notice] = []
-        self._lock = threading.Lock()
+        self.notices = Notices(self.spot, self.clock)
         self._stop_signals: StopSignals | None = None  # SIGTERM/SIGINT while fit runs
         self._recovering: tuple[float, dict[str, Any]] | None = None  # a recovery's event, due when a step completes after it
-        self.checkpoint_s = 1.0
-        self._checkpoint_stall_s = 0.0  # what the newest checkpoint cost training (checkpoint_every="auto")
-        self._born = time.perf_counter()
-        self._fired: set[int] = set()  # injected notices already delivered
-        self._drained: set[str] = set()  # Ray nodes whose drain request was already turned into a notice
-        self._drain_polled = 0.0
-        # evacuated devices (their notice) still members of the process group, idle: they leave it
-        # before their deadline or at the next re-formation, not during the evacuation's stall
-        self.leaving: Notice | None = None
-        self._notice_watchers: Any = None  # orchestrator.elastic.notice_watchers.NoticeWatchers while fit runs with spot.watch
-        self._saved_at = -1  # the step of the newest checkpoint written (a step is saved once)
+        self.checkpoints = CheckpointPolicy(run)
         self.moves = self.restarts = 0
-        self._snapshot_told = False
         self.move_pairs: list[tuple[int, int]] = []  # (from, to) of every block hand-over, in order
         self.growth = Growth(self)
         self._prices: PriceView | None = None  # built on first use (price_view)
@@ -171,8 +160,8 @@ class ElasticJob:
 
     # ----- inputs -----
     def notify(self, devices: tuple[int, ...], seconds_left: float, source: str = "injected") -> None:
-        with self._lock:
-            self._notices.append(Notice(tuple(devices), self.clock() + seconds_left, source))
+        """A preemption notice for ``devices`` with ``seconds_left`` (from any thread; handled between iterations)."""
+        self.notices.notify(devices, seconds_left, source)
 
     # ----- the loop -----
     def fit(self, steps: int) -> JobResult:
@@ -205,9 +194,7 @@ class ElasticJob:
         finally:
             stop.restore()
             self._stop_signals = None
-            if self._notice_watchers is not None:
-                self._notice_watchers.stop()
-                self._notice_watchers = None
+            self.notices.stop_watching()
         losses = {s: self.runtime.history[s] for s in range(first, target) if s in self.runtime.history}
         if self._stopped_for is None:
             self.emit("job_finished", step=self.runtime.step, plan=self.runtime.plan.describe(), final_loss=losses.get(target - 1),
@@ -237,7 +224,7 @@ class ElasticJob:
         resumed = None
         if self.opened.resume_from is not None:
             resumed = runtime.restore(self.opened.resume_from)
-            self._saved_at = resumed
+            self.checkpoints.resumed(resumed)
         self.emit("job_started", devices=[d.event() for d in runtime.devices()],
                   plan=runtime.plan.describe(), step=runtime.step, storage=str(self.run.storage), run_id=self.runstate.run_id,
                   cluster=self.run.cluster, resumed_from=resumed, offer=self._offer())
@@ -261,10 +248,7 @@ class ElasticJob:
         if self.spot.enabled and self.spot.watch:  # one watcher on each node of the job and the driver's
             import ray
 
-            from orchestrator.elastic.notice_watchers import NoticeWatchers
-
-            nodes = {d.node_id for d in self.runtime.devices()} | {ray.get_runtime_context().get_node_id()}
-            self._notice_watchers = NoticeWatchers(self.spot.watch, nodes)
+            self.notices.watch({d.node_id for d in self.runtime.devices()} | {ray.get_runtime_context().get_node_id()})
 
     # ----- the loop's questions (orchestrator.train.loop.Policies) -----
     @property
@@ -328,28 +312,14 @@ class ElasticJob:
     def _checkpoint_upload_policy(self, m: MeasuredIteration, target: int) -> Sequence[JobAction]:
         """A background checkpoint uploaded during the step after it is committed now, so that a crash from here
         on loses at most the steps since it."""
-        return [CommitUpload()] if self.runtime.upload_pending and self.runtime.step > self._saved_at else []
+        return [CommitUpload()] if self.runtime.upload_pending and self.runtime.step > self.checkpoints.saved_at else []
 
     def _notice_policy(self, m: MeasuredIteration, target: int) -> Sequence[JobAction]:
         """Evacuated devices leave the process group before their deadline; notices from outside (cloud watchers,
         Ray's drain requests) and rehearsed ones are each handled (:meth:`_preempted`)."""
         if not self.spot.enabled:
             return []
-        actions: list[JobAction] = []
-        leaving = self.leaving
-        if leaving is not None and self.clock() >= leaving.deadline - self.spot.margin_s:
-            actions.append(Leave(leaving))
-        self._poll_signals()
-        step = self.runtime.step
-        for k, n in enumerate(self.spot.notices):
-            if n.at_step <= step and k not in self._fired:  # a drained step may have passed at_step
-                self._fired.add(k)
-                stages = self.runtime.plan.stages
-                doomed = stages[len(stages) // 2].devices[:1] if n.devices is None else n.devices or tuple(sorted(self.alive))
-                self.notify(doomed, n.seconds, "rehearsal")
-        with self._lock:
-            notices, self._notices = self._notices, []
-        return actions + [Preempt(n) for n in notices]
+        return self.notices.due(self.runtime.step, self.runtime.plan, self.alive, self.runtime.devices)
 
     def _adapt_policy(self, m: MeasuredIteration, target: int) -> Sequence[JobAction]:
         """Devices that joined or whose node left (growth's), then the controller's arbiter: stay, or live moves."""
@@ -377,15 +347,9 @@ class ElasticJob:
 
     def _cadence_policy(self, m: MeasuredIteration, target: int) -> Sequence[JobAction]:
         """The periodic checkpoint and the in-memory snapshot, each on its own cadence."""
-        step = self.runtime.step
-        if step >= target:
+        if self.runtime.step >= target:
             return []
-        actions: list[JobAction] = []
-        if self._checkpoint_due(step) and self._saved_at != step:
-            actions.append(Checkpoint("periodic"))
-        if every(self.run.snapshot_every, step):
-            actions.append(Snapshot())
-        return actions
+        return self.checkpoints.due(self.runtime.step, self.iteration_s[-5:], self.failures)
 
     # ----- the carrier: the only code that acts between iterations -----
     def _act(self, action: JobAction) -> None:
@@ -408,11 +372,11 @@ class ElasticJob:
         elif isinstance(action, CommitUpload):
             t0 = time.perf_counter()
             where = self._finish_checkpoint()
-            self.emit("checkpoint_committed", step=self._saved_at, path=str(where), wait_s=round(time.perf_counter() - t0, 4))
+            self.emit("checkpoint_committed", step=self.checkpoints.saved_at, path=str(where), wait_s=round(time.perf_counter() - t0, 4))
         elif isinstance(action, Leave):
             t0 = time.perf_counter()
             self.switch_live(self.runtime.plan)  # the process group is re-formed without them
-            self.leaving = None
+            self.notices.left()
             self.emit("evacuated_left", devices=list(action.notice.devices), step=self.runtime.step,
                       stall_s=round(time.perf_counter() - t0, 4))
         elif isinstance(action, Preempt):
@@ -430,8 +394,7 @@ class ElasticJob:
         else:
             assert isinstance(action, Snapshot)
             self.runtime.snapshot_in_memory()  # copied while the next step runs
-            if not self._snapshot_told:  # what in-memory snapshots cost, once (waited for, this once)
-                self._snapshot_told = True
+            if self.checkpoints.first_snapshot():  # what in-memory snapshots cost, once (waited for, this once)
                 held = self.runtime.settle_snapshots()
                 self.emit("snapshots", step=self.runtime.step, every=self.run.snapshot_every,
                           bytes_per_worker={str(d): int(b) for d, b in held.items()})
@@ -492,7 +455,7 @@ class ElasticJob:
 
     def _commit_final(self) -> None:
         """The run always ends (or stops) on a committed checkpoint of its last step."""
-        if self._saved_at != self.runtime.step:
+        if self.checkpoints.saved_at != self.runtime.step:
             self.checkpoint_now("final")
         self._finish_checkpoint()
 
@@ -500,7 +463,7 @@ class ElasticJob:
         """Wait for a background upload (if any) and commit it; the run record learns of every commit."""
         where = self.runtime.finish_checkpoint()  # the one place the job commits a background checkpoint
         if where is not None:
-            self.runstate.committed(self._saved_at, self.runtime.step)
+            self.runstate.committed(self.checkpoints.saved_at, self.runtime.step)
         return None if where is None else str(where)
 
     def _stop(self, signum: int) -> None:
@@ -516,36 +479,14 @@ class ElasticJob:
 
     def _hold(self, nxt: int) -> bool:
         """Whether a decision is due after the step before ``nxt``: then nothing is submitted ahead."""
-        due = self.runtime.upload_pending or self._checkpoint_due(nxt) or every(self.run.snapshot_every, nxt) or bool(self._notices)
+        due = self.runtime.upload_pending or self.checkpoints.checkpoint_due(nxt, self.iteration_s[-5:], self.failures) \
+            or every(self.run.snapshot_every, nxt) or self.notices.waiting
         due |= every(self.train.eval_every, nxt)
         due |= any(n.at_step == nxt for n in self.spot.notices)
         due |= self.spot.enabled and (any(s == nxt for s, _ in self.spot.price_events) or every(self.spot.migration_check_every, nxt))
         due |= any(f.at_iteration in (nxt, nxt + 1) or getattr(f, "until_iteration", None) in (nxt, nxt + 1)
                    for f in self.adapt.faults.faults)
         return due
-
-    def _poll_signals(self) -> None:
-        """Notices from outside, every ``ray_drain_poll_s``: the cloud watchers on the job's nodes
-        and Ray's drain requests (once per node), for the devices on those nodes (a notice for
-        the driver's node alone is one for the whole job: the driver goes with it)."""
-        every = self.spot.ray_drain_poll_s
-        now = time.monotonic()
-        if not every or now - self._drain_polled < every:
-            return
-        self._drain_polled = now
-        from orchestrator.elastic.drain import drain_notices, draining_nodes
-
-        where = self.runtime.devices()
-        if self._notice_watchers is not None:
-            self._notice_watchers.watch(d.node_id for d in where)  # nodes that joined since fit started
-            for node, deadline in self._notice_watchers.poll():
-                here = tuple(d.device for d in where if d.node_id == node and d.device in self.alive)
-                self.notify(here or tuple(sorted(self.alive)), deadline - time.time(), f"{self.spot.watch} notice on node {node[:12]}")
-        draining = {n: d for n, d in draining_nodes().items() if n not in self._drained}
-        if draining:
-            for devices, left, source in drain_notices(draining, where):
-                self.notify(tuple(d for d in devices if d in self.alive), left, source)
-            self._drained |= set(draining)
 
     # ----- actions -----
     def _carry_out(self, act: Act) -> list[MoveReport | RestartReport]:
@@ -572,7 +513,7 @@ class ElasticJob:
         reports = self.runtime.move_live(plan, [(t.src, t.dst, t.first, t.last) for t in transfers],
                                          sorted(self.alive if members is None else members))
         if any(r.rejoined for r in reports):
-            self.leaving = None  # a new process group without the evacuated devices
+            self.notices.left()  # a new process group without the evacuated devices
         self.moves += 1
         return MoveReport(float(sum(r.bytes_sent for r in reports)), time.perf_counter() - t0, plan)
 
@@ -592,11 +533,11 @@ class ElasticJob:
         if isinstance(decision, Evacuate):
             t0 = time.perf_counter()
             insurance = self.runtime.save_checkpoint(background=True)  # snapshot now, upload while training goes on
-            self._saved_at = self.runtime.step
+            self.checkpoints.saved(self.runtime.step, None, background=True)
             for plan in decision.steps:  # the doomed stay members while they hand their blocks over
                 self.switch_live(plan)
             self.alive -= set(notice.devices)
-            self.leaving = notice  # idle members from now on; they leave the process group before the deadline
+            self.notices.evacuated(notice)  # idle members from now on; they leave the process group before the deadline
             stall = time.perf_counter() - t0
             self.emit("preemption_handled", mode="live", reason=decision.reason, lost_steps=0, stall_s=round(stall, 4),
                       iteration_s=round(iteration_s, 4), moves=[list(p) for p in decision.moves], step=self.runtime.step,
@@ -618,7 +559,7 @@ class ElasticJob:
         self.emit("worker_failed", step=before, device=exc.device if exc.device >= 0 else None, dead=dead, failures=failures,
                   error=str(exc).splitlines()[0], cause=exc.cause or ("death" if exc.died else "error"), **hang)
         if self.runtime.upload_pending:  # either recovery discards the upload (it never commits): save that step again when due
-            self._saved_at = -1
+            self.checkpoints.upload_lost()
         plan = self.runtime.plan
         decision: DeathDecision = on_worker_death(failures, self.run.max_failures, plan, dead, sorted(self.alive),
                                                   in_place=self.run.recover_in_place, hazard=self.runtime.in_place_hazard())
@@ -632,7 +573,8 @@ class ElasticJob:
             except InPlaceImpossible as why:
                 decision = Restart(plan, True, f"recovery in place impossible: {why.reason}")
             else:
-                self.alive, self.leaving = set(rec.members), None  # the survivors keep their processes, idle ones too
+                self.alive = set(rec.members)  # the survivors keep their processes, idle ones too
+                self.notices.left()
                 self._recovering = (t0, {"mode": "in_place", "reason": decision.reason, "step": rec.resumed_step,
                                          "lost_steps": before - rec.resumed_step, "source": rec.source,
                                          "blocks_from": dict(rec.blocks_from),
@@ -642,7 +584,8 @@ class ElasticJob:
                 return
         assert isinstance(decision, Restart)
         # every device the job has had a worker for, but those whose node left: no worker can start there
-        self.alive, self.leaving = set(range(self.growth.placed)) - self.runtime.node_lost(), None
+        self.alive = set(range(self.growth.placed)) - self.runtime.node_lost()
+        self.notices.left()
         self.rehearsal.forget()  # fresh processes: no injected knobs
         self.runtime.recover(exc, self._reachable(plan), sorted(self.alive), self.slot_map())
         self.restarts += 1
@@ -706,7 +649,8 @@ class ElasticJob:
 
     def restart_on(self, plan: Plan, source: str | Path | None, devices: tuple[int, ...]) -> None:
         """Every worker configured afresh on ``plan`` over ``devices`` from the checkpoint ``source``."""
-        self.alive, self.leaving = set(devices), None
+        self.alive = set(devices)
+        self.notices.left()
         self.rehearsal.forget()
         self.runtime.restart_on(plan, source, members=sorted(devices), slots=self.slot_map())
         self.restarts += 1
@@ -742,7 +686,7 @@ class ElasticJob:
         return {d: d for d in range(self.growth.placed)}
 
     def checkpoint_now(self, why: str) -> str | None:
-        if self._saved_at == self.runtime.step:  # saved already (perhaps still uploading): commit and reuse it
+        if self.checkpoints.saved_at == self.runtime.step:  # saved already (perhaps still uploading): commit and reuse it
             committed = self._finish_checkpoint()
             return committed if committed is not None else str(ckpt.step_dir(str(self.run.storage), self.runtime.step))
         t0 = time.perf_counter()
@@ -752,20 +696,17 @@ class ElasticJob:
         except (PipelineActorError, UserError) as exc:
             self.emit("checkpoint_failed", why=why, step=self.runtime.step, error=str(exc).splitlines()[0])
             return None
-        took = self._checkpoint_stall_s = time.perf_counter() - t0
-        self._saved_at = self.runtime.step
+        took = time.perf_counter() - t0
+        self.checkpoints.saved(self.runtime.step, took, background)
         if not background:
-            self.checkpoint_s = took
             self.runstate.committed(self.runtime.step, self.runtime.step)
         self.emit("checkpoint", why=why, step=self.runtime.step, path=str(where), stall_s=round(took, 4), background=background)
         return str(where)
 
-    def _checkpoint_due(self, done: int) -> bool:
-        if self.run.checkpoint_every == "auto":  # as often as pays: the stall measured against the deaths seen (Young's interval)
-            recent = self.iteration_s[-5:]
-            return bool(recent) and done - self._saved_at >= checkpoint_interval(
-                self._checkpoint_stall_s, statistics.median(recent), self.failures, time.perf_counter() - self._born)
-        return every(int(self.run.checkpoint_every), done)
+    @property
+    def checkpoint_s(self) -> float:
+        """How long the newest synchronous checkpoint took (a notice must leave room for one)."""
+        return self.checkpoints.took_s
 
     # ----- inspection -----
     def emit(self, event: str, **fields: Any) -> None:

@@ -17,7 +17,6 @@ if TYPE_CHECKING:
     from orchestrator.core.cluster import Cluster
     from orchestrator.core.plan import Plan
     from orchestrator.core.profile import Profile
-    from orchestrator.elastic.evacuation import Notice
     from orchestrator.elastic.price_view import PriceView
     from orchestrator.elastic.job_config import AdaptConfig, RunConfig, ScalingConfig, SpotConfig, TrainConfig
     from orchestrator.train.runtime import PipelineRuntime
@@ -44,11 +43,12 @@ class JobView(Protocol):
     iteration_s: list[float]  # recent iteration times
     restarts: int
     target_steps: int  # the step the running fit ends at
-    checkpoint_s: float  # how long a checkpoint took last time
-    leaving: Notice | None  # evacuated devices still members of the process group
 
     @property
     def growth(self) -> Placed: ...
+
+    @property
+    def checkpoint_s(self) -> float: ...  # how long a synchronous checkpoint took last time
 
     def emit(self, event: str, **fields: Any) -> None: ...
 
