@@ -1,6 +1,6 @@
 """What the job's parts may read and change of a running :class:`~orchestrator.elastic.job_loop.ElasticJob`.
 
-The parts the loop delegates to — the controller's handle and the spot/migration glue (:mod:`job_spot`) and live
+The parts the job delegates to — the spot/migration glue (:mod:`job_spot`) and live
 growth (:mod:`growth`) — are handed the job itself; this protocol is the one statement of what they use, so they
 need not import the loop (which imports them: no import cycle) and the rest of the loop's state stays its own.
 """
