@@ -106,7 +106,7 @@ def test_growth_configs_are_one_line_errors(tmp_path: Path) -> None:
 @pytest.mark.ray
 def test_a_joined_idle_device_takes_over_an_evacuated_stage_live(worker_group: Any, tmp_path: Path) -> None:
     """Capacity that joined is room for an evacuation: the notified device's blocks go to the
-    newcomer in one two-worker move, which brings it into the process group. Exact, no restore."""
+    newcomer by live moves, which bring it into the process group. Exact, no restore."""
     from orchestrator import InjectedNotice
 
     job = ElasticJob(TRAIN, ScalingConfig(devices=2, max_devices=3, plan=straight_plan([0, 4, 8], 8), node_poll_s=0),
@@ -118,7 +118,10 @@ def test_a_joined_idle_device_takes_over_an_evacuated_stage_live(worker_group: A
         wait_until_up(job, 2)  # up before the notice after step 3, however loaded the machine (the decision made certain)
         events = job.fit(6).events
         (handled,) = events_named(events, "preemption_handled")
-        assert handled["mode"] == "live" and handled["moves"] == [[1, 2]] and handled["lost_steps"] == 0
+        # device 1's blocks go to the newcomer; the survivors' plan may also re-cut the boundary (the split follows
+        # the measured profile), but only onto the newcomer: nothing is restored, nobody else receives
+        assert handled["mode"] == "live" and [1, 2] in handled["moves"] and handled["lost_steps"] == 0
+        assert all(dst == 2 for _, dst in handled["moves"]), handled["moves"]
         assert sorted(job.runtime.plan.devices) == [0, 2] and not events_named(events, "resumed")
         assert job.runtime.step == 6 and job.max_abs_diff() <= 1e-5
     finally:
