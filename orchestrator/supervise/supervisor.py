@@ -353,7 +353,10 @@ class Supervisor:
         return self._lost(cur, f"job {outcome.status} (exit {outcome.exit_code}) with the run {status or 'not started'}")
 
     def _done(self, cur: _Current, record: RunRecord | None) -> None:
-        """The run finished or was stopped: said once with what it cost, its cluster torn down, nothing relaunched."""
+        """The run finished or was stopped: said once with what it cost, its cluster torn down, nothing relaunched.
+        The driver's last lines are printed first (its stream, or the job's full log): tearing the cluster down
+        would cut them."""
+        cur.job.drain()
         self.events.emit("run_stopped" if record and record.status == "stopped" else "run_finished", cluster=cur.handle.cluster_id,
                          steps_done=record.steps_done if record else None, **self._spent(record))
         self._teardown(cur.handle)
