@@ -47,3 +47,17 @@ def worker_group(ray_session: Any) -> Iterator[Any]:
     group = WorkerGroup(5, use_gpu=False)
     yield group
     group.shutdown()
+
+
+@pytest.fixture
+def world_of_one() -> Iterator[None]:
+    """A gloo process group of one in this process (for code that calls collectives), torn down after the test."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

@@ -4,7 +4,7 @@ live-move state, device selection, and a boundary dtype change caught before it 
 from __future__ import annotations
 
 from functools import partial
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -20,16 +20,6 @@ from orchestrator.core.errors import UserError
 from orchestrator.core.plan import Plan, ScheduleKind, Stage, straight_plan
 from orchestrator.schedule import lower
 
-
-@pytest.fixture
-def world_of_one() -> Iterator[None]:
-    if dist.is_initialized():
-        pytest.skip("a process group is already initialized in this process")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _mixed_block() -> nn.Module:

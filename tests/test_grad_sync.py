@@ -9,7 +9,7 @@ DistributedDataParallel, bitwise, by benchmarks/grad_sync.py.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -26,16 +26,6 @@ from orchestrator.core.plan import Plan, ScheduleKind, Stage
 from orchestrator.schedule import Kind, lower
 from orchestrator.schedule.nccl import gradient_launch_points
 
-
-@pytest.fixture
-def world_of_one() -> Iterator[None]:
-    if dist.is_initialized():
-        pytest.skip("a process group is already initialized in this process")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.fixture
