@@ -4,59 +4,82 @@ Why in memory: after a worker dies without notice the survivors keep their proce
 (:meth:`orchestrator.train.runtime.PipelineRuntime.recover_in_place`); each rolls back from a copy it
 already holds, and the dead worker's blocks come from a neighbour's copy (Gemini, SOSP'23: restoring
 from peers' memory is an order of magnitude faster than from storage) or, failing that, from the
-newest committed checkpoint. Three things put copies here, all keyed ``step -> block -> payload``
-(the :func:`actors.snapshot.snapshot_block` format, which is also what a checkpoint file holds):
+newest committed checkpoint. Three things put copies here, all keyed ``step -> block``:
 
-* **own snapshots** (``RunConfig.snapshot_every``): the blocks this worker holds, at a step;
-* **a neighbour's snapshots**: the same from the next device in the ring, copied into this process
-  (a reference would die with its owner);
+* **own snapshots** (``RunConfig.snapshot_every``): the blocks this worker holds, at a step, written once into
+  Ray's object store by this worker (:func:`actors.snapshot.to_wire`; the object is this worker's);
+* **a neighbour's snapshots**: the next device in the ring's objects, read here without a copy. The mapped
+  buffers stay valid after their owner died (the store frees an object only once nobody uses it), and on
+  another node reading them pulls a copy there, which survives the owner's node;
 * **checkpoint copies**: the host snapshot a checkpoint was written from (synchronous) or uploaded
   from (asynchronous, once its upload finished) is that step's state too, at no extra cost.
 
-Own snapshots are taken in the background (:class:`actors.snapshot.BackgroundCopy`: the parameters and the
-optimizer state are copied while the next forward and backward run, before the next optimizer step) and join
-the inventory once taken; a neighbour's arrive while this worker trains (its ``copies`` concurrency group), so
-every read and change of the inventory holds a lock. Two generations of each are kept: a death while the
-newest is being taken (the owner's copy new, the neighbour's still old) still leaves an older step that is
-complete (the driver starts a snapshot only once the previous one's neighbour copies all arrived). Buffers of the oldest own or
-neighbour generation are reused for the next one (no page faults, steady memory); checkpoint copies
-are never written into (the next asynchronous upload reuses them itself, so they are dropped first:
-:meth:`HostCopies.forget`).
+Why the object store and not this process's memory: one snapshot is then one copy of the state on the node (the
+own snapshot and the neighbour's copy on the same node are one object, and sending it costs nothing), where
+copies in each process's memory took the state, two generations of own copies, two of the neighbour's and the
+message in transit (about 8x the state per worker with training's; now about 3.5x). Own snapshots are put by a
+background thread (:class:`actors.snapshot.BackgroundCopy`: on CPU the put is the copy, of the live tensors,
+while the next forward and backward run; on a GPU a side stream copies into pinned memory first) and join the
+inventory once taken. Two generations of own snapshots are kept: a death while the newest is being taken still
+leaves the previous step complete on every survivor (the driver starts a snapshot only once the previous one's
+neighbour copies all arrived). A neighbour's newest snapshot only is kept, so that its older generation is freed
+before the next one is put (two of a worker's state in the store, not three); two deaths at once in the moment
+one keeper has the newest generation and another not yet fall back to the checkpoint. Neighbours' copies arrive
+while this worker trains (its ``copies`` concurrency group), so every read and change holds a lock.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
 
+import ray
 import torch
 from torch import nn
 
-from actors.snapshot import BackgroundCopy, deferred_snapshot, from_wire, tensor_bytes
+from actors.snapshot import BackgroundCopy, deferred_snapshot, from_wire, tensor_bytes, to_wire
 
-GENERATIONS = 2
+GENERATIONS = 2  # own snapshots (and checkpoint copies) kept; a neighbour's: its newest only
 Payload = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Stored:
+    """An own snapshot of one block in Ray's object store: its ref (this worker's) and the bytes of its tensors."""
+
+    ref: Any
+    nbytes: int
+
+
+def _put(block: int, snapshot: Callable[[], Payload]) -> Callable[[], Payload]:
+    """``snapshot`` written into Ray's object store once taken: ``{"block", "stored"}``."""
+
+    def put() -> Payload:
+        taken = snapshot()
+        return {"block": block, "stored": Stored(ray.put(to_wire(taken)), tensor_bytes(taken))}
+
+    return put
 
 
 class HostCopies:
     """Own, neighbour and checkpoint copies of block state held by one worker (see the module docstring)."""
 
     def __init__(self) -> None:
-        self._own: dict[int, dict[int, Payload]] = {}  # step -> block -> payload (snapshots and checkpoint copies)
-        self._peer: dict[int, dict[int, Payload]] = {}  # step -> block -> payload (the neighbour's snapshots)
-        self._reusable: set[int] = set()  # own steps whose buffers this store may overwrite (snapshots only)
+        self._own: dict[int, dict[int, Any]] = {}  # step -> block -> Stored (snapshots) or payload (checkpoint copies)
+        self._peer: dict[int, dict[int, Payload]] = {}  # step -> block -> the neighbour's snapshot, as sent (wire form)
         self._taking: tuple[int, BackgroundCopy] | None = None  # the own snapshot being taken, not yet in _own
         self._lock = threading.RLock()  # the neighbour's copies arrive on another thread
 
     # ----- taking -----
     def take(self, step: int, modules: Mapping[int, nn.Module], optimizers: Mapping[int, torch.optim.Optimizer]) -> BackgroundCopy:
         """Start a snapshot of ``modules`` (and their optimizers) as the state at ``step``: buffers now, parameters and
-        optimizer state by a thread into the buffers of the generation it replaces; the caller's next optimizer step
-        waits for the returned copy's ``snapshotted``. It joins the inventory once taken (:meth:`settle`)."""
+        optimizer state by a thread into the object store; the caller's next optimizer step waits for the returned
+        copy's ``snapshotted``. It joins the inventory once taken (:meth:`settle`)."""
         with self._lock:
             self.settle()
-            warm = self._evict(self._own, step, self._reusable)
-            copy = BackgroundCopy([deferred_snapshot(b, m, optimizers.get(b), into=warm.get(b)) for b, m in modules.items()],
+            self._evict(self._own, step, GENERATIONS)
+            copy = BackgroundCopy([_put(b, deferred_snapshot(b, m, optimizers.get(b), copy=False)) for b, m in modules.items()],
                                   name="snapshot")
             self._taking = (step, copy)
             return copy
@@ -68,25 +91,20 @@ class HostCopies:
                 return
             (step, copy), self._taking = self._taking, None
             copy.result()
-            self._own[step] = dict(copy.staged)
-            self._reusable.add(step)
+            self._own[step] = {b: p["stored"] for b, p in copy.staged.items()}
 
     def keep_checkpoint(self, step: int, payloads: Mapping[int, Payload]) -> None:
-        """The host snapshot a checkpoint at ``step`` was written from (not copied; never overwritten here)."""
+        """The host snapshot a checkpoint at ``step`` was written from (not copied; never written into here)."""
         with self._lock:
             self.settle()
-            self._evict(self._own, step, self._reusable)
+            self._evict(self._own, step, GENERATIONS)
             self._own.setdefault(step, {}).update(payloads)
-            self._reusable.discard(step)
 
     def keep_peer(self, step: int, payloads: Mapping[int, Payload]) -> None:
-        """A neighbour's snapshot at ``step`` (as sent: :func:`actors.snapshot.to_wire`), copied into this process's own
-        memory (into the buffers of the generation it replaces, outside the lock: nobody reads those any more)."""
+        """A neighbour's snapshot at ``step`` as read from its objects (wire form, not copied); replaces the older."""
         with self._lock:
-            warm = self._evict(self._peer, step, None)
-        copied = {b: from_wire(p, into=warm.get(b)) for b, p in payloads.items()}
-        with self._lock:
-            self._peer[step] = copied
+            self._evict(self._peer, step, 1)
+            self._peer[step] = dict(payloads)
 
     def forget(self, payloads: Mapping[int, Payload]) -> None:
         """Drop every checkpoint copy that shares a payload with ``payloads`` (buffers about to be reused)."""
@@ -94,7 +112,6 @@ class HostCopies:
         with self._lock:
             for step in [s for s, held in self._own.items() if any(id(p) in ids for p in held.values())]:
                 del self._own[step]
-                self._reusable.discard(step)
 
     def drop_after(self, step: int) -> None:
         """Forget copies of steps after ``step`` (a recovery resumed there)."""
@@ -103,21 +120,33 @@ class HostCopies:
             for held in (self._own, self._peer):
                 for s in [s for s in held if s > step]:
                     del held[s]
-            self._reusable &= set(self._own)
 
     # ----- reading (a snapshot being taken is waited for first) -----
     def get(self, step: int, block: int) -> Payload | None:
-        """This worker's copy of ``block`` at ``step`` (own first, then the neighbour's), or ``None``."""
+        """A copy of ``block`` at ``step`` in this process's memory, the caller's to keep (an optimizer keeps the
+        tensors it is given): from this worker's own copy first, then the neighbour's; ``None`` if neither."""
+        found = self._held(step, block)
+        return None if found is None else from_wire(ray.get(found.ref) if isinstance(found, Stored) else found)
+
+    def export(self, step: int, block: int) -> Any:
+        """This worker's copy of ``block`` at ``step`` as an object ref (for another survivor: read it with
+        :func:`actors.snapshot.from_wire`), or ``None``. An own snapshot is its object; other copies are put."""
+        found = self._held(step, block)
+        if found is None:
+            return None
+        return found.ref if isinstance(found, Stored) else ray.put(to_wire(found))
+
+    def _held(self, step: int, block: int) -> Any:
         with self._lock:
             self.settle()
             found = self._own.get(step, {}).get(block)
             return found if found is not None else self._peer.get(step, {}).get(block)
 
-    def own(self, step: int) -> dict[int, Payload]:
-        """This worker's own snapshot at ``step`` (waited for if being taken), block -> payload."""
+    def own_objects(self, step: int) -> dict[int, Any]:
+        """This worker's own snapshot at ``step`` (waited for if being taken): block -> object ref, for the neighbour."""
         with self._lock:
             self.settle()
-            return dict(self._own.get(step, {}))
+            return {b: p.ref for b, p in self._own.get(step, {}).items() if isinstance(p, Stored)}
 
     def inventory(self) -> dict[int, list[int]]:
         """``step -> blocks`` this worker holds a copy of (own or neighbour's)."""
@@ -127,23 +156,16 @@ class HostCopies:
             return {s: sorted(set(self._own.get(s, {})) | set(self._peer.get(s, {}))) for s in sorted(steps)}
 
     def nbytes(self) -> int:
-        """Host bytes held in copies (what the snapshots cost; checkpoint copies included)."""
+        """Bytes of state held in copies, in this process's memory or mapped from the object store (what the
+        snapshots cost; checkpoint copies included)."""
         with self._lock:
             self.settle()
-            return sum(tensor_bytes(p) for held in (self._own, self._peer) for step in held.values() for p in step.values())
+            held = [p for by_step in (self._own, self._peer) for step in by_step.values() for p in step.values()]
+            return sum(p.nbytes if isinstance(p, Stored) else tensor_bytes(p) for p in held)
 
-    # ----- generations -----
     @staticmethod
-    def _evict(held: dict[int, dict[int, Payload]], step: int, reusable: set[int] | None) -> dict[int, Payload]:
-        """Make room for ``step`` (at most :data:`GENERATIONS` steps); returns the evicted generation's payloads
-        when their buffers may be reused (``reusable``: the steps whose may; ``None``: all)."""
+    def _evict(held: dict[int, dict[int, Any]], step: int, keep: int) -> None:
+        """Make room for ``step``: at most ``keep`` steps held once it is added."""
         held.pop(step, None)
-        warm: dict[int, Payload] = {}
-        while len(held) >= GENERATIONS:
-            oldest = min(held)
-            gone = held.pop(oldest)
-            if reusable is None or oldest in reusable:
-                warm = gone
-            if reusable is not None:
-                reusable.discard(oldest)
-        return warm
+        while len(held) >= keep:
+            del held[min(held)]

@@ -23,19 +23,20 @@ from torch import Tensor, nn
 
 def snapshot_block(block: int, module: nn.Module, optimizer: torch.optim.Optimizer | None,
                    taken: Mapping[str, Tensor] | None = None, into: Mapping[str, Any] | None = None,
-                   non_blocking: bool = False) -> dict[str, Any]:
+                   non_blocking: bool = False, copy: bool = True) -> dict[str, Any]:
     """A CPU copy of one block's state, independent of later optimizer steps (so it can be
     uploaded in the background while training goes on). ``taken``: entries copied earlier.
     ``into``: an earlier snapshot of this block whose host tensors are overwritten where shape and
     dtype still match (see :class:`actors.checkpoint.BackgroundWrite`: warm staging buffers copy
     without page faults). ``non_blocking``: device tensors are copied asynchronously into pinned
-    memory; the caller synchronizes the stream before reading the result."""
+    memory; the caller synchronizes the stream before reading the result. ``copy=False``: host tensors
+    are the state itself, for a caller that copies them before the next optimizer step (into the object store)."""
     taken = taken or {}
     model = into.get("model") if into is not None else None
-    state = {k: taken[k] if k in taken else host_copy(v, into=model.get(k) if isinstance(model, dict) else None, non_blocking=non_blocking)
+    state = {k: taken[k] if k in taken else host_copy(v, copy, model.get(k) if isinstance(model, dict) else None, non_blocking)
              for k, v in module.state_dict().items()}
-    opt = host_copy(optimizer.state_dict(), into=into.get("optimizer") if into is not None else None,
-                    non_blocking=non_blocking) if optimizer is not None else None
+    opt = host_copy(optimizer.state_dict(), copy, into.get("optimizer") if into is not None else None,
+                    non_blocking) if optimizer is not None else None
     return {"block": block, "model": state, "optimizer": opt, "shapes": {k: list(v.shape) for k, v in state.items()}}
 
 
@@ -85,37 +86,40 @@ def to_wire(item: Any) -> Any:
     return item
 
 
-def from_wire(item: Any, into: Any = None) -> Any:
-    """:func:`to_wire`'s inverse, every tensor copied into this process's memory (into ``into``'s tensors where
-    shape and dtype match, as :func:`host_copy`): the object store's buffers are read-only and go with their ref."""
+def from_wire(item: Any) -> Any:
+    """:func:`to_wire`'s inverse, every tensor (a host tensor too) copied into this process's memory, the caller's to
+    keep: the object store's buffers are read-only and go with their ref."""
     if isinstance(item, WireTensor):
         with warnings.catch_warnings():  # a read-only buffer: only read, to copy it
             warnings.simplefilter("ignore", UserWarning)
             raw = torch.from_numpy(item.data) if item.data.size else torch.empty(0, dtype=torch.uint8)
-        return host_copy(raw.view(item.dtype).reshape(item.shape), into=into)
+        return host_copy(raw.view(item.dtype).reshape(item.shape))
+    if isinstance(item, Tensor):
+        return host_copy(item)
     if isinstance(item, dict):
-        return {k: from_wire(v, into.get(k) if isinstance(into, dict) else None) for k, v in item.items()}
+        return {k: from_wire(v) for k, v in item.items()}
     if isinstance(item, (list, tuple)):
-        olds = into if isinstance(into, (list, tuple)) and len(into) == len(item) else [None] * len(item)
-        return type(item)(from_wire(v, o) for v, o in zip(item, olds))
+        return type(item)(from_wire(v) for v in item)
     return item
 
 
 def deferred_snapshot(block: int, module: nn.Module, optimizer: torch.optim.Optimizer | None,
-                      into: Mapping[str, Any] | None = None) -> Callable[[], dict[str, Any]]:
+                      into: Mapping[str, Any] | None = None, copy: bool = True) -> Callable[[], dict[str, Any]]:
     """:func:`snapshot_block` in two parts: the buffers now, the parameters and the optimizer state when called.
 
     Why: parameters and optimizer state change only in the optimizer step, so their copy may run in a thread while
     the next iteration's forward and backward run, as long as it ends before that step (the executor waits for it,
     ``Executor.snapshot_due``) — the training then stalls only for what the copy does not overlap. Buffers are
-    copied at once because a forward may update them in place (BatchNorm's running statistics)."""
+    copied at once because a forward may update them in place (BatchNorm's running statistics). ``copy=False`` (on
+    CPU): the parameters and optimizer state are the live tensors themselves, for a caller that copies them in the
+    thread (into the object store: :mod:`actors.host_copies`); on a GPU they are copied into pinned memory either way."""
     params = {k for k, v in module.state_dict(keep_vars=True).items() if isinstance(v, nn.Parameter)}
     model = into.get("model") if into is not None else None
     buffers = {k: host_copy(v, into=model.get(k) if isinstance(model, dict) else None)
                for k, v in module.state_dict().items() if k not in params}
     device = next((t.device for t in module.state_dict().values() if t.is_cuda), None)
     if device is None:
-        return lambda: snapshot_block(block, module, optimizer, taken=buffers, into=into)
+        return lambda: snapshot_block(block, module, optimizer, taken=buffers, into=into, copy=copy)
     asked = torch.cuda.Event()
     asked.record(torch.cuda.current_stream(device))  # after the step that produced this state
 
@@ -269,6 +273,8 @@ def tensor_bytes(item: Any) -> int:
     """The bytes of the tensors in ``item`` (nested dicts, lists, tuples): about what saving it needs."""
     if isinstance(item, torch.Tensor):
         return item.numel() * item.element_size()
+    if isinstance(item, WireTensor):
+        return int(item.data.nbytes)
     if isinstance(item, Mapping):
         return sum(tensor_bytes(v) for v in item.values())
     if isinstance(item, (list, tuple)):

@@ -19,7 +19,7 @@ import ray
 from actors import checkpoint as ckpt
 from actors.execution import Executor
 from actors.host_copies import HostCopies
-from actors.snapshot import BackgroundCopy, host_copy, snapshot_block, to_wire
+from actors.snapshot import BackgroundCopy, from_wire, snapshot_block
 
 
 class WorkerCheckpoints:
@@ -117,11 +117,12 @@ class WorkerCheckpoints:
     def peer_payloads(self, step: int) -> dict[int, Any]:
         """This worker's snapshot at ``step`` once taken, as object refs owned by this worker, for the neighbour that
         keeps a copy (:meth:`keep_peer_copy`). Runs beside training (the ``copies`` concurrency group)."""
-        return {b: ray.put(to_wire(p)) for b, p in self.copies.own(step).items()}
+        return self.copies.own_objects(step)
 
     def keep_peer_copy(self, step: int, *parts: dict[int, Any]) -> int:
-        """Copy neighbours' snapshots at ``step`` (``parts``: block -> object ref, one per owner) into this process;
-        returns the bytes of copies held here. Runs beside training (the ``copies`` concurrency group)."""
+        """Keep neighbours' snapshots at ``step`` (``parts``: block -> object ref, one per owner), mapped from the
+        object store (pulled to this node if they are on another); returns the bytes of copies held here. Runs beside
+        training (the ``copies`` concurrency group)."""
         refs = {int(b): r for part in parts for b, r in part.items()}
         self.copies.keep_peer(step, dict(zip(refs, ray.get(list(refs.values())))))
         return self.copies.nbytes()
@@ -130,10 +131,9 @@ class WorkerCheckpoints:
         """This worker's copies of ``blocks`` at ``step`` as object refs (for a survivor that now holds them)."""
         out: dict[int, Any] = {}
         for b in blocks:
-            found = self.copies.get(step, b)
-            if found is None:
+            out[b] = self.copies.export(step, b)
+            if out[b] is None:
                 raise RuntimeError(f"device {device} holds no copy of block {b} at step {step}")
-            out[b] = ray.put(found)
         return out
 
     def restore_copies(self, ex: Executor, step: int, fetched: dict[int, Any], directory: str | None,
@@ -143,16 +143,14 @@ class WorkerCheckpoints:
         entries = {int(e["block"]): e for e in manifest["files"]} if manifest is not None else {}
         counts = {"own": 0, "peer": 0, "storage": 0}
         for b, module in ex.modules.items():
-            payload = self.copies.get(step, b)
+            payload = self.copies.get(step, b)  # each source gives a copy of its own: the optimizer keeps the tensors
             where = "own"
             if payload is None and b in fetched:
-                payload, where = ray.get(fetched[b]), "peer"
+                payload, where = from_wire(ray.get(fetched[b])), "peer"
             if payload is None:
                 if directory is None or b not in entries:
                     raise RuntimeError(f"device {ex.device}: no copy of block {b} at step {step} and no checkpoint")
                 payload, where = ckpt.read_block(directory, entries[b]), "storage"
-            else:  # the optimizer keeps the tensors it is given: a copy, so that training never writes into ours
-                payload = host_copy(payload)
             ckpt.restore_block(payload, module, ex.optimizers.get(b), f"host copy of block {b} at step {step}")
             counts[where] += 1
         self.copies.drop_after(step)

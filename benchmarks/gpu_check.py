@@ -207,6 +207,7 @@ def main() -> int:
     store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=timedelta(seconds=60))
     dist.init_process_group(backend, store=store, rank=0, world_size=1, device_id=device if kind == "cuda" else None)
     group = new_group([0], 60.0)  # a real group of one, as a stage's norm group
+    _ray_up(device)  # in-memory snapshots live in Ray's object store, in this process's checks too
     failed = 0
     for name, check, needs_cuda in CHECKS:
         if needs_cuda and kind != "cuda":

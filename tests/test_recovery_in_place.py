@@ -14,7 +14,10 @@ from typing import Any, Iterator
 
 import pytest
 import torch
+from torch import nn
 
+from actors.host_copies import HostCopies
+from actors.snapshot import from_wire, to_wire
 from actors.stage_worker import StageWorker
 from actors.group import PipelineActorError
 from actors.injection import arm_kills
@@ -218,3 +221,53 @@ def test_a_full_restart_leaves_the_slots_of_a_node_that_left_dead_instead_of_wai
             group.configure(runtime.spec, straight_plan([0, 4, 8], M), members=[0, 1])
     finally:
         group.shutdown()
+
+
+@pytest.mark.ray
+def test_host_copies_keep_two_own_generations_in_the_object_store_and_the_neighbours_newest(ray_session: Any) -> None:
+    """Own snapshots are objects of the store, copies of the live state (a later in-place change does not reach
+    them); two generations are kept, each read back as a copy of the reader's own; a neighbour's newest only."""
+    torch.manual_seed(0)
+    block = nn.Linear(4, 4)
+    opt = torch.optim.SGD(block.parameters(), lr=0.1, momentum=0.9)
+    block(torch.ones(2, 4)).sum().backward()
+    opt.step()
+    copies = HostCopies()
+    for step in (1, 2):
+        copies.take(step, {0: block}, {0: opt}).snapshotted.wait()
+    before = block.weight.detach().clone()
+    with torch.no_grad():
+        block.weight.add_(1.0)  # after the copy was taken: the snapshot keeps step 2's state
+    copies.take(3, {0: block}, {0: opt}).snapshotted.wait()  # on CPU the put of the live tensors is the copy
+    taken = block.weight.detach().clone()
+    with torch.no_grad():
+        block.weight.add_(1.0)  # as the next optimizer step would, once the copy exists
+    assert copies.inventory() == {2: [0], 3: [0]}
+    at2, at3 = copies.get(2, 0), copies.get(3, 0)
+    assert at2 is not None and at3 is not None
+    assert torch.equal(at2["model"]["weight"], before) and torch.equal(at3["model"]["weight"], taken)
+    at3["model"]["weight"].zero_()  # the reader's own copy: the held one is unchanged
+    again = copies.get(3, 0)
+    assert again is not None and torch.equal(again["model"]["weight"], taken)
+    assert isinstance(copies.own_objects(3)[0], ray_session.ObjectRef)
+    assert copies.nbytes() == 2 * (16 + 4 + 16 + 4) * 4  # weights and momentum, two generations
+    copies.keep_peer(8, {1: to_wire(at2)})
+    copies.keep_peer(9, {1: to_wire(again)})
+    assert copies.inventory() == {2: [0], 3: [0], 9: [1]}  # the neighbour's older generation is freed
+    copies.drop_after(2)
+    assert copies.inventory() == {2: [0]}
+
+
+@pytest.mark.ray
+def test_a_checkpoint_copy_is_read_as_a_copy_exported_through_the_store_and_forgotten_before_reuse(ray_session: Any) -> None:
+    block = nn.Linear(2, 2)
+    copies = HostCopies()
+    staged = {0: {"block": 0, "model": {k: v.clone() for k, v in block.state_dict().items()}, "optimizer": None}}
+    copies.keep_checkpoint(4, staged)
+    got = copies.get(4, 0)
+    assert got is not None and got["model"]["weight"] is not staged[0]["model"]["weight"]
+    assert torch.equal(got["model"]["weight"], staged[0]["model"]["weight"])
+    sent = from_wire(ray_session.get(copies.export(4, 0)))
+    assert torch.equal(sent["model"]["bias"], staged[0]["model"]["bias"])
+    copies.forget(staged)
+    assert 4 not in copies.inventory() and copies.export(4, 0) is None

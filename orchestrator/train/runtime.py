@@ -406,13 +406,14 @@ class PipelineRuntime:
 
     # ----- recovery in place (orchestrator/train/recovery.py chooses; these carry it out) -----
     def snapshot_in_memory(self) -> None:
-        """Every worker snapshots its blocks at the current step into host memory and the next device in the ring
-        keeps a copy (Gemini-style), so a death without notice loses only the steps since. Between iterations (no
-        step in flight), and asynchronous: this only submits. Each worker copies while its next iteration's forward
-        and backward run (its optimizer step waits for the copy, the first thing that changes the state); the
-        neighbour's copy is sent and kept beside training (the workers' ``copies`` concurrency group). The previous
-        snapshot is waited for first (:meth:`settle_snapshots`: usually done long before), so the older generation
-        each worker replaces is never the only complete one."""
+        """Every worker snapshots its blocks at the current step into Ray's object store and the next device in the
+        ring keeps it (Gemini-style: mapped on one node, pulled to its own node otherwise; :mod:`actors.host_copies`),
+        so a death without notice loses only the steps since. Between iterations (no step in flight), and
+        asynchronous: this only submits. Each worker copies while its next iteration's forward and backward run (its
+        optimizer step waits for the copy, the first thing that changes the state); the neighbour takes it beside
+        training (the workers' ``copies`` concurrency group). The previous snapshot is waited for first
+        (:meth:`settle_snapshots`: usually done long before), so the older generation each worker replaces is never
+        the only complete one."""
         self.settle_snapshots()
         group = self._workers()
         devices = group.plan_devices()
