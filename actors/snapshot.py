@@ -23,21 +23,29 @@ from torch import Tensor, nn
 
 def snapshot_block(block: int, module: nn.Module, optimizer: torch.optim.Optimizer | None,
                    taken: Mapping[str, Tensor] | None = None, into: Mapping[str, Any] | None = None,
-                   non_blocking: bool = False, copy: bool = True) -> dict[str, Any]:
+                   non_blocking: bool = False) -> dict[str, Any]:
     """A CPU copy of one block's state, independent of later optimizer steps (so it can be
     uploaded in the background while training goes on). ``taken``: entries copied earlier.
     ``into``: an earlier snapshot of this block whose host tensors are overwritten where shape and
     dtype still match (see :class:`actors.checkpoint.BackgroundWrite`: warm staging buffers copy
     without page faults). ``non_blocking``: device tensors are copied asynchronously into pinned
-    memory; the caller synchronizes the stream before reading the result. ``copy=False``: host tensors
-    are the state itself, for a caller that copies them before the next optimizer step (into the object store)."""
+    memory; the caller synchronizes the stream before reading the result."""
+    return _block_copy(block, module.state_dict(), optimizer.state_dict() if optimizer is not None else None,
+                       taken, into, non_blocking)
+
+
+def _block_copy(block: int, state: Mapping[str, Tensor], optimizer_state: Mapping[str, Any] | None,
+                taken: Mapping[str, Tensor] | None, into: Mapping[str, Any] | None, non_blocking: bool,
+                copy: bool = True) -> dict[str, Any]:
+    """:func:`snapshot_block` of state dicts read earlier. ``copy=False``: host tensors are the state itself, for a
+    caller that copies them before the next optimizer step (into the object store)."""
     taken = taken or {}
     model = into.get("model") if into is not None else None
-    state = {k: taken[k] if k in taken else host_copy(v, copy, model.get(k) if isinstance(model, dict) else None, non_blocking)
-             for k, v in module.state_dict().items()}
-    opt = host_copy(optimizer.state_dict(), copy, into.get("optimizer") if into is not None else None,
-                    non_blocking) if optimizer is not None else None
-    return {"block": block, "model": state, "optimizer": opt, "shapes": {k: list(v.shape) for k, v in state.items()}}
+    out = {k: taken[k] if k in taken else host_copy(v, copy, model.get(k) if isinstance(model, dict) else None, non_blocking)
+           for k, v in state.items()}
+    opt = host_copy(optimizer_state, copy, into.get("optimizer") if into is not None else None,
+                    non_blocking) if optimizer_state is not None else None
+    return {"block": block, "model": out, "optimizer": opt, "shapes": {k: list(v.shape) for k, v in out.items()}}
 
 
 def host_copy(item: Any, copy: bool = True, into: Any = None, non_blocking: bool = False) -> Any:
@@ -110,22 +118,25 @@ def deferred_snapshot(block: int, module: nn.Module, optimizer: torch.optim.Opti
     Why: parameters and optimizer state change only in the optimizer step, so their copy may run in a thread while
     the next iteration's forward and backward run, as long as it ends before that step (the executor waits for it,
     ``Executor.snapshot_due``) — the training then stalls only for what the copy does not overlap. Buffers are
-    copied at once because a forward may update them in place (BatchNorm's running statistics). ``copy=False`` (on
-    CPU): the parameters and optimizer state are the live tensors themselves, for a caller that copies them in the
-    thread (into the object store: :mod:`actors.host_copies`); on a GPU they are copied into pinned memory either way."""
+    copied at once because a forward may update them in place (BatchNorm's running statistics); the state dicts
+    are read at once too (references: what a hyperparameter change between iterations sets, the learning rate,
+    is the next step's, not this snapshot's). ``copy=False`` (on CPU): the parameters and optimizer state are the
+    live tensors themselves, for a caller that copies them in the thread (into the object store:
+    :mod:`actors.host_copies`); on a GPU they are copied into pinned memory either way."""
+    state = module.state_dict()
+    optimizer_state = optimizer.state_dict() if optimizer is not None else None
     params = {k for k, v in module.state_dict(keep_vars=True).items() if isinstance(v, nn.Parameter)}
     model = into.get("model") if into is not None else None
-    buffers = {k: host_copy(v, into=model.get(k) if isinstance(model, dict) else None)
-               for k, v in module.state_dict().items() if k not in params}
-    device = next((t.device for t in module.state_dict().values() if t.is_cuda), None)
+    buffers = {k: host_copy(v, into=model.get(k) if isinstance(model, dict) else None) for k, v in state.items() if k not in params}
+    device = next((t.device for t in state.values() if t.is_cuda), None)
     if device is None:
-        return lambda: snapshot_block(block, module, optimizer, taken=buffers, into=into, copy=copy)
+        return lambda: _block_copy(block, state, optimizer_state, buffers, into, False, copy)
     asked = torch.cuda.Event()
     asked.record(torch.cuda.current_stream(device))  # after the step that produced this state
 
     def take() -> dict[str, Any]:
         with _copy_stream(device, asked) as stream:
-            snap = snapshot_block(block, module, optimizer, taken=buffers, into=into, non_blocking=True)
+            snap = _block_copy(block, state, optimizer_state, buffers, into, True)
         stream.synchronize()  # the pinned copies are complete before anyone reads them (or the step goes on)
         return snap
 
@@ -148,24 +159,26 @@ class BackgroundCopy:
     Why a thread: parameters and optimizer state change only in the next optimizer step, so their copy overlaps
     the next forward and backward; the executor's optimizer step waits for :attr:`snapshotted` (set once every
     copy exists, or failed), so training stalls only for the part of the copy it does not hide. On CUDA each
-    deferred snapshot copies on a side stream into pinned buffers (``into``: warm ones, allocated once and
-    reused); on CPU the thread copies. Once taken the copies are :attr:`staged` (block -> payload, read-only from
-    then on). ``then`` runs on the same thread afterwards (an upload, the neighbour's copy); :meth:`result` waits
-    for it and returns what it returned, or raises what the copy or ``then`` raised.
+    deferred snapshot copies on a side stream into pinned buffers; on CPU the thread copies. Once taken the
+    payloads are :attr:`staged` (block -> what each deferred snapshot returned: a host copy, read-only from then
+    on, or an in-memory snapshot's object). ``then`` runs on the same thread afterwards (an upload);
+    :meth:`result` waits for it and returns what it returned, or raises what the copy or ``then`` raised.
 
-    The thread runs at the lowest CPU priority while nobody waits for it (:class:`UploadPriority`): the copy uses
-    the cores training leaves idle (a GPU's, a pipeline's bubbles); where training keeps every core busy it runs
-    when the step waits for it (at normal priority then), so the stall is at most that copy. Used by the
-    asynchronous checkpoint (:class:`actors.checkpoint.BackgroundWrite`) and the in-memory snapshots
-    (:class:`actors.host_copies.HostCopies`).
+    ``idle`` (the asynchronous checkpoint, :class:`actors.checkpoint.BackgroundWrite`): the thread runs at the
+    lowest CPU priority while nobody waits for it (:class:`UploadPriority`), so the copy and the upload use the
+    cores training leaves idle (a GPU's, a pipeline's bubbles); where training keeps every core busy the copy runs
+    when the step waits for it (at normal priority then). The in-memory snapshots
+    (:class:`actors.host_copies.HostCopies`) run at normal priority: they are due at the very next optimizer step,
+    and at the lowest priority on cores training fills the whole copy would become the step's stall.
     """
 
     def __init__(self, payloads: Sequence[Mapping[str, Any] | Callable[[], Mapping[str, Any]]],
-                 then: Callable[[list[Mapping[str, Any]]], Any] | None = None, name: str = "host-copy") -> None:
+                 then: Callable[[list[Mapping[str, Any]]], Any] | None = None, name: str = "host-copy",
+                 idle: bool = True) -> None:
         self.staged: dict[int, Mapping[str, Any]] = {}
         self.error: BaseException | None = None
         self._payloads, self._then, self._outcome = list(payloads), then, None
-        self._priority = UploadPriority()
+        self._priority = UploadPriority(idle)
         self.snapshotted = WaitRaising(self._priority)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -190,6 +203,11 @@ class BackgroundCopy:
     def done(self) -> bool:
         return not self._thread.is_alive()
 
+    def hand_over(self) -> dict[int, Mapping[str, Any]]:
+        """:attr:`staged`, which this object then forgets: their new holder alone decides how long they live."""
+        staged, self.staged = self.staged, {}
+        return staged
+
     def result(self, timeout_s: float | None = None) -> Any:
         """Wait (at normal priority) for the copy and ``then``; raises their error, or TimeoutError."""
         self._priority.waited(for_good=True)
@@ -213,7 +231,8 @@ class UploadPriority:
     (root, or an RLIMIT_NICE that allows nice 0) is it lowered at all; elsewhere it runs at normal priority.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, idle: bool = True) -> None:
+        self._idle = idle  # False: never lowered
         self._lock = threading.Lock()
         self._tid: int | None = None  # the thread, while lowered
         self._copy_waited = False  # a step waits for the copy: normal priority until the copy exists
@@ -223,7 +242,7 @@ class UploadPriority:
         """Called by the upload thread: at its start, and with ``copied`` once the snapshot exists."""
         with self._lock:
             self._copy_waited = self._copy_waited and not copied
-            if self._waited or self._copy_waited or self._tid is not None or not _can_raise_again():
+            if not self._idle or self._waited or self._copy_waited or self._tid is not None or not _can_raise_again():
                 return
             tid = threading.get_native_id()
             try:

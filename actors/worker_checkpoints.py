@@ -67,8 +67,9 @@ class WorkerCheckpoints:
         return [ckpt.write_payload(directory, snap, step, ex.spec.run_id, ex.spec.storage_retry_s) for snap in snaps.values()]
 
     def snapshot_taken(self) -> None:
-        """Wait until an asynchronous checkpoint's copy of this worker's state exists (before the state is changed
-        outside an iteration: blocks moved away or restored)."""
+        """Wait until the copies of this worker's state being taken in the background exist (an asynchronous
+        checkpoint's, an in-memory snapshot's), before the state is changed outside an iteration: blocks moved away
+        or restored."""
         for copying in (self.upload, self.snapshot):
             if copying is not None:
                 copying.snapshotted.wait()

@@ -316,7 +316,7 @@ SNAPSHOT_TITLE = "## In-memory snapshot cost (`--snapshot-cost`)"
 SNAPSHOT_MEMORY_FACTOR = 4.4
 """Host memory per worker in multiples of its state with snapshots on: the state and its gradients (1.5), two
 generations of its snapshot in the object store (2; the neighbour's copy is the same object on one node), the
-optimizer step's temporaries and the process (17.1 GB measured at 4 x 1 GB)."""
+optimizer step's temporaries and the process (about 17 GB measured at 4 x 1 GB)."""
 STORE_PER_STATE = 2.5
 """Ray's object store per worker in multiples of its state: two generations of snapshots and room (Ray's default,
 30% of memory, would spill the second generation of 1 GB per worker to disk)."""
@@ -363,9 +363,11 @@ def snapshot_table(rows: list[dict[str, float]], skipped: list[str]) -> list[str
             "Where training keeps every core busy, as here, the copies' CPU time shows as a longer step (overlapped "
             "or waited for alike) while the stall stays small: this model's step is bound by memory bandwidth (16 "
             "rows through width x width layers) and a snapshot reads and writes every byte of the state once more, "
-            "on cores training already fills. On a GPU the copies run on the copy engine and on host cores training "
-            "leaves idle. The warm-up writes the object store once before measuring (a long run's steady state: "
-            "until then each put also faults in fresh pages). Before this design the snapshot was one synchronous "
+            "on cores training already fills. Here overlapping costs step time rather than saving it (the overlapped "
+            "column is above the waited one: the copies contend with training for the same cores and memory). On a "
+            "GPU the copies run on the copy engine and on host cores training leaves idle. The warm-up takes "
+            "snapshots until the object store's size was written once (a long run's steady state: until then a put "
+            "may also fault in fresh pages of the store). Before this design the snapshot was one synchronous "
             "call between steps: 45 ms of a 79 ms step on the faults benchmark's small model (57%), all of it "
             "blocking; with copies in each worker's own memory, host memory was about 8x the state per worker and "
             "1 GB per worker did not fit in this machine's 23 GB.", ""]

@@ -108,8 +108,10 @@ def _placement(cluster: Any, workers: list[Any], tmp: Path) -> dict[str, Any]:
         out["slot_nodes"] = [slot.node_id for slot in runtime.group.processes.slots]
         watcher = NodeTable("cpu")
         doomed = workers[1].node_id
+        keeper, want = _neighbour_copy(doomed, workers[0].node_id)
         cluster.remove_node(workers[1])
         out["events"] = job.fit(6).events  # to step 6
+        out["neighbour_copy_exact"] = bool(torch.equal(ray.get(keeper.read.remote()), want))
         lost, _ = watcher.poll()
         out["lost_slots"] = [s.node_id for s in lost]
         out["doomed"] = doomed
@@ -123,6 +125,39 @@ def _placement(cluster: Any, workers: list[Any], tmp: Path) -> dict[str, Any]:
     finally:
         job.close()
     return out
+
+
+def _neighbour_copy(owner_node: str, keeper_node: str) -> tuple[Any, torch.Tensor]:
+    """An in-memory snapshot taken on ``owner_node`` (:class:`actors.host_copies.HostCopies`: an object of the store,
+    owned by the process that put it) and kept by a neighbour on ``keeper_node``, as a job's workers do; returns the
+    keeper and the state the snapshot holds. The caller removes the owner's node: the keeper must still read it."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    @ray.remote(num_cpus=0)
+    class Holder:
+        def __init__(self) -> None:
+            from actors.host_copies import HostCopies
+
+            self.copies, self.block = HostCopies(), torch.nn.Linear(256, 256)  # 256 KiB: in the store, not inlined
+
+        def snapshot(self) -> tuple[dict[int, Any], torch.Tensor]:
+            self.copies.take(1, {0: self.block}, {}).snapshotted.wait()
+            return self.copies.own_objects(1), self.block.weight.detach().clone()
+
+        def keep(self, refs: dict[int, Any]) -> None:
+            self.copies.keep_peer(1, dict(zip(refs, ray.get(list(refs.values())))))
+
+        def read(self) -> torch.Tensor:
+            held = self.copies.get(1, 0)
+            assert held is not None, "the keeper holds no copy"
+            return held["model"]["weight"]
+
+    owner, keeper = (Holder.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote()  # type: ignore[attr-defined]
+                     for n in (owner_node, keeper_node))
+    refs, want = ray.get(owner.snapshot.remote())
+    ray.get(keeper.keep.remote(refs))
+    return keeper, want
 
 
 def growth(tmp: Path) -> dict[str, Any]:

@@ -74,6 +74,7 @@ def test_a_removed_node_is_device_loss_and_training_continues_exactly(scenario: 
     assert [e for e in events if e["event"] == "worker_failed"] and [e for e in events if e["event"] in ("recovered", "resumed")]
     assert scenario["iteration"] == 6  # fit(6): to step 6
     assert scenario["max_abs_diff"] <= 1e-6  # recovered from the survivors' snapshots and the checkpoint
+    assert scenario["neighbour_copy_exact"]  # a snapshot kept on another node outlives its owner's node
 
 
 @pytest.mark.ray

@@ -170,11 +170,11 @@ class RunConfig:
     """The cluster id its supervisor gave this job (``None``: not supervised). A supervised job asks
     its supervisor to migrate (it commits, records the request and stops) instead of restarting in place."""
     snapshot_every: int = 0
-    """In-memory snapshots every N steps between stored checkpoints (0: off): each worker keeps its
-    blocks' state in host memory and a neighbour (on another node where there is one) keeps a copy,
+    """In-memory snapshots every N steps between stored checkpoints (0: off): each worker writes its
+    blocks' state into Ray's object store and a neighbour (on another node where there is one) keeps it,
     so a death without notice loses at most the steps since the last snapshot (the last complete one: each is
-    copied while the next step runs, its optimizer step waiting for the copy, and sent to the neighbour beside
-    training)."""
+    copied while the next step runs, its optimizer step waiting for the copy, and taken by the neighbour beside
+    training). The object store needs room for two generations of each worker's state."""
     recover_in_place: bool = True
     """A death without notice: the survivors keep their processes and roll back from host copies
     (off, or when impossible: every worker restarts from the newest checkpoint)."""

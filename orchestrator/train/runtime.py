@@ -438,11 +438,15 @@ class PipelineRuntime:
         return {k: int(b) for k, b in zip(flight.keepers, held)}
 
     def _drain_snapshot(self, timeout_s: float) -> None:
-        """After a death: let the copies still in flight arrive (they count), those a dead worker was part of fail."""
+        """After a death: let the copies still in flight arrive (they count), those a dead worker was part of fail.
+        One still running after ``timeout_s`` could change a survivor's copies after they were counted: then no
+        recovery in place."""
         flight, self._snapshot = self._snapshot, None
         if flight is not None:
             refs = [*flight.started, *flight.kept]
-            ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+            _, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+            if pending:
+                raise recovery.InPlaceImpossible(f"the snapshot at step {flight.step} was still being copied after {timeout_s:.0f} s")
 
     def recover_in_place(self, dead: Collection[int], plan: Plan, alive: Collection[int] | None = None) -> recovery.InPlaceRecovery:
         """After workers died without notice (``dead``, and any on a node that left; every step in flight discarded):
