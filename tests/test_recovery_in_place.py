@@ -251,11 +251,13 @@ def test_host_copies_keep_two_own_generations_in_the_object_store_and_the_neighb
     assert again is not None and torch.equal(again["model"]["weight"], taken)
     assert isinstance(copies.own_objects(3)[0], ray_session.ObjectRef)
     assert copies.nbytes() == 2 * (16 + 4 + 16 + 4) * 4  # weights and momentum, two generations
-    copies.keep_peer(8, {1: to_wire(at2)})
-    copies.keep_peer(9, {1: to_wire(again)})
-    assert copies.inventory() == {2: [0], 3: [0], 9: [1]}  # the neighbour's older generation is freed
-    copies.drop_after(2)
-    assert copies.inventory() == {2: [0]}
+    copies.keep_peer(8, {1: to_wire(at2), 2: to_wire(at2)})
+    copies.keep_peer(9, {1: to_wire(again)})  # the ring changed: block 2's owner now sends elsewhere
+    assert copies.inventory() == {2: [0], 3: [0], 8: [2], 9: [1]}  # block 1's older copy is freed, block 2's kept
+    copies.take(4, {0: block}, {0: opt})  # the driver starts a snapshot once the last one is complete everywhere
+    assert copies.inventory() == {3: [0], 4: [0], 9: [1]}
+    copies.drop_after(3)
+    assert copies.inventory() == {3: [0]}
 
 
 @pytest.mark.ray
@@ -271,3 +273,7 @@ def test_a_checkpoint_copy_is_read_as_a_copy_exported_through_the_store_and_forg
     assert torch.equal(sent["model"]["bias"], staged[0]["model"]["bias"])
     copies.forget(staged)
     assert 4 not in copies.inventory() and copies.export(4, 0) is None
+    for step in (5, 6):
+        copies.take(step, {0: block}, {})
+    copies.keep_checkpoint(4, staged)  # an older checkpoint's copy evicts no snapshot
+    assert copies.inventory() == {4: [0], 5: [0], 6: [0]}
