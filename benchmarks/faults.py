@@ -434,7 +434,7 @@ def main() -> None:
                  "from its neighbour's in-memory copy (snapshots).", "",
                  "Snapshot cost: the median `snapshot_in_memory` call between two steps (what blocks the driver: the "
                  "copies themselves run in the background while the next step runs, which the step column shows) and the "
-                 "host memory of copies per worker (own and neighbour's, two generations each, checkpoint copies included).", "",
+                 "bytes of state in the copies per worker (its own two generations and its neighbour's newest, in Ray's object store; the checkpoint's host copy included).", "",
                  "| recovery | stall (median, range) | stall in iterations | lost steps | vs full restart | step (median) "
                  "| snapshot cost per step | max abs diff |",
                  "|---|---|---|---|---|---|---|---|", *death_side_by_side(tmp, args.rounds), ""]
