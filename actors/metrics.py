@@ -33,6 +33,16 @@ class Transfer:
 
 
 @dataclass(frozen=True)
+class HeldCopies:
+    """What one worker holds for a recovery in place (:meth:`actors.stage_worker.StageWorker.host_copies`)."""
+
+    steps: dict[int, list[int]]
+    """step -> the blocks it holds a copy of at that step (own, checkpoint or neighbour's)."""
+    nbytes: int
+    """Bytes of state in those copies."""
+
+
+@dataclass(frozen=True)
 class MoveReply:
     """One worker's side of a live move (:meth:`actors.stage_worker.StageWorker.live_move`)."""
 

@@ -48,7 +48,7 @@ from actors.materialize import materialize
 from actors.tied import TiedGrads, tie_table
 from actors.training import BlockSchedule, NormLayout, StepHooks, norm_contributors, schedulers_for
 from actors.execution import Executor
-from actors.metrics import MoveReply
+from actors.metrics import HeldCopies, MoveReply
 from actors.checkpoint import host_copy
 from actors.job_spec import JobSpec, cpu_threads
 from actors.worker_checkpoints import WorkerCheckpoints
@@ -452,7 +452,7 @@ class StageWorker:
         self._resume_at(self.checkpoints.load_blocks(ex, directory, manifest))
         return len(ex.modules)
 
-    def host_copies(self) -> dict[str, Any]:
+    def host_copies(self) -> HeldCopies:
         return self.checkpoints.host_copies()
 
     def snapshot_copies(self, step: int) -> int:

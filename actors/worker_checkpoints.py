@@ -19,6 +19,7 @@ import ray
 from actors import checkpoint as ckpt
 from actors.execution import Executor
 from actors.host_copies import HostCopies
+from actors.metrics import HeldCopies
 from actors.snapshot import BackgroundCopy, from_wire, snapshot_block
 
 
@@ -95,8 +96,8 @@ class WorkerCheckpoints:
         return int(manifest["step"])
 
     # ----- host copies (recovery in place; actors/host_copies.py) -----
-    def host_copies(self) -> dict[str, Any]:
-        """What this worker holds: ``{"steps": {step: blocks}, "bytes": n}`` (the driver picks the step to resume).
+    def host_copies(self) -> HeldCopies:
+        """What this worker holds (the driver picks the step to resume).
 
         An asynchronous checkpoint still uploading counts: its snapshot is that step's state on this host already,
         so a death during the upload can roll back to the step being uploaded (when every block has a copy there)
@@ -105,7 +106,7 @@ class WorkerCheckpoints:
         upload = self.upload
         if upload is not None and upload.staged:  # every block's copy taken (the thread sets them all at once)
             self.copies.keep_checkpoint(self.upload_step, upload.staged)
-        return {"steps": self.copies.inventory(), "bytes": self.copies.nbytes()}
+        return HeldCopies(self.copies.inventory(), self.copies.nbytes())
 
     def snapshot_copies(self, ex: Executor, step: int) -> None:
         """Start a snapshot of the blocks held here as the state at ``step`` (between iterations): the copy runs while

@@ -179,7 +179,7 @@ def check_snapshot_overlap(device: torch.device, group: object) -> str:
                 got = worker.checkpoints.copies.get(step, b)
                 bad = [k for k, v in sd.items() if got is None or not torch.equal(v, got["model"][k].cpu())]
                 assert not bad, f"step {step}: the snapshot of block {b} differs from the state it was asked for: {bad}"
-        held = worker.host_copies()["bytes"]
+        held = worker.host_copies().nbytes
     finally:
         worker.shutdown()
     clock = "CUDA events" if device.type == "cuda" else "host clock"

@@ -185,7 +185,7 @@ def test_the_step_an_asynchronous_checkpoint_is_uploading_is_a_host_copy_before_
     runtime.save_checkpoint(background=True)
     one_step(runtime)  # the upload's snapshot is taken before this step's optimizer step
     held = pool.call(StageWorker.host_copies, devices=[0, 2, 3])
-    assert all(3 in r["steps"] for r in held), held
+    assert all(3 in r.steps for r in held), held
     pool.kill_worker(1)
     rec = runtime.recover_in_place([1], plan)
     assert rec.resumed_step == 3 and rec.source == "snapshot" and rec.blocks_from.get("storage", 0) == 0, rec

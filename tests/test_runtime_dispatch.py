@@ -136,11 +136,12 @@ def test_runs_of_several_steps_per_call_are_bit_identical_and_pipelined(worker_g
 
 @pytest.mark.ray
 def test_kill_inside_a_run_of_steps_recovers_exactly(worker_group: Any, tmp_path: Path) -> None:
-    """The middle stage dies at step 3, the second step of the run [2, 4): recovery from the
-    checkpoint after step 2 (checkpoint_every=2), the kill fires once, the end is exact."""
-    t = arm_kills(trainer(worker_group, tmp_path, True, max_failures=1, iterations_per_call=4), {(3, 1)})
+    """The middle stage dies at step 2, and again at step 3 of the replayed run [2, 4): each recovery from the
+    checkpoint after step 2 (checkpoint_every=2), each kill fires once (the second was still due after the first),
+    the end is exact."""
+    t = arm_kills(trainer(worker_group, tmp_path, True, max_failures=2, iterations_per_call=4), {(2, 1), (3, 1)})
     result = t.fit(6)
-    assert result.restarts == 1 and t.step == 6 and t.runtime.spec.injected is None
+    assert result.restarts == 2 and t.step == 6 and t.runtime.spec.injected is None
     ref = ReferenceTrainer.for_plan(PLAN, MLP, loss_fn("mlp"), ADAM, DATA)
     ref_losses = ref.train(6)
     got = t.state_dicts()

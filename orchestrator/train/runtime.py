@@ -250,16 +250,17 @@ class PipelineRuntime:
         self.spec = injection.with_kills(self.spec, injection.kills_of(self.spec) | frozenset(kills))
 
     def _drop_fired_kills(self, dead: Collection[int] | None) -> None:
-        """Before a recovery configures workers: the kills of the run being gathered when the failure surfaced that
-        fired (those of the ``dead`` devices; ``None``: only a peer's error surfaced, every kill of that run) are
-        dropped, so a replayed step does not die again."""
+        """Before a recovery configures workers: the kill that fired in the run being gathered when the failure
+        surfaced is dropped, so a replayed step does not die again. A worker dies at its first armed kill and the
+        run ends there for every worker, so only the kills of the earliest step among those armed in the run (of
+        the ``dead`` devices; ``None``: only a peer's error surfaced, any device) fired; later ones are still due."""
         armed = injection.kills_of(self.spec)
         lo, hi = self._failed_run or (self.step, self.step + 1)
         self._failed_run = None
-        if not armed:
-            return
-        fired = {(s, d) for s, d in armed if lo <= s < hi and (dead is None or d in dead)}
-        self.spec = injection.with_kills(self.spec, armed - fired)
+        in_run = [(s, d) for s, d in armed if lo <= s < hi and (dead is None or d in dead)]
+        if in_run:
+            first = min(s for s, _ in in_run)
+            self.spec = injection.with_kills(self.spec, armed - {(s, d) for s, d in in_run if s == first})
 
     def deadline_s(self) -> float:
         """How long one step may take before a worker is taken for hung: ``hang_timeout_s`` when fixed, else
@@ -475,8 +476,7 @@ class PipelineRuntime:
         if late:
             raise recovery.InPlaceImpossible(f"survivor(s) {sorted(late)} did not answer after the death of {gone}")
         self._drain_snapshot(waits.stretched(30.0))
-        copies = {d: {int(s): b for s, b in r["steps"].items()}
-                  for d, r in zip(survivors, group.call(StageWorker.host_copies, devices=survivors, what="host copies"))}
+        copies = {d: r.steps for d, r in zip(survivors, group.call(StageWorker.host_copies, devices=survivors, what="host copies"))}
         self.checkpoints.abandon()  # an upload the dead worker was part of never commits
         stored = self.latest()
         manifest = ckpt.verify(str(stored)) if stored is not None else None
@@ -505,7 +505,7 @@ class PipelineRuntime:
             for k, v in restored.items():
                 counts[k] = counts.get(k, 0) + v
         self.step = step
-        held = {d: int(r["bytes"]) for d, r in zip(survivors, group.call(StageWorker.host_copies, devices=survivors))}
+        held = {d: r.nbytes for d, r in zip(survivors, group.call(StageWorker.host_copies, devices=survivors))}
         return recovery.InPlaceRecovery(step, recovery.source_of(sources), counts, held, tuple(self._survivors()),
                                         time.perf_counter() - t0, tuple(survivors))
 
