@@ -150,7 +150,7 @@ class HostCopies:
     # ----- reading (a snapshot being taken is waited for first) -----
     def get(self, step: int, block: int) -> Payload | None:
         """A copy of ``block`` at ``step`` in this process's memory, the caller's to keep (an optimizer keeps the
-        tensors it is given): from this worker's own copy first, then the neighbour's; ``None`` if neither."""
+        tensors it is given): its own snapshot first, then the checkpoint's copy, then the neighbour's; ``None``: none."""
         found = self._held(step, block)
         return None if found is None else from_wire(ray.get(found.ref) if isinstance(found, Stored) else found)
 
