@@ -151,7 +151,7 @@ class WorkerGroup:
                 state = ray.get(ref, timeout=0) if ref in ready else None
             except (RayActorError, RayTaskError, GetTimeoutError):
                 state = None
-            if state is None or not state.get("waiting", True):
+            if state is None or not state.waiting:
                 culprits.append(d)
         return culprits or list(devices)
 

@@ -33,6 +33,30 @@ class Transfer:
 
 
 @dataclass(frozen=True)
+class WorkerStatus:
+    """One worker's answer to :meth:`actors.stage_worker.StageWorker.status` (it is alive and answers)."""
+
+    device: int
+    completed_step: int
+    blocks: tuple[int, ...]
+    """The blocks it holds."""
+    pid: int
+    left_at: float | None
+    """Wall clock when it last began to leave the job's process group (``None``: never)."""
+
+
+@dataclass(frozen=True)
+class WorkerProgress:
+    """Where one worker is (:meth:`actors.stage_worker.StageWorker.progress`, for hang triage): the step and action
+    running (``None`` between iterations or before it has a plan) and whether that action waits for other workers."""
+
+    device: int
+    step: int | None
+    at: int | None
+    waiting: bool
+
+
+@dataclass(frozen=True)
 class HeldCopies:
     """What one worker holds for a recovery in place (:meth:`actors.stage_worker.StageWorker.host_copies`)."""
 

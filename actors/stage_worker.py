@@ -48,7 +48,7 @@ from actors.materialize import materialize
 from actors.tied import TiedGrads, tie_table
 from actors.training import BlockSchedule, NormLayout, StepHooks, norm_contributors, schedulers_for
 from actors.execution import Executor
-from actors.metrics import HeldCopies, MoveReply
+from actors.metrics import HeldCopies, MoveReply, WorkerProgress, WorkerStatus
 from actors.checkpoint import host_copy
 from actors.job_spec import JobSpec, cpu_threads
 from actors.worker_checkpoints import WorkerCheckpoints
@@ -302,18 +302,16 @@ class StageWorker:
         self.aborted = True  # until the recovery's re-form: nothing runs on these communicators
 
     @ray.method(concurrency_group="probe")
-    def progress(self) -> dict[str, Any]:
-        """Where this worker is, answered on its own thread while an iteration may be blocked (hang triage): the
-        step and action running and whether that action waits for other workers."""
+    def progress(self) -> WorkerProgress:
+        """Where this worker is, answered on its own thread while an iteration may be blocked (hang triage)."""
         ex = self.executor
         if ex is None:
-            return {"device": self.device_id, "step": None, "at": None, "waiting": True}
-        return {"device": self.device_id, "step": ex.step_index, "at": ex.at, "waiting": ex.waiting_on_peers()}
+            return WorkerProgress(self.device_id, None, None, True)
+        return WorkerProgress(self.device_id, ex.step_index, ex.at, ex.waiting_on_peers())
 
-    def status(self) -> dict[str, Any]:
-        held = sorted(self.executor.modules) if self.executor is not None else []
-        return {"device": self.device_id, "completed_step": self.completed_step, "blocks": held, "pid": os.getpid(),
-                "left_at": self.left_at}
+    def status(self) -> WorkerStatus:
+        held = tuple(sorted(self.executor.modules)) if self.executor is not None else ()
+        return WorkerStatus(self.device_id, self.completed_step, held, os.getpid(), self.left_at)
 
     # ----- live re-partitioning -----
     def live_move(

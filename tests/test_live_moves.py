@@ -61,7 +61,7 @@ def move(runtime: PipelineRuntime, new: Plan, cluster_size: int, members: list[i
 
 
 def pids(group: Any, devices: list[int]) -> dict[int, int]:
-    return {s["device"]: s["pid"] for s in group.call(StageWorker.status, devices=devices)}
+    return {s.device: s.pid for s in group.call(StageWorker.status, devices=devices)}
 
 
 @pytest.mark.ray

@@ -96,7 +96,7 @@ def test_a_leaver_shuts_down_while_the_members_rejoin(worker_group: Any) -> None
     worker_group.move(two, [(2, 1, 3, 4)], members=[0, 1, 2], step=1)  # device 2's block handed over; still a member
     worker_group.call(StageWorker.run_iteration, 1)
     reports = worker_group.move(two, [], members=[0, 1], step=2)  # then it leaves (as an evacuated device does)
-    left_at = worker_group.call(StageWorker.status, devices=[2])[0]["left_at"]
+    left_at = worker_group.call(StageWorker.status, devices=[2])[0].left_at
     assert left_at is not None and all(r.rejoined for r in reports)
     assert left_at < max(r.finished_at for r in reports)
     worker_group.call(StageWorker.run_iteration, 2)

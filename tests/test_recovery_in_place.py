@@ -100,7 +100,7 @@ def test_a_death_with_snapshots_every_step_loses_no_step_and_keeps_the_survivors
     assert rec.resumed_step == 4  # the snapshot after step 3, complete before step 4 ran: nothing lost
     assert rec.source == "peer" and rec.blocks_from["peer"] >= 1  # device 1's blocks came from device 2's memory
     assert {d["device"]: d["pid"] for d in rec.devices} == {d: pids[d] for d in (0, 2, 3)}  # same processes
-    assert {s["device"]: s["pid"] for s in pool.call(StageWorker.status, devices=[0, 2, 3])} == {d: pids[d] for d in (0, 2, 3)}
+    assert {s.device: s.pid for s in pool.call(StageWorker.status, devices=[0, 2, 3])} == {d: pids[d] for d in (0, 2, 3)}
     assert trainer.plan == SURVIVORS and set(rec.snapshot_bytes) == {0, 2, 3}
     check_exact(trainer, 7)
 
