@@ -297,9 +297,8 @@ class MemoryPeak:
 
     @staticmethod
     def _used() -> float:
-        with open("/proc/meminfo") as f:
-            fields = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in f)}
-        return (fields["MemTotal"] - fields["MemAvailable"]) / 2**20
+        fields = meminfo_gb()
+        return fields["MemTotal"] - fields["MemAvailable"]
 
     def _watch(self) -> None:
         while not self._done.wait(0.1):
@@ -322,10 +321,14 @@ STORE_PER_STATE = 2.5
 30% of memory, would spill the second generation of 1 GB per worker to disk)."""
 
 
-def available_gb() -> float:
+def meminfo_gb() -> dict[str, float]:
+    """/proc/meminfo's fields in GB."""
     with open("/proc/meminfo") as f:
-        fields = dict(line.split(":", 1) for line in f)
-    return int(fields["MemAvailable"].split()[0]) / 2**20
+        return {k: int(v.split()[0]) / 2**20 for k, v in (line.split(":", 1) for line in f)}
+
+
+def available_gb() -> float:
+    return meminfo_gb()["MemAvailable"]
 
 
 def settled_available_gb(within_s: float = 30.0) -> float:
